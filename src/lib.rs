@@ -1,0 +1,119 @@
+//! Exactly-once (idempotent) produce for a durable message broker.
+//!
+//! A broker deduplicates producer retries. Every produce request carries a
+//! producer id, an epoch (the producer's session) and a per-partition
+//! sequence number that grows by one per record. This crate classifies every
+//! append for one (producer id, partition) key:
+//!
+//! 1. no state for the key: only sequence 0 is valid, `ACCEPTED`; anything
+//!    else is `OUT_OF_ORDER`;
+//! 2. epoch below the stored epoch: `FENCED_EPOCH` (a zombie from an older
+//!    session), whatever the sequence;
+//! 3. epoch above the stored epoch: a new session; sequence 0 is `ACCEPTED`,
+//!    anything else `OUT_OF_ORDER` (and the stored epoch is kept);
+//! 4. same epoch: last + 1 is `ACCEPTED`; at or below the last is
+//!    `DUPLICATE` (a retry); higher is `OUT_OF_ORDER` (a gap).
+//!
+//! Only `ACCEPTED` changes state; duplicates and rejections leave it exactly
+//! as it was, and keys are fully independent.
+//!
+//! ```
+//! use producer_state::{AppendOutcome::*, ProducerStateManager};
+//!
+//! let mut mgr = ProducerStateManager::new();
+//! assert_eq!(mgr.append("p1", 0, 0, 0), Accepted);
+//! assert_eq!(mgr.append("p1", 0, 0, 1), Accepted);
+//! assert_eq!(mgr.append("p1", 0, 0, 1), Duplicate); // retry
+//! assert_eq!(mgr.append("p1", 0, 0, 5), OutOfOrder); // gap: 2, 3, 4 missing
+//! assert_eq!(mgr.append("p1", 0, 1, 0), Accepted); // new session restarts at 0
+//! assert_eq!(mgr.append("p1", 0, 0, 2), FencedEpoch); // zombie
+//! ```
+//!
+//! # Types and widths
+//!
+//! The integer parameters have the widths of Kafka's wire protocol, so a
+//! broker passes request fields straight through: partition `i32` (Kafka's
+//! `INT32` partition index), epoch `i16` (`INT16` producer epoch), sequence
+//! `i32` (`INT32` base sequence). Producer ids are a [`ProducerId`]: a `u64`
+//! (Kafka's broker-assigned ids) or a name (the task's `"p1"`); neither
+//! allocates on the hot path.
+//!
+//! # Batches and the retry window
+//!
+//! A real produce request is a [`Batch`]: first and last sequence, the log
+//! offset it was written at and a timestamp. [`ProducerStateManager::append_batch`]
+//! answers with a [`BatchOutcome`]. Like Kafka's broker, each key retains
+//! the last [`RETAINED_BATCHES`] accepted batches of its epoch, so a retry of
+//! any of them is a `DUPLICATE` carrying the original batch's offset and
+//! timestamp, which is what the broker returns to the client. A batch is
+//! accepted when its first sequence is last + 1 (or 0 under rules 1 and 3).
+//! A batch of more than one record that reaches into the accepted range
+//! without matching a retained batch, and a batch whose last sequence is
+//! before its first, are rejected as `OUT_OF_ORDER` with an
+//! [`OutOfOrderReason`].
+//!
+//! The single-sequence [`ProducerStateManager::append`] is a batch of one
+//! record without metadata and keeps the four rules exactly: a retry at or
+//! below the last sequence is a `DUPLICATE`, also when it is older than the
+//! window (then there is no original metadata to return).
+//!
+//! # At the limits
+//!
+//! - Sequences wrap as Kafka's do: after `i32::MAX` comes 0, and that is
+//!   "last + 1". Otherwise sequences compare as plain integers, exactly as
+//!   the rules are written: after the wrap, a retry of a sequence from
+//!   before it is recognised through the retained batches; without them
+//!   (single-sequence keys, or older than the window) it is `OUT_OF_ORDER`,
+//!   the answer Kafka gives for any retry it cannot match.
+//! - Negative sequences are outside Kafka's sequence space (its broker
+//!   rejects them with `INVALID_RECORD` before producer state is consulted).
+//!   They are `OUT_OF_ORDER` under every rule except rule 2 (fencing is
+//!   checked first), never a `DUPLICATE` that would acknowledge data never
+//!   written.
+//! - Epochs compare as signed 16-bit integers, as in Kafka. At `i16::MAX`
+//!   no higher epoch exists, so a session at the limit can only continue;
+//!   Kafka's coordinator hands such a producer a new producer id, and so
+//!   must a broker using this crate. Negative epochs are ordinary values.
+//! - Producer ids and partitions take every value of their types.
+//!
+//! # Differences from Kafka
+//!
+//! Where Kafka and these rules differ, these rules win:
+//!
+//! | situation | Kafka's broker | this crate |
+//! |---|---|---|
+//! | unknown producer, first sequence != 0 | accepted (KIP-360: state may have expired) | `OUT_OF_ORDER` (rule 1) |
+//! | single-sequence retry older than the 5-batch window | `OUT_OF_ORDER_SEQUENCE` | `DUPLICATE` without metadata (rule 4) |
+//! | multi-record retry older than the window, or a partial overlap | `OUT_OF_ORDER_SEQUENCE` | `OUT_OF_ORDER` (`OverlapsAccepted`) |
+//! | batch whose sequences wrap inside it (first `MAX-10`, last `9`) | accepted | `OUT_OF_ORDER` (`LastBeforeFirst`); the wrap happens between batches |
+//! | lower epoch | `INVALID_PRODUCER_EPOCH` | `FENCED_EPOCH` |
+//! | retry window after a restart | shrinks to 1 batch (snapshot v1 keeps only the last) | all retained batches survive |
+//! | transactions, markers, coordinator epochs, expiration | supported | not modelled |
+//!
+//! The duplicate check runs at rule 4 against the same epoch only, like
+//! Kafka's (`findDuplicateBatch` compares the epoch and exact first and last
+//! sequence); a retry from an older epoch is fenced.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![warn(clippy::unwrap_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod batch;
+mod entry;
+mod id;
+mod manager;
+mod map;
+mod outcome;
+mod rules;
+
+pub use batch::{AppendRequest, Batch, BatchMetadata, RetainedBatch};
+pub use entry::{Batches, ProducerEntry, RETAINED_BATCHES};
+pub use id::{INLINE_NAME_LEN, ProducerId};
+pub use manager::ProducerStateManager;
+pub use outcome::{AppendOutcome, BatchOutcome, OutOfOrderReason, ParseOutcomeError};
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,0 +1,304 @@
+//! The in-memory engine.
+//!
+//! `ProducerStateManager` is the classifier with no disk behind it: what a
+//! test suite or a broker that persists state by other means links. The
+//! durable [`ProducerStateStore`](crate::ProducerStateStore) runs exactly
+//! the same rules over the same map, so an append classifies identically in
+//! both.
+
+use crate::batch::{AppendRequest, Batch};
+use crate::entry::ProducerEntry;
+use crate::id::ProducerId;
+use crate::map::StateMap;
+use crate::outcome::{AppendOutcome, BatchOutcome};
+
+/// The idempotent-produce engine: classifies every append per
+/// (producer id, partition) and keeps the state that only accepted appends
+/// change.
+///
+/// ```
+/// use producer_state::{AppendOutcome::*, ProducerStateManager};
+///
+/// let mut mgr = ProducerStateManager::new();
+/// assert_eq!(mgr.append("p1", 0, 0, 0), Accepted);
+/// assert_eq!(mgr.append("p1", 0, 0, 1), Accepted);
+/// assert_eq!(mgr.append("p1", 0, 0, 1), Duplicate); // retry
+/// assert_eq!(mgr.append("p1", 0, 0, 5), OutOfOrder); // gap: 2, 3, 4 missing
+/// assert_eq!(mgr.append("p1", 0, 1, 0), Accepted); // new session restarts at 0
+/// assert_eq!(mgr.append("p1", 0, 0, 2), FencedEpoch); // zombie
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ProducerStateManager {
+    map: StateMap,
+}
+
+impl ProducerStateManager {
+    /// An engine with no state.
+    pub fn new() -> Self {
+        ProducerStateManager::default()
+    }
+
+    /// Classifies a single-sequence append and records it if accepted.
+    ///
+    /// A batch of one record without metadata: rule 4 answers every retry at
+    /// or below the last sequence with [`AppendOutcome::Duplicate`].
+    #[inline(always)]
+    pub fn append(
+        &mut self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        sequence: i32,
+    ) -> AppendOutcome {
+        self.map
+            .append(
+                &producer_id.into(),
+                partition,
+                epoch,
+                sequence,
+                sequence,
+                None,
+            )
+            .outcome()
+    }
+
+    /// Classifies a batch and records it (with its offset and timestamp, for
+    /// retries) if accepted.
+    ///
+    /// ```
+    /// use producer_state::{Batch, BatchMetadata, BatchOutcome, ProducerStateManager};
+    ///
+    /// let mut mgr = ProducerStateManager::new();
+    /// let first = Batch::new(0, 9, 1000, 1_700_000_000_000);
+    /// assert_eq!(mgr.append_batch(42u64, 3, 0, first), BatchOutcome::Accepted);
+    /// // The client retries: the broker answers with the original offset.
+    /// assert_eq!(
+    ///     mgr.append_batch(42u64, 3, 0, first),
+    ///     BatchOutcome::Duplicate {
+    ///         original: Some(BatchMetadata { offset: 1000, timestamp: 1_700_000_000_000 })
+    ///     }
+    /// );
+    /// ```
+    #[inline(always)]
+    pub fn append_batch(
+        &mut self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        batch: Batch,
+    ) -> BatchOutcome {
+        self.map.append(
+            &producer_id.into(),
+            partition,
+            epoch,
+            batch.first_sequence,
+            batch.last_sequence,
+            Some(batch.metadata()),
+        )
+    }
+
+    /// Classifies one request (single or batch) and records it if accepted.
+    pub fn append_request(&mut self, request: &AppendRequest) -> BatchOutcome {
+        self.map.append(
+            &request.producer_id,
+            request.partition,
+            request.epoch,
+            request.first,
+            request.last,
+            request.metadata,
+        )
+    }
+
+    /// The entry of one key, if it has state.
+    pub fn get(&self, producer_id: impl Into<ProducerId>, partition: i32) -> Option<ProducerEntry> {
+        self.map.get(&producer_id.into(), partition)
+    }
+
+    /// Number of (producer id, partition) keys with state.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when no key has state.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every key with its entry, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
+        self.map.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AppendOutcome::*;
+    use crate::{BatchMetadata, OutOfOrderReason};
+
+    #[test]
+    fn the_task_example() {
+        let mut mgr = ProducerStateManager::new();
+        let got: Vec<_> = [(0, 0), (0, 1), (0, 1), (0, 5), (1, 0), (0, 2)]
+            .into_iter()
+            .map(|(epoch, seq)| mgr.append("p1", 0, epoch, seq))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                Accepted,
+                Accepted,
+                Duplicate,
+                OutOfOrder,
+                Accepted,
+                FencedEpoch
+            ]
+        );
+        let e = mgr.get("p1", 0).unwrap();
+        assert_eq!((e.epoch(), e.last_sequence()), (1, 0));
+    }
+
+    #[test]
+    fn only_accepted_changes_state() {
+        let mut mgr = ProducerStateManager::new();
+        mgr.append(1u64, 0, 2, 0);
+        mgr.append(1u64, 0, 2, 1);
+        let before = mgr.get(1u64, 0);
+        for (epoch, seq) in [
+            (2, 1),
+            (2, 0),
+            (2, 9),
+            (1, 2),
+            (3, 4),
+            (2, -1),
+            (i16::MIN, 0),
+        ] {
+            assert_ne!(mgr.append(1u64, 0, epoch, seq), Accepted);
+            assert_eq!(mgr.get(1u64, 0), before, "after ({epoch}, {seq})");
+        }
+        assert_eq!(mgr.append(1u64, 7, 0, 3), OutOfOrder);
+        assert_eq!(mgr.get(1u64, 7), None);
+        assert_eq!(mgr.len(), 1);
+    }
+
+    #[test]
+    fn a_rejected_new_epoch_leaves_the_old_epoch_usable() {
+        let mut mgr = ProducerStateManager::new();
+        mgr.append("p", 0, 0, 0);
+        assert_eq!(mgr.append("p", 0, 1, 3), OutOfOrder);
+        assert_eq!(mgr.get("p", 0).unwrap().epoch(), 0);
+        assert_eq!(mgr.append("p", 0, 0, 1), Accepted);
+        assert_eq!(mgr.append("p", 0, 1, 0), Accepted);
+        assert_eq!(mgr.append("p", 0, 0, 2), FencedEpoch);
+    }
+
+    #[test]
+    fn keys_are_independent() {
+        let mut mgr = ProducerStateManager::new();
+        assert_eq!(mgr.append("a", 0, 5, 0), Accepted);
+        assert_eq!(mgr.append("a", 1, 0, 0), Accepted);
+        assert_eq!(mgr.append("b", 0, 0, 0), Accepted);
+        assert_eq!(mgr.append("a", 1, 0, 1), Accepted);
+        assert_eq!(mgr.append("a", 0, 5, 1), Accepted);
+        assert_eq!(mgr.append("b", 0, 1, 0), Accepted);
+        assert_eq!(mgr.append("a", 0, 4, 0), FencedEpoch);
+        assert_eq!(mgr.len(), 3);
+    }
+
+    #[test]
+    fn the_retry_window_answers_the_last_five_batches() {
+        let mut mgr = ProducerStateManager::new();
+        let batches: Vec<Batch> = (0..7)
+            .map(|i| {
+                Batch::new(
+                    i * 3,
+                    i * 3 + 2,
+                    100 + i64::from(i) * 10,
+                    5000 + i64::from(i),
+                )
+            })
+            .collect();
+        for b in &batches {
+            assert_eq!(mgr.append_batch(9u64, 0, 0, *b), BatchOutcome::Accepted);
+        }
+        for b in &batches[2..] {
+            assert_eq!(
+                mgr.append_batch(9u64, 0, 0, *b),
+                BatchOutcome::Duplicate {
+                    original: Some(BatchMetadata {
+                        offset: b.offset,
+                        timestamp: b.timestamp
+                    })
+                }
+            );
+        }
+        // Older than the window: a multi-record retry is rejected, a
+        // single-sequence retry is still a duplicate (rule 4).
+        assert_eq!(
+            mgr.append_batch(9u64, 0, 0, batches[1]),
+            BatchOutcome::OutOfOrder {
+                reason: OutOfOrderReason::OverlapsAccepted { last_accepted: 20 }
+            }
+        );
+        assert_eq!(mgr.append(9u64, 0, 0, 4), Duplicate);
+        assert_eq!(
+            mgr.append_batch(9u64, 0, 0, Batch::new(4, 4, 0, 0)),
+            BatchOutcome::Duplicate { original: None }
+        );
+        let e = mgr.get(9u64, 0).unwrap();
+        let kept: Vec<_> = e.retained_batches().map(|b| b.first_sequence).collect();
+        assert_eq!(kept, [6, 9, 12, 15, 18]);
+    }
+
+    #[test]
+    fn sequences_wrap_and_the_window_recognises_retries_across_the_wrap() {
+        let mut mgr = ProducerStateManager::new();
+        mgr.append_batch(1u64, 0, 0, Batch::new(0, i32::MAX - 1, 0, 0));
+        let at_max = Batch::new(i32::MAX, i32::MAX, 7, 8);
+        assert_eq!(mgr.append_batch(1u64, 0, 0, at_max), BatchOutcome::Accepted);
+        assert_eq!(
+            mgr.append_batch(1u64, 0, 0, Batch::new(0, 0, 9, 9)),
+            BatchOutcome::Accepted
+        );
+        assert_eq!(
+            mgr.append_batch(1u64, 0, 0, at_max),
+            BatchOutcome::Duplicate {
+                original: Some(at_max.metadata())
+            }
+        );
+        assert_eq!(mgr.append(1u64, 0, 0, 1), Accepted);
+        // Without a window, plain comparison applies: MAX is "higher" than 1.
+        let mut plain = ProducerStateManager::new();
+        plain.append(2u64, 0, 0, 0);
+        assert_eq!(plain.append(2u64, 0, 0, i32::MAX), OutOfOrder);
+    }
+
+    #[test]
+    fn the_epoch_limit() {
+        let mut mgr = ProducerStateManager::new();
+        assert_eq!(mgr.append(1u64, 0, i16::MAX, 0), Accepted);
+        assert_eq!(mgr.append(1u64, 0, i16::MAX, 1), Accepted);
+        // Nothing is above MAX: the session can only continue, and every
+        // lower epoch is fenced; a new session needs a new producer id.
+        assert_eq!(mgr.append(1u64, 0, i16::MAX - 1, 0), FencedEpoch);
+        assert_eq!(mgr.append(1u64, 0, i16::MIN, 0), FencedEpoch);
+        assert_eq!(mgr.append(1u64, 0, i16::MAX, 0), Duplicate);
+        // Negative epochs are ordinary, signed, as in Kafka.
+        assert_eq!(mgr.append(2u64, 0, -1, 0), Accepted);
+        assert_eq!(mgr.append(2u64, 0, 0, 0), Accepted);
+        assert_eq!(mgr.append(2u64, 0, -1, 1), FencedEpoch);
+    }
+
+    #[test]
+    fn extreme_ids_and_partitions() {
+        let mut mgr = ProducerStateManager::new();
+        for pid in [0, 1, u64::MAX, 1 << 63, 0x243f_6a88_85a3_08d3] {
+            for partition in [i32::MIN, -1, 0, i32::MAX] {
+                assert_eq!(mgr.append(pid, partition, 0, 0), Accepted);
+            }
+        }
+        assert_eq!(mgr.len(), 20);
+        assert_eq!(mgr.append("", 0, 0, 0), Accepted);
+        assert_eq!(mgr.append("", 0, 0, 0), Duplicate);
+    }
+}
