@@ -263,7 +263,6 @@ impl ProducerEntry {
     /// parts are inconsistent: a negative last sequence, more than
     /// [`RETAINED_BATCHES`] batches, or retained batches that are malformed,
     /// not consecutive, or do not end at `last`.
-    #[allow(dead_code)] // used by the durable store (snapshot loading, in-flight appends)
     pub(crate) fn from_parts(epoch: i16, last: i32, batches: &[RetainedBatch]) -> Option<Self> {
         if last < 0 || batches.len() > N {
             return None;
@@ -316,20 +315,17 @@ impl ProducerEntry {
         self.head.batches(&self.window)
     }
 
-    #[allow(dead_code)] // used by the durable store (snapshot loading, in-flight appends)
     #[inline]
     pub(crate) fn current(&self) -> Current {
         self.head.current()
     }
 
-    #[allow(dead_code)] // used by the durable store (snapshot loading, in-flight appends)
     #[inline]
     pub(crate) fn find(&self, first: i32, last: i32) -> Option<Option<BatchMetadata>> {
         self.head.find(&self.window, first, last)
     }
 
     /// Applies an accepted append. `new_session`: rules 1 or 3 accepted it.
-    #[allow(dead_code)] // used by the durable store (snapshot loading, in-flight appends)
     pub(crate) fn accept(
         &mut self,
         new_session: bool,

@@ -100,18 +100,31 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod batch;
+mod codec;
 mod entry;
+mod error;
+pub mod fs;
 mod id;
 mod manager;
 mod map;
 mod outcome;
+mod recovery;
 mod rules;
+mod shards;
+mod snapshot;
+mod store;
+mod wal;
 
 pub use batch::{AppendRequest, Batch, BatchMetadata, RetainedBatch};
 pub use entry::{Batches, ProducerEntry, RETAINED_BATCHES};
+pub use error::{Corruption, Error, Result};
 pub use id::{INLINE_NAME_LEN, ProducerId};
 pub use manager::ProducerStateManager;
 pub use outcome::{AppendOutcome, BatchOutcome, OutOfOrderReason, ParseOutcomeError};
+pub use recovery::{
+    RecoveryMode, RecoveryReport, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
+};
+pub use store::{FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
 
 /// The README's examples, compiled and run as doc tests so they stay true.
 #[doc = include_str!("../README.md")]

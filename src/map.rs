@@ -339,7 +339,16 @@ impl StateMap {
 
     /// The entry of one key.
     pub(crate) fn get(&self, id: &ProducerId, partition: i32) -> Option<ProducerEntry> {
-        let hash = hash_key(id, partition);
+        self.get_hashed(hash_key(id, partition), id, partition)
+    }
+
+    /// [`StateMap::get`] with the key's hash already computed.
+    pub(crate) fn get_hashed(
+        &self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+    ) -> Option<ProducerEntry> {
         let st = match id.as_numeric() {
             Some(pid) => {
                 let key = split_pid(pid);
@@ -356,7 +365,6 @@ impl StateMap {
     }
 
     /// Sets one key's entry, replacing what was there (loading a snapshot).
-    #[allow(dead_code)] // used by the durable store (snapshot loading, in-flight appends)
     pub(crate) fn insert(&mut self, id: &ProducerId, partition: i32, entry: &ProducerEntry) {
         let hash = hash_key(id, partition);
         let windows = &mut self.windows;
@@ -416,7 +424,6 @@ impl StateMap {
 
 /// Sets one slot's state to `entry`, creating the slot if needed.
 #[allow(clippy::too_many_arguments)]
-#[allow(dead_code)] // used by the durable store (snapshot loading, in-flight appends)
 fn upsert<S>(
     table: &mut HashTable<S>,
     windows: &mut Vec<Window>,
@@ -437,7 +444,6 @@ fn upsert<S>(
 }
 
 /// Replaces a slot's state with `entry`, reusing its window when it has one.
-#[allow(dead_code)] // used by the durable store (snapshot loading, in-flight appends)
 fn replace(old: State, entry: &ProducerEntry, windows: &mut Vec<Window>) -> State {
     match (old.head.windowed(), entry.head.windowed()) {
         (true, true) => {

@@ -1,2 +1,3 @@
 pub mod model;
 pub mod ops;
+pub mod store_util;

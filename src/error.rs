@@ -1,0 +1,239 @@
+//! The one error type of the crate.
+//!
+//! Outcomes such as `DUPLICATE` are values, not errors. An [`Error`] means
+//! the store could not do what was asked: an IO call failed (and says which
+//! call on which path), bytes on disk are damaged (and say where and how),
+//! or the store refuses to go on (locked, poisoned). Every message says
+//! what happened and, where there is one, what to do.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the durable store and its file formats.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An IO call failed. `op` names the call (`write`, `fsync`, `rename`, ...).
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// The operation that failed.
+        op: &'static str,
+        /// The file or directory it was applied to.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: io::Error,
+    },
+    /// Bytes on disk are damaged or inconsistent.
+    #[error("{} is corrupt at byte {offset}: {kind}", file.display())]
+    Corrupt {
+        /// The damaged file.
+        file: PathBuf,
+        /// Byte offset of the damage within the file.
+        offset: u64,
+        /// What is wrong.
+        kind: Corruption,
+    },
+    /// A file was written by a format version this build cannot read.
+    #[error("{} has format version {found}; this build reads version {supported}", file.display())]
+    UnsupportedVersion {
+        /// The file.
+        file: PathBuf,
+        /// The version found in the file.
+        found: u16,
+        /// The version this build reads.
+        supported: u16,
+    },
+    /// Another open store holds the directory (in this process or another).
+    #[error("{} is in use by another open store; close that one first", path.display())]
+    Locked {
+        /// The store directory.
+        path: PathBuf,
+    },
+    /// An earlier write or fsync failed; the store refuses further appends
+    /// until it is reopened (a failed fsync must never be retried: the kernel
+    /// may already have dropped the dirty pages).
+    #[error(
+        "the store refuses appends after an earlier failure ({cause}); reopen it to recover from what is on disk"
+    )]
+    Poisoned {
+        /// The earlier failure.
+        cause: String,
+    },
+    /// The store path exists and is not a directory.
+    #[error("{} exists and is not a directory", path.display())]
+    NotADirectory {
+        /// The path given to `open`.
+        path: PathBuf,
+    },
+    /// The options cannot work together.
+    #[error("invalid store options: {0}")]
+    InvalidOptions(String),
+    /// A named producer id is longer than the log format can hold.
+    #[error("producer id name is {len} bytes; the log holds names of at most {max} bytes")]
+    ProducerIdTooLong {
+        /// The name's length in bytes.
+        len: usize,
+        /// The longest name the format holds.
+        max: usize,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Error {
+        Error::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn corrupt(file: impl Into<PathBuf>, offset: u64, kind: Corruption) -> Error {
+        Error::Corrupt {
+            file: file.into(),
+            offset,
+            kind,
+        }
+    }
+
+    /// True for [`Error::Corrupt`] and [`Error::UnsupportedVersion`]: the
+    /// bytes on disk, not the machine, are the problem.
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            Error::Corrupt { .. } | Error::UnsupportedVersion { .. }
+        )
+    }
+}
+
+/// What is wrong with damaged bytes.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Corruption {
+    /// The file does not start with the expected magic bytes.
+    BadMagic,
+    /// A stored checksum does not match the bytes it covers.
+    ChecksumMismatch {
+        /// The checksum stored in the file.
+        stored: u32,
+        /// The checksum of the bytes as read.
+        computed: u32,
+    },
+    /// The file ends inside a structure that needs more bytes.
+    Truncated {
+        /// Bytes the structure needs from the offset.
+        needed: u64,
+        /// Bytes the file has from the offset.
+        available: u64,
+    },
+    /// A length field is outside what the format allows.
+    BadLength(u64),
+    /// A record or entry kind byte this format does not define.
+    BadKind(u8),
+    /// A field holds a value the format does not allow.
+    BadField(&'static str),
+    /// Bytes follow the end of a structure that must end the file.
+    TrailingBytes(u64),
+    /// The header's entry count disagrees with the entries found.
+    CountMismatch {
+        /// The count the header states.
+        stated: u64,
+        /// The entries actually present.
+        found: u64,
+    },
+    /// A record is damaged and valid records from a later write follow it:
+    /// not a torn tail but damage in the middle of the log.
+    DamagedMidLog,
+    /// The log skips records: a segment is missing between two others.
+    MissingRecords {
+        /// The position the next record should have had.
+        expected: u64,
+        /// The position the next segment starts at.
+        found: u64,
+    },
+    /// The snapshot needs log records that are no longer on disk.
+    LogGone {
+        /// The first position replay needs.
+        needed: u64,
+        /// The first position the log still has (None: no log at all).
+        oldest: Option<u64>,
+    },
+    /// A snapshot covers more of the log than the log holds.
+    SnapshotBeyondLog {
+        /// The snapshot's position.
+        snapshot: u64,
+        /// Where the log ends.
+        log_end: u64,
+    },
+    /// A logged transition is not an accepted append of the state before it:
+    /// the log and the snapshot do not belong together.
+    RecordDoesNotApply {
+        /// Log position of the record.
+        position: u64,
+        /// What the rules said instead of ACCEPTED.
+        outcome: String,
+    },
+    /// A key appears twice in one snapshot.
+    DuplicateKey,
+    /// A file name and its header disagree.
+    NameMismatch {
+        /// The value encoded in the file name.
+        named: u64,
+        /// The value in the header.
+        header: u64,
+    },
+}
+
+impl fmt::Display for Corruption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Corruption::BadMagic => f.write_str("bad magic bytes (not a file of this kind)"),
+            Corruption::ChecksumMismatch { stored, computed } => write!(
+                f,
+                "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            ),
+            Corruption::Truncated { needed, available } => write!(
+                f,
+                "truncated: {needed} bytes needed, {available} present"
+            ),
+            Corruption::BadLength(n) => write!(f, "length {n} is outside the format's limits"),
+            Corruption::BadKind(k) => write!(f, "unknown kind byte {k:#04x}"),
+            Corruption::BadField(what) => write!(f, "invalid {what}"),
+            Corruption::TrailingBytes(n) => write!(f, "{n} unexpected bytes after the end"),
+            Corruption::CountMismatch { stated, found } => {
+                write!(f, "header states {stated} entries, found {found}")
+            }
+            Corruption::DamagedMidLog => f.write_str(
+                "a damaged record is followed by valid records of a later write (damage in the middle of the log, not a torn tail)",
+            ),
+            Corruption::MissingRecords { expected, found } => write!(
+                f,
+                "records missing: expected position {expected}, next segment starts at {found}"
+            ),
+            Corruption::LogGone { needed, oldest } => match oldest {
+                Some(o) => write!(
+                    f,
+                    "replay must start at position {needed} but the log begins at {o}"
+                ),
+                None => write!(f, "replay must start at position {needed} but there is no log"),
+            },
+            Corruption::SnapshotBeyondLog { snapshot, log_end } => write!(
+                f,
+                "snapshot covers the log up to position {snapshot} but the log ends at {log_end}"
+            ),
+            Corruption::RecordDoesNotApply { position, outcome } => write!(
+                f,
+                "log record at position {position} is not an accepted append of the state before it ({outcome})"
+            ),
+            Corruption::DuplicateKey => f.write_str("a key appears twice"),
+            Corruption::NameMismatch { named, header } => write!(
+                f,
+                "file name says {named} but the header says {header}"
+            ),
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The file-system seam: every byte the store reads or writes goes through
+//! a [`FileSystem`] trait object.
+//!
+//! The seam exists so that crash safety can be proved rather than argued:
+//! [`SimFs`] keeps what was *written* apart from what is *durable* (file
+//! data and directory entries are durable only after `sync_data` or
+//! `sync_dir`), can fail any chosen operation, and can produce the image a
+//! crash would leave behind, optionally with the unsynced tail torn. The
+//! store is the same code over [`StdFs`] and over [`SimFs`].
+//!
+//! Downstream crash-recovery suites can use `SimFs` the same way the crate's
+//! own tests do: open a store on it with
+//! [`StoreOptions::file_system`](crate::StoreOptions::file_system).
+
+use std::fmt;
+use std::io;
+use std::path::Path;
+
+mod sim;
+mod std_fs;
+
+pub use sim::{Fault, SimFs, Unsynced};
+pub use std_fs::StdFs;
+
+/// What a path is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// Something else (a socket, a device, ...).
+    Other,
+}
+
+/// A regular file in a directory listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    /// The file name (not the full path).
+    pub name: String,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+/// The operations the store needs from a file system.
+pub trait FileSystem: Send + Sync + fmt::Debug {
+    /// Creates a directory and its parents if missing.
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// What `path` is, or `None` if it does not exist.
+    fn kind(&self, path: &Path) -> io::Result<Option<EntryKind>>;
+    /// The regular files directly inside `dir` (names that are not UTF-8 are skipped).
+    fn list(&self, dir: &Path) -> io::Result<Vec<DirEntry>>;
+    /// Opens a file for sequential reading.
+    fn open_read(&self, path: &Path) -> io::Result<Box<dyn ReadFile>>;
+    /// Creates a file that must not exist yet, for writing.
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn WriteFile>>;
+    /// Opens an existing file for appending at its end.
+    fn open_append(&self, path: &Path) -> io::Result<Box<dyn WriteFile>>;
+    /// Renames a file, replacing `to` if it exists.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes a file.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Makes the directory's entries (creations, renames, removals) durable.
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on `path` (creating the file if needed).
+    /// `Ok(None)` if someone else holds it. Dropping the guard releases it.
+    fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>>;
+}
+
+/// A file opened for reading.
+pub trait ReadFile: io::Read + Send {
+    /// The file's length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// True when the file is empty.
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+}
+
+/// A file opened for writing.
+pub trait WriteFile: Send {
+    /// Writes all of `buf` at the current end of the file.
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Writes all of `buf` at `offset` (used to fill in a header last).
+    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes the file's data durable (`fdatasync`).
+    fn sync_data(&mut self) -> io::Result<()>;
+    /// Truncates or extends the file to `len` bytes; later writes go to the new end.
+    fn set_len(&mut self, len: u64) -> io::Result<()>;
+}
+
+/// Holds a lock until dropped.
+pub trait LockGuard: Send + Sync {}

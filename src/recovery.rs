@@ -1,0 +1,611 @@
+//! Rebuilding the state from the newest valid snapshot plus log replay.
+//!
+//! The rules, in order (docs/format.md has the same list):
+//!
+//! 1. Leftover temporary snapshot files are removed.
+//! 2. The newest snapshot whose every byte verifies is loaded; a snapshot
+//!    that fails is skipped (and reported) and the next older one is tried.
+//!    With none, replay starts from an empty state at position 0.
+//! 3. The log is replayed from the snapshot's position: segment after
+//!    segment, each record's checksum verified, and each record classified
+//!    by the rules against the state before it, which must say ACCEPTED (a
+//!    record that does not apply means the log and the snapshot do not
+//!    belong together).
+//! 4. An incomplete or failing record at the very end of the last segment,
+//!    followed by nothing but records of its own write, is a torn write from
+//!    a crash: the segment is cut there and the bytes dropped are reported.
+//! 5. Any other damage (a bad record followed by a later write, damage in an
+//!    earlier segment, a missing segment, a snapshot whose log is gone or
+//!    that covers more than the log holds) is [`Error::Corrupt`], unless the
+//!    store was opened with [`RecoveryMode::Salvage`], which keeps the
+//!    longest valid prefix of the history, moves every discarded byte aside
+//!    into `*.discarded` files, and reports what it discarded.
+//!
+//! Recovery never panics on any bytes and never invents state: whatever it
+//! returns is the state after some prefix of the logged history.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::{Corruption, Error, Result};
+use crate::fs::FileSystem;
+use crate::map::hash_key;
+use crate::shards::Shards;
+use crate::snapshot;
+use crate::wal::segment::{self, End, HEADER_LEN, HeaderError};
+use crate::wal::writer::SegmentInfo;
+
+/// What recovery does with damage other than a torn tail.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecoveryMode {
+    /// Refuse: damage anywhere but a torn tail is [`Error::Corrupt`]. The default.
+    #[default]
+    Strict,
+    /// Keep the longest valid prefix of the history; move what is discarded
+    /// aside (`<file>.discarded`) and report it. For an operator who has
+    /// decided that losing the damaged suffix is better than not starting.
+    Salvage,
+}
+
+/// The snapshot recovery started from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotUsed {
+    /// Its path.
+    pub file: PathBuf,
+    /// The log position it covers (records before it are in the snapshot).
+    pub position: u64,
+    /// Number of keys it holds.
+    pub entries: u64,
+}
+
+/// A snapshot that failed verification and was passed over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkippedSnapshot {
+    /// Its path.
+    pub file: PathBuf,
+    /// Why it was skipped.
+    pub reason: String,
+}
+
+/// The torn end of the log that recovery cut off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    /// The segment that was cut.
+    pub file: PathBuf,
+    /// Where it was cut.
+    pub offset: u64,
+    /// How many bytes were dropped.
+    pub bytes: u64,
+}
+
+/// What salvage discarded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Salvage {
+    /// The damage that stopped replay.
+    pub cause: String,
+    /// Files (or file tails) moved aside, as `*.discarded` files.
+    pub discarded: Vec<PathBuf>,
+    /// Bytes moved aside.
+    pub bytes: u64,
+}
+
+/// What recovery found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The snapshot used, if any.
+    pub snapshot: Option<SnapshotUsed>,
+    /// Newer snapshots that failed verification, newest first.
+    pub skipped_snapshots: Vec<SkippedSnapshot>,
+    /// Segments read.
+    pub segments_read: usize,
+    /// Log records replayed on top of the snapshot.
+    pub records_replayed: u64,
+    /// The torn tail cut off the last segment, if there was one.
+    pub torn_tail: Option<TornTail>,
+    /// Files removed: leftover temporary snapshots, a segment whose
+    /// creation was cut off before its header was complete.
+    pub files_removed: Vec<PathBuf>,
+    /// What salvage discarded (only with [`RecoveryMode::Salvage`]).
+    pub salvage: Option<Salvage>,
+    /// Keys in the recovered state.
+    pub keys: usize,
+    /// The log position the next accepted append gets.
+    pub next_position: u64,
+    /// How long recovery took.
+    pub duration: Duration,
+}
+
+impl RecoveryReport {
+    /// Bytes of torn tail dropped (0 if none).
+    pub fn torn_bytes_dropped(&self) -> u64 {
+        self.torn_tail.as_ref().map_or(0, |t| t.bytes)
+    }
+}
+
+impl fmt::Display for RecoveryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.snapshot {
+            Some(s) => writeln!(
+                f,
+                "snapshot: {} (position {}, {} keys)",
+                s.file.display(),
+                s.position,
+                s.entries
+            )?,
+            None => writeln!(f, "snapshot: none (replay from position 0)")?,
+        }
+        for s in &self.skipped_snapshots {
+            writeln!(f, "skipped snapshot: {} ({})", s.file.display(), s.reason)?;
+        }
+        writeln!(
+            f,
+            "replayed: {} records from {} segment(s)",
+            self.records_replayed, self.segments_read
+        )?;
+        match &self.torn_tail {
+            Some(t) => writeln!(
+                f,
+                "torn tail: {} bytes dropped from {} at byte {}",
+                t.bytes,
+                t.file.display(),
+                t.offset
+            )?,
+            None => writeln!(f, "torn tail: none")?,
+        }
+        for p in &self.files_removed {
+            writeln!(f, "removed: {}", p.display())?;
+        }
+        if let Some(s) = &self.salvage {
+            writeln!(f, "salvage: {} ({} bytes moved aside)", s.cause, s.bytes)?;
+            for p in &s.discarded {
+                writeln!(f, "  discarded: {}", p.display())?;
+            }
+        }
+        write!(
+            f,
+            "state: {} keys, next position {}, recovered in {:.1} ms",
+            self.keys,
+            self.next_position,
+            self.duration.as_secs_f64() * 1e3
+        )
+    }
+}
+
+/// The state and the log as recovery leaves them.
+pub(crate) struct Recovered {
+    pub shards: Shards,
+    pub next_lsn: u64,
+    pub segments: Vec<SegmentInfo>,
+    /// The last segment to continue, as (bytes, records); `None`: start a
+    /// new segment at `next_lsn`.
+    pub active: Option<(u64, u64)>,
+    /// Positions of the snapshots on disk that were not found damaged.
+    pub snapshots: Vec<u64>,
+    /// Positions of every snapshot file on disk.
+    pub snapshot_files: BTreeSet<u64>,
+    pub report: RecoveryReport,
+}
+
+/// Where replay had to stop, for salvage.
+struct Cut {
+    /// The first segment (index) that is not kept whole.
+    seg: usize,
+    /// What to keep of segment `seg`: (bytes, records); `None`: nothing.
+    keep: Option<(u64, u64)>,
+    /// The log position right after the last good record.
+    good_end: u64,
+    /// The last segment kept whole, as (index, bytes, records).
+    prev: Option<(usize, u64, u64)>,
+    error: Error,
+}
+
+/// Why replay stopped early: damage (salvageable) or an IO error.
+enum Stop {
+    Damage(Box<Cut>),
+    Io(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Stop {
+        Stop::Io(e)
+    }
+}
+
+struct Replayed {
+    next_lsn: u64,
+    /// Index (into the segment list) and (bytes, records) of the segment to continue.
+    active: Option<(usize, u64, u64)>,
+}
+
+fn io_at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |e| Error::io(op, path, e)
+}
+
+/// Loads and verifies a snapshot into a fresh state.
+pub(crate) fn load_snapshot(
+    fs: &dyn FileSystem,
+    path: &Path,
+) -> Result<(snapshot::Header, Shards)> {
+    let file = fs.open_read(path).map_err(io_at("open", path))?;
+    let len = file.len().map_err(io_at("stat", path))?;
+    let mut shards = Shards::default();
+    let header = snapshot::read(
+        path,
+        std::io::BufReader::with_capacity(1 << 20, file),
+        len,
+        |id, p, e| {
+            if shards.insert_new(&id, p, &e) {
+                Ok(())
+            } else {
+                Err(Error::corrupt(path, 0, Corruption::DuplicateKey))
+            }
+        },
+    )?;
+    Ok((header, shards))
+}
+
+pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<Recovered> {
+    let started = Instant::now();
+    let mut report = RecoveryReport::default();
+    let listing = fs.list(dir).map_err(io_at("list", dir))?;
+
+    let mut segments: Vec<u64> = Vec::new();
+    let mut snapshot_files = BTreeSet::new();
+    for e in &listing {
+        if let Some(stem) = e.name.strip_suffix(snapshot::TMP_SUFFIX)
+            && snapshot::parse_name(stem).is_some()
+        {
+            let p = dir.join(&e.name);
+            fs.remove_file(&p).map_err(io_at("remove", &p))?;
+            report.files_removed.push(p);
+        } else if let Some(lsn) = segment::parse_name(&e.name) {
+            segments.push(lsn);
+        } else if let Some(pos) = snapshot::parse_name(&e.name) {
+            snapshot_files.insert(pos);
+        }
+    }
+    segments.sort_unstable();
+    if !report.files_removed.is_empty() {
+        fs.sync_dir(dir).map_err(io_at("fsync directory", dir))?;
+    }
+
+    // The newest snapshot that verifies.
+    let mut base = None;
+    let mut damaged = BTreeSet::new();
+    for &pos in snapshot_files.iter().rev() {
+        let path = dir.join(snapshot::file_name(pos));
+        let loaded = load_snapshot(fs, &path).and_then(|(h, shards)| {
+            if h.position == pos {
+                Ok((h, shards))
+            } else {
+                Err(Error::corrupt(
+                    &path,
+                    16,
+                    Corruption::NameMismatch {
+                        named: pos,
+                        header: h.position,
+                    },
+                ))
+            }
+        });
+        match loaded {
+            Ok((h, shards)) => {
+                report.snapshot = Some(SnapshotUsed {
+                    file: path,
+                    position: h.position,
+                    entries: h.entries,
+                });
+                base = Some((h.position, shards));
+                break;
+            }
+            Err(e) if e.is_corruption() => {
+                damaged.insert(pos);
+                report.skipped_snapshots.push(SkippedSnapshot {
+                    file: path,
+                    reason: e.to_string(),
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let (start, mut shards) = base.unwrap_or((0, Shards::default()));
+
+    let replayed = match replay(fs, dir, &segments, start, &mut shards, &mut report) {
+        Ok(r) => r,
+        Err(Stop::Io(e)) => return Err(e),
+        Err(Stop::Damage(cut)) => match mode {
+            RecoveryMode::Strict => return Err(cut.error),
+            RecoveryMode::Salvage => salvage(fs, dir, &segments, start, *cut, &mut report)?,
+        },
+    };
+
+    let (segments, active) = match replayed.active {
+        Some((idx, len, records)) => (
+            segments
+                .get(..=idx)
+                .unwrap_or_default()
+                .iter()
+                .map(|&first_lsn| SegmentInfo { first_lsn })
+                .collect(),
+            Some((len, records)),
+        ),
+        None => {
+            // Every segment that still exists and lies before the next
+            // position stays; a new one starts at the next position.
+            let kept = segments
+                .iter()
+                .filter(|&&l| l < replayed.next_lsn)
+                .filter(|&&l| {
+                    fs.kind(&dir.join(segment::file_name(l)))
+                        .ok()
+                        .flatten()
+                        .is_some()
+                })
+                .map(|&first_lsn| SegmentInfo { first_lsn })
+                .collect();
+            (kept, None)
+        }
+    };
+    report.keys = shards.len();
+    report.next_position = replayed.next_lsn;
+    report.duration = started.elapsed();
+    Ok(Recovered {
+        shards,
+        next_lsn: replayed.next_lsn,
+        segments,
+        active,
+        snapshots: snapshot_files
+            .iter()
+            .copied()
+            .filter(|p| !damaged.contains(p))
+            .collect(),
+        snapshot_files,
+        report,
+    })
+}
+
+/// Replays the log from `start`.
+fn replay(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    segments: &[u64],
+    start: u64,
+    shards: &mut Shards,
+    report: &mut RecoveryReport,
+) -> std::result::Result<Replayed, Stop> {
+    let Some(first_idx) = segments.iter().rposition(|&l| l <= start) else {
+        if segments.is_empty() && start == 0 {
+            return Ok(Replayed {
+                next_lsn: 0,
+                active: None,
+            });
+        }
+        return Err(Stop::Damage(Box::new(Cut {
+            seg: 0,
+            keep: None,
+            good_end: start,
+            prev: None,
+            error: Error::corrupt(
+                dir,
+                0,
+                Corruption::LogGone {
+                    needed: start,
+                    oldest: segments.first().copied(),
+                },
+            ),
+        })));
+    };
+    let last_idx = segments.len() - 1;
+    let mut expected = segments.get(first_idx).copied().unwrap_or(start);
+    let mut active: Option<(usize, u64, u64)> = None;
+    for (idx, &named) in segments.iter().enumerate().skip(first_idx) {
+        let path = dir.join(segment::file_name(named));
+        let cut = |keep: Option<(u64, u64)>, error| {
+            let good_end = keep.map_or(expected, |(_, records)| named + records);
+            Err(Stop::Damage(Box::new(Cut {
+                seg: idx,
+                keep,
+                good_end,
+                prev: active,
+                error,
+            })))
+        };
+        if named != expected {
+            return cut(
+                None,
+                Error::corrupt(
+                    &path,
+                    0,
+                    Corruption::MissingRecords {
+                        expected,
+                        found: named,
+                    },
+                ),
+            );
+        }
+        let file = fs
+            .open_read(&path)
+            .map_err(|e| Stop::Io(Error::io("open", &path, e)))?;
+        let len = file
+            .len()
+            .map_err(|e| Stop::Io(Error::io("stat", &path, e)))?;
+        report.segments_read += 1;
+        let mut last_seen = (0u64, named); // (offset, position) of the last record handed over
+        let scanned = segment::scan(
+            &path,
+            std::io::BufReader::with_capacity(1 << 20, file),
+            len,
+            |lsn, at, r| {
+                last_seen = (at, lsn);
+                if lsn < start {
+                    return Ok(());
+                }
+                match shards.append(hash_key(&r.producer_id, r.partition), r) {
+                    o if o.is_accepted() => {
+                        report.records_replayed += 1;
+                        Ok(())
+                    }
+                    o => Err(Error::corrupt(
+                        &path,
+                        at,
+                        Corruption::RecordDoesNotApply {
+                            position: lsn,
+                            outcome: o.to_string(),
+                        },
+                    )),
+                }
+            },
+        );
+        let scan = match scanned {
+            Ok(s) => s,
+            Err(HeaderError::Short(_)) if idx == last_idx => {
+                // A segment whose creation was cut off: it holds no record.
+                fs.remove_file(&path)
+                    .map_err(|e| Stop::Io(Error::io("remove", &path, e)))?;
+                fs.sync_dir(dir)
+                    .map_err(|e| Stop::Io(Error::io("fsync directory", dir, e)))?;
+                report.files_removed.push(path);
+                return Ok(Replayed {
+                    next_lsn: expected,
+                    active: None,
+                });
+            }
+            Err(HeaderError::Short(n)) => {
+                return cut(
+                    None,
+                    Error::corrupt(&path, 0, crate::codec::truncated(HEADER_LEN, n)),
+                );
+            }
+            Err(HeaderError::Bad(e)) if e.is_corruption() => {
+                let keep = match &e {
+                    Error::Corrupt {
+                        kind: Corruption::RecordDoesNotApply { .. },
+                        ..
+                    } => Some((last_seen.0, last_seen.1 - named)),
+                    _ => None,
+                };
+                return cut(keep, e);
+            }
+            Err(HeaderError::Bad(e)) => return Err(Stop::Io(e)),
+        };
+        if scan.first_lsn != named {
+            return cut(
+                None,
+                Error::corrupt(
+                    &path,
+                    12,
+                    Corruption::NameMismatch {
+                        named,
+                        header: scan.first_lsn,
+                    },
+                ),
+            );
+        }
+        let keep = Some((scan.valid_len, scan.records));
+        match scan.end {
+            End::Clean => {}
+            End::Torn { offset, .. } if idx == last_idx => {
+                let mut f = fs
+                    .open_append(&path)
+                    .map_err(|e| Stop::Io(Error::io("open", &path, e)))?;
+                f.set_len(offset)
+                    .map_err(|e| Stop::Io(Error::io("truncate", &path, e)))?;
+                f.sync_data()
+                    .map_err(|e| Stop::Io(Error::io("fsync", &path, e)))?;
+                report.torn_tail = Some(TornTail {
+                    file: path.clone(),
+                    offset,
+                    bytes: scan.file_len - offset,
+                });
+            }
+            End::Torn { offset, kind } => return cut(keep, Error::corrupt(&path, offset, kind)),
+            End::MidLog { offset, .. } => {
+                return cut(
+                    keep,
+                    Error::corrupt(&path, offset, Corruption::DamagedMidLog),
+                );
+            }
+        }
+        expected = named + scan.records;
+        active = Some((idx, scan.valid_len, scan.records));
+    }
+    if start > expected {
+        return Err(Stop::Damage(Box::new(Cut {
+            seg: segments.len(),
+            keep: None,
+            good_end: start,
+            prev: None,
+            error: Error::corrupt(
+                dir,
+                0,
+                Corruption::SnapshotBeyondLog {
+                    snapshot: start,
+                    log_end: expected,
+                },
+            ),
+        })));
+    }
+    Ok(Replayed {
+        next_lsn: expected,
+        active,
+    })
+}
+
+/// Moves everything from the cut on aside and reports it. The state is
+/// what replay applied before the cut.
+fn salvage(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    segments: &[u64],
+    start: u64,
+    cut: Cut,
+    report: &mut RecoveryReport,
+) -> Result<Replayed> {
+    let mut discarded = Vec::new();
+    let mut bytes = 0u64;
+    let mut active = cut.prev;
+    for (idx, &lsn) in segments.iter().enumerate().skip(cut.seg) {
+        let path = dir.join(segment::file_name(lsn));
+        let aside = dir.join(format!("{}.discarded", segment::file_name(lsn)));
+        let mut data = Vec::new();
+        let mut f = fs.open_read(&path).map_err(io_at("open", &path))?;
+        f.read_to_end(&mut data).map_err(io_at("read", &path))?;
+        let keep = cut.keep.filter(|_| idx == cut.seg);
+        let from = keep.map_or(0, |(len, _)| len as usize);
+        let tail = data.get(from..).unwrap_or_default();
+        match keep {
+            Some((len, records)) => {
+                // Copy the damaged rest aside, then cut the segment.
+                let mut out = fs.create_new(&aside).map_err(io_at("create", &aside))?;
+                out.write_all(tail).map_err(io_at("write", &aside))?;
+                out.sync_data().map_err(io_at("fsync", &aside))?;
+                let mut w = fs.open_append(&path).map_err(io_at("open", &path))?;
+                w.set_len(len).map_err(io_at("truncate", &path))?;
+                w.sync_data().map_err(io_at("fsync", &path))?;
+                active = Some((idx, len, records));
+            }
+            None => fs.rename(&path, &aside).map_err(io_at("rename", &path))?,
+        }
+        bytes += tail.len() as u64;
+        discarded.push(aside);
+    }
+    fs.sync_dir(dir).map_err(io_at("fsync directory", dir))?;
+    // Never continue below the snapshot's position: if the good log ends
+    // before it, a new segment starts at it.
+    if cut.good_end < start {
+        active = None;
+    }
+    report.salvage = Some(Salvage {
+        cause: cut.error.to_string(),
+        discarded,
+        bytes,
+    });
+    Ok(Replayed {
+        next_lsn: cut.good_end.max(start),
+        active,
+    })
+}
+
+use std::io::Read as _;

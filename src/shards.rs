@@ -1,0 +1,82 @@
+//! The durable store's state: the engine's map split into shards.
+//!
+//! Shards exist for snapshots, not for locking: a snapshot encodes one
+//! shard at a time under the store's lock, so an appender waits at most for
+//! one shard's worth of encoding (a 64th of the state) instead of the whole.
+//! A key's shard comes from bits of its hash that the hash tables do not use
+//! for bucket selection.
+
+use crate::batch::AppendRequest;
+use crate::entry::ProducerEntry;
+use crate::id::ProducerId;
+use crate::map::{StateMap, hash_key};
+use crate::outcome::BatchOutcome;
+
+pub(crate) const SHARDS: usize = 64;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Shards {
+    maps: Vec<StateMap>,
+}
+
+impl Default for Shards {
+    fn default() -> Self {
+        Shards {
+            maps: (0..SHARDS).map(|_| StateMap::default()).collect(),
+        }
+    }
+}
+
+/// The shard of a key with hash `hash`.
+#[inline]
+pub(crate) fn shard_of(hash: u64) -> usize {
+    ((hash >> 40) as usize) % SHARDS
+}
+
+impl Shards {
+    #[inline]
+    fn map(&self, hash: u64) -> &StateMap {
+        &self.maps[shard_of(hash)]
+    }
+
+    /// Classifies an append and applies it if accepted.
+    #[inline]
+    pub(crate) fn append(&mut self, hash: u64, r: &AppendRequest) -> BatchOutcome {
+        self.maps[shard_of(hash)].append_hashed(
+            hash,
+            &r.producer_id,
+            r.partition,
+            r.epoch,
+            r.first,
+            r.last,
+            r.metadata,
+        )
+    }
+
+    pub(crate) fn get(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<ProducerEntry> {
+        self.map(hash).get_hashed(hash, id, partition)
+    }
+
+    /// Inserts an entry for a key that has none; false if the key exists.
+    pub(crate) fn insert_new(
+        &mut self,
+        id: &ProducerId,
+        partition: i32,
+        e: &ProducerEntry,
+    ) -> bool {
+        let hash = hash_key(id, partition);
+        if self.get(hash, id, partition).is_some() {
+            return false;
+        }
+        self.maps[shard_of(hash)].insert(id, partition, e);
+        true
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.maps.iter().map(StateMap::len).sum()
+    }
+
+    pub(crate) fn shard(&self, i: usize) -> &StateMap {
+        &self.maps[i]
+    }
+}

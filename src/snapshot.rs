@@ -1,0 +1,500 @@
+//! Snapshot files: the whole state at one log position, checksummed.
+//!
+//! A snapshot is written as `<position>.snap.tmp`, streamed entry by entry
+//! (the writer never holds a second copy of the state), its header filled in
+//! last, fsync'ed, renamed to `<position>.snap`, and the directory fsync'ed.
+//! The reader streams too and verifies the CRC over every byte before the
+//! caller may use what it decoded. The layout is in docs/format.md.
+
+#![deny(clippy::indexing_slicing)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::batch::{BatchMetadata, RetainedBatch};
+use crate::codec::{Dec, Put, truncated};
+use crate::entry::{ProducerEntry, RETAINED_BATCHES};
+use crate::error::{Corruption, Error, Result};
+use crate::fs::{FileSystem, WriteFile};
+use crate::id::ProducerId;
+use crate::wal::segment::{parse_numbered, read_full};
+
+pub(crate) const MAGIC: &[u8; 8] = b"PSTATSNP";
+pub(crate) const VERSION: u16 = 1;
+pub(crate) const HEADER_LEN: usize = 48;
+pub(crate) const TRAILER_LEN: usize = 4;
+pub(crate) const EXTENSION: &str = "snap";
+pub(crate) const TMP_SUFFIX: &str = ".tmp";
+const ID_NUMERIC: u8 = 0;
+const ID_NAMED: u8 = 1;
+const HAS_META: u8 = 1;
+
+/// The file name of the snapshot at `position`.
+pub(crate) fn file_name(position: u64) -> String {
+    format!("{position:020}.{EXTENSION}")
+}
+
+/// The position in a snapshot's file name (`<20 digits>.snap`).
+pub(crate) fn parse_name(name: &str) -> Option<u64> {
+    parse_numbered(name, EXTENSION)
+}
+
+/// What a snapshot's header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// The state reflects every log record before this position, none after.
+    pub position: u64,
+    pub entries: u64,
+    pub body_len: u64,
+}
+
+fn encode_header(h: &Header) -> Vec<u8> {
+    let mut b = Vec::with_capacity(HEADER_LEN);
+    b.extend_from_slice(MAGIC);
+    b.put_u16(VERSION);
+    b.put_u16(0);
+    b.put_u32(0);
+    b.put_u64(h.position);
+    b.put_u64(h.entries);
+    b.put_u64(h.body_len);
+    let c = crc32c::crc32c(&b);
+    b.put_u32(c);
+    b.put_u32(0);
+    b
+}
+
+/// Parses and checks a header (magic, version, its own CRC).
+pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
+    let Some(h) = bytes.get(..HEADER_LEN) else {
+        return Err(Error::corrupt(path, 0, truncated(HEADER_LEN, bytes.len())));
+    };
+    let mut d = Dec::new(h);
+    if d.bytes(8) != Some(&MAGIC[..]) {
+        return Err(Error::corrupt(path, 0, Corruption::BadMagic));
+    }
+    let version = d.u16().unwrap_or(0);
+    let flags = d.u16().unwrap_or(0);
+    let reserved = d.u32().unwrap_or(0);
+    let position = d.u64().unwrap_or(0);
+    let entries = d.u64().unwrap_or(0);
+    let body_len = d.u64().unwrap_or(0);
+    let stored = d.u32().unwrap_or(0);
+    let reserved2 = d.u32().unwrap_or(0);
+    let computed = crc32c::crc32c(h.get(..40).unwrap_or_default());
+    if stored != computed {
+        return Err(Error::corrupt(
+            path,
+            40,
+            Corruption::ChecksumMismatch { stored, computed },
+        ));
+    }
+    if version != VERSION {
+        return Err(Error::UnsupportedVersion {
+            file: path.to_path_buf(),
+            found: version,
+            supported: VERSION,
+        });
+    }
+    if flags != 0 || reserved != 0 || reserved2 != 0 {
+        return Err(Error::corrupt(
+            path,
+            10,
+            Corruption::BadField("reserved header fields"),
+        ));
+    }
+    Ok(Header {
+        position,
+        entries,
+        body_len,
+    })
+}
+
+/// Appends one entry's encoding to `buf`.
+pub(crate) fn encode_entry(buf: &mut Vec<u8>, id: &ProducerId, partition: i32, e: &ProducerEntry) {
+    match id.as_numeric() {
+        Some(n) => {
+            buf.put_u8(ID_NUMERIC);
+            buf.put_u64(n);
+        }
+        None => {
+            let name = id.name_bytes().unwrap_or_default();
+            buf.put_u8(ID_NAMED);
+            buf.put_u16(name.len() as u16);
+            buf.extend_from_slice(name);
+        }
+    }
+    buf.put_i32(partition);
+    buf.put_i16(e.epoch());
+    buf.put_i32(e.last_sequence());
+    let batches = e.retained_batches();
+    buf.put_u8(batches.len() as u8);
+    for b in batches {
+        buf.put_i32(b.first_sequence);
+        buf.put_i32(b.last_sequence);
+        match b.metadata {
+            Some(m) => {
+                buf.put_u8(HAS_META);
+                buf.put_i64(m.offset);
+                buf.put_i64(m.timestamp);
+            }
+            None => buf.put_u8(0),
+        }
+    }
+}
+
+/// Decodes one entry; `None` if the bytes end first (the caller reads
+/// more), `Err` if they are not a valid entry.
+fn decode_entry(
+    d: &mut Dec<'_>,
+) -> Option<std::result::Result<(ProducerId, i32, ProducerEntry), Corruption>> {
+    let kind = d.u8()?;
+    let id = match kind {
+        ID_NUMERIC => ProducerId::numeric(d.u64()?),
+        ID_NAMED => {
+            let n = d.u16()? as usize;
+            match std::str::from_utf8(d.bytes(n)?) {
+                Ok(s) => ProducerId::named(s),
+                Err(_) => return Some(Err(Corruption::BadField("producer name (not UTF-8)"))),
+            }
+        }
+        other => return Some(Err(Corruption::BadKind(other))),
+    };
+    let partition = d.i32()?;
+    let epoch = d.i16()?;
+    let last = d.i32()?;
+    let count = d.u8()? as usize;
+    if count > RETAINED_BATCHES {
+        return Some(Err(Corruption::BadField("retained batch count")));
+    }
+    let mut batches = [RetainedBatch {
+        first_sequence: 0,
+        last_sequence: 0,
+        metadata: None,
+    }; RETAINED_BATCHES];
+    for slot in batches.iter_mut().take(count) {
+        let first_sequence = d.i32()?;
+        let last_sequence = d.i32()?;
+        let metadata = match d.u8()? {
+            0 => None,
+            HAS_META => Some(BatchMetadata {
+                offset: d.i64()?,
+                timestamp: d.i64()?,
+            }),
+            _ => return Some(Err(Corruption::BadField("retained batch flags"))),
+        };
+        *slot = RetainedBatch {
+            first_sequence,
+            last_sequence,
+            metadata,
+        };
+    }
+    let batches = batches.get(..count).unwrap_or_default();
+    Some(match ProducerEntry::from_parts(epoch, last, batches) {
+        Some(e) => Ok((id, partition, e)),
+        None => Err(Corruption::BadField("entry (sequences inconsistent)")),
+    })
+}
+
+/// Streams a new snapshot to a temporary file.
+pub(crate) struct Writer {
+    file: Box<dyn WriteFile>,
+    tmp: PathBuf,
+    dest: PathBuf,
+    position: u64,
+    entries: u64,
+    body_len: u64,
+    body_crc: u32,
+}
+
+impl Writer {
+    /// Creates `<position>.snap.tmp` in `dir` with a placeholder header.
+    pub(crate) fn create(fs: &dyn FileSystem, dir: &Path, position: u64) -> Result<Writer> {
+        let dest = dir.join(file_name(position));
+        let tmp = dir.join(format!("{}{TMP_SUFFIX}", file_name(position)));
+        if fs
+            .kind(&tmp)
+            .map_err(|e| Error::io("stat", &tmp, e))?
+            .is_some()
+        {
+            fs.remove_file(&tmp)
+                .map_err(|e| Error::io("remove", &tmp, e))?;
+        }
+        let mut file = fs
+            .create_new(&tmp)
+            .map_err(|e| Error::io("create", &tmp, e))?;
+        file.write_all(&[0u8; HEADER_LEN])
+            .map_err(|e| Error::io("write", &tmp, e))?;
+        Ok(Writer {
+            file,
+            tmp,
+            dest,
+            position,
+            entries: 0,
+            body_len: 0,
+            body_crc: 0,
+        })
+    }
+
+    /// Appends encoded entries (from [`encode_entry`]).
+    pub(crate) fn write(&mut self, bytes: &[u8], entries: u64) -> Result<()> {
+        self.file
+            .write_all(bytes)
+            .map_err(|e| Error::io("write", &self.tmp, e))?;
+        self.body_crc = crc32c::crc32c_append(self.body_crc, bytes);
+        self.body_len += bytes.len() as u64;
+        self.entries += entries;
+        Ok(())
+    }
+
+    /// Writes the trailer and the real header, fsyncs, renames into place
+    /// and fsyncs the directory. Returns the final path.
+    pub(crate) fn finish(mut self, fs: &dyn FileSystem, dir: &Path) -> Result<PathBuf> {
+        let header = encode_header(&Header {
+            position: self.position,
+            entries: self.entries,
+            body_len: self.body_len,
+        });
+        let crc = crc32c::crc32c_combine(
+            crc32c::crc32c(&header),
+            self.body_crc,
+            self.body_len as usize,
+        );
+        let tmp = self.tmp.clone();
+        let io = |op, e| Error::io(op, &tmp, e);
+        self.file
+            .write_all(&crc.to_le_bytes())
+            .map_err(|e| io("write", e))?;
+        self.file
+            .write_all_at(0, &header)
+            .map_err(|e| io("write", e))?;
+        self.file.sync_data().map_err(|e| io("fsync", e))?;
+        drop(self.file);
+        fs.rename(&self.tmp, &self.dest)
+            .map_err(|e| Error::io("rename", &self.dest, e))?;
+        fs.sync_dir(dir)
+            .map_err(|e| Error::io("fsync directory", dir, e))?;
+        Ok(self.dest)
+    }
+}
+
+/// Streams a snapshot file, verifying its header, every entry and finally
+/// the CRC over every byte. `each` sees entries as they are decoded; the
+/// caller must discard what it built if this returns an error.
+pub(crate) fn read(
+    path: &Path,
+    mut r: impl Read,
+    file_len: u64,
+    mut each: impl FnMut(ProducerId, i32, ProducerEntry) -> Result<()>,
+) -> Result<Header> {
+    let io = |e| Error::io("read", path, e);
+    let mut head = [0u8; HEADER_LEN];
+    let n = read_full(&mut r, &mut head).map_err(io)?;
+    let header = parse_header(path, head.get(..n).unwrap_or_default())?;
+    let expected_len = (HEADER_LEN as u64)
+        .checked_add(header.body_len)
+        .and_then(|l| l.checked_add(TRAILER_LEN as u64));
+    match expected_len {
+        Some(l) if l == file_len => {}
+        Some(l) if l > file_len => {
+            return Err(Error::corrupt(
+                path,
+                file_len,
+                Corruption::Truncated {
+                    needed: l,
+                    available: file_len,
+                },
+            ));
+        }
+        Some(l) => {
+            return Err(Error::corrupt(
+                path,
+                l,
+                Corruption::TrailingBytes(file_len - l),
+            ));
+        }
+        None => {
+            return Err(Error::corrupt(
+                path,
+                32,
+                Corruption::BadLength(header.body_len),
+            ));
+        }
+    }
+    let mut crc = crc32c::crc32c(&head);
+    let mut buf: Vec<u8> = Vec::new();
+    let mut consumed = 0usize; // bytes of `buf` already decoded
+    let mut remaining = header.body_len; // body bytes not yet read from the file
+    let mut offset = HEADER_LEN as u64; // file offset of buf[consumed]
+    let mut found = 0u64;
+    const CHUNK: usize = 1 << 20;
+    loop {
+        let mut d = Dec::new(buf.get(consumed..).unwrap_or_default());
+        let before = d.pos();
+        match decode_entry(&mut d) {
+            Some(Ok((id, partition, e))) => {
+                consumed += d.pos() - before;
+                offset += (d.pos() - before) as u64;
+                found += 1;
+                each(id, partition, e)?;
+                continue;
+            }
+            Some(Err(kind)) => return Err(Error::corrupt(path, offset, kind)),
+            None if remaining == 0 => {
+                if consumed < buf.len() {
+                    return Err(Error::corrupt(
+                        path,
+                        offset,
+                        Corruption::BadLength((buf.len() - consumed) as u64),
+                    ));
+                }
+                break;
+            }
+            None => {}
+        }
+        // Need more bytes: drop what was decoded and read the next chunk.
+        buf.drain(..consumed);
+        consumed = 0;
+        let want = remaining.min(CHUNK as u64) as usize;
+        let old = buf.len();
+        buf.resize(old + want, 0);
+        let got = read_full(&mut r, buf.get_mut(old..).unwrap_or_default()).map_err(io)?;
+        if got < want {
+            return Err(Error::corrupt(path, offset, truncated(want, got)));
+        }
+        crc = crc32c::crc32c_append(crc, buf.get(old..).unwrap_or_default());
+        remaining -= want as u64;
+    }
+    let mut trailer = [0u8; TRAILER_LEN];
+    let got = read_full(&mut r, &mut trailer).map_err(io)?;
+    if got < TRAILER_LEN {
+        return Err(Error::corrupt(path, offset, truncated(TRAILER_LEN, got)));
+    }
+    let stored = u32::from_le_bytes(trailer);
+    if stored != crc {
+        return Err(Error::corrupt(
+            path,
+            offset,
+            Corruption::ChecksumMismatch {
+                stored,
+                computed: crc,
+            },
+        ));
+    }
+    if found != header.entries {
+        return Err(Error::corrupt(
+            path,
+            24,
+            Corruption::CountMismatch {
+                stated: header.entries,
+                found,
+            },
+        ));
+    }
+    Ok(header)
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::batch::Batch;
+    use crate::fs::SimFs;
+    use crate::manager::ProducerStateManager;
+    use std::io::Cursor;
+
+    fn sample_state() -> ProducerStateManager {
+        let mut m = ProducerStateManager::new();
+        for pid in 0..50u64 {
+            m.append(pid, 1, 0, 0);
+            m.append(pid, 1, 0, 1);
+        }
+        for i in 0..7 {
+            m.append_batch(
+                "batcher",
+                2,
+                3,
+                Batch::new(i * 4, i * 4 + 3, i64::from(i) * 10, -1),
+            );
+        }
+        m.append("x".repeat(1000), -5, i16::MAX, 0);
+        m
+    }
+
+    fn write(fs: &SimFs, dir: &Path, m: &ProducerStateManager, position: u64) -> PathBuf {
+        let mut w = Writer::create(fs, dir, position).unwrap();
+        for (id, p, e) in m.iter() {
+            let mut b = Vec::new();
+            encode_entry(&mut b, &id, p, &e);
+            w.write(&b, 1).unwrap();
+        }
+        w.finish(fs, dir).unwrap()
+    }
+
+    type Entries = Vec<(ProducerId, i32, ProducerEntry)>;
+
+    fn load(bytes: &[u8]) -> Result<(Header, Entries)> {
+        let mut out = Vec::new();
+        let h = read(
+            Path::new("s"),
+            Cursor::new(bytes),
+            bytes.len() as u64,
+            |id, p, e| {
+                out.push((id, p, e));
+                Ok(())
+            },
+        )?;
+        Ok((h, out))
+    }
+
+    #[test]
+    fn a_snapshot_round_trips_every_entry() {
+        let fs = SimFs::new();
+        let dir = PathBuf::from("/d");
+        fs.create_dir_all(&dir).unwrap();
+        let m = sample_state();
+        let path = write(&fs, &dir, &m, 77);
+        assert_eq!(path, dir.join("00000000000000000077.snap"));
+        assert!(
+            fs.read_file(&dir.join("00000000000000000077.snap.tmp"))
+                .is_none()
+        );
+        let bytes = fs.read_file(&path).unwrap();
+        let (h, entries) = load(&bytes).unwrap();
+        assert_eq!(h.position, 77);
+        assert_eq!(h.entries as usize, m.len());
+        for (id, p, e) in entries {
+            assert_eq!(m.get(id, p), Some(e));
+        }
+    }
+
+    #[test]
+    fn every_truncation_and_bit_flip_is_an_error_never_a_panic() {
+        let fs = SimFs::new();
+        let dir = PathBuf::from("/d");
+        fs.create_dir_all(&dir).unwrap();
+        let mut m = ProducerStateManager::new();
+        m.append(1u64, 0, 0, 0);
+        m.append_batch("n", 0, 0, Batch::new(0, 3, 5, 6));
+        let bytes = fs.read_file(&write(&fs, &dir, &m, 3)).unwrap();
+        for cut in 0..bytes.len() {
+            let err = load(&bytes[..cut]).unwrap_err();
+            assert!(err.is_corruption(), "cut {cut}: {err}");
+        }
+        for bit in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            let err = load(&b).unwrap_err();
+            assert!(err.is_corruption(), "bit {bit}: {err}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(load(&longer).unwrap_err().is_corruption());
+    }
+
+    #[test]
+    fn names_parse_back() {
+        assert_eq!(parse_name(&file_name(9)), Some(9));
+        assert_eq!(parse_name("00000000000000000009.snap.tmp"), None);
+        assert_eq!(parse_name("00000000000000000009.wal"), None);
+    }
+}

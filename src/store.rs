@@ -1,0 +1,1183 @@
+//! The durable store: the engine's rules over a write-ahead log and
+//! checksummed snapshots.
+//!
+//! # The write path
+//!
+//! validate -> (only if ACCEPTED) write the log record -> fsync per policy
+//! -> apply to memory -> return. Duplicates and rejections write nothing.
+//!
+//! With [`FsyncPolicy::Always`] an accepted append is first held as
+//! *in flight*: its record is queued and the key's speculative state is kept
+//! beside the committed state. Whichever appender finds no write in progress
+//! becomes the leader: it takes every queued record, writes them with one
+//! `write` and one `fdatasync`, applies them to the committed state in log
+//! order and wakes the others. Appenders that arrive meanwhile queue behind
+//! it and share the next fsync (group commit), and a lone appender pays for
+//! exactly one fsync with no timer or sleep in the way.
+//!
+//! Validation and the update it implies are atomic per key: a request that
+//! continues a key's in-flight state is queued after it (a producer may
+//! pipeline), and any other request for a key with records in flight (a
+//! retry, a zombie, a gap) waits until they are durable and is then
+//! classified against the committed state. So a retry that races its
+//! original is never accepted twice: it answers `DUPLICATE`, with the
+//! original's metadata, once the original is durable, or the original's
+//! error if its write failed.
+//!
+//! If a write or fsync fails, every append waiting on that group gets the
+//! error, none of them is applied, and the store is poisoned: it refuses
+//! further appends until reopened. A failed fsync is never retried.
+//!
+//! # Snapshots
+//!
+//! A snapshot is the state at one log position P, written without stopping
+//! appenders and without a second copy of the state: the state is split
+//! into 64 shards and the snapshot encodes one shard at a time under the
+//! store's lock. An append applied after P to a shard not yet encoded first
+//! saves the key's entry as it was at P (a pre-image), and the encoder uses
+//! those. Appenders wait at most for one shard's encoding.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use hashbrown::HashTable;
+
+use crate::batch::{AppendRequest, Batch};
+use crate::entry::ProducerEntry;
+use crate::error::{Error, Result};
+use crate::fs::{EntryKind, FileSystem, LockGuard, StdFs};
+use crate::id::ProducerId;
+use crate::map::hash_key;
+use crate::outcome::{AppendOutcome, BatchOutcome};
+use crate::recovery::{self, RecoveryMode, RecoveryReport};
+use crate::rules;
+use crate::shards::{SHARDS, Shards, shard_of};
+use crate::snapshot;
+use crate::wal::record::{self, MAX_NAME};
+use crate::wal::writer::LogWriter;
+
+/// When the log is fsync'ed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Every accepted append is on disk (written and fsync'ed) before
+    /// `append` returns; concurrent appends share fsyncs. Nothing
+    /// acknowledged is ever lost. The default.
+    Always,
+    /// Records are buffered in the process and written and fsync'ed every
+    /// interval by a background thread (and when 64 KiB are buffered, on
+    /// [`ProducerStateStore::sync`], on snapshots and on close). A crash,
+    /// of the process or of the machine, loses at most the appends
+    /// acknowledged during the last interval (plus the time one fsync takes).
+    Interval(Duration),
+    /// Records are buffered in the process (64 KiB) and handed to the OS,
+    /// never fsync'ed except on [`ProducerStateStore::sync`], snapshots,
+    /// segment rolls and close. Not crash-safe: a process crash loses the
+    /// buffer, a machine crash whatever the OS had not written. For tests
+    /// and bulk loads.
+    Never,
+}
+
+/// How a [`ProducerStateStore`] is opened. Every setter documents its default.
+#[derive(Clone)]
+pub struct StoreOptions {
+    fsync: FsyncPolicy,
+    snapshot_every_records: Option<u64>,
+    snapshot_every_bytes: Option<u64>,
+    segment_size: u64,
+    keep_snapshots: usize,
+    recovery: RecoveryMode,
+    background_snapshots: bool,
+    fs: Arc<dyn FileSystem>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            fsync: FsyncPolicy::Always,
+            snapshot_every_records: Some(1_000_000),
+            snapshot_every_bytes: Some(64 << 20),
+            segment_size: 64 << 20,
+            keep_snapshots: 2,
+            recovery: RecoveryMode::Strict,
+            background_snapshots: true,
+            fs: Arc::new(StdFs),
+        }
+    }
+}
+
+impl fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreOptions")
+            .field("fsync", &self.fsync)
+            .field("snapshot_every_records", &self.snapshot_every_records)
+            .field("snapshot_every_bytes", &self.snapshot_every_bytes)
+            .field("segment_size", &self.segment_size)
+            .field("keep_snapshots", &self.keep_snapshots)
+            .field("recovery", &self.recovery)
+            .field("background_snapshots", &self.background_snapshots)
+            .field("fs", &self.fs)
+            .finish()
+    }
+}
+
+impl StoreOptions {
+    /// When the log is fsync'ed. Default [`FsyncPolicy::Always`].
+    pub fn fsync(mut self, policy: FsyncPolicy) -> Self {
+        self.fsync = policy;
+        self
+    }
+
+    /// Take a snapshot after this many accepted appends (`None`: never by
+    /// count). Default 1,000,000. Recovery replays at most about this many
+    /// records; a snapshot costs one pass over the state.
+    pub fn snapshot_every_records(mut self, n: Option<u64>) -> Self {
+        self.snapshot_every_records = n;
+        self
+    }
+
+    /// Take a snapshot after this many bytes of log (`None`: never by size).
+    /// Default 64 MiB.
+    pub fn snapshot_every_bytes(mut self, n: Option<u64>) -> Self {
+        self.snapshot_every_bytes = n;
+        self
+    }
+
+    /// Roll to a new log segment once the active one holds this many bytes
+    /// (a soft limit: one group of records never spans two segments).
+    /// Default 64 MiB; at least 1 KiB.
+    pub fn segment_size(mut self, bytes: u64) -> Self {
+        self.segment_size = bytes;
+        self
+    }
+
+    /// How many snapshots to keep (at least 2, so that recovery can fall
+    /// back to an older one; the log is kept back to the oldest). Default 2.
+    pub fn keep_snapshots(mut self, n: usize) -> Self {
+        self.keep_snapshots = n;
+        self
+    }
+
+    /// What recovery does with damage other than a torn tail. Default
+    /// [`RecoveryMode::Strict`].
+    pub fn recovery(mut self, mode: RecoveryMode) -> Self {
+        self.recovery = mode;
+        self
+    }
+
+    /// Run automatic snapshots on a background thread (default `true`). With
+    /// `false` the append that crosses a threshold takes the snapshot before
+    /// it returns: slower for that append, but deterministic, which tests
+    /// under a simulated file system want.
+    pub fn background_snapshots(mut self, on: bool) -> Self {
+        self.background_snapshots = on;
+        self
+    }
+
+    /// The file system to use. Default [`StdFs`]; tests use [`crate::fs::SimFs`].
+    pub fn file_system(mut self, fs: Arc<dyn FileSystem>) -> Self {
+        self.fs = fs;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.keep_snapshots < 2 {
+            return Err(Error::InvalidOptions(format!(
+                "keep_snapshots must be at least 2, not {}",
+                self.keep_snapshots
+            )));
+        }
+        if self.segment_size < 1024 {
+            return Err(Error::InvalidOptions(format!(
+                "segment_size must be at least 1024 bytes, not {}",
+                self.segment_size
+            )));
+        }
+        if self.fsync == FsyncPolicy::Interval(Duration::ZERO) {
+            return Err(Error::InvalidOptions(
+                "the fsync interval must be above zero".into(),
+            ));
+        }
+        if self.snapshot_every_records == Some(0) || self.snapshot_every_bytes == Some(0) {
+            return Err(Error::InvalidOptions(
+                "snapshot thresholds must be above zero (or None)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Records buffered before a buffered policy hands them to the OS.
+const FLUSH_BYTES: usize = 64 << 10;
+
+/// A key with appends in flight (written but not yet durable).
+struct Pending {
+    hash: u64,
+    id: ProducerId,
+    partition: i32,
+    /// The key's state once everything in flight is applied.
+    entry: ProducerEntry,
+    /// Position of the key's last record in flight.
+    lsn: u64,
+}
+
+/// A queued record waiting to be applied once durable (`Always`).
+struct Queued {
+    hash: u64,
+    request: AppendRequest,
+    lsn: u64,
+}
+
+/// Why the store is poisoned.
+#[derive(Clone)]
+struct Failure {
+    op: &'static str,
+    path: PathBuf,
+    kind: io::ErrorKind,
+    message: String,
+    /// Positions of the records in the failed group.
+    group: (u64, u64),
+}
+
+impl Failure {
+    fn from_error(e: &Error, group: (u64, u64)) -> Failure {
+        match e {
+            Error::Io { op, path, source } => Failure {
+                op,
+                path: path.clone(),
+                kind: source.kind(),
+                message: source.to_string(),
+                group,
+            },
+            other => Failure {
+                op: "write",
+                path: PathBuf::new(),
+                kind: io::ErrorKind::Other,
+                message: other.to_string(),
+                group,
+            },
+        }
+    }
+
+    /// The error an append whose record has position `lsn` gets.
+    fn error_for(&self, lsn: Option<u64>) -> Error {
+        match lsn {
+            Some(l) if (self.group.0..self.group.1).contains(&l) => Error::Io {
+                op: self.op,
+                path: self.path.clone(),
+                source: io::Error::new(self.kind, self.message.clone()),
+            },
+            _ => Error::Poisoned {
+                cause: format!("{} {}: {}", self.op, self.path.display(), self.message),
+            },
+        }
+    }
+}
+
+/// A snapshot in progress: the position and which shards are encoded.
+struct Capture {
+    position: u64,
+    done: [bool; SHARDS],
+    /// Per shard: entries as they were at `position`, for keys changed since
+    /// (`None`: the key did not exist at `position`).
+    pre: Vec<HashMap<(ProducerId, i32), Option<ProducerEntry>>>,
+}
+
+struct State {
+    shards: Shards,
+    overlay: HashTable<Pending>,
+    /// Encoded records not yet written, and (`Always`) what they apply.
+    buf: Vec<u8>,
+    queued: Vec<Queued>,
+    buf_first: u64,
+    next_lsn: u64,
+    /// Records before `written` are in the OS; before `durable`, fsync'ed
+    /// (and, under `Always`, applied).
+    written: u64,
+    durable: u64,
+    leader: bool,
+    failed: Option<Failure>,
+    capture: Option<Capture>,
+    since_snapshot: (u64, u64),
+    snapshot_requested: bool,
+    stats: StoreStats,
+}
+
+/// Counters of the store's IO since it was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Accepted appends written to the log.
+    pub records_written: u64,
+    /// Writes of record groups (one per group commit).
+    pub groups_written: u64,
+    /// fsyncs of the log.
+    pub log_fsyncs: u64,
+    /// Snapshots written.
+    pub snapshots_written: u64,
+}
+
+struct Book {
+    /// Positions of every snapshot file on disk.
+    files: BTreeSet<u64>,
+    /// Positions of snapshots not known to be damaged, oldest first.
+    valid: Vec<u64>,
+    last_error: Option<String>,
+}
+
+struct Bg {
+    stop: bool,
+    snapshot_wanted: bool,
+}
+
+struct Shared {
+    dir: PathBuf,
+    opts: StoreOptions,
+    state: Mutex<State>,
+    cv: Condvar,
+    writer: Mutex<LogWriter>,
+    book: Mutex<Book>,
+    bg: Mutex<Bg>,
+    bg_cv: Condvar,
+    _lock: Box<dyn LockGuard>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The store never panics while holding a lock except on a bug; after
+    // one, the state is still consistent at the granularity of the lock.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What submitting one request under the lock came to.
+enum Submit {
+    Done(BatchOutcome),
+    /// Accepted and queued at this position: wait for it to be durable.
+    Queued(u64),
+    /// The key has records in flight up to this position and the request
+    /// is not their continuation: wait, then classify again.
+    Wait(u64),
+}
+
+impl State {
+    fn overlay_find(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<&Pending> {
+        self.overlay
+            .find(hash, |p| p.partition == partition && p.id == *id)
+    }
+
+    /// Saves the entry of a key about to change if a snapshot needs it as
+    /// it was at the snapshot's position.
+    fn save_pre_image(&mut self, hash: u64, id: &ProducerId, partition: i32, lsn: u64) {
+        let Some(c) = &mut self.capture else { return };
+        let s = shard_of(hash);
+        if c.done[s] || lsn < c.position {
+            return;
+        }
+        let shards = &self.shards;
+        c.pre[s]
+            .entry((id.clone(), partition))
+            .or_insert_with(|| shards.get(hash, id, partition));
+    }
+
+    fn enqueue_record(&mut self, r: &AppendRequest) -> u64 {
+        let before = self.buf.len();
+        record::encode(&mut self.buf, r);
+        let lsn = self.next_lsn;
+        self.next_lsn += 1;
+        self.since_snapshot.0 += 1;
+        self.since_snapshot.1 += (self.buf.len() - before) as u64;
+        lsn
+    }
+
+    /// `Always`: classifies against the in-flight state if the key has one,
+    /// else the committed state; queues an accepted request.
+    fn submit_durable(&mut self, hash: u64, r: &AppendRequest) -> Submit {
+        let (base, in_flight) = match self.overlay_find(hash, &r.producer_id, r.partition) {
+            Some(p) => (Some(p.entry), Some(p.lsn)),
+            None => (self.shards.get(hash, &r.producer_id, r.partition), None),
+        };
+        let outcome = rules::classify(
+            base.map(|e| e.current()),
+            r.epoch,
+            r.first,
+            r.last,
+            |f, l| base.and_then(|e| e.find(f, l)),
+        );
+        if !outcome.is_accepted() {
+            return match in_flight {
+                Some(lsn) => Submit::Wait(lsn),
+                None => Submit::Done(outcome),
+            };
+        }
+        let entry = match base {
+            Some(mut e) => {
+                e.accept(r.epoch > e.epoch(), r.epoch, r.first, r.last, r.metadata);
+                e
+            }
+            None => ProducerEntry::start(r.epoch, r.first, r.last, r.metadata),
+        };
+        let lsn = self.enqueue_record(r);
+        self.queued.push(Queued {
+            hash,
+            request: r.clone(),
+            lsn,
+        });
+        match self.overlay.find_mut(hash, |p| {
+            p.partition == r.partition && p.id == r.producer_id
+        }) {
+            Some(p) => {
+                p.entry = entry;
+                p.lsn = lsn;
+            }
+            None => {
+                self.overlay.insert_unique(
+                    hash,
+                    Pending {
+                        hash,
+                        id: r.producer_id.clone(),
+                        partition: r.partition,
+                        entry,
+                        lsn,
+                    },
+                    |p| p.hash,
+                );
+            }
+        }
+        Submit::Queued(lsn)
+    }
+
+    /// Buffered policies: classify, apply and queue the record at once.
+    fn submit_buffered(&mut self, hash: u64, r: &AppendRequest) -> BatchOutcome {
+        let lsn = self.next_lsn;
+        if self.capture.is_some() {
+            self.save_pre_image(hash, &r.producer_id, r.partition, lsn);
+        }
+        // If the append is rejected, a pre-image saved above equals the
+        // current entry, which is harmless.
+        let outcome = self.shards.append(hash, r);
+        if outcome.is_accepted() {
+            self.enqueue_record(r);
+        }
+        outcome
+    }
+
+    /// `Always`: applies a durable group to the committed state.
+    fn apply_group(&mut self, group: Vec<Queued>) -> std::result::Result<(), String> {
+        for q in group {
+            let r = &q.request;
+            self.save_pre_image(q.hash, &r.producer_id, r.partition, q.lsn);
+            let outcome = self.shards.append(q.hash, r);
+            if !outcome.is_accepted() {
+                return Err(format!(
+                    "internal error: the durable record at position {} did not apply ({outcome})",
+                    q.lsn
+                ));
+            }
+            if let Ok(entry) = self.overlay.find_entry(q.hash, |p| {
+                p.partition == r.partition && p.id == r.producer_id
+            }) && entry.get().lsn == q.lsn
+            {
+                entry.remove();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The durable producer-state store. `Send + Sync`: share it between
+/// threads (for example in an `Arc`) and append from all of them.
+///
+/// ```
+/// use producer_state::{AppendOutcome, ProducerStateStore};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = ProducerStateStore::open(dir.path())?;
+/// assert_eq!(store.append("p1", 0, 0, 0)?, AppendOutcome::Accepted);
+/// assert_eq!(store.append("p1", 0, 0, 1)?, AppendOutcome::Accepted);
+/// store.close()?;
+///
+/// // Reopened: the state was recovered from the log.
+/// let store = ProducerStateStore::open(dir.path())?;
+/// assert_eq!(store.recovery_report().records_replayed, 2);
+/// assert_eq!(store.append("p1", 0, 0, 1)?, AppendOutcome::Duplicate);
+/// assert_eq!(store.append("p1", 0, 1, 0)?, AppendOutcome::Accepted);
+/// assert_eq!(store.append("p1", 0, 0, 2)?, AppendOutcome::FencedEpoch);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct ProducerStateStore {
+    shared: Arc<Shared>,
+    background: Option<JoinHandle<()>>,
+    report: RecoveryReport,
+    closed: bool,
+}
+
+impl fmt::Debug for ProducerStateStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProducerStateStore")
+            .field("dir", &self.shared.dir)
+            .field("options", &self.shared.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProducerStateStore {
+    /// Opens the store in `dir` with default options: creates the directory
+    /// if missing, otherwise recovers it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Locked`] if another open store holds the directory;
+    /// [`Error::NotADirectory`] if `dir` is a file; [`Error::Corrupt`] if
+    /// recovery finds damage other than a torn tail; [`Error::Io`] if the
+    /// file system fails.
+    pub fn open(dir: impl AsRef<Path>) -> Result<ProducerStateStore> {
+        ProducerStateStore::open_with(dir, StoreOptions::default())
+    }
+
+    /// Opens the store in `dir` with `opts`. Errors as [`ProducerStateStore::open`],
+    /// and [`Error::InvalidOptions`].
+    pub fn open_with(dir: impl AsRef<Path>, opts: StoreOptions) -> Result<ProducerStateStore> {
+        opts.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        let fs = opts.fs.clone();
+        match fs.kind(&dir).map_err(|e| Error::io("stat", &dir, e))? {
+            Some(EntryKind::Dir) => {}
+            Some(_) => return Err(Error::NotADirectory { path: dir }),
+            None => fs
+                .create_dir_all(&dir)
+                .map_err(|e| Error::io("create directory", &dir, e))?,
+        }
+        let lock_path = dir.join("LOCK");
+        let guard = fs
+            .try_lock(&lock_path)
+            .map_err(|e| Error::io("lock", &lock_path, e))?
+            .ok_or_else(|| Error::Locked { path: dir.clone() })?;
+
+        let rec = recovery::recover(fs.as_ref(), &dir, opts.recovery)?;
+        let writer = match rec.active {
+            Some((len, records)) => LogWriter::resume(
+                fs.clone(),
+                &dir,
+                rec.segments,
+                len,
+                records,
+                opts.segment_size,
+            )?,
+            None => LogWriter::create(
+                fs.clone(),
+                &dir,
+                rec.next_lsn,
+                opts.segment_size,
+                rec.segments,
+            )?,
+        };
+        debug_assert_eq!(writer.next_lsn(), rec.next_lsn);
+        let state = State {
+            shards: rec.shards,
+            overlay: HashTable::new(),
+            buf: Vec::new(),
+            queued: Vec::new(),
+            buf_first: rec.next_lsn,
+            next_lsn: rec.next_lsn,
+            written: rec.next_lsn,
+            durable: rec.next_lsn,
+            leader: false,
+            failed: None,
+            capture: None,
+            since_snapshot: (rec.report.records_replayed, 0),
+            snapshot_requested: false,
+            stats: StoreStats::default(),
+        };
+        let shared = Arc::new(Shared {
+            dir,
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+            writer: Mutex::new(writer),
+            book: Mutex::new(Book {
+                files: rec.snapshot_files,
+                valid: rec.snapshots,
+                last_error: None,
+            }),
+            bg: Mutex::new(Bg {
+                stop: false,
+                snapshot_wanted: false,
+            }),
+            bg_cv: Condvar::new(),
+            _lock: guard,
+            opts,
+        });
+        let needs_thread = shared.opts.background_snapshots
+            || matches!(shared.opts.fsync, FsyncPolicy::Interval(_));
+        let background = if needs_thread {
+            let s = shared.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("producer-state-bg".into())
+                    .spawn(move || s.background())
+                    .map_err(|e| Error::io("spawn background thread", &shared.dir, e))?,
+            )
+        } else {
+            None
+        };
+        Ok(ProducerStateStore {
+            shared,
+            background,
+            report: rec.report,
+            closed: false,
+        })
+    }
+
+    /// Classifies a single-sequence append and, if accepted, makes it durable
+    /// (per the fsync policy) before returning.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if writing or fsyncing its record failed (the store is
+    /// then poisoned), [`Error::Poisoned`] after an earlier failure,
+    /// [`Error::ProducerIdTooLong`] for a name over 65,535 bytes. Outcomes
+    /// such as `DUPLICATE` are not errors.
+    pub fn append(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        sequence: i32,
+    ) -> Result<AppendOutcome> {
+        self.append_request(&AppendRequest::single(
+            producer_id,
+            partition,
+            epoch,
+            sequence,
+        ))
+        .map(|o| o.outcome())
+    }
+
+    /// Classifies a batch and, if accepted, makes it durable before
+    /// returning. Errors as [`ProducerStateStore::append`].
+    pub fn append_batch(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        batch: Batch,
+    ) -> Result<BatchOutcome> {
+        self.append_request(&AppendRequest::batch(producer_id, partition, epoch, batch))
+    }
+
+    /// Classifies one request and, if accepted, makes it durable before
+    /// returning. Errors as [`ProducerStateStore::append`].
+    pub fn append_request(&self, request: &AppendRequest) -> Result<BatchOutcome> {
+        let mut out = self.append_all(std::slice::from_ref(request));
+        out.pop().unwrap_or(Err(Error::Poisoned {
+            cause: "no outcome".into(),
+        }))
+    }
+
+    /// Appends many requests, for example one produce request covering many
+    /// partitions: the same outcomes as appending them one by one in this
+    /// order, but all accepted records share one write and one fsync (unless
+    /// a request retries an earlier one of the same call, which then waits
+    /// for it to be durable). Outcomes are in input order.
+    pub fn append_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
+        let shared = &*self.shared;
+        let mut out: Vec<Option<Result<BatchOutcome>>> =
+            (0..requests.len()).map(|_| None).collect();
+        let mut queued: Vec<(usize, u64)> = Vec::new();
+        let mut st = lock(&shared.state);
+        for (i, r) in requests.iter().enumerate() {
+            if let Some(name) = r.producer_id.name_bytes()
+                && name.len() > MAX_NAME
+            {
+                out[i] = Some(Err(Error::ProducerIdTooLong {
+                    len: name.len(),
+                    max: MAX_NAME,
+                }));
+                continue;
+            }
+            if let Some(f) = &st.failed {
+                out[i] = Some(Err(f.error_for(None)));
+                continue;
+            }
+            let hash = hash_key(&r.producer_id, r.partition);
+            if shared.opts.fsync != FsyncPolicy::Always {
+                if st.buf.len() >= FLUSH_BYTES && !st.leader {
+                    match shared.lead(st, false) {
+                        Ok(g) => st = g,
+                        Err(e) => {
+                            out[i] = Some(Err(e));
+                            st = lock(&shared.state);
+                            continue;
+                        }
+                    }
+                }
+                out[i] = Some(Ok(st.submit_buffered(hash, r)));
+                continue;
+            }
+            loop {
+                match st.submit_durable(hash, r) {
+                    Submit::Done(o) => {
+                        out[i] = Some(Ok(o));
+                        break;
+                    }
+                    Submit::Queued(lsn) => {
+                        queued.push((i, lsn));
+                        break;
+                    }
+                    Submit::Wait(lsn) => match shared.wait_durable(st, lsn) {
+                        Ok(g) => st = g,
+                        Err(e) => {
+                            out[i] = Some(Err(e));
+                            st = lock(&shared.state);
+                            break;
+                        }
+                    },
+                }
+            }
+        }
+        if let Some(&(_, last)) = queued.last() {
+            match shared.wait_durable(st, last) {
+                Ok(g) => st = g,
+                Err(_) => {
+                    st = lock(&shared.state);
+                }
+            }
+            for &(i, lsn) in &queued {
+                out[i] = Some(match &st.failed {
+                    Some(f) if st.durable <= lsn => Err(f.error_for(Some(lsn))),
+                    _ => Ok(BatchOutcome::Accepted),
+                });
+            }
+        }
+        let wants_snapshot = shared.note_snapshot_due(&mut st);
+        drop(st);
+        if wants_snapshot {
+            shared.snapshot_due();
+        }
+        out.into_iter()
+            .map(|o| {
+                o.unwrap_or(Err(Error::Poisoned {
+                    cause: "no outcome".into(),
+                }))
+            })
+            .collect()
+    }
+
+    /// The committed (durable) entry of one key, if it has state.
+    pub fn get(&self, producer_id: impl Into<ProducerId>, partition: i32) -> Option<ProducerEntry> {
+        let id = producer_id.into();
+        let st = lock(&self.shared.state);
+        st.shards.get(hash_key(&id, partition), &id, partition)
+    }
+
+    /// Number of keys with committed state.
+    pub fn len(&self) -> usize {
+        lock(&self.shared.state).shards.len()
+    }
+
+    /// True when no key has state.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every key with its committed entry, in no particular order. The
+    /// iterator copies one shard (a 64th of the state) at a time under the
+    /// store's lock, so it is consistent within a shard, not across shards
+    /// while appends run.
+    pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
+        (0..SHARDS).flat_map(move |i| {
+            let st = lock(&self.shared.state);
+            st.shards.shard(i).iter().collect::<Vec<_>>()
+        })
+    }
+
+    /// Takes a snapshot now and waits until it is durable. Returns its path,
+    /// or `None` if nothing was appended since the last snapshot.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if writing it failed (the log is unaffected and the
+    /// store keeps accepting appends), [`Error::Poisoned`] if the store is.
+    pub fn snapshot(&self) -> Result<Option<PathBuf>> {
+        self.shared.take_snapshot()
+    }
+
+    /// Makes every accepted append durable now (writes and fsyncs whatever
+    /// a buffered policy holds; under `Always` everything acknowledged
+    /// already is).
+    pub fn sync(&self) -> Result<()> {
+        self.shared.sync()
+    }
+
+    /// What recovery found when the store was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// Counters of the store's IO since it was opened.
+    pub fn stats(&self) -> StoreStats {
+        lock(&self.shared.state).stats
+    }
+
+    /// The error of the last automatic snapshot, if it failed (the log is
+    /// unaffected; the next threshold tries again).
+    pub fn last_snapshot_error(&self) -> Option<String> {
+        lock(&self.shared.book).last_error.clone()
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Stops the background thread, makes everything durable and releases
+    /// the directory. Dropping the store does the same, ignoring errors.
+    ///
+    /// # Errors
+    ///
+    /// The error of the final sync, if any, or [`Error::Poisoned`].
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        {
+            let mut bg = lock(&self.shared.bg);
+            bg.stop = true;
+            self.shared.bg_cv.notify_all();
+        }
+        if let Some(h) = self.background.take() {
+            let _ = h.join();
+        }
+        self.shared.sync()
+    }
+}
+
+impl Drop for ProducerStateStore {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+impl Shared {
+    fn is_always(&self) -> bool {
+        self.opts.fsync == FsyncPolicy::Always
+    }
+
+    /// Becomes the leader (the caller checked that there is none): writes
+    /// every queued record, fsyncs if `sync`, applies them under `Always`,
+    /// and wakes everyone.
+    fn lead<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        sync: bool,
+    ) -> Result<MutexGuard<'a, State>> {
+        st.leader = true;
+        let first = st.buf_first;
+        let end = st.next_lsn;
+        let mut buf = std::mem::take(&mut st.buf);
+        let group = std::mem::take(&mut st.queued);
+        st.buf_first = end;
+        let needs_sync = sync && (st.durable < end);
+        drop(st);
+
+        let result = (|| {
+            let mut w = lock(&self.writer);
+            if !buf.is_empty() {
+                w.write(&mut buf, first, end - first)?;
+            }
+            if needs_sync {
+                w.sync()?;
+            }
+            Ok::<(), Error>(())
+        })();
+
+        let mut st = lock(&self.state);
+        let result = result.and_then(|()| {
+            if !buf.is_empty() {
+                st.stats.groups_written += 1;
+                st.stats.records_written += end - first;
+            }
+            if needs_sync {
+                st.stats.log_fsyncs += 1;
+            }
+            st.written = end;
+            if needs_sync {
+                st.durable = end;
+            }
+            if self.is_always() {
+                st.apply_group(group)
+                    .map_err(|m| Error::Poisoned { cause: m })?;
+            }
+            Ok(())
+        });
+        if let Err(e) = &result {
+            st.failed = Some(Failure::from_error(e, (first, end)));
+            st.overlay.clear();
+            st.queued.clear();
+            st.buf.clear();
+        }
+        buf.clear();
+        if st.buf.is_empty() {
+            // Reuse the allocation for the next group.
+            st.buf = buf;
+        }
+        st.leader = false;
+        self.cv.notify_all();
+        result.map(|()| st)
+    }
+
+    /// Waits until the record at `lsn` is durable (leading a group commit
+    /// when no one else is).
+    fn wait_durable<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        lsn: u64,
+    ) -> Result<MutexGuard<'a, State>> {
+        loop {
+            if st.durable > lsn {
+                return Ok(st);
+            }
+            if let Some(f) = &st.failed {
+                return Err(f.error_for(Some(lsn)));
+            }
+            if st.leader {
+                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            } else {
+                st = self.lead(st, true)?;
+            }
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(f) = &st.failed {
+                return Err(f.error_for(None));
+            }
+            if st.durable >= st.next_lsn {
+                return Ok(());
+            }
+            if st.leader {
+                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            } else {
+                st = self.lead(st, true)?;
+            }
+        }
+    }
+
+    /// True (once) when an automatic snapshot threshold has been crossed.
+    fn note_snapshot_due(&self, st: &mut State) -> bool {
+        let (records, bytes) = st.since_snapshot;
+        let due = self
+            .opts
+            .snapshot_every_records
+            .is_some_and(|n| records >= n)
+            || self.opts.snapshot_every_bytes.is_some_and(|n| bytes >= n);
+        if due && !st.snapshot_requested && st.failed.is_none() {
+            st.snapshot_requested = true;
+            return true;
+        }
+        false
+    }
+
+    /// Starts (or, without a background thread, takes) a due snapshot.
+    fn snapshot_due(&self) {
+        if self.opts.background_snapshots {
+            let mut bg = lock(&self.bg);
+            bg.snapshot_wanted = true;
+            self.bg_cv.notify_all();
+        } else if let Err(e) = self.take_snapshot() {
+            lock(&self.book).last_error = Some(e.to_string());
+        }
+    }
+
+    fn background(&self) {
+        let interval = match self.opts.fsync {
+            FsyncPolicy::Interval(d) => Some(d),
+            _ => None,
+        };
+        loop {
+            let mut bg = lock(&self.bg);
+            let mut tick = false;
+            while !bg.stop && !bg.snapshot_wanted && !tick {
+                match interval {
+                    Some(d) => {
+                        let (g, t) = self
+                            .bg_cv
+                            .wait_timeout(bg, d)
+                            .unwrap_or_else(|e| e.into_inner());
+                        bg = g;
+                        tick = t.timed_out();
+                    }
+                    None => bg = self.bg_cv.wait(bg).unwrap_or_else(|e| e.into_inner()),
+                }
+            }
+            if bg.stop {
+                return;
+            }
+            let snap = std::mem::take(&mut bg.snapshot_wanted);
+            drop(bg);
+            if tick {
+                // A failure poisons the store; appends report it.
+                let _ = self.sync();
+            }
+            if snap && let Err(e) = self.take_snapshot() {
+                lock(&self.book).last_error = Some(e.to_string());
+            }
+        }
+    }
+
+    fn take_snapshot(&self) -> Result<Option<PathBuf>> {
+        let mut book = lock(&self.book);
+        let fs = self.opts.fs.as_ref();
+        let position = {
+            let mut st = lock(&self.state);
+            st.snapshot_requested = false;
+            if let Some(f) = &st.failed {
+                return Err(f.error_for(None));
+            }
+            // Under `Always` the committed state is exactly the durable
+            // records; under buffered policies every record is applied.
+            let p = if self.is_always() {
+                st.durable
+            } else {
+                st.next_lsn
+            };
+            if book.valid.last() == Some(&p) {
+                st.since_snapshot = (0, 0);
+                return Ok(None);
+            }
+            st.capture = Some(Capture {
+                position: p,
+                done: [false; SHARDS],
+                pre: (0..SHARDS).map(|_| HashMap::new()).collect(),
+            });
+            st.since_snapshot = (0, 0);
+            p
+        };
+        let written = self.write_snapshot(fs, position);
+        lock(&self.state).capture = None;
+        let path = match written {
+            Ok(p) => p,
+            Err(e) => {
+                let tmp = self.dir.join(format!(
+                    "{}{}",
+                    snapshot::file_name(position),
+                    snapshot::TMP_SUFFIX
+                ));
+                let _ = fs.remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        lock(&self.state).stats.snapshots_written += 1;
+        book.files.insert(position);
+        book.valid.retain(|&p| p != position);
+        book.valid.push(position);
+        book.last_error = None;
+        self.retain(&mut book)?;
+        Ok(Some(path))
+    }
+
+    fn write_snapshot(&self, fs: &dyn FileSystem, position: u64) -> Result<PathBuf> {
+        let mut w = snapshot::Writer::create(fs, &self.dir, position)?;
+        let mut chunk = Vec::new();
+        let mut n = 0u64;
+        for i in 0..SHARDS {
+            {
+                let mut st = lock(&self.state);
+                let st = &mut *st;
+                let Some(c) = &mut st.capture else {
+                    return Err(Error::Poisoned {
+                        cause: "snapshot capture lost".into(),
+                    });
+                };
+                let pre = std::mem::take(&mut c.pre[i]);
+                for (id, partition, entry) in st.shards.shard(i).iter() {
+                    let e = match pre.get(&(id.clone(), partition)) {
+                        Some(Some(old)) => *old,
+                        Some(None) => continue,
+                        None => entry,
+                    };
+                    snapshot::encode_entry(&mut chunk, &id, partition, &e);
+                    n += 1;
+                }
+                c.done[i] = true;
+            }
+            // Write in pieces of about 1 MiB: few IO calls, bounded memory.
+            if chunk.len() >= 1 << 20 || i == SHARDS - 1 {
+                w.write(&chunk, n)?;
+                chunk.clear();
+                n = 0;
+            }
+        }
+        if !self.is_always() {
+            // The snapshot covers records the log may not hold durably yet:
+            // make the log durable first, or a crash could leave a snapshot
+            // ahead of its log.
+            self.sync()?;
+        }
+        w.finish(fs, &self.dir)
+    }
+
+    /// Deletes snapshots beyond the newest `keep_snapshots`, and the log
+    /// segments whose records all lie before the oldest one kept.
+    fn retain(&self, book: &mut Book) -> Result<()> {
+        let keep = self.opts.keep_snapshots;
+        if book.valid.len() <= keep {
+            return Ok(());
+        }
+        let oldest_kept = book.valid[book.valid.len() - keep];
+        let fs = self.opts.fs.as_ref();
+        let doomed: Vec<u64> = book
+            .files
+            .iter()
+            .copied()
+            .filter(|&p| p < oldest_kept)
+            .collect();
+        for p in &doomed {
+            let path = self.dir.join(snapshot::file_name(*p));
+            fs.remove_file(&path)
+                .map_err(|e| Error::io("remove", &path, e))?;
+            book.files.remove(p);
+        }
+        book.valid.retain(|&p| p >= oldest_kept);
+        lock(&self.writer).delete_before(oldest_kept)?;
+        fs.sync_dir(&self.dir)
+            .map_err(|e| Error::io("fsync directory", &self.dir, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn the_store_is_send_and_sync() {
+        assert_send_sync::<ProducerStateStore>();
+    }
+
+    #[test]
+    fn options_are_validated() {
+        let bad = [
+            StoreOptions::default().keep_snapshots(1),
+            StoreOptions::default().segment_size(10),
+            StoreOptions::default().fsync(FsyncPolicy::Interval(Duration::ZERO)),
+            StoreOptions::default().snapshot_every_records(Some(0)),
+        ];
+        for o in bad {
+            assert!(
+                matches!(o.validate(), Err(Error::InvalidOptions(_))),
+                "{o:?}"
+            );
+        }
+        assert!(StoreOptions::default().validate().is_ok());
+    }
+}

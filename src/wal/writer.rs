@@ -1,0 +1,166 @@
+//! Writes sealed groups of records to the active segment and rolls to a new
+//! segment when it is full.
+//!
+//! A group (everything one leader writes at once) never spans two segments,
+//! so the segment size is a soft limit. A new segment is created, its header
+//! written and fsync'ed, and the directory fsync'ed before any record goes
+//! into it; the segment it replaces is fsync'ed first, so every segment but
+//! the last is complete on disk.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::record;
+use super::segment::{self, HEADER_LEN};
+use crate::error::{Error, Result};
+use crate::fs::{FileSystem, WriteFile};
+
+/// One segment on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegmentInfo {
+    pub first_lsn: u64,
+}
+
+pub(crate) struct LogWriter {
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+    file: Box<dyn WriteFile>,
+    path: PathBuf,
+    first_lsn: u64,
+    len: u64,
+    records: u64,
+    segment_size: u64,
+    /// Every live segment, oldest first; the last is the active one.
+    segments: Vec<SegmentInfo>,
+}
+
+impl LogWriter {
+    /// Starts a new segment whose first record will have position `lsn`.
+    pub(crate) fn create(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        lsn: u64,
+        segment_size: u64,
+        mut segments: Vec<SegmentInfo>,
+    ) -> Result<LogWriter> {
+        let (file, path) = new_segment(fs.as_ref(), dir, lsn)?;
+        segments.push(SegmentInfo { first_lsn: lsn });
+        Ok(LogWriter {
+            fs,
+            dir: dir.to_path_buf(),
+            file,
+            path,
+            first_lsn: lsn,
+            len: HEADER_LEN as u64,
+            records: 0,
+            segment_size,
+            segments,
+        })
+    }
+
+    /// Continues the last of `segments`, which holds `records` records in
+    /// `len` bytes (recovery has already cut any torn tail).
+    pub(crate) fn resume(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        segments: Vec<SegmentInfo>,
+        len: u64,
+        records: u64,
+        segment_size: u64,
+    ) -> Result<LogWriter> {
+        let last = segments
+            .last()
+            .copied()
+            .ok_or_else(|| Error::InvalidOptions("no segment to resume".into()))?;
+        let path = dir.join(segment::file_name(last.first_lsn));
+        let file = fs
+            .open_append(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
+        Ok(LogWriter {
+            fs,
+            dir: dir.to_path_buf(),
+            file,
+            path,
+            first_lsn: last.first_lsn,
+            len,
+            records,
+            segment_size,
+            segments,
+        })
+    }
+
+    /// Position of the next record.
+    pub(crate) fn next_lsn(&self) -> u64 {
+        self.first_lsn + self.records
+    }
+
+    /// Writes one group of `count` records encoded by [`record::encode`],
+    /// the first of which has position `lsn`; rolls first if the active
+    /// segment is full. Does not fsync (see [`LogWriter::sync`]).
+    pub(crate) fn write(&mut self, buf: &mut [u8], lsn: u64, count: u64) -> Result<()> {
+        debug_assert_eq!(lsn, self.next_lsn());
+        if self.records > 0 && self.len >= self.segment_size {
+            self.roll(lsn)?;
+        }
+        record::seal(buf, self.first_lsn);
+        self.file
+            .write_all(buf)
+            .map_err(|e| Error::io("write", &self.path, e))?;
+        self.len += buf.len() as u64;
+        self.records += count;
+        Ok(())
+    }
+
+    /// fsyncs the active segment.
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io("fsync", &self.path, e))
+    }
+
+    fn roll(&mut self, lsn: u64) -> Result<()> {
+        self.sync()?;
+        let (file, path) = new_segment(self.fs.as_ref(), &self.dir, lsn)?;
+        self.file = file;
+        self.path = path;
+        self.first_lsn = lsn;
+        self.len = HEADER_LEN as u64;
+        self.records = 0;
+        self.segments.push(SegmentInfo { first_lsn: lsn });
+        Ok(())
+    }
+
+    /// Deletes the segments whose records all lie before `position` (never
+    /// the active one). Returns the deleted paths; the caller fsyncs the
+    /// directory.
+    pub(crate) fn delete_before(&mut self, position: u64) -> Result<Vec<PathBuf>> {
+        let mut deleted = Vec::new();
+        while self.segments.len() > 1
+            && self
+                .segments
+                .get(1)
+                .is_some_and(|s| s.first_lsn <= position)
+        {
+            let s = self.segments.remove(0);
+            let path = self.dir.join(segment::file_name(s.first_lsn));
+            self.fs
+                .remove_file(&path)
+                .map_err(|e| Error::io("remove", &path, e))?;
+            deleted.push(path);
+        }
+        Ok(deleted)
+    }
+}
+
+fn new_segment(fs: &dyn FileSystem, dir: &Path, lsn: u64) -> Result<(Box<dyn WriteFile>, PathBuf)> {
+    let path = dir.join(segment::file_name(lsn));
+    let mut file = fs
+        .create_new(&path)
+        .map_err(|e| Error::io("create", &path, e))?;
+    file.write_all(&segment::header(lsn))
+        .map_err(|e| Error::io("write", &path, e))?;
+    file.sync_data().map_err(|e| Error::io("fsync", &path, e))?;
+    fs.sync_dir(dir)
+        .map_err(|e| Error::io("fsync directory", dir, e))?;
+    Ok((file, path))
+}
