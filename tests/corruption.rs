@@ -1,0 +1,321 @@
+//! Bad bytes on disk: every truncation and every bit flip of a small log
+//! and of a small snapshot either recovers a prefix of the true history
+//! (and the report says what was cut) or is `Error::Corrupt`; never a
+//! panic, never a state the history did not contain. Plus the named cases:
+//! a bad snapshot with fallback, a missing segment, a snapshot whose log is
+//! gone, leftover temporary files, and salvage.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::model::Model;
+use common::store_util::{dir, matches, path, workload};
+use producer_state::fs::{FileSystem, SimFs};
+use producer_state::{
+    AppendRequest, Corruption, Error, ProducerStateStore, RecoveryMode, StoreOptions,
+};
+
+fn opts(fs: &SimFs) -> StoreOptions {
+    common::store_util::sim_opts(fs).snapshot_every_records(None)
+}
+
+/// The model after each prefix of the accepted appends.
+fn prefixes(reqs: &[AppendRequest]) -> Vec<Model> {
+    let mut m = Model::default();
+    let mut out = vec![m.clone()];
+    for r in reqs {
+        if m.append(r).is_accepted() {
+            out.push(m.clone());
+        }
+    }
+    out
+}
+
+fn build(reqs: &[AppendRequest], o: impl Fn(&SimFs) -> StoreOptions) -> SimFs {
+    let fs = SimFs::new();
+    let s = ProducerStateStore::open_with(dir(), o(&fs)).unwrap();
+    for r in reqs {
+        s.append_request(r).unwrap();
+    }
+    s.close().unwrap();
+    fs
+}
+
+fn files(fs: &SimFs, ext: &str) -> Vec<PathBuf> {
+    fs.files()
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.to_string_lossy().ends_with(ext))
+        .collect()
+}
+
+/// Opens `fs` and checks the outcome: a prefix of the history, or Corrupt.
+/// Returns the index of the prefix recovered, if any.
+fn check(fs: &SimFs, history: &[Model], what: &str) -> Option<usize> {
+    match ProducerStateStore::open_with(dir(), opts(fs)) {
+        Ok(s) => {
+            let i = history.iter().position(|m| matches(&s, m));
+            assert!(
+                i.is_some(),
+                "{what}: recovered a state that is not a prefix of the history"
+            );
+            i
+        }
+        Err(e) => {
+            assert!(e.is_corruption(), "{what}: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn truncating_the_log_at_every_byte_recovers_the_longest_complete_prefix() {
+    let reqs = workload(40);
+    let history = prefixes(&reqs);
+    let fs = build(&reqs, opts);
+    let seg = files(&fs, ".wal").remove(0);
+    let bytes = fs.read_file(&seg).unwrap();
+    // Record boundaries: the header, then each record's length field.
+    let mut boundaries = vec![24usize];
+    while *boundaries.last().unwrap() < bytes.len() {
+        let at = *boundaries.last().unwrap();
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        boundaries.push(at + len);
+    }
+    assert_eq!(*boundaries.last().unwrap(), bytes.len());
+    let mut last = 0;
+    for cut in 0..=bytes.len() {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        t.overwrite(&seg, &bytes[..cut]);
+        let s = ProducerStateStore::open_with(dir(), opts(&t))
+            .unwrap_or_else(|e| panic!("cut at {cut}: a truncation is a torn tail, not {e}"));
+        let got = history
+            .iter()
+            .position(|m| matches(&s, m))
+            .expect("a prefix");
+        assert!(
+            got >= last,
+            "cut at {cut}: recovered less than a shorter cut"
+        );
+        last = got;
+        // The report says exactly what was cut.
+        let r = s.recovery_report();
+        if cut < 24 {
+            assert_eq!(r.files_removed, vec![seg.clone()], "cut at {cut}");
+        } else {
+            let kept = boundaries
+                .iter()
+                .copied()
+                .filter(|&b| b <= cut)
+                .max()
+                .unwrap();
+            assert_eq!(r.torn_bytes_dropped() as usize, cut - kept, "cut at {cut}");
+            assert_eq!(
+                got,
+                boundaries.iter().filter(|&&b| b <= cut).count() - 1,
+                "cut at {cut}"
+            );
+        }
+    }
+    assert_eq!(last, history.len() - 1);
+}
+
+#[test]
+fn flipping_every_bit_of_a_log_is_a_prefix_or_corrupt() {
+    let reqs = workload(12);
+    let history = prefixes(&reqs);
+    let fs = build(&reqs, opts);
+    let seg = files(&fs, ".wal").remove(0);
+    let bytes = fs.read_file(&seg).unwrap();
+    let (mut prefix, mut corrupt) = (0, 0);
+    for bit in 0..bytes.len() * 8 {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        let mut b = bytes.clone();
+        b[bit / 8] ^= 1 << (bit % 8);
+        t.overwrite(&seg, &b);
+        match check(&t, &history, &format!("bit {bit}")) {
+            Some(_) => prefix += 1,
+            None => corrupt += 1,
+        }
+    }
+    // Flips in the last record are torn tails; the rest is refused.
+    assert!(
+        prefix > 0 && corrupt > 0,
+        "{prefix} prefixes, {corrupt} refusals"
+    );
+}
+
+#[test]
+fn flipping_every_bit_of_a_snapshot_falls_back_and_loses_nothing() {
+    let reqs = workload(30);
+    let history = prefixes(&reqs);
+    let full = history.len() - 1;
+    let fs = build(&reqs, |f| opts(f).snapshot_every_records(Some(10)));
+    let snaps = files(&fs, ".snap");
+    assert_eq!(snaps.len(), 2);
+    let newest = snaps.last().unwrap().clone();
+    let bytes = fs.read_file(&newest).unwrap();
+    for bit in 0..bytes.len() * 8 {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        let mut b = bytes.clone();
+        b[bit / 8] ^= 1 << (bit % 8);
+        t.overwrite(&newest, &b);
+        let s = ProducerStateStore::open_with(dir(), opts(&t))
+            .unwrap_or_else(|e| panic!("bit {bit}: {e}"));
+        assert!(matches(&s, &history[full]), "bit {bit}");
+        let r = s.recovery_report();
+        assert_eq!(
+            r.skipped_snapshots.len(),
+            1,
+            "bit {bit}: the report says it fell back"
+        );
+        assert_ne!(
+            r.snapshot.as_ref().map(|u| u.file.clone()),
+            Some(newest.clone())
+        );
+    }
+}
+
+#[test]
+fn a_missing_segment_in_the_middle_is_corrupt_and_salvage_keeps_the_prefix() {
+    let reqs = workload(200);
+    let history = prefixes(&reqs);
+    let fs = build(&reqs, |f| opts(f).segment_size(1024));
+    let segs = files(&fs, ".wal");
+    assert!(segs.len() >= 4, "{segs:?}");
+    fs.delete(&segs[2]);
+    let err = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Corrupt {
+                kind: Corruption::MissingRecords { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Salvage keeps the history up to the gap and moves the rest aside.
+    let s =
+        ProducerStateStore::open_with(dir(), opts(&fs).recovery(RecoveryMode::Salvage)).unwrap();
+    let i = history
+        .iter()
+        .position(|m| matches(&s, m))
+        .expect("a prefix");
+    assert!(i > 0 && i < history.len() - 1);
+    let salvage = s.recovery_report().salvage.clone().expect("reported");
+    assert!(
+        salvage.cause.contains("records missing"),
+        "{}",
+        salvage.cause
+    );
+    assert!(!salvage.discarded.is_empty() && salvage.bytes > 0);
+    assert!(fs.read_file(&salvage.discarded[0]).is_some());
+    // Appends continue and a strict reopen accepts the salvaged directory.
+    let mut m = history[i].clone();
+    let next = AppendRequest::single("after-salvage", 0, 0, 0);
+    assert!(s.append_request(&next).unwrap().is_accepted());
+    m.append(&next);
+    drop(s);
+    let s = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap();
+    assert!(matches(&s, &m));
+}
+
+#[test]
+fn damage_in_the_middle_of_the_log_is_corrupt_with_file_and_offset() {
+    let reqs = workload(50);
+    let history = prefixes(&reqs);
+    let fs = build(&reqs, opts);
+    let seg = files(&fs, ".wal").remove(0);
+    let mut b = fs.read_file(&seg).unwrap();
+    b[24 + 31 * 3 + 20] ^= 0xff;
+    fs.overwrite(&seg, &b);
+    match ProducerStateStore::open_with(dir(), opts(&fs)).unwrap_err() {
+        Error::Corrupt { file, offset, kind } => {
+            assert_eq!(file, seg);
+            assert!(offset >= 24 && offset < 24 + 31 * 6, "{offset}");
+            assert_eq!(kind, Corruption::DamagedMidLog);
+        }
+        e => panic!("{e}"),
+    }
+    let s =
+        ProducerStateStore::open_with(dir(), opts(&fs).recovery(RecoveryMode::Salvage)).unwrap();
+    let i = history
+        .iter()
+        .position(|m| matches(&s, m))
+        .expect("a prefix");
+    assert!(i < history.len() - 1);
+    assert!(s.recovery_report().salvage.is_some());
+}
+
+#[test]
+fn a_snapshot_whose_log_is_gone_is_corrupt() {
+    let reqs = workload(300);
+    let fs = build(&reqs, |f| {
+        opts(f).segment_size(1024).snapshot_every_records(Some(50))
+    });
+    let segs = files(&fs, ".wal");
+    // Delete the segment the newest snapshot needs (and everything before).
+    let snaps = files(&fs, ".snap");
+    for s in &snaps {
+        fs.delete(s);
+    }
+    let err = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Corrupt {
+                kind: Corruption::LogGone { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(segs.len() > 1);
+    // Salvage starts over rather than invent a state from a partial log.
+    let s =
+        ProducerStateStore::open_with(dir(), opts(&fs).recovery(RecoveryMode::Salvage)).unwrap();
+    assert!(s.is_empty());
+    assert!(
+        s.recovery_report()
+            .salvage
+            .as_ref()
+            .is_some_and(|v| v.discarded.len() == segs.len())
+    );
+}
+
+#[test]
+fn leftover_temporary_files_are_removed_and_unknown_files_left_alone() {
+    let reqs = workload(20);
+    let history = prefixes(&reqs);
+    let fs = build(&reqs, opts);
+    fs.overwrite(&path("00000000000000000007.snap.tmp"), b"half a snapshot");
+    fs.overwrite(&path("notes.txt"), b"operator notes");
+    let s = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap();
+    assert!(matches(&s, history.last().unwrap()));
+    assert_eq!(
+        s.recovery_report().files_removed,
+        vec![path("00000000000000000007.snap.tmp")]
+    );
+    assert!(
+        fs.read_file(&path("00000000000000000007.snap.tmp"))
+            .is_none()
+    );
+    assert!(fs.read_file(&path("notes.txt")).is_some());
+}
+
+#[test]
+fn open_refuses_a_regular_file_and_a_locked_directory() {
+    let fs = SimFs::new();
+    fs.create_dir_all(&dir()).unwrap();
+    fs.overwrite(&path("plain"), b"x");
+    let err = ProducerStateStore::open_with(path("plain"), opts(&fs)).unwrap_err();
+    assert!(matches!(err, Error::NotADirectory { .. }), "{err}");
+    let a = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap();
+    let err = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap_err();
+    assert!(matches!(err, Error::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("close that one first"));
+    drop(a);
+    ProducerStateStore::open_with(dir(), opts(&fs)).unwrap();
+}

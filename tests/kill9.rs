@@ -1,0 +1,182 @@
+//! Real processes: a child appends and prints every acknowledged append;
+//! the parent kills it with SIGKILL at random moments, reopens the store,
+//! and checks that every acknowledged append is there (a retry of each is
+//! a DUPLICATE), that at most the one in flight is beyond them, and that
+//! the previous epoch is fenced. Also: a second process cannot open a
+//! live store.
+//!
+//! The child is this test binary run again with an environment variable
+//! set; `child_process` is its entry point and does nothing otherwise.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use producer_state::{AppendOutcome, Error, ProducerStateStore, StoreOptions};
+
+const CHILD: &str = "PRODUCER_STATE_TEST_CHILD";
+const KEYS: u64 = 8;
+
+/// The child's entry point (a no-op unless run as the child).
+#[test]
+fn child_process() {
+    let Ok(role) = std::env::var(CHILD) else {
+        return;
+    };
+    let dir = std::env::var("STORE_DIR").unwrap();
+    if role == "lock-probe" {
+        let msg = match ProducerStateStore::open(&dir) {
+            Err(Error::Locked { .. }) => "LOCKED",
+            Ok(_) => "OPENED",
+            Err(_) => "ERROR",
+        };
+        println!("{msg}");
+        return;
+    }
+    let epoch: i16 = std::env::var("EPOCH").unwrap().parse().unwrap();
+    let small = std::env::var("SMALL").is_ok();
+    // Default options (fsync always); on some rounds small segments and
+    // frequent snapshots, so kills also land in rolls and snapshots.
+    let opts = if small {
+        StoreOptions::default()
+            .segment_size(16 << 10)
+            .snapshot_every_records(Some(300))
+    } else {
+        StoreOptions::default()
+    };
+    let store = ProducerStateStore::open_with(&dir, opts).unwrap();
+    let mut out = std::io::stdout().lock();
+    for i in 0u64.. {
+        let (key, seq) = (i % KEYS, (i / KEYS) as i32);
+        let got = store.append(key, 0, epoch, seq).unwrap();
+        assert_eq!(got, AppendOutcome::Accepted);
+        writeln!(out, "ACK {key} {seq}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+fn child(role: &str, dir: &std::path::Path) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "child_process",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env(CHILD, role)
+    .env("STORE_DIR", dir)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    c
+}
+
+#[test]
+fn every_acknowledged_append_survives_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut total_acks = 0usize;
+    const ROUNDS: i16 = 12;
+    for epoch in 0..ROUNDS {
+        let mut cmd = child("appender", dir.path());
+        cmd.env("EPOCH", epoch.to_string());
+        if epoch % 2 == 1 {
+            cmd.env("SMALL", "1");
+        }
+        let mut proc = cmd.spawn().unwrap();
+        let stdout = proc.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut acked: HashMap<u64, i32> = HashMap::new();
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.strip_prefix("ACK ") {
+                    let mut it = rest.split(' ');
+                    let key: u64 = it.next().unwrap().parse().unwrap();
+                    let seq: i32 = it.next().unwrap().parse().unwrap();
+                    acked.insert(key, seq);
+                }
+            }
+            acked
+        });
+        // Let it run a random while (long enough to pass open and recovery).
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let wait = Duration::from_millis(150 + seed % 250);
+        let start = Instant::now();
+        while start.elapsed() < wait {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        proc.kill().unwrap(); // SIGKILL
+        proc.wait().unwrap();
+        let acked = reader.join().unwrap();
+        total_acks += acked.values().map(|&s| s as usize + 1).sum::<usize>();
+
+        let store =
+            ProducerStateStore::open(dir.path()).unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
+        for (&key, &max) in &acked {
+            let e = store.get(key, 0).unwrap();
+            assert_eq!(e.epoch(), epoch, "key {key}");
+            // Every acknowledged append is there; at most one more (in flight).
+            assert!(
+                e.last_sequence() == max || e.last_sequence() == max + 1,
+                "key {key}: acked {max}, recovered {}",
+                e.last_sequence()
+            );
+            for seq in (0..=max).rev().step_by(7) {
+                assert_eq!(
+                    store.append(key, 0, epoch, seq).unwrap(),
+                    AppendOutcome::Duplicate,
+                    "key {key} seq {seq}"
+                );
+            }
+            assert_eq!(
+                store.append(key, 0, epoch, max).unwrap(),
+                AppendOutcome::Duplicate
+            );
+            if epoch > 0 {
+                assert_eq!(
+                    store.append(key, 0, epoch - 1, max + 7).unwrap(),
+                    AppendOutcome::FencedEpoch
+                );
+            }
+        }
+        store.close().unwrap();
+    }
+    assert!(
+        total_acks > 1000,
+        "the children made progress: {total_acks} acknowledged appends"
+    );
+}
+
+#[test]
+fn a_second_process_cannot_open_a_live_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ProducerStateStore::open(dir.path()).unwrap();
+    let probe = |d: &std::path::Path| {
+        let out = child("lock-probe", d).output().unwrap();
+        // libtest prints "test child_process ... " before the child's word.
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        ["LOCKED", "OPENED", "ERROR"]
+            .into_iter()
+            .find(|w| text.contains(w))
+            .map(str::to_string)
+    };
+    assert_eq!(probe(dir.path()).as_deref(), Some("LOCKED"));
+    // In this process too.
+    assert!(matches!(
+        ProducerStateStore::open(dir.path()),
+        Err(Error::Locked { .. })
+    ));
+    store.close().unwrap();
+    assert_eq!(probe(dir.path()).as_deref(), Some("OPENED"));
+}
+
+#[test]
+fn opening_a_regular_file_is_a_clear_error() {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    let err = ProducerStateStore::open(f.path()).unwrap_err();
+    assert!(matches!(err, Error::NotADirectory { .. }), "{err}");
+    assert!(err.to_string().contains("is not a directory"));
+}
