@@ -234,7 +234,7 @@ fn damage_in_the_middle_of_the_log_is_corrupt_with_file_and_offset() {
     match ProducerStateStore::open_with(dir(), opts(&fs)).unwrap_err() {
         Error::Corrupt { file, offset, kind } => {
             assert_eq!(file, seg);
-            assert!(offset >= 24 && offset < 24 + 31 * 6, "{offset}");
+            assert!((24..24 + 31 * 6).contains(&offset), "{offset}");
             assert_eq!(kind, Corruption::DamagedMidLog);
         }
         e => panic!("{e}"),
