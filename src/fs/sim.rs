@@ -94,6 +94,7 @@ struct State {
     ops: u64,
     faults: BTreeMap<u64, Fault>,
     crashed: bool,
+    sync_delay: std::time::Duration,
 }
 
 fn crash_error() -> io::Error {
@@ -230,11 +231,25 @@ impl WriteFile for SimWrite {
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
+        let (delay, len) = {
+            let mut st = self.fs.lock();
+            st.op()?;
+            let delay = st.sync_delay;
+            (delay, st.node(self.inode)?.data.len())
+        };
+        // Like a disk, an fsync takes time while other threads keep writing;
+        // only what was written before the call becomes durable.
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         let mut st = self.fs.lock();
-        st.op()?;
         let node = st.node(self.inode)?;
-        node.synced = node.data.len();
-        node.durable = None;
+        if node.data.len() >= len && node.durable.is_none() {
+            node.synced = node.synced.max(len);
+        } else {
+            node.synced = node.data.len().min(len);
+            node.durable = None;
+        }
         Ok(())
     }
 
@@ -281,6 +296,13 @@ impl SimFs {
     /// operation ever on this file system).
     pub fn set_fault(&self, op: u64, fault: Fault) {
         self.lock().faults.insert(op, fault);
+    }
+
+    /// Makes every `sync_data` take this long (default zero), the lock on
+    /// the simulated disk released meanwhile, so concurrent writers queue
+    /// up behind an fsync as they do on a real disk.
+    pub fn set_sync_delay(&self, delay: std::time::Duration) {
+        self.lock().sync_delay = delay;
     }
 
     /// True once a [`Fault::Crash`] has happened.

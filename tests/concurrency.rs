@@ -1,0 +1,290 @@
+//! Many broker threads at once: group commit, racing retries, bulk
+//! appends, and crashes while 16 threads append. Thread counts and round
+//! counts are bounded so the file runs in seconds.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+use common::store_util::{dir, sim_opts};
+use producer_state::fs::{Fault, SimFs, Unsynced};
+use producer_state::{
+    AppendOutcome, AppendRequest, Batch, BatchMetadata, BatchOutcome, Error, FsyncPolicy,
+    ProducerStateStore,
+};
+
+fn store(fs: &SimFs) -> Arc<ProducerStateStore> {
+    Arc::new(
+        ProducerStateStore::open_with(dir(), sim_opts(fs).snapshot_every_records(Some(2000)))
+            .unwrap(),
+    )
+}
+
+#[test]
+fn concurrent_appenders_share_fsyncs() {
+    let fs = SimFs::new();
+    fs.set_sync_delay(Duration::from_millis(2));
+    let s = store(&fs);
+    let threads = 16;
+    let per = 50;
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for seq in 0..per {
+                    assert_eq!(
+                        s.append(t as u64, 0, 0, seq).unwrap(),
+                        AppendOutcome::Accepted
+                    );
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let st = s.stats();
+    assert_eq!(st.records_written, threads * per as u64);
+    // With 16 appenders waiting on a 2 ms fsync, groups form: far fewer
+    // fsyncs than appends.
+    assert!(st.log_fsyncs * 4 < st.records_written, "{st:?}");
+    for t in 0..threads {
+        assert_eq!(s.get(t as u64, 0).unwrap().last_sequence(), per - 1);
+    }
+}
+
+#[test]
+fn a_lone_appender_pays_one_fsync_per_append_and_no_more() {
+    let fs = SimFs::new();
+    let s = store(&fs);
+    let before = s.stats();
+    for seq in 0..100 {
+        s.append(1u64, 0, 0, seq).unwrap();
+        s.append(1u64, 0, 0, seq).unwrap(); // a duplicate writes nothing
+    }
+    let st = s.stats();
+    assert_eq!(st.records_written - before.records_written, 100);
+    assert_eq!(st.log_fsyncs - before.log_fsyncs, 100);
+    assert_eq!(st.groups_written - before.groups_written, 100);
+}
+
+#[test]
+fn a_retry_racing_its_original_is_never_accepted_twice() {
+    let fs = SimFs::new();
+    fs.set_sync_delay(Duration::from_micros(50));
+    let s = store(&fs);
+    let threads = 8;
+    let rounds = 2500;
+    let barrier = Arc::new(Barrier::new(threads));
+    let tally = Arc::new(Mutex::new(HashMap::<i32, Vec<BatchOutcome>>::new()));
+    let hs: Vec<_> = (0..threads)
+        .map(|_| {
+            let (s, barrier, tally) = (s.clone(), barrier.clone(), tally.clone());
+            std::thread::spawn(move || {
+                for seq in 0..rounds {
+                    barrier.wait();
+                    // Every thread sends the same batch: one original, the rest retries.
+                    let b = Batch::new(seq, seq, i64::from(seq) * 10, 7);
+                    let o = s.append_batch("racer", 0, 0, b).unwrap();
+                    tally.lock().unwrap().entry(seq).or_default().push(o);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let tally = tally.lock().unwrap();
+    assert_eq!(tally.len(), rounds as usize);
+    for (seq, outcomes) in tally.iter() {
+        let accepted = outcomes.iter().filter(|o| o.is_accepted()).count();
+        assert_eq!(accepted, 1, "sequence {seq}: {outcomes:?}");
+        let meta = Some(BatchMetadata {
+            offset: i64::from(*seq) * 10,
+            timestamp: 7,
+        });
+        for o in outcomes.iter().filter(|o| !o.is_accepted()) {
+            assert_eq!(
+                *o,
+                BatchOutcome::Duplicate { original: meta },
+                "sequence {seq}"
+            );
+        }
+    }
+    assert_eq!(s.get("racer", 0).unwrap().last_sequence(), rounds - 1);
+    assert_eq!(s.stats().records_written, rounds as u64);
+}
+
+#[test]
+fn a_retry_of_a_failed_original_gets_the_error_not_acceptance() {
+    let mut fired = 0;
+    for attempt in 0..40u64 {
+        let fs = SimFs::new();
+        fs.set_sync_delay(Duration::from_micros(200));
+        let s = store(&fs);
+        s.append("k", 0, 0, 0).unwrap();
+        // The next fsync fails; four threads race the same append.
+        let at = fs.ops() + 1 + attempt % 2;
+        fs.set_fault(at, Fault::Error(std::io::ErrorKind::Other));
+        let barrier = Arc::new(Barrier::new(4));
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                let (s, barrier) = (s.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    s.append("k", 0, 0, 1)
+                })
+            })
+            .collect();
+        let results: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let accepted = results
+            .iter()
+            .filter(|r| matches!(r, Ok(AppendOutcome::Accepted)))
+            .count();
+        if fs.ops() > at {
+            fired += 1;
+            // The fault fired: nobody was told ACCEPTED or DUPLICATE.
+            assert_eq!(accepted, 0, "{results:?}");
+            assert!(results.iter().all(|r| r.is_err()), "{results:?}");
+            assert_eq!(
+                s.get("k", 0).unwrap().last_sequence(),
+                0,
+                "nothing of the failed group applied"
+            );
+            assert!(matches!(
+                s.append("k", 0, 0, 1),
+                Err(Error::Poisoned { .. })
+            ));
+        }
+    }
+    assert!(fired >= 20, "the fault fired in {fired} of 40 attempts");
+}
+
+#[test]
+fn append_all_is_one_write_and_one_fsync_with_outcomes_in_order() {
+    let fs = SimFs::new();
+    let s = store(&fs);
+    s.append(9u64, 3, 5, 0).unwrap();
+    let before = s.stats();
+    let reqs: Vec<AppendRequest> = (0..32)
+        .map(|p| AppendRequest::batch(1u64, p, 0, Batch::new(0, 4, i64::from(p) * 100, 1)))
+        .chain([
+            AppendRequest::single(9u64, 3, 4, 1), // fenced
+            AppendRequest::single(9u64, 3, 5, 3), // gap
+            AppendRequest::batch(1u64, 7, 0, Batch::new(0, 4, 700, 1)), // retry of an item above
+            AppendRequest::single(9u64, 3, 5, 1), // accepted
+        ])
+        .collect();
+    let out = s.append_all(&reqs);
+    assert_eq!(out.len(), reqs.len());
+    for o in &out[..32] {
+        assert_eq!(o.as_ref().unwrap(), &BatchOutcome::Accepted);
+    }
+    assert_eq!(
+        out[32].as_ref().unwrap().outcome(),
+        AppendOutcome::FencedEpoch
+    );
+    assert_eq!(
+        out[33].as_ref().unwrap().outcome(),
+        AppendOutcome::OutOfOrder
+    );
+    assert_eq!(
+        out[34].as_ref().unwrap(),
+        &BatchOutcome::Duplicate {
+            original: Some(BatchMetadata {
+                offset: 700,
+                timestamp: 1
+            })
+        }
+    );
+    assert_eq!(out[35].as_ref().unwrap(), &BatchOutcome::Accepted);
+    let st = s.stats();
+    // 33 accepted records; the retry of item 7 made the call wait once.
+    assert_eq!(st.records_written - before.records_written, 33);
+    assert_eq!(st.log_fsyncs - before.log_fsyncs, 2);
+    // Without such a retry: exactly one write and one fsync.
+    let before = s.stats();
+    let reqs: Vec<_> = (0..32)
+        .map(|p| AppendRequest::single(2u64, p, 0, 0))
+        .collect();
+    assert!(
+        s.append_all(&reqs)
+            .iter()
+            .all(|o| o.as_ref().unwrap().is_accepted())
+    );
+    let st = s.stats();
+    assert_eq!(
+        (
+            st.groups_written - before.groups_written,
+            st.log_fsyncs - before.log_fsyncs
+        ),
+        (1, 1)
+    );
+}
+
+#[test]
+fn a_crash_while_16_threads_append_loses_nothing_acknowledged() {
+    for round in 0..24u64 {
+        let fs = SimFs::new();
+        fs.set_sync_delay(Duration::from_micros(100));
+        let s = Arc::new(
+            ProducerStateStore::open_with(
+                dir(),
+                sim_opts(&fs)
+                    .segment_size(8 << 10)
+                    .snapshot_every_records(Some(500)),
+            )
+            .unwrap(),
+        );
+        let crash_at = fs.ops() + 200 + round * 97 % 1500;
+        fs.set_fault(crash_at, Fault::Crash);
+        let acked = Arc::new(Mutex::new(vec![-1i32; 16]));
+        let hs: Vec<_> = (0..16)
+            .map(|t| {
+                let (s, acked) = (s.clone(), acked.clone());
+                std::thread::spawn(move || {
+                    for seq in 0.. {
+                        let r = if seq % 3 == 0 {
+                            s.append_batch(t as u64, 0, 0, Batch::new(seq, seq, 1, 1))
+                                .map(|o| o.outcome())
+                        } else {
+                            s.append(t as u64, 0, 0, seq)
+                        };
+                        match r {
+                            Ok(AppendOutcome::Accepted) => acked.lock().unwrap()[t] = seq,
+                            Ok(o) => panic!("thread {t}: {o}"),
+                            Err(_) => return,
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert!(fs.crashed());
+        drop(s);
+        let acked = acked.lock().unwrap().clone();
+        for mode in [
+            Unsynced::Drop,
+            Unsynced::Keep,
+            Unsynced::TornPrefix(round),
+            Unsynced::Sectors(round),
+        ] {
+            let img = fs.crash_image(mode);
+            let r = ProducerStateStore::open_with(dir(), sim_opts(&img).fsync(FsyncPolicy::Always))
+                .unwrap_or_else(|e| panic!("round {round} {mode:?}: {e}"));
+            for (t, &a) in acked.iter().enumerate() {
+                let last = r.get(t as u64, 0).map_or(-1, |e| e.last_sequence());
+                // Every acknowledged append survived; beyond it, at most the
+                // thread's one append in flight in the crashed group.
+                assert!(
+                    last == a || last == a + 1,
+                    "round {round} {mode:?} thread {t}: acked {a}, recovered {last}"
+                );
+            }
+        }
+    }
+}
