@@ -35,7 +35,7 @@ fn concurrent_appenders_share_fsyncs() {
             std::thread::spawn(move || {
                 for seq in 0..per {
                     assert_eq!(
-                        s.append(t as u64, 0, 0, seq).unwrap(),
+                        s.append(t, 0, 0, seq).unwrap(),
                         AppendOutcome::Accepted
                     );
                 }
@@ -51,7 +51,7 @@ fn concurrent_appenders_share_fsyncs() {
     // fsyncs than appends.
     assert!(st.log_fsyncs * 4 < st.records_written, "{st:?}");
     for t in 0..threads {
-        assert_eq!(s.get(t as u64, 0).unwrap().last_sequence(), per - 1);
+        assert_eq!(s.get(t, 0).unwrap().last_sequence(), per - 1);
     }
 }
 
