@@ -8,12 +8,21 @@
 //!
 //! With [`FsyncPolicy::Always`] an accepted append is first held as
 //! *in flight*: its record is queued and the key's speculative state is kept
-//! beside the committed state. Whichever appender finds no write in progress
-//! becomes the leader: it takes every queued record, writes them with one
+//! beside the committed state. If no group commit is running, the appender
+//! leads one itself: it takes every queued record, writes them with one
 //! `write` and one `fdatasync`, applies them to the committed state in log
-//! order and wakes the others. Appenders that arrive meanwhile queue behind
-//! it and share the next fsync (group commit), and a lone appender pays for
-//! exactly one fsync with no timer or sleep in the way.
+//! order and wakes the appenders it made durable. A lone appender therefore
+//! pays exactly one fsync, with no timer, sleep or thread hand-off in the
+//! way. Appenders that arrive while a group commit runs queue behind it; when
+//! it ends with records queued, a flusher thread takes over and runs group
+//! commits back to back for as long as records keep arriving, so under load
+//! the disk never waits for a woken appender to be scheduled. Up to four
+//! group commits may have their fsyncs in flight at once (overlapping
+//! fdatasyncs complete faster than serial ones on the disks measured); a
+//! group is durable once its own or any later group's fsync has succeeded,
+//! and groups are applied in log order. Woken appenders wake each other, so
+//! the leader goes back to the disk after one wake-up instead of one per
+//! waiter.
 //!
 //! Validation and the update it implies are atomic per key: a request that
 //! continues a key's in-flight state is queued after it (a producer may
@@ -214,6 +223,14 @@ impl StoreOptions {
 /// Records buffered before a buffered policy hands them to the OS.
 const FLUSH_BYTES: usize = 64 << 10;
 
+/// How many times an idle flusher yields for more records before it parks.
+const LINGER_YIELDS: usize = 16;
+
+/// Group commits whose fsyncs may be in flight at once (measured on the
+/// development machine: 4 overlapping fdatasyncs complete 1.8x as fast as
+/// one at a time).
+const MAX_LEADERS: usize = 4;
+
 /// A key with appends in flight (written but not yet durable).
 struct Pending {
     hash: u64,
@@ -299,7 +316,20 @@ struct State {
     /// (and, under `Always`, applied).
     written: u64,
     durable: u64,
-    leader: bool,
+    /// Group commits in progress.
+    leaders: usize,
+    /// Appenders parked until a position is durable (or until they may lead).
+    waiters: Vec<(u64, std::thread::Thread)>,
+    /// The flusher thread (`Always` only), and whether it is at work: while
+    /// it is, appenders leave group commits to it.
+    flusher: Option<std::thread::Thread>,
+    flusher_active: bool,
+    /// Woken appenders that still have to be unparked (by the first of them).
+    cascade: Vec<std::thread::Thread>,
+    stopping: bool,
+    /// Groups written, waiting to be durable and applied, in log order,
+    /// with the position after each.
+    groups: std::collections::VecDeque<(u64, Vec<Queued>)>,
     failed: Option<Failure>,
     capture: Option<Capture>,
     since_snapshot: (u64, u64),
@@ -337,7 +367,6 @@ struct Shared {
     dir: PathBuf,
     opts: StoreOptions,
     state: Mutex<State>,
-    cv: Condvar,
     writer: Mutex<LogWriter>,
     book: Mutex<Book>,
     bg: Mutex<Bg>,
@@ -349,6 +378,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The store never panics while holding a lock except on a bug; after
     // one, the state is still consistent at the granularity of the lock.
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What one request came to once submitted.
+enum Step {
+    Done(BatchOutcome),
+    /// Accepted and queued at this position.
+    Queued(u64),
 }
 
 /// What submitting one request under the lock came to.
@@ -509,6 +545,7 @@ impl State {
 pub struct ProducerStateStore {
     shared: Arc<Shared>,
     background: Option<JoinHandle<()>>,
+    flusher: Option<JoinHandle<()>>,
     report: RecoveryReport,
     closed: bool,
 }
@@ -583,7 +620,13 @@ impl ProducerStateStore {
             next_lsn: rec.next_lsn,
             written: rec.next_lsn,
             durable: rec.next_lsn,
-            leader: false,
+            leaders: 0,
+            waiters: Vec::new(),
+            flusher: None,
+            flusher_active: false,
+            cascade: Vec::new(),
+            stopping: false,
+            groups: std::collections::VecDeque::new(),
             failed: None,
             capture: None,
             since_snapshot: (rec.report.records_replayed, 0),
@@ -593,7 +636,6 @@ impl ProducerStateStore {
         let shared = Arc::new(Shared {
             dir,
             state: Mutex::new(state),
-            cv: Condvar::new(),
             writer: Mutex::new(writer),
             book: Mutex::new(Book {
                 files: rec.snapshot_files,
@@ -621,9 +663,21 @@ impl ProducerStateStore {
         } else {
             None
         };
+        let flusher = if shared.is_always() {
+            let s = shared.clone();
+            let h = std::thread::Builder::new()
+                .name("producer-state-flush".into())
+                .spawn(move || s.flush_loop())
+                .map_err(|e| Error::io("spawn flusher thread", &shared.dir, e))?;
+            lock(&shared.state).flusher = Some(h.thread().clone());
+            Some(h)
+        } else {
+            None
+        };
         Ok(ProducerStateStore {
             shared,
             background,
+            flusher,
             report: rec.report,
             closed: false,
         })
@@ -669,10 +723,23 @@ impl ProducerStateStore {
     /// Classifies one request and, if accepted, makes it durable before
     /// returning. Errors as [`ProducerStateStore::append`].
     pub fn append_request(&self, request: &AppendRequest) -> Result<BatchOutcome> {
-        let mut out = self.append_all(std::slice::from_ref(request));
-        out.pop().unwrap_or(Err(Error::Poisoned {
-            cause: "no outcome".into(),
-        }))
+        let shared = &*self.shared;
+        let st = lock(&shared.state);
+        let (st, step) = shared.submit(st, request);
+        let (mut st, result) = match step {
+            Ok(Step::Done(o)) => (st, Ok(o)),
+            Ok(Step::Queued(lsn)) => match shared.wait_durable(st, lsn) {
+                Ok(g) => (g, Ok(BatchOutcome::Accepted)),
+                Err(e) => (lock(&shared.state), Err(e)),
+            },
+            Err(e) => (st, Err(e)),
+        };
+        let due = shared.note_snapshot_due(&mut st);
+        drop(st);
+        if due {
+            shared.snapshot_due();
+        }
+        result
     }
 
     /// Appends many requests, for example one produce request covering many
@@ -682,67 +749,25 @@ impl ProducerStateStore {
     /// for it to be durable). Outcomes are in input order.
     pub fn append_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
         let shared = &*self.shared;
-        let mut out: Vec<Option<Result<BatchOutcome>>> =
-            (0..requests.len()).map(|_| None).collect();
+        let mut out: Vec<Option<Result<BatchOutcome>>> = Vec::with_capacity(requests.len());
         let mut queued: Vec<(usize, u64)> = Vec::new();
         let mut st = lock(&shared.state);
         for (i, r) in requests.iter().enumerate() {
-            if let Some(name) = r.producer_id.name_bytes()
-                && name.len() > MAX_NAME
-            {
-                out[i] = Some(Err(Error::ProducerIdTooLong {
-                    len: name.len(),
-                    max: MAX_NAME,
-                }));
-                continue;
-            }
-            if let Some(f) = &st.failed {
-                out[i] = Some(Err(f.error_for(None)));
-                continue;
-            }
-            let hash = hash_key(&r.producer_id, r.partition);
-            if shared.opts.fsync != FsyncPolicy::Always {
-                if st.buf.len() >= FLUSH_BYTES && !st.leader {
-                    match shared.lead(st, false) {
-                        Ok(g) => st = g,
-                        Err(e) => {
-                            out[i] = Some(Err(e));
-                            st = lock(&shared.state);
-                            continue;
-                        }
-                    }
+            let (g, step) = shared.submit(st, r);
+            st = g;
+            out.push(match step {
+                Ok(Step::Done(o)) => Some(Ok(o)),
+                Ok(Step::Queued(lsn)) => {
+                    queued.push((i, lsn));
+                    None
                 }
-                out[i] = Some(Ok(st.submit_buffered(hash, r)));
-                continue;
-            }
-            loop {
-                match st.submit_durable(hash, r) {
-                    Submit::Done(o) => {
-                        out[i] = Some(Ok(o));
-                        break;
-                    }
-                    Submit::Queued(lsn) => {
-                        queued.push((i, lsn));
-                        break;
-                    }
-                    Submit::Wait(lsn) => match shared.wait_durable(st, lsn) {
-                        Ok(g) => st = g,
-                        Err(e) => {
-                            out[i] = Some(Err(e));
-                            st = lock(&shared.state);
-                            break;
-                        }
-                    },
-                }
-            }
+                Err(e) => Some(Err(e)),
+            });
         }
         if let Some(&(_, last)) = queued.last() {
-            match shared.wait_durable(st, last) {
-                Ok(g) => st = g,
-                Err(_) => {
-                    st = lock(&shared.state);
-                }
-            }
+            st = shared
+                .wait_durable(st, last)
+                .unwrap_or_else(|_| lock(&shared.state));
             for &(i, lsn) in &queued {
                 out[i] = Some(match &st.failed {
                     Some(f) if st.durable <= lsn => Err(f.error_for(Some(lsn))),
@@ -750,9 +775,9 @@ impl ProducerStateStore {
                 });
             }
         }
-        let wants_snapshot = shared.note_snapshot_due(&mut st);
+        let due = shared.note_snapshot_due(&mut st);
         drop(st);
-        if wants_snapshot {
+        if due {
             shared.snapshot_due();
         }
         out.into_iter()
@@ -854,7 +879,18 @@ impl ProducerStateStore {
         if let Some(h) = self.background.take() {
             let _ = h.join();
         }
-        self.shared.sync()
+        let result = self.shared.sync();
+        {
+            let mut st = lock(&self.shared.state);
+            st.stopping = true;
+            if let Some(f) = &st.flusher {
+                f.unpark();
+            }
+        }
+        if let Some(h) = self.flusher.take() {
+            let _ = h.join();
+        }
+        result
     }
 }
 
@@ -869,71 +905,232 @@ impl Shared {
         self.opts.fsync == FsyncPolicy::Always
     }
 
-    /// Becomes the leader (the caller checked that there is none): writes
-    /// every queued record, fsyncs if `sync`, applies them under `Always`,
-    /// and wakes everyone.
+    /// Submits one request under the lock: classifies it and, if accepted,
+    /// queues its record (under `Always`) or applies it at once (buffered
+    /// policies). A request for a key with records in flight that does not
+    /// continue them waits for them first.
+    fn submit<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        r: &AppendRequest,
+    ) -> (MutexGuard<'a, State>, Result<Step>) {
+        if let Some(name) = r.producer_id.name_bytes()
+            && name.len() > MAX_NAME
+        {
+            let e = Error::ProducerIdTooLong {
+                len: name.len(),
+                max: MAX_NAME,
+            };
+            return (st, Err(e));
+        }
+        if let Some(e) = st.failed.as_ref().map(|f| f.error_for(None)) {
+            return (st, Err(e));
+        }
+        let hash = hash_key(&r.producer_id, r.partition);
+        if !self.is_always() {
+            if st.buf.len() >= FLUSH_BYTES && st.leaders == 0 {
+                match self.lead(st, false) {
+                    Ok(g) => st = g,
+                    Err(e) => return (lock(&self.state), Err(e)),
+                }
+            }
+            let o = st.submit_buffered(hash, r);
+            return (st, Ok(Step::Done(o)));
+        }
+        loop {
+            match st.submit_durable(hash, r) {
+                Submit::Done(o) => return (st, Ok(Step::Done(o))),
+                Submit::Queued(lsn) => return (st, Ok(Step::Queued(lsn))),
+                Submit::Wait(lsn) => match self.wait_durable(st, lsn) {
+                    Ok(g) => st = g,
+                    Err(e) => return (lock(&self.state), Err(e)),
+                },
+            }
+        }
+    }
+
+    /// Leads one group commit: takes every queued record, writes them (in
+    /// log order: the writer lock is taken before the state lock is let
+    /// go), fsyncs if `sync` through a handle of its own, so that up to
+    /// [`MAX_LEADERS`] fsyncs overlap, and then marks everything before the
+    /// group's end durable and applies, in log order, every group that is
+    /// now durable. A successful fsync covers every write issued before it
+    /// (and a segment roll fsyncs the segment it leaves), so a group is
+    /// durable once any later group's fsync has succeeded.
     fn lead<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
         sync: bool,
     ) -> Result<MutexGuard<'a, State>> {
-        st.leader = true;
+        st.leaders += 1;
         let first = st.buf_first;
         let end = st.next_lsn;
         let mut buf = std::mem::take(&mut st.buf);
         let group = std::mem::take(&mut st.queued);
         st.buf_first = end;
-        let needs_sync = sync && (st.durable < end);
+        if !group.is_empty() {
+            st.groups.push_back((end, group));
+        }
+        let needs_sync = sync && st.durable < end;
+        let mut w = lock(&self.writer);
         drop(st);
 
         let result = (|| {
-            let mut w = lock(&self.writer);
             if !buf.is_empty() {
                 w.write(&mut buf, first, end - first)?;
             }
-            if needs_sync {
-                w.sync()?;
+            let handle = if needs_sync {
+                Some(w.sync_handle()?)
+            } else {
+                None
+            };
+            drop(w);
+            if let Some((mut h, path)) = handle {
+                h.sync_data().map_err(|e| Error::io("fsync", &path, e))?;
             }
             Ok::<(), Error>(())
         })();
 
         let mut st = lock(&self.state);
         let result = result.and_then(|()| {
+            // After a failure nothing more becomes durable or applied.
+            if let Some(f) = &st.failed {
+                return Err(f.error_for(None));
+            }
             if !buf.is_empty() {
                 st.stats.groups_written += 1;
                 st.stats.records_written += end - first;
             }
+            st.written = st.written.max(end);
             if needs_sync {
                 st.stats.log_fsyncs += 1;
-            }
-            st.written = end;
-            if needs_sync {
-                st.durable = end;
-            }
-            if self.is_always() {
-                st.apply_group(group)
-                    .map_err(|m| Error::Poisoned { cause: m })?;
+                st.durable = st.durable.max(end);
+                while st.groups.front().is_some_and(|(e, _)| *e <= st.durable) {
+                    if let Some((_, g)) = st.groups.pop_front() {
+                        st.apply_group(g)
+                            .map_err(|m| Error::Poisoned { cause: m })?;
+                    }
+                }
             }
             Ok(())
         });
-        if let Err(e) = &result {
-            st.failed = Some(Failure::from_error(e, (first, end)));
+        if let Err(e) = &result
+            && st.failed.is_none()
+        {
+            // Everything not yet durable is lost to the appends waiting on it.
+            let range = (st.durable, st.next_lsn);
+            st.failed = Some(Failure::from_error(e, range));
             st.overlay.clear();
             st.queued.clear();
+            st.groups.clear();
             st.buf.clear();
         }
         buf.clear();
-        if st.buf.is_empty() {
+        if st.buf.is_empty() && st.buf.capacity() < buf.capacity() {
             // Reuse the allocation for the next group.
             st.buf = buf;
         }
-        st.leader = false;
-        self.cv.notify_all();
+        st.leaders -= 1;
+        Shared::wake(&mut st);
         result.map(|()| st)
     }
 
-    /// Waits until the record at `lsn` is durable (leading a group commit
-    /// when no one else is).
+    /// Wakes exactly the appenders that can go on: those whose records are
+    /// durable (all of them after a failure), and one to lead the next group
+    /// if records are queued and a leader's place is free. Waking every
+    /// waiter on every group commit costs more CPU than the fsyncs do when
+    /// dozens of appenders share two cores.
+    fn wake(st: &mut State) {
+        let (durable, failed) = (st.durable, st.failed.is_some());
+        let mut done = Vec::new();
+        st.waiters.retain(|(lsn, t)| {
+            let d = failed || *lsn < durable;
+            if d {
+                done.push(t.clone());
+            }
+            !d
+        });
+        // Unpark one; it unparks the rest (see `park`), so the leader goes
+        // back to the disk without a futex call per waiter.
+        if let Some(first) = done.pop() {
+            st.cascade.append(&mut done);
+            first.unpark();
+        }
+        if st.leaders < MAX_LEADERS && st.buf_first < st.next_lsn && !failed {
+            if let Some(f) = &st.flusher {
+                st.flusher_active = true;
+                f.unpark();
+            } else {
+                let first = st.buf_first;
+                if let Some((_, t)) = st.waiters.iter().find(|(lsn, _)| *lsn >= first) {
+                    t.unpark();
+                }
+            }
+        }
+    }
+
+    /// The flusher (`Always`): once appenders queue records faster than one
+    /// leader at a time can commit them, it runs group commits back to back,
+    /// so the disk never waits for a woken appender to be scheduled. A lone
+    /// appender never involves it (it leads its own group commit); idle, it
+    /// lingers a few yields for records on their way, then parks.
+    fn flush_loop(&self) {
+        loop {
+            let mut st = lock(&self.state);
+            if st.stopping {
+                st.flusher_active = false;
+                return;
+            }
+            if st.failed.is_none() && st.buf_first < st.next_lsn && st.leaders < MAX_LEADERS {
+                st.flusher_active = true;
+                drop(self.lead(st, true));
+                continue;
+            }
+            drop(st);
+            let mut more = false;
+            for _ in 0..LINGER_YIELDS {
+                std::thread::yield_now();
+                let st = lock(&self.state);
+                if st.stopping || (st.failed.is_none() && st.buf_first < st.next_lsn) {
+                    more = true;
+                    break;
+                }
+            }
+            if more {
+                continue;
+            }
+            let mut st = lock(&self.state);
+            if st.stopping || (st.failed.is_none() && st.buf_first < st.next_lsn) {
+                continue;
+            }
+            st.flusher_active = false;
+            drop(st);
+            std::thread::park();
+        }
+    }
+
+    /// Parks the calling appender until `wake` says it may go on.
+    fn park<'a>(&'a self, mut st: MutexGuard<'a, State>, lsn: u64) -> MutexGuard<'a, State> {
+        let me = std::thread::current();
+        let id = me.id();
+        st.waiters.push((lsn, me));
+        drop(st);
+        std::thread::park();
+        let mut st = lock(&self.state);
+        st.waiters.retain(|(_, t)| t.id() != id);
+        let more = std::mem::take(&mut st.cascade);
+        if !more.is_empty() {
+            drop(st);
+            for t in more {
+                t.unpark();
+            }
+            st = lock(&self.state);
+        }
+        st
+    }
+
+    /// Waits until the record at `lsn` is durable, leading a group commit
+    /// when the record is still queued and a leader's place is free.
     fn wait_durable<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
@@ -946,27 +1143,28 @@ impl Shared {
             if let Some(f) = &st.failed {
                 return Err(f.error_for(Some(lsn)));
             }
-            if st.leader {
-                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-            } else {
+            if lsn >= st.buf_first && st.leaders < MAX_LEADERS && !st.flusher_active {
                 st = self.lead(st, true)?;
+            } else {
+                st = self.park(st, lsn);
             }
         }
     }
 
     fn sync(&self) -> Result<()> {
         let mut st = lock(&self.state);
+        let target = st.next_lsn;
         loop {
             if let Some(f) = &st.failed {
                 return Err(f.error_for(None));
             }
-            if st.durable >= st.next_lsn {
+            if st.durable >= target {
                 return Ok(());
             }
-            if st.leader {
-                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-            } else {
+            if st.leaders < MAX_LEADERS {
                 st = self.lead(st, true)?;
+            } else {
+                st = self.park(st, target.saturating_sub(1));
             }
         }
     }

@@ -34,10 +34,7 @@ fn concurrent_appenders_share_fsyncs() {
             let s = s.clone();
             std::thread::spawn(move || {
                 for seq in 0..per {
-                    assert_eq!(
-                        s.append(t, 0, 0, seq).unwrap(),
-                        AppendOutcome::Accepted
-                    );
+                    assert_eq!(s.append(t, 0, 0, seq).unwrap(), AppendOutcome::Accepted);
                 }
             })
         })
@@ -48,8 +45,9 @@ fn concurrent_appenders_share_fsyncs() {
     let st = s.stats();
     assert_eq!(st.records_written, threads * per as u64);
     // With 16 appenders waiting on a 2 ms fsync, groups form: far fewer
-    // fsyncs than appends.
-    assert!(st.log_fsyncs * 4 < st.records_written, "{st:?}");
+    // fsyncs than appends (up to 4 group commits overlap, so each group is
+    // about a quarter of the waiting appenders).
+    assert!(st.log_fsyncs * 2 < st.records_written, "{st:?}");
     for t in 0..threads {
         assert_eq!(s.get(t, 0).unwrap().last_sequence(), per - 1);
     }

@@ -87,6 +87,9 @@ pub trait WriteFile: Send {
     fn sync_data(&mut self) -> io::Result<()>;
     /// Truncates or extends the file to `len` bytes; later writes go to the new end.
     fn set_len(&mut self, len: u64) -> io::Result<()>;
+    /// Another handle to the same file, for an fsync that must not wait for
+    /// this handle's user (`dup`).
+    fn try_clone(&self) -> io::Result<Box<dyn WriteFile>>;
 }
 
 /// Holds a lock until dropped.

@@ -265,6 +265,13 @@ impl WriteFile for SimWrite {
         node.data.resize(len, 0);
         Ok(())
     }
+
+    fn try_clone(&self) -> io::Result<Box<dyn WriteFile>> {
+        Ok(Box::new(SimWrite {
+            fs: self.fs.clone(),
+            inode: self.inode,
+        }))
+    }
 }
 
 /// A tiny deterministic generator for crash images (splitmix64).

@@ -41,6 +41,9 @@ impl WriteFile for StdWrite {
         self.0.set_len(len)?;
         self.0.seek(SeekFrom::Start(len)).map(|_| ())
     }
+    fn try_clone(&self) -> io::Result<Box<dyn WriteFile>> {
+        Ok(Box::new(StdWrite(self.0.try_clone()?)))
+    }
 }
 
 impl LockGuard for StdLock {}

@@ -32,6 +32,8 @@ pub(crate) struct LogWriter {
     segment_size: u64,
     /// Every live segment, oldest first; the last is the active one.
     segments: Vec<SegmentInfo>,
+    /// A write failed: the file's end is unknown, nothing more is written.
+    broken: bool,
 }
 
 impl LogWriter {
@@ -55,6 +57,7 @@ impl LogWriter {
             records: 0,
             segment_size,
             segments,
+            broken: false,
         })
     }
 
@@ -86,6 +89,7 @@ impl LogWriter {
             records,
             segment_size,
             segments,
+            broken: false,
         })
     }
 
@@ -98,7 +102,22 @@ impl LogWriter {
     /// the first of which has position `lsn`; rolls first if the active
     /// segment is full. Does not fsync (see [`LogWriter::sync`]).
     pub(crate) fn write(&mut self, buf: &mut [u8], lsn: u64, count: u64) -> Result<()> {
-        debug_assert_eq!(lsn, self.next_lsn());
+        // A group that does not continue the log exactly (an earlier write
+        // failed) must not be written: its records would get wrong positions.
+        if self.broken || lsn != self.next_lsn() {
+            return Err(Error::Poisoned {
+                cause: format!(
+                    "an earlier write to {} failed; records from position {lsn} were not written",
+                    self.path.display()
+                ),
+            });
+        }
+        let result = self.write_group(buf, lsn, count);
+        self.broken |= result.is_err();
+        result
+    }
+
+    fn write_group(&mut self, buf: &mut [u8], lsn: u64, count: u64) -> Result<()> {
         if self.records > 0 && self.len >= self.segment_size {
             self.roll(lsn)?;
         }
@@ -109,6 +128,16 @@ impl LogWriter {
         self.len += buf.len() as u64;
         self.records += count;
         Ok(())
+    }
+
+    /// A handle of the active segment to fsync it without holding the
+    /// writer (its own file descriptor), and the segment's path.
+    pub(crate) fn sync_handle(&self) -> Result<(Box<dyn WriteFile>, PathBuf)> {
+        let h = self
+            .file
+            .try_clone()
+            .map_err(|e| Error::io("duplicate handle", &self.path, e))?;
+        Ok((h, self.path.clone()))
     }
 
     /// fsyncs the active segment.

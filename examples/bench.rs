@@ -1,0 +1,750 @@
+//! The durable store's numbers, side by side, in one run on one disk.
+//!
+//! `cargo run --release --example bench` (about three minutes). Prints
+//! markdown tables, writes `docs/bench-report.json` and draws
+//! `docs/throughput.svg` from the numbers it measured. `--quick` shortens
+//! every measurement (for a smoke run); `--dir PATH` puts the files on
+//! another disk (default: a temporary directory).
+//!
+//! Measured:
+//! - the physical limit: a bare loop of 64-byte `write` + `fdatasync`, and
+//!   the same with N records per `fdatasync`;
+//! - the store with `FsyncPolicy::Always` at 1, 4, 16 and 64 appender
+//!   threads: throughput, p50/p99 latency;
+//! - SQLite doing the same validate-then-upsert, one transaction per append,
+//!   WAL journal, `synchronous=FULL`, at the same thread counts;
+//! - the engine alone (no disk) on the same workload;
+//! - `FsyncPolicy::Never` against the engine;
+//! - a snapshot of 1M keys: its duration and the longest append pause
+//!   while it runs;
+//! - recovery of a store with 1M keys and 10M log records, against
+//!   reading the same bytes.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use producer_state::{
+    AppendOutcome, AppendRequest, FsyncPolicy, ProducerStateManager, ProducerStateStore,
+    StoreOptions,
+};
+use serde_json::{Value, json};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const THREADS: [usize; 4] = [1, 4, 16, 64];
+const PARTITIONS: u64 = 16;
+
+struct Cfg {
+    run: Duration,
+    dir: PathBuf,
+}
+
+/// Throughput and latency of one configuration.
+#[derive(Clone, Copy)]
+struct Stat {
+    ops_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+}
+
+impl Stat {
+    fn from(mut lat_ns: Vec<u64>, elapsed: Duration) -> Stat {
+        lat_ns.sort_unstable();
+        let q = |p: f64| {
+            lat_ns
+                .get(((lat_ns.len() as f64 - 1.0) * p) as usize)
+                .copied()
+                .unwrap_or(0) as f64
+                / 1e3
+        };
+        Stat {
+            ops_per_s: lat_ns.len() as f64 / elapsed.as_secs_f64(),
+            p50_us: q(0.50),
+            p99_us: q(0.99),
+            max_us: q(1.0),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({"ops_per_s": self.ops_per_s, "p50_us": self.p50_us, "p99_us": self.p99_us, "max_us": self.max_us})
+    }
+}
+
+/// The next append of thread `t`: its own producer id, partitions round-robin.
+fn next(t: usize, i: u64) -> (u64, i32, i32) {
+    (t as u64, (i % PARTITIONS) as i32, (i / PARTITIONS) as i32)
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let tmp = tempfile::tempdir()?;
+    let dir = args
+        .iter()
+        .position(|a| a == "--dir")
+        .map(|i| PathBuf::from(&args[i + 1]))
+        .unwrap_or_else(|| tmp.path().to_path_buf());
+    std::fs::create_dir_all(&dir)?;
+    let cfg = Cfg {
+        run: Duration::from_millis(if quick { 300 } else { 2500 }),
+        dir,
+    };
+    println!(
+        "# producer-state benchmark ({}; files in {})\n",
+        if quick { "quick" } else { "full" },
+        cfg.dir.display()
+    );
+
+    // 1. The physical limit.
+    println!("## The disk: 64-byte records, N per fdatasync\n");
+    println!("| records per fdatasync | records/s | fdatasync p50 (us) | p99 (us) |");
+    println!("|---:|---:|---:|---:|");
+    let mut limit = Vec::new();
+    for n in THREADS {
+        let s = bare_fsync_loop(&cfg, n)?;
+        println!(
+            "| {n} | {:.0} | {:.0} | {:.0} |",
+            s.ops_per_s, s.p50_us, s.p99_us
+        );
+        limit.push((n, s));
+    }
+
+    // 2-4. The store, SQLite and the engine at each thread count.
+    println!("\n## Durable appends by thread count (same workload, same disk)\n");
+    println!(
+        "| threads | store appends/s | p50 (us) | p99 (us) | SQLite appends/s | p50 (us) | p99 (us) | store / SQLite |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut store_rows = Vec::new();
+    let mut sqlite_rows = Vec::new();
+    for t in THREADS {
+        let s = store_threads(&cfg, t)?;
+        let q = sqlite_threads(&cfg, t)?;
+        println!(
+            "| {t} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}x |",
+            s.ops_per_s,
+            s.p50_us,
+            s.p99_us,
+            q.ops_per_s,
+            q.p50_us,
+            q.p99_us,
+            s.ops_per_s / q.ops_per_s
+        );
+        store_rows.push((t, s));
+        sqlite_rows.push((t, q));
+    }
+    let engine = engine_alone(&cfg);
+    println!(
+        "\nthe engine alone (no disk) on the same workload, one thread: {:.1} million appends/s",
+        engine / 1e6
+    );
+
+    let one_fsync = limit[0].1;
+    let s1 = store_rows[0].1;
+    let s64 = store_rows[3].1;
+    let q64 = sqlite_rows[3].1;
+    println!("\n## Ratios (this run)\n");
+    println!("| measure | value | goal |");
+    println!("|---|---:|---:|");
+    println!(
+        "| store, 1 thread / bare write+fdatasync | {:.2}x | >= 0.9x |",
+        s1.ops_per_s / one_fsync.ops_per_s
+    );
+    println!(
+        "| store, 64 threads / store, 1 thread | {:.1}x | >= 20x |",
+        s64.ops_per_s / s1.ops_per_s
+    );
+    println!(
+        "| store, 64 threads / SQLite, 64 threads | {:.1}x | >= 10x |",
+        s64.ops_per_s / q64.ops_per_s
+    );
+    println!(
+        "| store p99 at 64 threads / one fdatasync (p50) | {:.1}x | <= 3x |",
+        s64.p99_us / one_fsync.p50_us
+    );
+
+    // 5. Never against the engine.
+    println!("\n## FsyncPolicy::Never against the in-memory engine (one thread)\n");
+    println!("| workload | engine appends/s | store (Never) appends/s | ratio |");
+    println!("|---|---:|---:|---:|");
+    let mut never_rows = Vec::new();
+    for (name, keys) in [("1k hot keys", 1_000u64), ("1M keys, random", 1_000_000)] {
+        let (e, s) = never_vs_engine(&cfg, keys, if quick { 1_000_000 } else { 5_000_000 })?;
+        println!("| {name} | {e:.0} | {s:.0} | {:.2}x |", s / e);
+        never_rows.push(json!({"workload": name, "engine_ops_per_s": e, "store_never_ops_per_s": s, "ratio": s / e}));
+    }
+
+    // 6. Snapshot of 1M keys and the pause appenders see.
+    let keys = if quick { 200_000 } else { 1_000_000 };
+    println!("\n## Snapshot of {keys} keys\n");
+    let snap = snapshot_pause(&cfg, keys)?;
+    println!("| measure | value |");
+    println!("|---|---:|");
+    for (k, v) in snap.as_object().into_iter().flatten() {
+        println!("| {k} | {v} |");
+    }
+
+    // 7. Recovery of 1M keys and 10M records.
+    let (keys, records) = if quick {
+        (100_000, 1_000_000)
+    } else {
+        (1_000_000, 10_000_000)
+    };
+    println!("\n## Recovery of {keys} keys and {records} log records\n");
+    let rec = recovery(&cfg, keys, records)?;
+    println!("| measure | value |");
+    println!("|---|---:|");
+    for (k, v) in rec.as_object().into_iter().flatten() {
+        println!("| {k} | {v} |");
+    }
+
+    let report = json!({
+        "quick": quick,
+        "disk": limit.iter().map(|(n, s)| json!({"records_per_fsync": n, "stat": s.json()})).collect::<Vec<_>>(),
+        "store_always": store_rows.iter().map(|(t, s)| json!({"threads": t, "stat": s.json()})).collect::<Vec<_>>(),
+        "sqlite": sqlite_rows.iter().map(|(t, s)| json!({"threads": t, "stat": s.json()})).collect::<Vec<_>>(),
+        "engine_ops_per_s": engine,
+        "ratios": {
+            "store1_over_bare_fsync": s1.ops_per_s / one_fsync.ops_per_s,
+            "store64_over_store1": s64.ops_per_s / s1.ops_per_s,
+            "store64_over_sqlite64": s64.ops_per_s / q64.ops_per_s,
+            "store64_p99_over_fsync_p50": s64.p99_us / one_fsync.p50_us,
+        },
+        "never_vs_engine": never_rows,
+        "snapshot": snap,
+        "recovery": rec,
+    });
+    if !quick {
+        std::fs::write(
+            "docs/bench-report.json",
+            serde_json::to_string_pretty(&report)? + "\n",
+        )?;
+        std::fs::write(
+            "docs/throughput.svg",
+            svg(&limit, &store_rows, &sqlite_rows),
+        )?;
+        println!("\nwrote docs/bench-report.json and docs/throughput.svg");
+    }
+    Ok(())
+}
+
+/// 64-byte appends to a file, `n` per `fdatasync`.
+fn bare_fsync_loop(cfg: &Cfg, n: usize) -> Result<Stat> {
+    let path = cfg.dir.join(format!("bare-{n}.bin"));
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)?;
+    let rec = [0xabu8; 64];
+    let mut lat = Vec::new();
+    let mut records = 0u64;
+    let start = Instant::now();
+    while start.elapsed() < cfg.run {
+        let t = Instant::now();
+        for _ in 0..n {
+            f.write_all(&rec)?;
+        }
+        f.sync_data()?;
+        lat.push(t.elapsed().as_nanos() as u64);
+        records += n as u64;
+    }
+    let elapsed = start.elapsed();
+    let mut s = Stat::from(lat, elapsed);
+    s.ops_per_s = records as f64 / elapsed.as_secs_f64();
+    std::fs::remove_file(path)?;
+    Ok(s)
+}
+
+/// The store, `FsyncPolicy::Always`, `threads` appenders for `cfg.run`.
+fn store_threads(cfg: &Cfg, threads: usize) -> Result<Stat> {
+    let dir = cfg.dir.join(format!("store-{threads}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = Arc::new(ProducerStateStore::open(&dir)?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let (store, stop, barrier) = (store.clone(), stop.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut lat = Vec::new();
+                barrier.wait();
+                for i in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let (p, part, seq) = next(t, i);
+                    let s = Instant::now();
+                    let o = store.append(p, part, 0, seq).expect("append");
+                    lat.push(s.elapsed().as_nanos() as u64);
+                    assert_eq!(o, AppendOutcome::Accepted);
+                }
+                lat
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    std::thread::sleep(cfg.run);
+    stop.store(true, Ordering::Relaxed);
+    let lat: Vec<u64> = hs
+        .into_iter()
+        .flat_map(|h| h.join().expect("thread"))
+        .collect();
+    let elapsed = start.elapsed();
+    let st = store.stats();
+    eprintln!(
+        "  store, {threads} threads: {:.1} records per fsync",
+        st.records_written as f64 / st.log_fsyncs.max(1) as f64
+    );
+    drop(store);
+    std::fs::remove_dir_all(&dir)?;
+    Ok(Stat::from(lat, elapsed))
+}
+
+/// SQLite at equal durability: WAL journal, `synchronous=FULL`, one
+/// transaction per append doing the same validate-then-upsert. One
+/// connection shared behind a mutex (SQLite admits one writer at a time;
+/// sharing the connection avoids its busy-retry sleeps, its best case).
+fn sqlite_threads(cfg: &Cfg, threads: usize) -> Result<Stat> {
+    let path = cfg.dir.join(format!("sqlite-{threads}.db"));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let conn = rusqlite::Connection::open(&path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch(
+        "CREATE TABLE producer_state (producer_id INTEGER NOT NULL, partition INTEGER NOT NULL,
+         epoch INTEGER NOT NULL, last_seq INTEGER NOT NULL, PRIMARY KEY (producer_id, partition)) WITHOUT ROWID;",
+    )?;
+    let conn = Arc::new(Mutex::new(conn));
+    let stop = Arc::new(AtomicBool::new(false));
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let (conn, stop, barrier) = (conn.clone(), stop.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut lat = Vec::new();
+                barrier.wait();
+                for i in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let (p, part, seq) = next(t, i);
+                    let s = Instant::now();
+                    let o = sqlite_append(&conn, p, part, 0, seq).expect("sqlite append");
+                    lat.push(s.elapsed().as_nanos() as u64);
+                    assert_eq!(o, AppendOutcome::Accepted);
+                }
+                lat
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    std::thread::sleep(cfg.run);
+    stop.store(true, Ordering::Relaxed);
+    let lat: Vec<u64> = hs
+        .into_iter()
+        .flat_map(|h| h.join().expect("thread"))
+        .collect();
+    let elapsed = start.elapsed();
+    Ok(Stat::from(lat, elapsed))
+}
+
+/// The four rules as one SQLite transaction.
+fn sqlite_append(
+    conn: &Mutex<rusqlite::Connection>,
+    pid: u64,
+    part: i32,
+    epoch: i16,
+    seq: i32,
+) -> rusqlite::Result<AppendOutcome> {
+    let mut conn = conn.lock().expect("connection");
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let cur: Option<(i64, i64)> = tx
+        .prepare_cached(
+            "SELECT epoch, last_seq FROM producer_state WHERE producer_id = ?1 AND partition = ?2",
+        )?
+        .query_row((pid as i64, part), |r| Ok((r.get(0)?, r.get(1)?)))
+        .map(Some)
+        .or_else(|e| {
+            if e == rusqlite::Error::QueryReturnedNoRows {
+                Ok(None)
+            } else {
+                Err(e)
+            }
+        })?;
+    let (e, s) = (i64::from(epoch), i64::from(seq));
+    let outcome = match cur {
+        None if s == 0 => AppendOutcome::Accepted,
+        None => AppendOutcome::OutOfOrder,
+        Some((ce, _)) if e < ce => AppendOutcome::FencedEpoch,
+        Some((ce, _)) if e > ce => {
+            if s == 0 {
+                AppendOutcome::Accepted
+            } else {
+                AppendOutcome::OutOfOrder
+            }
+        }
+        Some((_, last))
+            if s == if last == i64::from(i32::MAX) {
+                0
+            } else {
+                last + 1
+            } =>
+        {
+            AppendOutcome::Accepted
+        }
+        Some((_, last)) if s <= last => AppendOutcome::Duplicate,
+        Some(_) => AppendOutcome::OutOfOrder,
+    };
+    if outcome == AppendOutcome::Accepted {
+        tx.prepare_cached(
+            "INSERT INTO producer_state (producer_id, partition, epoch, last_seq) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (producer_id, partition) DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq",
+        )?
+        .execute((pid as i64, part, e, s))?;
+    }
+    tx.commit()?;
+    Ok(outcome)
+}
+
+/// The engine on the same workload, one thread, no disk.
+fn engine_alone(cfg: &Cfg) -> f64 {
+    let mut m = ProducerStateManager::new();
+    let mut n = 0u64;
+    let start = Instant::now();
+    while start.elapsed() < cfg.run / 4 {
+        for _ in 0..100_000 {
+            let (p, part, seq) = next(0, n);
+            assert_eq!(m.append(p, part, 0, seq), AppendOutcome::Accepted);
+            n += 1;
+        }
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// In-order appends to random keys of `keys`: (engine ops/s, store Never ops/s).
+fn never_vs_engine(cfg: &Cfg, keys: u64, ops: usize) -> Result<(f64, f64)> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut seqs = vec![0i32; keys as usize];
+    let stream: Vec<(u64, i32)> = (0..ops)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let k = x % keys;
+            let s = seqs[k as usize];
+            seqs[k as usize] += 1;
+            (k, s)
+        })
+        .collect();
+    let mut best = (0.0f64, 0.0f64);
+    for _ in 0..3 {
+        let mut m = ProducerStateManager::new();
+        let t = Instant::now();
+        for &(k, s) in &stream {
+            std::hint::black_box(m.append(k, 0, 0, s));
+        }
+        let e = ops as f64 / t.elapsed().as_secs_f64();
+        let dir = cfg.dir.join("never");
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = StoreOptions::default()
+            .fsync(FsyncPolicy::Never)
+            .snapshot_every_records(None)
+            .snapshot_every_bytes(None);
+        let store = ProducerStateStore::open_with(&dir, opts)?;
+        let t = Instant::now();
+        for &(k, s) in &stream {
+            std::hint::black_box(store.append(k, 0, 0, s)?);
+        }
+        let s = ops as f64 / t.elapsed().as_secs_f64();
+        store.close()?;
+        std::fs::remove_dir_all(&dir)?;
+        best = (best.0.max(e), best.1.max(s));
+    }
+    Ok(best)
+}
+
+/// Builds a store with `keys` keys through buffered bulk appends.
+fn build(dir: &Path, keys: u64, per_key: u64, opts: StoreOptions) -> Result<ProducerStateStore> {
+    let _ = std::fs::remove_dir_all(dir);
+    let store = ProducerStateStore::open_with(dir, opts)?;
+    let mut chunk = Vec::with_capacity(10_000);
+    for round in 0..per_key {
+        for k in 0..keys {
+            chunk.push(AppendRequest::single(
+                k,
+                (k % PARTITIONS) as i32,
+                0,
+                round as i32,
+            ));
+            if chunk.len() == 10_000 {
+                for o in store.append_all(&chunk) {
+                    assert!(o?.is_accepted());
+                }
+                chunk.clear();
+            }
+        }
+    }
+    for o in store.append_all(&chunk) {
+        assert!(o?.is_accepted());
+    }
+    Ok(store)
+}
+
+/// Snapshot duration and the longest append pause while it runs.
+fn snapshot_pause(cfg: &Cfg, keys: u64) -> Result<Value> {
+    let dir = cfg.dir.join("snapshot");
+    let opts = |p| {
+        StoreOptions::default()
+            .fsync(p)
+            .snapshot_every_records(None)
+            .snapshot_every_bytes(None)
+    };
+    // A snapshot on its own.
+    let store = build(&dir, keys, 1, opts(FsyncPolicy::Never))?;
+    store.sync()?;
+    let t = Instant::now();
+    let path = store.snapshot()?.ok_or("no snapshot")?;
+    let alone = t.elapsed();
+    let bytes = std::fs::metadata(&path)?.len();
+    store.close()?;
+
+    let mut out = serde_json::Map::new();
+    out.insert("keys".into(), json!(keys));
+    out.insert("snapshot_bytes".into(), json!(bytes));
+    out.insert(
+        "snapshot_ms_alone".into(),
+        json!(round2(alone.as_secs_f64() * 1e3)),
+    );
+    // While an appender runs, under each policy.
+    for (name, policy) in [
+        ("never", FsyncPolicy::Never),
+        ("always", FsyncPolicy::Always),
+    ] {
+        let store = Arc::new(ProducerStateStore::open_with(&dir, opts(policy))?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let log: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+        let h = {
+            let (store, stop, log) = (store.clone(), stop.clone(), log.clone());
+            std::thread::spawn(move || {
+                let mut local = Vec::new();
+                let mut next: HashMap<u64, i32> = HashMap::new();
+                let store_ref = &store;
+                let mut x = 12345u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let k = x % keys;
+                    let s = next.entry(k).or_insert_with(|| {
+                        store_ref
+                            .get(k, (k % PARTITIONS) as i32)
+                            .map_or(0, |e| e.last_sequence() + 1)
+                    });
+                    let t = Instant::now();
+                    let o = store
+                        .append(k, (k % PARTITIONS) as i32, 0, *s)
+                        .expect("append");
+                    assert_eq!(o, AppendOutcome::Accepted);
+                    local.push((t, t.elapsed().as_nanos() as u64));
+                    *s += 1;
+                }
+                *log.lock().expect("log") = local;
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        store.snapshot()?;
+        let t1 = Instant::now();
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+        h.join().map_err(|_| "appender panicked")?;
+        let log = log.lock().expect("log");
+        let during = log
+            .iter()
+            .filter(|(t, d)| *t + Duration::from_nanos(*d) >= t0 && *t <= t1);
+        let max_during = during.map(|(_, d)| *d).max().unwrap_or(0);
+        let max_outside = log
+            .iter()
+            .filter(|(t, d)| *t + Duration::from_nanos(*d) < t0 || *t > t1)
+            .map(|(_, d)| *d)
+            .max()
+            .unwrap_or(0);
+        out.insert(
+            format!("{name}_snapshot_ms_with_appender"),
+            json!(round2((t1 - t0).as_secs_f64() * 1e3)),
+        );
+        out.insert(
+            format!("{name}_appends_during_snapshot"),
+            json!(log.iter().filter(|(t, _)| *t >= t0 && *t <= t1).count()),
+        );
+        out.insert(
+            format!("{name}_longest_append_ms_during_snapshot"),
+            json!(round2(max_during as f64 / 1e6)),
+        );
+        out.insert(
+            format!("{name}_longest_append_ms_otherwise"),
+            json!(round2(max_outside as f64 / 1e6)),
+        );
+        Arc::try_unwrap(store)
+            .map_err(|_| "store still shared")?
+            .close()?;
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(Value::Object(out))
+}
+
+/// Recovery time of `keys` keys and `records` records, against reading the bytes.
+fn recovery(cfg: &Cfg, keys: u64, records: u64) -> Result<Value> {
+    let dir = cfg.dir.join("recovery");
+    let opts = || {
+        StoreOptions::default()
+            .fsync(FsyncPolicy::Never)
+            .snapshot_every_records(None)
+            .snapshot_every_bytes(None)
+    };
+    let t = Instant::now();
+    let store = build(&dir, keys, records / keys, opts())?;
+    store.close()?;
+    let built = t.elapsed();
+    // Reading the same bytes (warm page cache, like the recovery after it).
+    let t = Instant::now();
+    let mut log_bytes = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    for e in std::fs::read_dir(&dir)? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "wal") {
+            let mut f = File::open(&p)?;
+            loop {
+                let n = f.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                log_bytes += n as u64;
+            }
+        }
+    }
+    let read = t.elapsed();
+    let t = Instant::now();
+    let store = ProducerStateStore::open_with(&dir, opts())?;
+    let replay = t.elapsed();
+    let r = store.recovery_report().clone();
+    assert_eq!(r.records_replayed, records);
+    assert_eq!(store.len() as u64, keys);
+    store.snapshot()?;
+    store.close()?;
+    let t = Instant::now();
+    let store = ProducerStateStore::open_with(&dir, opts())?;
+    let from_snapshot = t.elapsed();
+    assert_eq!(store.recovery_report().records_replayed, 0);
+    store.close()?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(json!({
+        "keys": keys,
+        "records": records,
+        "log_bytes": log_bytes,
+        "build_s": round2(built.as_secs_f64()),
+        "read_log_ms": round2(read.as_secs_f64() * 1e3),
+        "recover_by_replay_ms": round2(replay.as_secs_f64() * 1e3),
+        "replay_over_read": round2(replay.as_secs_f64() / read.as_secs_f64()),
+        "recover_from_snapshot_ms": round2(from_snapshot.as_secs_f64() * 1e3),
+    }))
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// Throughput against threads, log-log, drawn from the measured numbers.
+fn svg(limit: &[(usize, Stat)], store: &[(usize, Stat)], sqlite: &[(usize, Stat)]) -> String {
+    let (w, h, left, right, top, bottom) = (720.0, 440.0, 80.0, 190.0, 30.0, 60.0);
+    let series = [
+        ("disk limit (N per fdatasync)", "#888888", limit),
+        ("store, FsyncPolicy::Always", "#1f77b4", store),
+        ("SQLite, WAL + synchronous=FULL", "#d62728", sqlite),
+    ];
+    let all = series
+        .iter()
+        .flat_map(|s| s.2.iter().map(|(_, st)| st.ops_per_s));
+    let (lo, hi) = all.fold((f64::MAX, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
+    let (ylo, yhi) = (
+        10f64.powf(lo.log10().floor()),
+        10f64.powf(hi.log10().ceil()),
+    );
+    let x = |t: usize| left + (t as f64).log2() / 6.0 * (w - left - right);
+    let y =
+        |v: f64| top + (yhi.log10() - v.log10()) / (yhi.log10() - ylo.log10()) * (h - top - bottom);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    s += &format!(
+        "<text x=\"{left}\" y=\"18\" font-size=\"14\">Durable appends per second against appender threads (log-log)</text>\n"
+    );
+    let mut d = ylo;
+    while d <= yhi * 1.0001 {
+        s += &format!(
+            "<line x1=\"{left}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            w - right,
+            left - 6.0,
+            y(d) + 4.0,
+            if d >= 1e6 {
+                format!("{}M", d / 1e6)
+            } else if d >= 1e3 {
+                format!("{}k", d / 1e3)
+            } else {
+                format!("{d}")
+            },
+            y = y(d)
+        );
+        d *= 10.0;
+    }
+    for t in THREADS {
+        s += &format!(
+            "<line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{top}\" y2=\"{}\" stroke=\"#eee\"/><text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">{t}</text>\n",
+            h - bottom,
+            h - bottom + 18.0,
+            x = x(t)
+        );
+    }
+    s += &format!(
+        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">appender threads (disk limit: records per fdatasync)</text>\n",
+        (left + w - right) / 2.0,
+        h - 18.0
+    );
+    for (i, (name, color, pts)) in series.iter().enumerate() {
+        let path: Vec<String> = pts
+            .iter()
+            .map(|(t, st)| format!("{:.1},{:.1}", x(*t), y(st.ops_per_s)))
+            .collect();
+        s += &format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            path.join(" ")
+        );
+        for (t, st) in pts.iter() {
+            s += &format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>\n",
+                x(*t),
+                y(st.ops_per_s)
+            );
+        }
+        let ly = top + 20.0 + 22.0 * i as f64;
+        s += &format!(
+            "<line x1=\"{}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"/><text x=\"{}\" y=\"{}\">{name}</text>\n",
+            w - right + 10.0,
+            w - right + 30.0,
+            w - right + 34.0,
+            ly + 4.0
+        );
+    }
+    s + "</svg>\n"
+}
