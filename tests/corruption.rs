@@ -80,7 +80,7 @@ fn truncating_the_log_at_every_byte_recovers_the_longest_complete_prefix() {
     let mut boundaries = vec![24usize];
     while *boundaries.last().unwrap() < bytes.len() {
         let at = *boundaries.last().unwrap();
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
         boundaries.push(at + len);
     }
     assert_eq!(*boundaries.last().unwrap(), bytes.len());

@@ -151,8 +151,13 @@ fn the_first_bytes_are_as_documented() {
     assert_eq!(&seg[..8], b"PSTATWAL");
     assert_eq!(&seg[8..12], &[1, 0, 0, 0]); // version 1, flags 0
     assert_eq!(&seg[12..20], &0u64.to_le_bytes()); // first position
-    // First record: 31 bytes, numeric single-sequence (kind 1), 42/0/0/0.
-    assert_eq!(&seg[24..28], &31u32.to_le_bytes());
+    // First record: CRC, 31 bytes, numeric single-sequence (kind 1), 42/0/0/0.
+    let seed = crc32c::crc32c(&0u64.to_le_bytes());
+    assert_eq!(
+        &seg[24..28],
+        &crc32c::crc32c_append(seed, &seg[28..55]).to_le_bytes()
+    );
+    assert_eq!(&seg[28..32], &31u32.to_le_bytes());
     assert_eq!(&seg[32..36], &0u32.to_le_bytes()); // offset within its write
     assert_eq!(seg[36], 1);
     assert_eq!(&seg[37..45], &42u64.to_le_bytes());

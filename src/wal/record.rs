@@ -7,7 +7,7 @@ use crate::codec::{Dec, Put, set_u32, u32_at};
 use crate::error::Corruption;
 use crate::id::ProducerId;
 
-/// Record header: length, CRC, position in its write, kind.
+/// Record header: CRC, length, position in its write, kind.
 pub(crate) const HEADER: usize = 13;
 const KIND_NUMERIC_SINGLE: u8 = 1;
 const KIND_NUMERIC_BATCH: u8 = 2;
@@ -28,8 +28,8 @@ pub(crate) const MAX_LEN: usize = HEADER + 2 + MAX_NAME + BATCH_TAIL;
 /// The caller has checked that a name fits ([`MAX_NAME`]).
 pub(crate) fn encode(buf: &mut Vec<u8>, r: &AppendRequest) {
     let start = buf.len();
-    buf.put_u32(0); // length, set below
     buf.put_u32(0); // crc
+    buf.put_u32(0); // length, set below
     buf.put_u32(0); // position in the write
     let kind = match (r.producer_id.as_numeric(), r.metadata.is_some()) {
         (Some(_), false) => KIND_NUMERIC_SINGLE,
@@ -58,27 +58,30 @@ pub(crate) fn encode(buf: &mut Vec<u8>, r: &AppendRequest) {
         }
     }
     let len = (buf.len() - start) as u32;
-    set_u32(buf, start, len);
+    set_u32(buf, start + 4, len);
 }
 
-/// The CRC of a record: CRC-32C seeded with the segment's salt (its first
-/// position), over the length field and everything after the CRC field.
-fn crc(salt: u64, record: &[u8]) -> u32 {
-    let seed = crc32c::crc32c(&salt.to_le_bytes());
-    let len_field = record.get(..4).unwrap_or_default();
-    let rest = record.get(8..).unwrap_or_default();
-    crc32c::crc32c_append(crc32c::crc32c_append(seed, len_field), rest)
+/// The CRC seed of a segment: the CRC-32C of its salt (its first position).
+pub(crate) fn seed(salt: u64) -> u32 {
+    crc32c::crc32c(&salt.to_le_bytes())
+}
+
+/// The CRC of a record: CRC-32C continued from the segment's seed over
+/// everything after the CRC field (length, write position, kind, payload).
+fn crc(seed: u32, record: &[u8]) -> u32 {
+    crc32c::crc32c_append(seed, record.get(4..).unwrap_or_default())
 }
 
 /// Fills in the write position and CRC of every record in `buf`, one
 /// write's worth of records encoded by [`encode`], for a segment with `salt`.
 pub(crate) fn seal(buf: &mut [u8], salt: u64) {
+    let seed = seed(salt);
     let mut at = 0;
-    while let Some(len) = u32_at(buf, at) {
+    while let Some(len) = u32_at(buf, at + 4) {
         let len = len as usize;
         set_u32(buf, at + 8, at as u32);
-        let c = buf.get(at..at + len).map(|r| crc(salt, r)).unwrap_or(0);
-        set_u32(buf, at + 4, c);
+        let c = buf.get(at..at + len).map(|r| crc(seed, r)).unwrap_or(0);
+        set_u32(buf, at, c);
         at += len;
     }
 }
@@ -100,21 +103,22 @@ pub(crate) struct Decoded {
     pub write_pos: u32,
 }
 
-/// Decodes the record at the start of `bytes` (which may hold more).
-pub(crate) fn decode(bytes: &[u8], salt: u64) -> Result<Decoded, Bad> {
+/// Decodes the record at the start of `bytes` (which may hold more), in a
+/// segment whose CRC seed is `seed` (see [`seed`]).
+pub(crate) fn decode(bytes: &[u8], seed: u32) -> Result<Decoded, Bad> {
     let avail = bytes.len();
     if avail < HEADER {
         return Err(Bad::Incomplete(crate::codec::truncated(HEADER, avail)));
     }
-    let len = u32_at(bytes, 0).unwrap_or(0) as usize;
+    let len = u32_at(bytes, 4).unwrap_or(0) as usize;
     if !(MIN_LEN..=MAX_LEN).contains(&len) {
         return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
     }
     let Some(rec) = bytes.get(..len) else {
         return Err(Bad::Incomplete(crate::codec::truncated(len, avail)));
     };
-    let stored = u32_at(rec, 4).unwrap_or(0);
-    let computed = crc(salt, rec);
+    let stored = u32_at(rec, 0).unwrap_or(0);
+    let computed = crc(seed, rec);
     if stored != computed {
         return Err(Bad::Invalid(Corruption::ChecksumMismatch {
             stored,
@@ -172,7 +176,7 @@ fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<AppendRequest, Corruption
 /// plausible length and kind. Used to skip most offsets when looking for
 /// valid records after damage.
 pub(crate) fn plausible(bytes: &[u8]) -> bool {
-    let Some(len) = u32_at(bytes, 0) else {
+    let Some(len) = u32_at(bytes, 4) else {
         return false;
     };
     let len = len as usize;
@@ -221,7 +225,7 @@ mod tests {
         seal(&mut buf, 99);
         let mut at = 0;
         for r in &reqs {
-            let d = decode(&buf[at..], 99).unwrap();
+            let d = decode(&buf[at..], seed(99)).unwrap();
             assert_eq!(&d.request, r);
             assert_eq!(d.write_pos as usize, at);
             assert!(plausible(&buf[at..]));
@@ -255,7 +259,7 @@ mod tests {
         for bit in 0..buf.len() * 8 {
             let mut b = buf.clone();
             b[bit / 8] ^= 1 << (bit % 8);
-            assert!(decode(&b, 0).is_err(), "bit {bit}");
+            assert!(decode(&b, seed(0)).is_err(), "bit {bit}");
         }
     }
 

@@ -185,6 +185,7 @@ pub(crate) fn scan(
     };
     let head = w.at(0, HEADER_LEN).map_err(io_err)?.to_vec();
     let first_lsn = parse_header(path, &head)?;
+    let seed = record::seed(first_lsn);
     let mut at = HEADER_LEN as u64;
     let mut records = 0u64;
     loop {
@@ -198,15 +199,14 @@ pub(crate) fn scan(
                 end: End::Clean,
             });
         }
-        let salt = first_lsn;
-        match record::decode(bytes, salt) {
+        match record::decode(bytes, seed) {
             Ok(Decoded { request, len, .. }) => {
                 each(first_lsn + records, at, &request).map_err(HeaderError::Bad)?;
                 records += 1;
                 at += len as u64;
             }
             Err(Bad::Incomplete(kind)) | Err(Bad::Invalid(kind)) => {
-                let end = match later_write(&mut w, at, salt).map_err(io_err)? {
+                let end = match later_write(&mut w, at, seed).map_err(io_err)? {
                     None => End::Torn { offset: at, kind },
                     Some(later) => End::MidLog {
                         offset: at,
@@ -228,7 +228,7 @@ pub(crate) fn scan(
 
 /// The offset of the first valid record after `damage` that belongs to a
 /// later write than the damaged one, if any.
-fn later_write<R: Read>(w: &mut Window<R>, damage: u64, salt: u64) -> std::io::Result<Option<u64>> {
+fn later_write<R: Read>(w: &mut Window<R>, damage: u64, seed: u32) -> std::io::Result<Option<u64>> {
     let mut at = damage + 1;
     loop {
         let bytes = w.at(at, record::MAX_LEN)?;
@@ -236,7 +236,7 @@ fn later_write<R: Read>(w: &mut Window<R>, damage: u64, salt: u64) -> std::io::R
             return Ok(None);
         }
         if record::plausible(bytes)
-            && let Ok(d) = record::decode(bytes, salt)
+            && let Ok(d) = record::decode(bytes, seed)
         {
             let write_start = at.saturating_sub(u64::from(d.write_pos));
             if write_start > damage {
