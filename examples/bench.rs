@@ -4,7 +4,9 @@
 //! markdown tables, writes `docs/bench-report.json` and draws
 //! `docs/throughput.svg` from the numbers it measured. `--quick` shortens
 //! every measurement (for a smoke run); `--dir PATH` puts the files on
-//! another disk (default: a temporary directory).
+//! another disk (default: a temporary directory); `--only SECTION` runs one
+//! of `never`, `snapshot`, `recovery`; `--replot` redraws the SVG from the
+//! last full run's JSON report.
 //!
 //! Measured:
 //! - the physical limit: a bare loop of 64-byte `write` + `fdatasync`, and
@@ -84,6 +86,34 @@ fn next(t: usize, i: u64) -> (u64, i32, i32) {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
+    // `--only snapshot|recovery|never|threads`: run one section (the files
+    // in docs/ are only written by a full run).
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| args[i + 1].clone());
+    let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
+    if args.iter().any(|a| a == "--replot") {
+        // Redraw docs/throughput.svg from the last full run's report.
+        let report: Value = serde_json::from_str(&std::fs::read_to_string("docs/bench-report.json")?)?;
+        let series = |key: &str, n: &str| -> Vec<(usize, Stat)> {
+            report[key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|row| {
+                    let st = &row["stat"];
+                    let f = |k: &str| st[k].as_f64().unwrap_or(0.0);
+                    let stat = Stat { ops_per_s: f("ops_per_s"), p50_us: f("p50_us"), p99_us: f("p99_us"), max_us: f("max_us") };
+                    (row[n].as_u64().unwrap_or(1) as usize, stat)
+                })
+                .collect()
+        };
+        let svg_text = svg(&series("disk", "records_per_fsync"), &series("store_always", "threads"), &series("sqlite", "threads"));
+        std::fs::write("docs/throughput.svg", svg_text)?;
+        println!("redrew docs/throughput.svg from docs/bench-report.json");
+        return Ok(());
+    }
     let tmp = tempfile::tempdir()?;
     let dir = args
         .iter()
@@ -100,6 +130,31 @@ fn main() -> Result<()> {
         if quick { "quick" } else { "full" },
         cfg.dir.display()
     );
+
+    if !run("threads") {
+        if run("never") {
+            for (name, keys) in [("1k hot keys", 1_000u64), ("1M keys, random", 1_000_000)] {
+                let (e, s) = never_vs_engine(&cfg, keys, 5_000_000)?;
+                println!(
+                    "Never vs engine, {name}: {e:.0} vs {s:.0} appends/s: {:.2}x",
+                    s / e
+                );
+            }
+        }
+        if run("snapshot") {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&snapshot_pause(&cfg, 1_000_000)?)?
+            );
+        }
+        if run("recovery") {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&recovery(&cfg, 1_000_000, 10_000_000)?)?
+            );
+        }
+        return Ok(());
+    }
 
     // 1. The physical limit.
     println!("## The disk: 64-byte records, N per fdatasync\n");
@@ -667,7 +722,7 @@ fn round2(v: f64) -> f64 {
 
 /// Throughput against threads, log-log, drawn from the measured numbers.
 fn svg(limit: &[(usize, Stat)], store: &[(usize, Stat)], sqlite: &[(usize, Stat)]) -> String {
-    let (w, h, left, right, top, bottom) = (720.0, 440.0, 80.0, 190.0, 30.0, 60.0);
+    let (w, h, left, right, top, bottom) = (880.0, 440.0, 80.0, 300.0, 30.0, 60.0);
     let series = [
         ("disk limit (N per fdatasync)", "#888888", limit),
         ("store, FsyncPolicy::Always", "#1f77b4", store),

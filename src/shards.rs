@@ -2,7 +2,7 @@
 //!
 //! Shards exist for snapshots, not for locking: a snapshot encodes one
 //! shard at a time under the store's lock, so an appender waits at most for
-//! one shard's worth of encoding (a 64th of the state) instead of the whole.
+//! one shard's worth of encoding (a 256th of the state) instead of the whole.
 //! A key's shard comes from bits of its hash that the hash tables do not use
 //! for bucket selection.
 
@@ -12,7 +12,7 @@ use crate::id::ProducerId;
 use crate::map::{StateMap, hash_key};
 use crate::outcome::BatchOutcome;
 
-pub(crate) const SHARDS: usize = 64;
+pub(crate) const SHARDS: usize = 256;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Shards {

@@ -41,7 +41,7 @@
 //!
 //! A snapshot is the state at one log position P, written without stopping
 //! appenders and without a second copy of the state: the state is split
-//! into 64 shards and the snapshot encodes one shard at a time under the
+//! into 256 shards and the snapshot encodes one shard at a time under the
 //! store's lock. An append applied after P to a shard not yet encoded first
 //! saves the key's entry as it was at P (a pre-image), and the encoder uses
 //! those. Appenders wait at most for one shard's encoding.
@@ -807,7 +807,7 @@ impl ProducerStateStore {
     }
 
     /// Every key with its committed entry, in no particular order. The
-    /// iterator copies one shard (a 64th of the state) at a time under the
+    /// iterator copies one shard (a 256th of the state) at a time under the
     /// store's lock, so it is consistent within a shard, not across shards
     /// while appends run.
     pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
