@@ -95,7 +95,8 @@ fn main() -> Result<()> {
     let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
     if args.iter().any(|a| a == "--replot") {
         // Redraw docs/throughput.svg from the last full run's report.
-        let report: Value = serde_json::from_str(&std::fs::read_to_string("docs/bench-report.json")?)?;
+        let report: Value =
+            serde_json::from_str(&std::fs::read_to_string("docs/bench-report.json")?)?;
         let series = |key: &str, n: &str| -> Vec<(usize, Stat)> {
             report[key]
                 .as_array()
@@ -104,12 +105,21 @@ fn main() -> Result<()> {
                 .map(|row| {
                     let st = &row["stat"];
                     let f = |k: &str| st[k].as_f64().unwrap_or(0.0);
-                    let stat = Stat { ops_per_s: f("ops_per_s"), p50_us: f("p50_us"), p99_us: f("p99_us"), max_us: f("max_us") };
+                    let stat = Stat {
+                        ops_per_s: f("ops_per_s"),
+                        p50_us: f("p50_us"),
+                        p99_us: f("p99_us"),
+                        max_us: f("max_us"),
+                    };
                     (row[n].as_u64().unwrap_or(1) as usize, stat)
                 })
                 .collect()
         };
-        let svg_text = svg(&series("disk", "records_per_fsync"), &series("store_always", "threads"), &series("sqlite", "threads"));
+        let svg_text = svg(
+            &series("disk", "records_per_fsync"),
+            &series("store_always", "threads"),
+            &series("sqlite", "threads"),
+        );
         std::fs::write("docs/throughput.svg", svg_text)?;
         println!("redrew docs/throughput.svg from docs/bench-report.json");
         return Ok(());
