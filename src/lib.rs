@@ -105,6 +105,8 @@ mod entry;
 mod error;
 pub mod fs;
 mod id;
+pub mod inspect;
+pub mod kafka;
 mod manager;
 mod map;
 mod outcome;

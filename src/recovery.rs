@@ -119,6 +119,9 @@ pub struct RecoveryReport {
     pub next_position: u64,
     /// How long recovery took.
     pub duration: Duration,
+    /// True for a dry run ([`crate::inspect::dry_run`]): what this report
+    /// lists as removed or truncated would be, but nothing was written.
+    pub dry_run: bool,
 }
 
 impl RecoveryReport {
@@ -251,8 +254,30 @@ pub(crate) fn load_snapshot(
 }
 
 pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<Recovered> {
+    recover_inner(fs, dir, mode, false)
+}
+
+/// Recovery that writes nothing: what it would remove or truncate is
+/// reported, not done; damage is an error even in salvage mode.
+pub(crate) fn recover_dry(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    mode: RecoveryMode,
+) -> Result<Recovered> {
+    recover_inner(fs, dir, mode, true)
+}
+
+fn recover_inner(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    mode: RecoveryMode,
+    dry: bool,
+) -> Result<Recovered> {
     let started = Instant::now();
-    let mut report = RecoveryReport::default();
+    let mut report = RecoveryReport {
+        dry_run: dry,
+        ..RecoveryReport::default()
+    };
     let listing = fs.list(dir).map_err(io_at("list", dir))?;
 
     let mut segments: Vec<u64> = Vec::new();
@@ -262,7 +287,9 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Re
             && snapshot::parse_name(stem).is_some()
         {
             let p = dir.join(&e.name);
-            fs.remove_file(&p).map_err(io_at("remove", &p))?;
+            if !dry {
+                fs.remove_file(&p).map_err(io_at("remove", &p))?;
+            }
             report.files_removed.push(p);
         } else if let Some(lsn) = segment::parse_name(&e.name) {
             segments.push(lsn);
@@ -271,7 +298,7 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Re
         }
     }
     segments.sort_unstable();
-    if !report.files_removed.is_empty() {
+    if !report.files_removed.is_empty() && !dry {
         fs.sync_dir(dir).map_err(io_at("fsync directory", dir))?;
     }
 
@@ -316,12 +343,12 @@ pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Re
     }
     let (start, mut shards) = base.unwrap_or((0, Shards::default()));
 
-    let replayed = match replay(fs, dir, &segments, start, &mut shards, &mut report) {
+    let replayed = match replay(fs, dir, &segments, start, &mut shards, &mut report, dry) {
         Ok(r) => r,
         Err(Stop::Io(e)) => return Err(e),
         Err(Stop::Damage(cut)) => match mode {
-            RecoveryMode::Strict => return Err(cut.error),
-            RecoveryMode::Salvage => salvage(fs, dir, &segments, start, *cut, &mut report)?,
+            RecoveryMode::Salvage if !dry => salvage(fs, dir, &segments, start, *cut, &mut report)?,
+            _ => return Err(cut.error),
         },
     };
 
@@ -378,6 +405,7 @@ fn replay(
     start: u64,
     shards: &mut Shards,
     report: &mut RecoveryReport,
+    dry: bool,
 ) -> std::result::Result<Replayed, Stop> {
     let Some(first_idx) = segments.iter().rposition(|&l| l <= start) else {
         if segments.is_empty() && start == 0 {
@@ -484,10 +512,12 @@ fn replay(
             Ok(s) => s,
             Err(HeaderError::Short(_)) if idx == last_idx => {
                 // A segment whose creation was cut off: it holds no record.
-                fs.remove_file(&path)
-                    .map_err(|e| Stop::Io(Error::io("remove", &path, e)))?;
-                fs.sync_dir(dir)
-                    .map_err(|e| Stop::Io(Error::io("fsync directory", dir, e)))?;
+                if !dry {
+                    fs.remove_file(&path)
+                        .map_err(|e| Stop::Io(Error::io("remove", &path, e)))?;
+                    fs.sync_dir(dir)
+                        .map_err(|e| Stop::Io(Error::io("fsync directory", dir, e)))?;
+                }
                 report.files_removed.push(path);
                 return Ok(Replayed {
                     next_lsn: expected,
@@ -523,13 +553,15 @@ fn replay(
         match scan.end {
             End::Clean => {}
             End::Torn { offset, .. } if idx == last_idx => {
-                let mut f = fs
-                    .open_append(&path)
-                    .map_err(|e| Stop::Io(Error::io("open", &path, e)))?;
-                f.set_len(offset)
-                    .map_err(|e| Stop::Io(Error::io("truncate", &path, e)))?;
-                f.sync_data()
-                    .map_err(|e| Stop::Io(Error::io("fsync", &path, e)))?;
+                if !dry {
+                    let mut f = fs
+                        .open_append(&path)
+                        .map_err(|e| Stop::Io(Error::io("open", &path, e)))?;
+                    f.set_len(offset)
+                        .map_err(|e| Stop::Io(Error::io("truncate", &path, e)))?;
+                    f.sync_data()
+                        .map_err(|e| Stop::Io(Error::io("fsync", &path, e)))?;
+                }
                 report.torn_tail = Some(TornTail {
                     file: path.clone(),
                     offset,

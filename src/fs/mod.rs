@@ -94,3 +94,50 @@ pub trait WriteFile: Send {
 
 /// Holds a lock until dropped.
 pub trait LockGuard: Send + Sync {}
+
+/// A read-only view of another file system: reads pass through, every
+/// operation that would change something fails with `PermissionDenied`.
+/// The inspector reads through it, so a bug can fail an inspection but
+/// never damage what is inspected.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReadOnlyFs<F>(pub F);
+
+fn read_only() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        "read-only view: nothing may be written",
+    )
+}
+
+impl<F: FileSystem> FileSystem for ReadOnlyFs<F> {
+    fn create_dir_all(&self, _: &Path) -> io::Result<()> {
+        Err(read_only())
+    }
+    fn kind(&self, path: &Path) -> io::Result<Option<EntryKind>> {
+        self.0.kind(path)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<DirEntry>> {
+        self.0.list(dir)
+    }
+    fn open_read(&self, path: &Path) -> io::Result<Box<dyn ReadFile>> {
+        self.0.open_read(path)
+    }
+    fn create_new(&self, _: &Path) -> io::Result<Box<dyn WriteFile>> {
+        Err(read_only())
+    }
+    fn open_append(&self, _: &Path) -> io::Result<Box<dyn WriteFile>> {
+        Err(read_only())
+    }
+    fn rename(&self, _: &Path, _: &Path) -> io::Result<()> {
+        Err(read_only())
+    }
+    fn remove_file(&self, _: &Path) -> io::Result<()> {
+        Err(read_only())
+    }
+    fn sync_dir(&self, _: &Path) -> io::Result<()> {
+        Err(read_only())
+    }
+    fn try_lock(&self, _: &Path) -> io::Result<Option<Box<dyn LockGuard>>> {
+        Err(read_only())
+    }
+}

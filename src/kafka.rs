@@ -1,0 +1,554 @@
+//! Apache Kafka's producer snapshot files, read and written byte for byte.
+//!
+//! Kafka's broker writes one `<20-digit offset>.snapshot` file per log
+//! segment: the producer state as of that log offset (exclusive). Version 1,
+//! all integers big-endian:
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 2 | version, `i16`, must be 1 |
+//! | 2 | 4 | CRC-32C of bytes 6 to the end of the file, `u32` |
+//! | 6 | 4 | entry count, `i32` |
+//! | 10 + 46 i | 46 | entry i |
+//!
+//! Entry: producer id `i64`, epoch `i16`, last sequence `i32`, last offset
+//! `i64`, offset delta `i32`, timestamp `i64`, coordinator epoch `i32`,
+//! current transaction first offset `i64` (-1: none). Kafka persists only
+//! the last batch of each producer; entry order is Kafka's hash-map order
+//! (unspecified), so files compare as sets of entries.
+//!
+//! Reading a Kafka snapshot into this crate's state ([`to_entry`]) gives each
+//! producer one retained batch, as Kafka keeps; writing one ([`from_entry`],
+//! [`encode`]) gives Kafka tooling what it reads. [`seed_store`] starts a
+//! store from the files a Kafka broker left behind.
+
+#![deny(clippy::indexing_slicing)]
+
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::batch::{BatchMetadata, RetainedBatch};
+use crate::entry::ProducerEntry;
+use crate::error::{Corruption, Error, Result};
+use crate::fs::{FileSystem, StdFs};
+use crate::id::ProducerId;
+use crate::shards::Shards;
+use crate::snapshot;
+use crate::wal::segment::read_full;
+
+/// The only snapshot version Kafka reads and writes.
+pub const VERSION: i16 = 1;
+/// Bytes before the first entry.
+pub const HEADER_LEN: usize = 10;
+/// Bytes per entry.
+pub const ENTRY_LEN: usize = 46;
+
+/// One producer as Kafka's snapshot stores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KafkaProducerEntry {
+    /// The producer id (`-1` is Kafka's "no producer").
+    pub producer_id: i64,
+    /// The producer epoch.
+    pub epoch: i16,
+    /// Last sequence of the producer's last batch (`-1`: none).
+    pub last_sequence: i32,
+    /// Log offset of that batch's last record (`-1`: no batch).
+    pub last_offset: i64,
+    /// `last_offset` minus the batch's first offset.
+    pub offset_delta: i32,
+    /// Timestamp of the producer's last batch or transaction marker (ms).
+    pub timestamp: i64,
+    /// Epoch of the transaction coordinator of the last marker (`-1`: none).
+    pub coordinator_epoch: i32,
+    /// First offset of the producer's open transaction (`-1`: none).
+    pub current_txn_first_offset: i64,
+}
+
+/// The file name of a Kafka snapshot covering offsets below `offset`.
+pub fn file_name(offset: u64) -> String {
+    format!("{offset:020}.snapshot")
+}
+
+/// The offset in a Kafka snapshot's file name (`<20 digits>.snapshot`).
+pub fn parse_file_name(name: &str) -> Option<u64> {
+    crate::wal::segment::parse_numbered(name, "snapshot")
+}
+
+fn put_entry(out: &mut Vec<u8>, e: &KafkaProducerEntry) {
+    out.extend_from_slice(&e.producer_id.to_be_bytes());
+    out.extend_from_slice(&e.epoch.to_be_bytes());
+    out.extend_from_slice(&e.last_sequence.to_be_bytes());
+    out.extend_from_slice(&e.last_offset.to_be_bytes());
+    out.extend_from_slice(&e.offset_delta.to_be_bytes());
+    out.extend_from_slice(&e.timestamp.to_be_bytes());
+    out.extend_from_slice(&e.coordinator_epoch.to_be_bytes());
+    out.extend_from_slice(&e.current_txn_first_offset.to_be_bytes());
+}
+
+/// Encodes entries, in the order given, as a Kafka version 1 snapshot file.
+///
+/// ```
+/// use producer_state::kafka;
+/// // The empty snapshot: version 1, CRC-32C of four zero bytes, count 0.
+/// assert_eq!(kafka::encode(&[]), [0, 1, 0x48, 0x67, 0x4b, 0xc7, 0, 0, 0, 0]);
+/// ```
+pub fn encode(entries: &[KafkaProducerEntry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + ENTRY_LEN * entries.len());
+    out.extend_from_slice(&VERSION.to_be_bytes());
+    out.extend_from_slice(&[0u8; 4]);
+    out.extend_from_slice(&(entries.len() as i32).to_be_bytes());
+    for e in entries {
+        put_entry(&mut out, e);
+    }
+    let crc = crc32c::crc32c(out.get(6..).unwrap_or_default());
+    if let Some(field) = out.get_mut(2..6) {
+        field.copy_from_slice(&crc.to_be_bytes());
+    }
+    out
+}
+
+fn be<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    let mut a = [0u8; N];
+    if let Some(s) = b.get(at..at + N) {
+        a.copy_from_slice(s);
+    }
+    a
+}
+
+fn parse_entry(b: &[u8]) -> KafkaProducerEntry {
+    KafkaProducerEntry {
+        producer_id: i64::from_be_bytes(be(b, 0)),
+        epoch: i16::from_be_bytes(be(b, 8)),
+        last_sequence: i32::from_be_bytes(be(b, 10)),
+        last_offset: i64::from_be_bytes(be(b, 14)),
+        offset_delta: i32::from_be_bytes(be(b, 22)),
+        timestamp: i64::from_be_bytes(be(b, 26)),
+        coordinator_epoch: i32::from_be_bytes(be(b, 34)),
+        current_txn_first_offset: i64::from_be_bytes(be(b, 38)),
+    }
+}
+
+/// Streams a Kafka snapshot of `file_len` bytes from `r`, handing each
+/// entry to `each`, and verifies it: version 1, a count that matches the
+/// file's length, and the CRC-32C over bytes 6 to the end, checked after the
+/// last entry (so `each` must not be trusted until this returns `Ok`).
+/// Returns the number of entries. Memory does not grow with the file.
+pub fn read(
+    path: &Path,
+    mut r: impl Read,
+    file_len: u64,
+    mut each: impl FnMut(KafkaProducerEntry) -> Result<()>,
+) -> Result<u64> {
+    let io = |e| Error::io("read", path, e);
+    let mut head = [0u8; HEADER_LEN];
+    let n = read_full(&mut r, &mut head).map_err(io)?;
+    if n < HEADER_LEN {
+        return Err(Error::corrupt(
+            path,
+            n as u64,
+            crate::codec::truncated(HEADER_LEN, n),
+        ));
+    }
+    let version = i16::from_be_bytes(be(&head, 0));
+    if version != VERSION {
+        return Err(Error::UnsupportedVersion {
+            file: path.to_path_buf(),
+            found: version as u16,
+            supported: VERSION as u16,
+        });
+    }
+    let stored = u32::from_be_bytes(be(&head, 2));
+    let count = i32::from_be_bytes(be(&head, 6));
+    if count < 0 {
+        return Err(Error::corrupt(
+            path,
+            6,
+            Corruption::BadField("entry count (negative)"),
+        ));
+    }
+    let expected = HEADER_LEN as u64 + ENTRY_LEN as u64 * count as u64;
+    if expected > file_len {
+        return Err(Error::corrupt(
+            path,
+            file_len,
+            Corruption::Truncated {
+                needed: expected,
+                available: file_len,
+            },
+        ));
+    }
+    if expected < file_len {
+        return Err(Error::corrupt(
+            path,
+            expected,
+            Corruption::TrailingBytes(file_len - expected),
+        ));
+    }
+    let mut crc = crc32c::crc32c(head.get(6..).unwrap_or_default());
+    let mut buf = vec![0u8; ENTRY_LEN * 4096];
+    let mut left = count as u64;
+    let mut offset = HEADER_LEN as u64;
+    while left > 0 {
+        let n = left.min(4096) as usize;
+        let chunk = buf.get_mut(..n * ENTRY_LEN).unwrap_or_default();
+        let got = read_full(&mut r, chunk).map_err(io)?;
+        if got < chunk.len() {
+            return Err(Error::corrupt(
+                path,
+                offset + got as u64,
+                crate::codec::truncated(chunk.len(), got),
+            ));
+        }
+        crc = crc32c::crc32c_append(crc, chunk);
+        for e in chunk.chunks_exact(ENTRY_LEN) {
+            each(parse_entry(e))?;
+        }
+        left -= n as u64;
+        offset += chunk.len() as u64;
+    }
+    if stored != crc {
+        return Err(Error::corrupt(
+            path,
+            2,
+            Corruption::ChecksumMismatch {
+                stored,
+                computed: crc,
+            },
+        ));
+    }
+    Ok(count as u64)
+}
+
+/// Decodes a whole Kafka snapshot held in memory (see [`read`]).
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<Vec<KafkaProducerEntry>> {
+    let mut out = Vec::new();
+    read(path, bytes, bytes.len() as u64, |e| {
+        out.push(e);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Why a Kafka entry has no equivalent in this crate's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unrepresentable {
+    /// A negative producer id (Kafka's `NO_PRODUCER_ID` is -1).
+    NegativeProducerId,
+    /// No batch and no sequence: a producer Kafka knows only from
+    /// transaction markers. This crate has no state without a sequence (a
+    /// key without state accepts only sequence 0, as Kafka would here).
+    NoSequence,
+}
+
+impl fmt::Display for Unrepresentable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Unrepresentable::NegativeProducerId => "negative producer id",
+            Unrepresentable::NoSequence => {
+                "no batch and no sequence (known only from transaction markers)"
+            }
+        })
+    }
+}
+
+/// The state of one Kafka entry in this crate's terms: a numeric producer
+/// id, the epoch and last sequence, and the last batch as one retained batch
+/// (first sequence derived as Kafka does: last sequence minus the offset
+/// delta; offset = the batch's first offset; timestamp = the entry's). A
+/// batch whose sequences would wrap past `2^31 - 1`, or that has no offset,
+/// is not retained; the last sequence is. Transaction state is not modelled
+/// (the coordinator epoch and an open transaction's offset are dropped).
+pub fn to_entry(
+    e: &KafkaProducerEntry,
+) -> std::result::Result<(ProducerId, ProducerEntry), Unrepresentable> {
+    if e.producer_id < 0 {
+        return Err(Unrepresentable::NegativeProducerId);
+    }
+    if e.last_sequence < 0 {
+        return Err(Unrepresentable::NoSequence);
+    }
+    let first = i64::from(e.last_sequence) - i64::from(e.offset_delta);
+    let batch = (e.last_offset >= 0 && e.offset_delta >= 0 && first >= 0).then(|| RetainedBatch {
+        first_sequence: first as i32,
+        last_sequence: e.last_sequence,
+        metadata: Some(BatchMetadata {
+            offset: e.last_offset - i64::from(e.offset_delta),
+            timestamp: e.timestamp,
+        }),
+    });
+    let batches: &[RetainedBatch] = match &batch {
+        Some(b) => std::slice::from_ref(b),
+        None => &[],
+    };
+    let entry = ProducerEntry::from_parts(e.epoch, e.last_sequence, batches)
+        .ok_or(Unrepresentable::NoSequence)?;
+    Ok((ProducerId::numeric(e.producer_id as u64), entry))
+}
+
+/// The Kafka entry for one of this crate's entries: `None` for named
+/// producer ids and numeric ids above `i64::MAX`, which Kafka cannot hold.
+/// The newest retained batch becomes Kafka's last batch; without one that
+/// has an offset (single-sequence appends carry none), the last offset is
+/// -1 and the timestamp -1, which Kafka reads as "no batch".
+pub fn from_entry(id: &ProducerId, e: &ProducerEntry) -> Option<KafkaProducerEntry> {
+    let producer_id = i64::try_from(id.as_numeric()?).ok()?;
+    let last = e.retained_batches().last();
+    let (last_offset, offset_delta, timestamp) = match last.and_then(|b| b.metadata.map(|m| (b, m)))
+    {
+        Some((b, m)) => {
+            let delta = b.last_sequence - b.first_sequence;
+            (m.offset + i64::from(delta), delta, m.timestamp)
+        }
+        None => (-1, 0, -1),
+    };
+    Some(KafkaProducerEntry {
+        producer_id,
+        epoch: e.epoch(),
+        last_sequence: e.last_sequence(),
+        last_offset,
+        offset_delta,
+        timestamp,
+        coordinator_epoch: -1,
+        current_txn_first_offset: -1,
+    })
+}
+
+/// What [`seed_store`] imported and what it could not.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SeedReport {
+    /// Entries imported.
+    pub imported: u64,
+    /// Entries not imported: the file, the producer id and why.
+    pub skipped: Vec<(PathBuf, i64, String)>,
+    /// The snapshot written.
+    pub snapshot: PathBuf,
+}
+
+/// Starts a new store in `dir` from Kafka snapshot files: each source is a
+/// Kafka `.snapshot` file and the partition it belongs to (Kafka keeps one
+/// directory per partition). Writes the imported state as this store's
+/// snapshot at position 0; open the store afterwards as usual.
+///
+/// # Errors
+///
+/// [`Error::InvalidOptions`] if `dir` already holds store files or two
+/// sources name the same producer and partition; what reading a file can
+/// give ([`Error::Corrupt`] with the file and offset for damaged bytes).
+pub fn seed_store(dir: &Path, sources: &[(PathBuf, i32)]) -> Result<SeedReport> {
+    let fs = StdFs;
+    seed_store_with(&fs, dir, sources)
+}
+
+pub(crate) fn seed_store_with(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    sources: &[(PathBuf, i32)],
+) -> Result<SeedReport> {
+    fs.create_dir_all(dir)
+        .map_err(|e| Error::io("create directory", dir, e))?;
+    let existing = fs.list(dir).map_err(|e| Error::io("list", dir, e))?;
+    if existing.iter().any(|e| {
+        crate::wal::segment::parse_name(&e.name).is_some()
+            || snapshot::parse_name(&e.name).is_some()
+    }) {
+        return Err(Error::InvalidOptions(format!(
+            "{} already holds a store; seed only a new directory",
+            dir.display()
+        )));
+    }
+    let mut shards = Shards::default();
+    let mut report = SeedReport::default();
+    for (path, partition) in sources {
+        let file = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
+        let len = file.len().map_err(|e| Error::io("stat", path, e))?;
+        let mut entries = Vec::new();
+        read(path, std::io::BufReader::new(file), len, |e| {
+            entries.push(e);
+            Ok(())
+        })?;
+        for k in entries {
+            match to_entry(&k) {
+                Ok((id, e)) => {
+                    if !shards.insert_new(&id, *partition, &e) {
+                        return Err(Error::InvalidOptions(format!(
+                            "producer {} appears twice for partition {partition}",
+                            k.producer_id
+                        )));
+                    }
+                    report.imported += 1;
+                }
+                Err(why) => report
+                    .skipped
+                    .push((path.clone(), k.producer_id, why.to_string())),
+            }
+        }
+    }
+    let mut w = snapshot::Writer::create(fs, dir, 0)?;
+    let mut chunk = Vec::new();
+    let mut n = 0;
+    for i in 0..crate::shards::SHARDS {
+        for (id, p, e) in shards.shard(i).iter() {
+            snapshot::encode_entry(&mut chunk, &id, p, &e);
+            n += 1;
+        }
+    }
+    w.write(&chunk, n)?;
+    report.snapshot = w.finish(fs, dir)?;
+    Ok(report)
+}
+
+/// Writes the entries of one partition of a store's state (for example from
+/// [`ProducerStateStore::iter`](crate::ProducerStateStore::iter)) as a Kafka
+/// snapshot file at `path`, sorted by producer id. Returns how many entries
+/// were written and how many could not be (named ids).
+pub fn export(
+    entries: impl IntoIterator<Item = (ProducerId, i32, ProducerEntry)>,
+    partition: i32,
+    path: &Path,
+) -> Result<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut skipped = 0;
+    for (id, p, e) in entries {
+        if p != partition {
+            continue;
+        }
+        match from_entry(&id, &e) {
+            Some(k) => out.push(k),
+            None => skipped += 1,
+        }
+    }
+    out.sort();
+    std::fs::write(path, encode(&out)).map_err(|e| Error::io("write", path, e))?;
+    Ok((out.len(), skipped))
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_test_vectors_from_the_notes() {
+        assert_eq!(encode(&[]), hex("0001 48674bc7 00000000"));
+        let one = KafkaProducerEntry {
+            producer_id: 1,
+            epoch: 0,
+            last_sequence: 1,
+            last_offset: 1,
+            offset_delta: 0,
+            timestamp: 1000,
+            coordinator_epoch: -1,
+            current_txn_first_offset: -1,
+        };
+        let bytes = hex(
+            "0001 f9ce379c 00000001 0000000000000001 0000 00000001 0000000000000001 00000000 00000000000003e8 ffffffff ffffffffffffffff",
+        );
+        assert_eq!(encode(&[one]), bytes);
+        assert_eq!(decode(Path::new("v"), &bytes).unwrap(), vec![one]);
+        assert!(
+            decode(Path::new("v"), &hex("0001 48674bc7 00000000"))
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn every_truncation_and_bit_flip_is_an_error() {
+        let e = KafkaProducerEntry {
+            producer_id: 7,
+            epoch: 2,
+            last_sequence: 9,
+            last_offset: 100,
+            offset_delta: 3,
+            timestamp: 5,
+            coordinator_epoch: -1,
+            current_txn_first_offset: -1,
+        };
+        let bytes = encode(&[
+            e,
+            KafkaProducerEntry {
+                producer_id: 8,
+                ..e
+            },
+        ]);
+        for cut in 0..bytes.len() {
+            assert!(
+                decode(Path::new("k"), &bytes[..cut])
+                    .unwrap_err()
+                    .is_corruption(),
+                "cut {cut}"
+            );
+        }
+        for bit in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                decode(Path::new("k"), &b).unwrap_err().is_corruption(),
+                "bit {bit}"
+            );
+        }
+    }
+
+    #[test]
+    fn entries_map_to_one_retained_batch_and_back() {
+        let k = KafkaProducerEntry {
+            producer_id: 1017,
+            epoch: 1,
+            last_sequence: 4,
+            last_offset: 5,
+            offset_delta: 2,
+            timestamp: 1_700_000_000_003,
+            coordinator_epoch: -1,
+            current_txn_first_offset: -1,
+        };
+        let (id, e) = to_entry(&k).unwrap();
+        assert_eq!(id, ProducerId::from(1017u64));
+        let b: Vec<_> = e.retained_batches().collect();
+        assert_eq!(b.len(), 1);
+        assert_eq!((b[0].first_sequence, b[0].last_sequence), (2, 4));
+        assert_eq!(
+            b[0].metadata,
+            Some(BatchMetadata {
+                offset: 3,
+                timestamp: 1_700_000_000_003
+            })
+        );
+        assert_eq!(from_entry(&id, &e), Some(k));
+        // Not representable, or not fully.
+        assert_eq!(
+            to_entry(&KafkaProducerEntry {
+                producer_id: -1,
+                ..k
+            }),
+            Err(Unrepresentable::NegativeProducerId)
+        );
+        assert_eq!(
+            to_entry(&KafkaProducerEntry {
+                last_sequence: -1,
+                last_offset: -1,
+                ..k
+            }),
+            Err(Unrepresentable::NoSequence)
+        );
+        let wrapped = to_entry(&KafkaProducerEntry {
+            offset_delta: 20,
+            ..k
+        })
+        .unwrap()
+        .1;
+        assert_eq!(
+            (wrapped.last_sequence(), wrapped.retained_batches().len()),
+            (4, 0)
+        );
+        assert_eq!(from_entry(&ProducerId::from("p1"), &e), None);
+    }
+}

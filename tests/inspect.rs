@@ -1,0 +1,340 @@
+//! The inspect-snapshot tool, run as a real process (the example binary
+//! `cargo test` builds), on committed fixtures and on stores made, crashed
+//! and damaged on purpose: its text, its JSON and its exit codes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use producer_state::{Batch, ProducerStateStore, StoreOptions};
+use serde_json::Value;
+
+fn tool() -> PathBuf {
+    // target/<profile>/deps/inspect-<hash> -> target/<profile>/examples/
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("inspect-snapshot");
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo test` (it builds the examples)",
+        p.display()
+    );
+    p
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = Command::new(tool()).args(args).output().unwrap();
+    (
+        status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&stdout).into(),
+        String::from_utf8_lossy(&stderr).into(),
+    )
+}
+
+fn json(args: &[&str]) -> (i32, Value) {
+    let mut a = args.to_vec();
+    a.push("--json");
+    let (code, out, err) = run(&a);
+    let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}\n{err}"));
+    (code, v)
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A store with a few producers, closed cleanly.
+fn store(dir: &Path, opts: StoreOptions) {
+    let st = ProducerStateStore::open_with(dir, opts).unwrap();
+    for p in 0..4 {
+        for i in 0..30 {
+            st.append_batch(
+                100u64 + p,
+                0,
+                1,
+                Batch::new(i * 2, i * 2 + 1, i64::from(i) * 10, 1_700_000_000_000),
+            )
+            .unwrap();
+        }
+    }
+    st.append("p1", 7, 0, 0).unwrap();
+    st.close().unwrap();
+}
+
+fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(ext))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_clean_store_lists_its_files_and_state_and_verifies() {
+    let d = tempfile::tempdir().unwrap();
+    store(
+        d.path(),
+        StoreOptions::default().snapshot_every_records(Some(50)),
+    );
+    let (code, out, err) = run(&[s(d.path())]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("verdict:   OK, every checksum verifies"),
+        "{out}"
+    );
+    assert!(out.contains("recovery (dry run: nothing written, no lock taken)"));
+    assert!(out.contains("-> 5 keys"));
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("10") || l.starts_with("p1"))
+        .collect();
+    assert_eq!(rows.len(), 5, "{out}");
+    assert!(
+        rows[0].starts_with("100") && rows[4].starts_with("p1"),
+        "sorted by producer: {rows:?}"
+    );
+    assert!(
+        rows[0].contains("2023-11-14 22:13:20.000 UTC"),
+        "timestamps as UTC: {}",
+        rows[0]
+    );
+
+    let (code, v) = json(&[s(d.path())]);
+    assert_eq!(code, 0);
+    assert_eq!(v["kind"], "store");
+    assert_eq!(v["verdict"], "ok");
+    assert_eq!(v["entry_count"], 5);
+    assert_eq!(v["recovery"]["would_open"], true);
+    assert_eq!(v["entries"].as_array().unwrap().len(), 5);
+    assert_eq!(
+        v["entries"][0]["retained_batches"]
+            .as_array()
+            .unwrap()
+            .len(),
+        5
+    );
+    assert!(
+        v["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["kind"] == "snapshot")
+    );
+
+    let (code, out, err) = run(&[s(d.path()), "--verify"]);
+    assert_eq!((code, out.as_str(), err.as_str()), (0, "", ""));
+
+    // Filters.
+    let (_, v) = json(&[s(d.path()), "--producer", "101"]);
+    assert_eq!(v["entries"].as_array().unwrap().len(), 1);
+    let (_, v) = json(&[s(d.path()), "--producer", "p1", "--partition", "7"]);
+    assert_eq!(v["entries"][0]["producer_id_kind"], "name");
+    let (_, v) = json(&[s(d.path()), "--partition", "3"]);
+    assert!(v["entries"].as_array().is_none_or(|e| e.is_empty()));
+
+    // Each file on its own.
+    let snap = files(d.path(), ".snap").pop().unwrap();
+    let (code, v) = json(&[s(&snap)]);
+    assert_eq!((code, v["kind"].as_str()), (0, Some("snapshot")));
+    assert!(v["position"].as_u64().unwrap() > 0);
+    let seg = files(d.path(), ".wal").pop().unwrap();
+    let (code, v) = json(&[s(&seg)]);
+    assert_eq!((code, v["kind"].as_str()), (0, Some("segment")));
+    assert!(v["records"].as_array().is_some());
+}
+
+#[test]
+fn a_live_store_is_inspected_without_its_lock() {
+    let d = tempfile::tempdir().unwrap();
+    let st = ProducerStateStore::open(d.path()).unwrap();
+    st.append(1u64, 0, 0, 0).unwrap();
+    let (code, v) = json(&[s(d.path())]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["entry_count"], 1);
+    st.append(1u64, 0, 0, 1).unwrap();
+}
+
+#[test]
+fn a_torn_tail_is_repairable_and_nothing_is_written() {
+    let d = tempfile::tempdir().unwrap();
+    store(d.path(), StoreOptions::default());
+    let seg = files(d.path(), ".wal").pop().unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let good = bytes.len();
+    bytes.extend_from_slice(&[0x5a; 17]); // half a record: a torn write
+    std::fs::write(&seg, &bytes).unwrap();
+    let (code, out, _) = run(&[s(d.path())]);
+    assert_eq!(code, 4, "{out}");
+    assert!(
+        out.contains("would truncate 17 bytes of torn tail"),
+        "{out}"
+    );
+    let (code, out, err) = run(&[s(d.path()), "--verify"]);
+    assert_eq!(code, 4);
+    assert!(out.is_empty());
+    assert!(
+        err.contains(&format!(
+            "repairable: {} at byte {good}: torn tail",
+            seg.display()
+        )),
+        "{err}"
+    );
+    let (code, v) = json(&[s(&seg)]);
+    assert_eq!((code, v["verdict"].as_str()), (4, Some("repairable")));
+    assert_eq!(v["damage"][0]["offset"], good);
+    // Read-only: the torn bytes are still there.
+    assert_eq!(std::fs::metadata(&seg).unwrap().len() as usize, good + 17);
+}
+
+#[test]
+fn a_bad_snapshot_checksum_is_skipped_with_fallback() {
+    let d = tempfile::tempdir().unwrap();
+    store(
+        d.path(),
+        StoreOptions::default()
+            .snapshot_every_records(Some(40))
+            .background_snapshots(false),
+    );
+    let snaps = files(d.path(), ".snap");
+    assert_eq!(snaps.len(), 2);
+    let newest = snaps.last().unwrap();
+    let mut b = std::fs::read(newest).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0xff;
+    std::fs::write(newest, &b).unwrap();
+    let (code, out, _) = run(&[s(d.path())]);
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("would skip"), "{out}");
+    assert!(out.contains("-> 5 keys"), "nothing lost: {out}");
+    let (code, out, err) = run(&[s(newest), "--verify"]);
+    assert_eq!(code, 1, "on its own the file is damaged: {out}{err}");
+    // Caught by the entry check or the CRC, whichever comes first.
+    assert!(
+        err.starts_with(&format!("damaged: {} at byte ", newest.display())),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_segment_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    store(
+        d.path(),
+        StoreOptions::default()
+            .segment_size(1024)
+            .snapshot_every_records(None),
+    );
+    let segs = files(d.path(), ".wal");
+    assert!(segs.len() >= 3);
+    std::fs::remove_file(&segs[1]).unwrap();
+    let (code, out, err) = run(&[s(d.path())]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("would REFUSE to open"), "{out}");
+    assert!(err.contains("records missing"), "{err}");
+    let (_, v) = json(&[s(d.path())]);
+    assert_eq!(v["verdict"], "damaged");
+    assert_eq!(v["recovery"]["would_open"], false);
+}
+
+#[test]
+fn kafkas_own_snapshot_file() {
+    let f = "tests/fixtures/kafka/00000000000000000035.snapshot";
+    let (code, out, _) = run(&[f]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("Apache Kafka producer snapshot, version 1"));
+    assert!(out.contains("offset:    35"));
+    let (code, v) = json(&[f]);
+    assert_eq!((code, v["kind"].as_str()), (0, Some("kafka_snapshot")));
+    let e = v["entries"].as_array().unwrap();
+    assert_eq!(e.len(), 5);
+    assert_eq!(e[1]["producer_id"], "1017");
+    assert_eq!(e[1]["kafka"]["last_offset"], 5);
+    assert_eq!(e[1]["retained_batches"][0]["first_sequence"], 2);
+    let (_, v) = json(&[f, "--producer", "1051"]);
+    assert_eq!(v["entries"].as_array().unwrap().len(), 1);
+    // A damaged copy.
+    let d = tempfile::tempdir().unwrap();
+    let copy = d.path().join("00000000000000000035.snapshot");
+    let mut b = std::fs::read(f).unwrap();
+    b[100] ^= 1;
+    std::fs::write(&copy, &b).unwrap();
+    let (code, _, err) = run(&[s(&copy), "--verify"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("at byte 2") && err.contains("checksum mismatch"),
+        "{err}"
+    );
+}
+
+#[test]
+fn files_of_no_known_kind_never_crash_the_tool() {
+    let d = tempfile::tempdir().unwrap();
+    let empty = d.path().join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    let noise = d.path().join("noise.bin");
+    let mut x = 0x1234_5678u64;
+    let bytes: Vec<u8> = (0..10_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&noise, &bytes).unwrap();
+    for f in [&empty, &noise] {
+        let (code, out, err) = run(&[s(f)]);
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(out.contains("unknown"), "{out}");
+        let (code, v) = json(&[s(f)]);
+        assert_eq!((code, v["kind"].as_str()), (1, Some("unknown")));
+    }
+    // Random bytes under a store file's name: a clear error, not a panic.
+    for name in [
+        "00000000000000000000.wal",
+        "00000000000000000000.snap",
+        "00000000000000000000.snapshot",
+    ] {
+        let p = d.path().join(name);
+        std::fs::write(&p, &bytes).unwrap();
+        let (code, _, err) = run(&[s(&p), "--verify"]);
+        assert_eq!(code, 1, "{name}: {err}");
+        assert!(err.starts_with("damaged: "), "{name}: {err}");
+        std::fs::remove_file(&p).unwrap();
+    }
+    // A directory of unrelated files.
+    let (code, _, err) = run(&[s(d.path()), "--verify"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not a producer-state directory"), "{err}");
+    // A path that does not exist.
+    let (code, _, err) = run(&[s(&d.path().join("nope"))]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("cannot read"));
+}
+
+#[test]
+fn help_explains_every_option() {
+    let (code, out, _) = run(&["--help"]);
+    assert_eq!(code, 0);
+    for w in [
+        "--json",
+        "--verify",
+        "--producer",
+        "--partition",
+        "Exit codes",
+    ] {
+        assert!(out.contains(w), "{w}: {out}");
+    }
+    let (code, _, err) = run(&["--bogus"]);
+    assert_eq!(code, 2, "{err}");
+}
