@@ -104,6 +104,12 @@ fn main() -> Result<()> {
     println!("append(\"orders\", 0, epoch 3, sequence 0) -> {fresh}  (a new session)");
     let stale = store.append("orders", 0, 2, last.get(&0).map_or(0, |l| l.0) + 1)?;
     println!("append(\"orders\", 0, epoch 2, next sequence) -> {stale}  (epoch 2 is now fenced)");
+    if let Some(path) = store.snapshot()? {
+        println!(
+            "\nsnapshot written: {} (the next recovery starts from it)",
+            path.display()
+        );
+    }
     store.close()?;
     if keep.is_some() {
         println!("\nkept the store in {}", dir.display());
