@@ -327,16 +327,19 @@ fn bare_fsync_loop(cfg: &Cfg, n: usize) -> Result<Stat> {
     Ok(s)
 }
 
-/// The store, `FsyncPolicy::Always`, `threads` appenders for `cfg.run`.
-fn store_threads(cfg: &Cfg, threads: usize) -> Result<Stat> {
-    let dir = cfg.dir.join(format!("store-{threads}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let store = Arc::new(ProducerStateStore::open(&dir)?);
+/// Runs `threads` appender threads for `cfg.run`, each calling
+/// `append(thread, i)` for i = 0, 1, ... and timing every call.
+fn drive(
+    cfg: &Cfg,
+    threads: usize,
+    append: impl Fn(usize, u64) -> AppendOutcome + Send + Sync + 'static,
+) -> Stat {
+    let append = Arc::new(append);
     let stop = Arc::new(AtomicBool::new(false));
     let barrier = Arc::new(Barrier::new(threads + 1));
     let hs: Vec<_> = (0..threads)
         .map(|t| {
-            let (store, stop, barrier) = (store.clone(), stop.clone(), barrier.clone());
+            let (append, stop, barrier) = (append.clone(), stop.clone(), barrier.clone());
             std::thread::spawn(move || {
                 let mut lat = Vec::new();
                 barrier.wait();
@@ -344,9 +347,8 @@ fn store_threads(cfg: &Cfg, threads: usize) -> Result<Stat> {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    let (p, part, seq) = next(t, i);
                     let s = Instant::now();
-                    let o = store.append(p, part, 0, seq).expect("append");
+                    let o = append(t, i);
                     lat.push(s.elapsed().as_nanos() as u64);
                     assert_eq!(o, AppendOutcome::Accepted);
                 }
@@ -362,7 +364,19 @@ fn store_threads(cfg: &Cfg, threads: usize) -> Result<Stat> {
         .into_iter()
         .flat_map(|h| h.join().expect("thread"))
         .collect();
-    let elapsed = start.elapsed();
+    Stat::from(lat, start.elapsed())
+}
+
+/// The store, `FsyncPolicy::Always`, `threads` appenders for `cfg.run`.
+fn store_threads(cfg: &Cfg, threads: usize) -> Result<Stat> {
+    let dir = cfg.dir.join(format!("store-{threads}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = Arc::new(ProducerStateStore::open(&dir)?);
+    let s = store.clone();
+    let stat = drive(cfg, threads, move |t, i| {
+        let (p, part, seq) = next(t, i);
+        s.append(p, part, 0, seq).expect("append")
+    });
     let st = store.stats();
     eprintln!(
         "  store, {threads} threads: {:.1} records per fsync",
@@ -370,7 +384,7 @@ fn store_threads(cfg: &Cfg, threads: usize) -> Result<Stat> {
     );
     drop(store);
     std::fs::remove_dir_all(&dir)?;
-    Ok(Stat::from(lat, elapsed))
+    Ok(stat)
 }
 
 /// SQLite at equal durability: WAL journal, `synchronous=FULL`, one
@@ -390,38 +404,10 @@ fn sqlite_threads(cfg: &Cfg, threads: usize) -> Result<Stat> {
          epoch INTEGER NOT NULL, last_seq INTEGER NOT NULL, PRIMARY KEY (producer_id, partition)) WITHOUT ROWID;",
     )?;
     let conn = Arc::new(Mutex::new(conn));
-    let stop = Arc::new(AtomicBool::new(false));
-    let barrier = Arc::new(Barrier::new(threads + 1));
-    let hs: Vec<_> = (0..threads)
-        .map(|t| {
-            let (conn, stop, barrier) = (conn.clone(), stop.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                let mut lat = Vec::new();
-                barrier.wait();
-                for i in 0.. {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let (p, part, seq) = next(t, i);
-                    let s = Instant::now();
-                    let o = sqlite_append(&conn, p, part, 0, seq).expect("sqlite append");
-                    lat.push(s.elapsed().as_nanos() as u64);
-                    assert_eq!(o, AppendOutcome::Accepted);
-                }
-                lat
-            })
-        })
-        .collect();
-    barrier.wait();
-    let start = Instant::now();
-    std::thread::sleep(cfg.run);
-    stop.store(true, Ordering::Relaxed);
-    let lat: Vec<u64> = hs
-        .into_iter()
-        .flat_map(|h| h.join().expect("thread"))
-        .collect();
-    let elapsed = start.elapsed();
-    Ok(Stat::from(lat, elapsed))
+    Ok(drive(cfg, threads, move |t, i| {
+        let (p, part, seq) = next(t, i);
+        sqlite_append(&conn, p, part, 0, seq).expect("sqlite append")
+    }))
 }
 
 /// The four rules as one SQLite transaction.

@@ -322,6 +322,33 @@ fn is_io(e: &Error) -> bool {
     matches!(e, Error::Io { .. })
 }
 
+/// Names what a single file is, before reading it.
+fn begin(out: &mut Output, kind: &'static str, format: &str) {
+    out.kind = kind;
+    out.format = format.into();
+    out.version = Some(1);
+}
+
+/// Takes a reader's result: an IO error stops the tool (exit 3), damage is
+/// recorded (exit 1), success goes to `ok`.
+fn settle<T>(
+    out: &mut Output,
+    result: producer_state::Result<T>,
+    ok: impl FnOnce(&mut Output, T),
+) -> Result<(), Unreadable> {
+    match result {
+        Ok(v) => {
+            ok(out, v);
+            Ok(())
+        }
+        Err(e) if is_io(&e) => Err(Unreadable(e)),
+        Err(e) => {
+            out.damage.push(damage_of(&e, "refused"));
+            Ok(())
+        }
+    }
+}
+
 fn inspect_snapshot(
     path: &Path,
     out: &mut Output,
@@ -329,12 +356,10 @@ fn inspect_snapshot(
     list: bool,
     quiet: bool,
 ) -> Result<(), Unreadable> {
-    out.kind = "snapshot";
-    out.format = "producer-state snapshot".into();
-    out.version = Some(1);
+    begin(out, "snapshot", "producer-state snapshot");
     let mut p = Progress::new("verifying snapshot: entries", quiet);
     let mut entries = Vec::new();
-    match inspect::snapshot(
+    let result = inspect::snapshot(
         path,
         |id, part, e| {
             if list && f.keeps(&id, Some(part)) {
@@ -342,16 +367,12 @@ fn inspect_snapshot(
             }
         },
         &mut |n| p.tick(n),
-    ) {
-        Ok(s) => {
-            out.position = Some(s.position);
-            out.entry_count = Some(s.entries);
-            out.entries = entries;
-        }
-        Err(e) if is_io(&e) => return Err(Unreadable(e)),
-        Err(e) => out.damage.push(damage_of(&e, "refused")),
-    }
-    Ok(())
+    );
+    settle(out, result, |out, s| {
+        out.position = Some(s.position);
+        out.entry_count = Some(s.entries);
+        out.entries = entries;
+    })
 }
 
 fn request_record(position: u64, at: u64, r: &AppendRequest) -> Record {
@@ -397,12 +418,10 @@ fn inspect_segment(
     list: bool,
     quiet: bool,
 ) -> Result<(), Unreadable> {
-    out.kind = "segment";
-    out.format = "producer-state log segment".into();
-    out.version = Some(1);
+    begin(out, "segment", "producer-state log segment");
     let mut p = Progress::new("scanning segment: byte", quiet);
     let mut records = Vec::new();
-    match inspect::segment(
+    let result = inspect::segment(
         path,
         |pos, at, r| {
             if list && f.keeps(&r.producer_id, Some(r.partition)) {
@@ -410,17 +429,13 @@ fn inspect_segment(
             }
         },
         &mut |b| p.tick(b),
-    ) {
-        Ok(s) => {
-            out.position = Some(s.first_position);
-            out.entry_count = Some(s.records);
-            out.damage.extend(segment_damage(path, &s.end));
-            out.records = records;
-        }
-        Err(e) if is_io(&e) => return Err(Unreadable(e)),
-        Err(e) => out.damage.push(damage_of(&e, "refused")),
-    }
-    Ok(())
+    );
+    settle(out, result, |out, s| {
+        out.position = Some(s.first_position);
+        out.entry_count = Some(s.records);
+        out.damage.extend(segment_damage(path, &s.end));
+        out.records = records;
+    })
 }
 
 fn kafka_entry(k: &KafkaProducerEntry, partition: Option<i32>) -> Entry {
@@ -467,9 +482,7 @@ fn inspect_kafka(
     list: bool,
     quiet: bool,
 ) -> Result<(), Unreadable> {
-    out.kind = "kafka_snapshot";
-    out.format = "Apache Kafka producer snapshot".into();
-    out.version = Some(1);
+    begin(out, "kafka_snapshot", "Apache Kafka producer snapshot");
     out.position = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -477,7 +490,7 @@ fn inspect_kafka(
     let partition = kafka_partition(path);
     let mut p = Progress::new("verifying Kafka snapshot: entries", quiet);
     let mut entries = Vec::new();
-    match inspect::kafka_snapshot(
+    let result = inspect::kafka_snapshot(
         path,
         |k| {
             if list && f.keeps(&ProducerId::numeric(k.producer_id as u64), partition) {
@@ -485,15 +498,11 @@ fn inspect_kafka(
             }
         },
         &mut |n| p.tick(n),
-    ) {
-        Ok(n) => {
-            out.entry_count = Some(n);
-            out.entries = entries;
-        }
-        Err(e) if is_io(&e) => return Err(Unreadable(e)),
-        Err(e) => out.damage.push(damage_of(&e, "refused")),
-    }
-    Ok(())
+    );
+    settle(out, result, |out, n| {
+        out.entry_count = Some(n);
+        out.entries = entries;
+    })
 }
 
 fn inspect_dir(
