@@ -726,7 +726,7 @@ impl ProducerStateStore {
         let shared = &*self.shared;
         let st = lock(&shared.state);
         let (st, step) = shared.submit(st, request);
-        let (mut st, result) = match step {
+        let (st, result) = match step {
             Ok(Step::Done(o)) => (st, Ok(o)),
             Ok(Step::Queued(lsn)) => match shared.wait_durable(st, lsn) {
                 Ok(g) => (g, Ok(BatchOutcome::Accepted)),
@@ -734,11 +734,7 @@ impl ProducerStateStore {
             },
             Err(e) => (st, Err(e)),
         };
-        let due = shared.note_snapshot_due(&mut st);
-        drop(st);
-        if due {
-            shared.snapshot_due();
-        }
+        shared.release(st);
         result
     }
 
@@ -775,11 +771,7 @@ impl ProducerStateStore {
                 });
             }
         }
-        let due = shared.note_snapshot_due(&mut st);
-        drop(st);
-        if due {
-            shared.snapshot_due();
-        }
+        shared.release(st);
         out.into_iter()
             .map(|o| {
                 o.unwrap_or(Err(Error::Poisoned {
@@ -1166,6 +1158,16 @@ impl Shared {
             } else {
                 st = self.park(st, target.saturating_sub(1));
             }
+        }
+    }
+
+    /// Lets the state go at the end of an append, starting a snapshot if a
+    /// threshold was crossed.
+    fn release(&self, mut st: MutexGuard<'_, State>) {
+        let due = self.note_snapshot_due(&mut st);
+        drop(st);
+        if due {
+            self.snapshot_due();
         }
     }
 
