@@ -174,3 +174,64 @@ fn a_failed_write_or_fsync_poisons_the_store_and_changes_nothing() {
         "most faults hit an append: {poisoned_runs}"
     );
 }
+
+#[test]
+fn the_interval_policy_makes_appends_durable_within_the_interval() {
+    use std::time::{Duration, Instant};
+    let fs = SimFs::new();
+    let opts = sim_opts(&fs).fsync(producer_state::FsyncPolicy::Interval(
+        Duration::from_millis(5),
+    ));
+    let store = ProducerStateStore::open_with(dir(), opts).unwrap();
+    let mut model = Model::default();
+    for r in workload(300) {
+        assert_eq!(store.append_request(&r).unwrap(), model.append(&r));
+    }
+    // Acknowledged appends may be lost for up to one interval, no longer:
+    // without any call from us, a crash image soon holds all of them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let img = fs.crash_image(Unsynced::Drop);
+        let recovered = ProducerStateStore::open_with(dir(), sim_opts(&img)).unwrap();
+        if matches(&recovered, &model) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never durable: {}",
+            diff(&recovered, &model)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    store.close().unwrap();
+}
+
+#[test]
+fn a_name_too_long_for_the_log_is_refused_before_anything_happens() {
+    let fs = SimFs::new();
+    let store = ProducerStateStore::open_with(dir(), sim_opts(&fs)).unwrap();
+    let long = "x".repeat(65_536);
+    let ops = fs.ops();
+    let e = store.append(long.as_str(), 0, 0, 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ProducerIdTooLong {
+                len: 65_536,
+                max: 65_535
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(fs.ops(), ops, "nothing was written");
+    assert!(store.is_empty());
+    // The longest allowed name works, across a restart too.
+    let ok = "y".repeat(65_535);
+    assert!(store.append(ok.as_str(), 0, 0, 0).unwrap() == producer_state::AppendOutcome::Accepted);
+    drop(store);
+    let store = ProducerStateStore::open_with(dir(), sim_opts(&fs)).unwrap();
+    assert_eq!(
+        store.get(ok.as_str(), 0).map(|e| e.last_sequence()),
+        Some(0)
+    );
+}
