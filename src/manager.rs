@@ -65,6 +65,12 @@ impl ProducerStateManager {
     /// Classifies a batch and records it (with its offset and timestamp, for
     /// retries) if accepted.
     ///
+    /// # Panics
+    ///
+    /// Only at a capacity limit: one map holds retry windows for at most
+    /// 2^32 - 1 keys (about 400 GB of windows); the durable store's state is
+    /// 256 such maps.
+    ///
     /// ```
     /// use producer_state::{Batch, BatchMetadata, BatchOutcome, ProducerStateManager};
     ///
