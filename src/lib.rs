@@ -29,6 +29,30 @@
 //! assert_eq!(mgr.append("p1", 0, 0, 2), FencedEpoch); // zombie
 //! ```
 //!
+//! # The durable store
+//!
+//! [`ProducerStateStore`] runs the same rules over an append-only
+//! write-ahead log of accepted appends and periodic checksummed snapshots:
+//!
+//! - with the default [`FsyncPolicy::Always`], an `ACCEPTED` append is
+//!   written and fsync'ed before `append` returns; `DUPLICATE`,
+//!   `OUT_OF_ORDER` and `FENCED_EPOCH` write nothing;
+//! - it is `Send + Sync`: concurrent appends share fsyncs (group commit),
+//!   and a retry racing its original waits for it instead of being
+//!   accepted twice;
+//! - a failed write or fsync is returned to every append that waited on it,
+//!   nothing of it is applied, and the store refuses appends until reopened;
+//! - on open it rebuilds the state from the newest valid snapshot plus log
+//!   replay, cuts a torn tail left by a crash and reports it, and refuses
+//!   any other damage with [`Error::Corrupt`] naming the file and byte
+//!   offset (unless opened with [`RecoveryMode::Salvage`]).
+//!
+//! Every byte on disk is described in `docs/format.md`. All IO goes through
+//! the [`fs::FileSystem`] seam; [`fs::SimFs`] simulates crashes for tests.
+//! [`inspect`] reads store files without writing or locking (the
+//! `inspect-snapshot` tool is built on it), and [`kafka`] reads and writes
+//! Apache Kafka's producer snapshot files.
+//!
 //! # Types and widths
 //!
 //! The integer parameters have the widths of Kafka's wire protocol, so a
