@@ -312,9 +312,7 @@ struct State {
     queued: Vec<Queued>,
     buf_first: u64,
     next_lsn: u64,
-    /// Records before `written` are in the OS; before `durable`, fsync'ed
-    /// (and, under `Always`, applied).
-    written: u64,
+    /// Records before `durable` are fsync'ed (and, under `Always`, applied).
     durable: u64,
     /// Group commits in progress.
     leaders: usize,
@@ -618,7 +616,6 @@ impl ProducerStateStore {
             queued: Vec::new(),
             buf_first: rec.next_lsn,
             next_lsn: rec.next_lsn,
-            written: rec.next_lsn,
             durable: rec.next_lsn,
             leaders: 0,
             waiters: Vec::new(),
@@ -993,7 +990,6 @@ impl Shared {
                 st.stats.groups_written += 1;
                 st.stats.records_written += end - first;
             }
-            st.written = st.written.max(end);
             if needs_sync {
                 st.stats.log_fsyncs += 1;
                 st.durable = st.durable.max(end);

@@ -160,10 +160,8 @@ impl LogWriter {
     }
 
     /// Deletes the segments whose records all lie before `position` (never
-    /// the active one). Returns the deleted paths; the caller fsyncs the
-    /// directory.
-    pub(crate) fn delete_before(&mut self, position: u64) -> Result<Vec<PathBuf>> {
-        let mut deleted = Vec::new();
+    /// the active one). The caller fsyncs the directory.
+    pub(crate) fn delete_before(&mut self, position: u64) -> Result<()> {
         while self.segments.len() > 1
             && self
                 .segments
@@ -175,9 +173,8 @@ impl LogWriter {
             self.fs
                 .remove_file(&path)
                 .map_err(|e| Error::io("remove", &path, e))?;
-            deleted.push(path);
         }
-        Ok(deleted)
+        Ok(())
     }
 }
 
