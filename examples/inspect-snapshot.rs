@@ -405,7 +405,9 @@ fn segment_damage(path: &Path, end: &SegmentEnd) -> Option<Damage> {
         } => Some(Damage {
             file: path.display().to_string(),
             offset: Some(*offset),
-            kind: format!("{kind}; a valid record of a later write follows at byte {later_write}"),
+            kind: format!(
+                "{kind}; a valid record written after it was durable follows at byte {later_write}"
+            ),
             severity: "refused",
         }),
     }

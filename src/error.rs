@@ -145,8 +145,9 @@ pub enum Corruption {
         /// The entries actually present.
         found: u64,
     },
-    /// A record is damaged and valid records from a later write follow it:
-    /// not a torn tail but damage in the middle of the log.
+    /// A record is damaged and a valid record follows it that was written
+    /// when the damaged bytes were already durable: not a torn tail but
+    /// damage in the middle of the log.
     DamagedMidLog,
     /// The log skips records: a segment is missing between two others.
     MissingRecords {
@@ -208,7 +209,7 @@ impl fmt::Display for Corruption {
                 write!(f, "header states {stated} entries, found {found}")
             }
             Corruption::DamagedMidLog => f.write_str(
-                "a damaged record is followed by valid records of a later write (damage in the middle of the log, not a torn tail)",
+                "a damaged record is followed by a valid record written after it was durable (damage in the middle of the log, not a torn tail)",
             ),
             Corruption::MissingRecords { expected, found } => write!(
                 f,

@@ -138,14 +138,15 @@ pub enum SegmentEnd {
         /// What is wrong with them.
         kind: Corruption,
     },
-    /// Damage at `offset` is followed by a valid record of a later write at
-    /// `later_write`: recovery would refuse.
+    /// Damage at `offset` is followed by a valid record at `later_write`,
+    /// written when the damaged bytes were already durable: recovery would
+    /// refuse.
     Damaged {
         /// Where the damage starts.
         offset: u64,
         /// What is wrong.
         kind: Corruption,
-        /// Where a later write's valid record was found.
+        /// Where that valid record was found.
         later_write: u64,
     },
 }

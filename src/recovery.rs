@@ -11,10 +11,12 @@
 //!    by the rules against the state before it, which must say ACCEPTED (a
 //!    record that does not apply means the log and the snapshot do not
 //!    belong together).
-//! 4. An incomplete or failing record at the very end of the last segment,
-//!    followed by nothing but records of its own write, is a torn write from
-//!    a crash: the segment is cut there and the bytes dropped are reported.
-//! 5. Any other damage (a bad record followed by a later write, damage in an
+//! 4. An incomplete or failing record in the last segment, followed by
+//!    nothing but records written while its bytes were not yet durable, is
+//!    a torn write from a crash: the segment is cut there and the bytes
+//!    dropped are reported.
+//! 5. Any other damage (a bad record followed by a record written after it
+//!    was durable, damage in an
 //!    earlier segment, a missing segment, a snapshot whose log is gone or
 //!    that covers more than the log holds) is [`Error::Corrupt`], unless the
 //!    store was opened with [`RecoveryMode::Salvage`], which keeps the

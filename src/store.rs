@@ -158,7 +158,8 @@ impl StoreOptions {
 
     /// Roll to a new log segment once the active one holds this many bytes
     /// (a soft limit: one group of records never spans two segments).
-    /// Default 64 MiB; at least 1 KiB.
+    /// Default 64 MiB; at least 1 KiB and at most 1 GiB (a segment never
+    /// grows past 4 GiB, the most its records' offsets can describe).
     pub fn segment_size(mut self, bytes: u64) -> Self {
         self.segment_size = bytes;
         self
@@ -200,9 +201,9 @@ impl StoreOptions {
                 self.keep_snapshots
             )));
         }
-        if self.segment_size < 1024 {
+        if !(1024..=1 << 30).contains(&self.segment_size) {
             return Err(Error::InvalidOptions(format!(
-                "segment_size must be at least 1024 bytes, not {}",
+                "segment_size must be between 1 KiB and 1 GiB, not {}",
                 self.segment_size
             )));
         }
@@ -974,8 +975,10 @@ impl Shared {
                 None
             };
             drop(w);
-            if let Some((mut h, path)) = handle {
-                h.sync_data().map_err(|e| Error::io("fsync", &path, e))?;
+            if let Some((mut h, token)) = handle {
+                h.sync_data()
+                    .map_err(|e| Error::io("fsync", &token.path, e))?;
+                lock(&self.writer).synced(&token);
             }
             Ok::<(), Error>(())
         })();
@@ -1365,6 +1368,7 @@ mod tests {
         let bad = [
             StoreOptions::default().keep_snapshots(1),
             StoreOptions::default().segment_size(10),
+            StoreOptions::default().segment_size((1 << 30) + 1),
             StoreOptions::default().fsync(FsyncPolicy::Interval(Duration::ZERO)),
             StoreOptions::default().snapshot_every_records(Some(0)),
         ];

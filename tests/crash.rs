@@ -9,6 +9,9 @@
 //! - A failed write (and a half-done write with ENOSPC) and a failed fsync
 //!   at every operation index: the append gets the error, memory is
 //!   unchanged, the store is poisoned, and reopening recovers.
+//! - A machine crash under the buffered policies, with many writes never
+//!   fsync'ed and any of their sectors lost: recovery opens to a prefix of
+//!   the history that holds everything that was made durable.
 
 mod common;
 
@@ -173,6 +176,76 @@ fn a_failed_write_or_fsync_poisons_the_store_and_changes_nothing() {
         poisoned_runs > total as usize,
         "most faults hit an append: {poisoned_runs}"
     );
+}
+
+#[test]
+fn a_crash_with_many_unsynced_writes_recovers_a_prefix_whatever_sectors_survive() {
+    use producer_state::FsyncPolicy;
+    // Big segments and no snapshots: under `Never` every 64 KiB buffer is
+    // one more write that is never fsync'ed, so the crash image has holes
+    // in the middle of the unsynced bytes, not only at their end. Histories
+    // are single-sequence appends to 64 keys, so each prefix is known.
+    let reqs: Vec<AppendRequest> = (0..12_000)
+        .map(|i| AppendRequest::single(i % 64, 0, 0, (i / 64) as i32))
+        .collect();
+    for policy in [FsyncPolicy::Never, FsyncPolicy::Always] {
+        for seed in 0..24u64 {
+            let fs = SimFs::new();
+            let opts = |fs: &SimFs| {
+                sim_opts(fs)
+                    .fsync(policy)
+                    .segment_size(1 << 30)
+                    .snapshot_every_records(None)
+            };
+            let store = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap();
+            // Make the first half durable, then write the rest unsynced.
+            let half = reqs.len() / 2;
+            for r in &reqs[..half] {
+                store.append_request(r).unwrap();
+            }
+            store.sync().unwrap();
+            if policy == FsyncPolicy::Always {
+                // Under `Always` nothing is ever unsynced for long: cut the
+                // last fsync short instead, mid-workload.
+                fs.set_fault(fs.ops() + 2 * (seed + 1), Fault::Crash);
+            }
+            for r in &reqs[half..] {
+                if store.append_request(r).is_err() {
+                    break;
+                }
+            }
+            let img = fs.crash_image(if seed % 2 == 0 {
+                Unsynced::Sectors(seed)
+            } else {
+                Unsynced::TornPrefix(seed)
+            });
+            drop(store);
+            let store = ProducerStateStore::open_with(dir(), opts(&img))
+                .unwrap_or_else(|e| panic!("{policy:?} seed {seed}: recovery refused: {e}"));
+            // The state is the history up to some append n >= half: every
+            // key k has last sequence (n - 1 - k) / 64 if k < n.
+            let n = (0..64u64)
+                .map(|k| {
+                    store
+                        .get(k, 0)
+                        .map_or(0, |e| e.last_sequence() as usize * 64 + k as usize + 1)
+                })
+                .max()
+                .unwrap();
+            assert!(
+                n >= half,
+                "{policy:?} seed {seed}: lost synced appends ({n})"
+            );
+            for k in 0..64u64 {
+                let want = (k < n as u64).then(|| (n - 1 - k as usize) / 64);
+                let got = store.get(k, 0).map(|e| e.last_sequence() as usize);
+                assert_eq!(
+                    got, want,
+                    "{policy:?} seed {seed} key {k}: not a prefix of {n}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

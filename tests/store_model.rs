@@ -133,7 +133,13 @@ impl Run {
                     return self.crashed(i, None);
                 }
                 prop_assert!(closed.is_ok(), "step {}: {:?}", i, closed);
-                let store = ProducerStateStore::open_with(dir(), self.opts(&self.fs)).unwrap();
+                // Opening writes too (it fsyncs the log it continues), so a
+                // scheduled crash may strike there.
+                let store = match ProducerStateStore::open_with(dir(), self.opts(&self.fs)) {
+                    Ok(s) => s,
+                    Err(_) if self.fs.crashed() => return self.crashed(i, None),
+                    Err(e) => return Err(TestCaseError::fail(format!("step {i}: reopen: {e}"))),
+                };
                 prop_assert!(
                     matches(&store, &self.model),
                     "step {}: {}",

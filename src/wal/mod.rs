@@ -3,12 +3,15 @@
 //!
 //! Records carry no explicit position: a segment's file name and header give
 //! the log position (LSN) of its first record and each record is the next.
-//! Every record states, besides its own length, CRC and kind, how far it
-//! sits from the start of the write it was part of. That one field is what
-//! lets recovery tell a crash from damage: a torn or half-persisted last
-//! write leaves bad bytes followed only by records of that same write,
-//! while damage in the middle of the log is followed by records of later
-//! writes. See docs/format.md.
+//! Every record states, besides its own length, CRC and kind, how far past
+//! the segment's durable end (the bytes known to be fsync'ed) it was
+//! written. That one field is what lets recovery tell a crash from damage:
+//! a crash can only damage bytes that were never fsync'ed, and every record
+//! written after those bytes were durable says so. Damage followed only by
+//! records written while it was still unsynced is a torn tail (a write cut
+//! short, sectors persisted out of order, or several buffered writes of
+//! which the OS persisted some); damage followed by a record written after
+//! it was durable is damage in the middle of the log. See docs/format.md.
 
 pub(crate) mod record;
 pub(crate) mod segment;

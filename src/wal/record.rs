@@ -7,7 +7,7 @@ use crate::codec::{Dec, Put, set_u32, u32_at};
 use crate::error::Corruption;
 use crate::id::ProducerId;
 
-/// Record header: CRC, length, position in its write, kind.
+/// Record header: CRC, length, distance from the durable end, kind.
 pub(crate) const HEADER: usize = 13;
 const KIND_NUMERIC_SINGLE: u8 = 1;
 const KIND_NUMERIC_BATCH: u8 = 2;
@@ -23,14 +23,15 @@ pub(crate) const MAX_NAME: usize = u16::MAX as usize;
 pub(crate) const MIN_LEN: usize = HEADER + 2 + SINGLE_TAIL;
 pub(crate) const MAX_LEN: usize = HEADER + 2 + MAX_NAME + BATCH_TAIL;
 
-/// Appends the record of an accepted request, with the CRC and write
-/// position left zero: [`seal`] fills them in once the segment is known.
+/// Appends the record of an accepted request, with the CRC and the
+/// distance from the durable end left zero: [`seal`] fills them in once
+/// the segment is known.
 /// The caller has checked that a name fits ([`MAX_NAME`]).
 pub(crate) fn encode(buf: &mut Vec<u8>, r: &AppendRequest) {
     let start = buf.len();
     buf.put_u32(0); // crc
     buf.put_u32(0); // length, set below
-    buf.put_u32(0); // position in the write
+    buf.put_u32(0); // distance from the durable end
     let kind = match (r.producer_id.as_numeric(), r.metadata.is_some()) {
         (Some(_), false) => KIND_NUMERIC_SINGLE,
         (Some(_), true) => KIND_NUMERIC_BATCH,
@@ -67,19 +68,23 @@ pub(crate) fn seed(salt: u64) -> u32 {
 }
 
 /// The CRC of a record: CRC-32C continued from the segment's seed over
-/// everything after the CRC field (length, write position, kind, payload).
+/// everything after the CRC field (length, distance, kind, payload).
 fn crc(seed: u32, record: &[u8]) -> u32 {
     crc32c::crc32c_append(seed, record.get(4..).unwrap_or_default())
 }
 
-/// Fills in the write position and CRC of every record in `buf`, one
-/// write's worth of records encoded by [`encode`], for a segment with `salt`.
-pub(crate) fn seal(buf: &mut [u8], salt: u64) {
+/// Fills in the distance from the durable end and the CRC of every record
+/// in `buf`, one write's worth of records encoded by [`encode`], for a
+/// segment with `salt`. `unsynced` is how many bytes of the segment before
+/// `buf` were not known to be durable when the write was issued: a record
+/// at `at` in `buf` is `unsynced + at` bytes past the durable end. The
+/// caller keeps that below `u32::MAX` (segments are smaller).
+pub(crate) fn seal(buf: &mut [u8], salt: u64, unsynced: u32) {
     let seed = seed(salt);
     let mut at = 0;
     while let Some(len) = u32_at(buf, at + 4) {
         let len = len as usize;
-        set_u32(buf, at + 8, at as u32);
+        set_u32(buf, at + 8, unsynced.saturating_add(at as u32));
         let c = buf.get(at..at + len).map(|r| crc(seed, r)).unwrap_or(0);
         set_u32(buf, at, c);
         at += len;
@@ -100,7 +105,9 @@ pub(crate) enum Bad {
 pub(crate) struct Decoded {
     pub request: AppendRequest,
     pub len: usize,
-    pub write_pos: u32,
+    /// Bytes from the segment's durable end, when this record was written,
+    /// to this record.
+    pub since_durable: u32,
 }
 
 /// Decodes the record at the start of `bytes` (which may hold more), in a
@@ -127,7 +134,7 @@ pub(crate) fn decode(bytes: &[u8], seed: u32) -> Result<Decoded, Bad> {
     }
     let mut d = Dec::new(rec);
     d.bytes(8);
-    let write_pos = d.u32().unwrap_or(0);
+    let since_durable = d.u32().unwrap_or(0);
     let kind = d.u8().unwrap_or(0);
     let request = decode_payload(kind, &mut d).map_err(Bad::Invalid)?;
     if d.remaining() != 0 {
@@ -136,7 +143,7 @@ pub(crate) fn decode(bytes: &[u8], seed: u32) -> Result<Decoded, Bad> {
     Ok(Decoded {
         request,
         len,
-        write_pos,
+        since_durable,
     })
 }
 
@@ -216,18 +223,18 @@ mod tests {
     }
 
     #[test]
-    fn records_round_trip_and_know_their_position_in_the_write() {
+    fn records_round_trip_and_know_their_distance_from_the_durable_end() {
         let mut buf = Vec::new();
         let reqs = samples();
         for r in &reqs {
             encode(&mut buf, r);
         }
-        seal(&mut buf, 99);
+        seal(&mut buf, 99, 1000);
         let mut at = 0;
         for r in &reqs {
             let d = decode(&buf[at..], seed(99)).unwrap();
             assert_eq!(&d.request, r);
-            assert_eq!(d.write_pos as usize, at);
+            assert_eq!(d.since_durable as usize, 1000 + at);
             assert!(plausible(&buf[at..]));
             at += d.len;
         }
@@ -249,7 +256,7 @@ mod tests {
         assert!(!plausible(&[0u8; 64]));
         let mut buf = Vec::new();
         encode(&mut buf, &samples()[1]);
-        seal(&mut buf, 0);
+        seal(&mut buf, 0, 0);
         for cut in 0..buf.len() {
             assert!(
                 matches!(decode(&buf[..cut], 0), Err(Bad::Incomplete(_))),

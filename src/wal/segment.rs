@@ -91,11 +91,11 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<u64, HeaderError
 pub(crate) enum End {
     /// Every byte after the header belongs to a valid record.
     Clean,
-    /// The bytes from `offset` on are the remains of the last write, torn by
-    /// a crash: no valid record of a later write follows.
+    /// The bytes from `offset` on were never fsync'ed and were torn by a
+    /// crash: no valid record written after they were durable follows.
     Torn { offset: u64, kind: Corruption },
-    /// Damage at `offset` is followed by a valid record of a later write
-    /// (at `later`): not a torn tail.
+    /// Damage at `offset` is followed by a valid record (at `later`) written
+    /// when the damaged bytes were already durable: not a torn tail.
     MidLog {
         offset: u64,
         kind: Corruption,
@@ -166,10 +166,14 @@ pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<us
 ///
 /// After the first bad record the rest of the file is searched for valid
 /// records (each candidate offset is checked cheaply first, then by CRC).
-/// If every valid record found belongs to the same write as the damage
-/// (its start, from the record's write position, is at or before the
-/// damage), the damage is a torn last write; otherwise it is damage in the
-/// middle of the log.
+/// Each record says how far it was written past the segment's durable end
+/// (the bytes known to be fsync'ed when its write was issued). If no valid
+/// record found after the damage was written when the damaged bytes were
+/// already durable, the damage lies in bytes that were never fsync'ed
+/// before the end of the log: a crash tore them (a write cut short, sectors
+/// persisted out of order, or several unsynced writes persisted in part),
+/// and nothing after them was ever acknowledged as durable. Otherwise
+/// durable bytes were damaged: damage in the middle of the log.
 pub(crate) fn scan(
     path: &Path,
     reader: impl Read,
@@ -226,8 +230,8 @@ pub(crate) fn scan(
     }
 }
 
-/// The offset of the first valid record after `damage` that belongs to a
-/// later write than the damaged one, if any.
+/// The offset of the first valid record after `damage` that was written
+/// when the bytes at `damage` were already durable, if any.
 fn later_write<R: Read>(w: &mut Window<R>, damage: u64, seed: u32) -> std::io::Result<Option<u64>> {
     let mut at = damage + 1;
     loop {
@@ -238,8 +242,8 @@ fn later_write<R: Read>(w: &mut Window<R>, damage: u64, seed: u32) -> std::io::R
         if record::plausible(bytes)
             && let Ok(d) = record::decode(bytes, seed)
         {
-            let write_start = at.saturating_sub(u64::from(d.write_pos));
-            if write_start > damage {
+            let durable_end = at.saturating_sub(u64::from(d.since_durable));
+            if durable_end > damage {
                 return Ok(Some(at));
             }
             at += d.len as u64;
@@ -262,7 +266,7 @@ mod tests {
         for r in reqs {
             encode(&mut b, r);
         }
-        seal(&mut b, salt);
+        seal(&mut b, salt, 0);
         b
     }
 
@@ -354,6 +358,43 @@ mod tests {
         let (seen, end) = run(&bad);
         assert_eq!(seen.len(), 2);
         assert!(matches!(end, End::Torn { offset, .. } if offset as usize == start));
+    }
+
+    #[test]
+    fn a_hole_in_several_unsynced_writes_is_torn_but_in_synced_bytes_is_mid_log() {
+        // Three writes; only the first was fsync'ed: the second and third
+        // were issued before anything after the first was durable (their
+        // records count their distance from the end of the first write).
+        let mut f = header(10);
+        let mut unsynced = 0u32;
+        for (n, fsynced) in [(2, true), (3, false), (3, false)] {
+            let mut b = Vec::new();
+            for r in reqs(n) {
+                encode(&mut b, &r);
+            }
+            seal(&mut b, 10, unsynced);
+            unsynced = if fsynced {
+                0
+            } else {
+                unsynced + b.len() as u32
+            };
+            f.extend(b);
+        }
+        // Lose a sector of the second write while the third survives: the
+        // crash left a hole in bytes never fsync'ed. Torn, cut at the hole.
+        let hole = HEADER_LEN + 62 + 40;
+        let mut bad = f.clone();
+        bad[hole] ^= 0xff;
+        let (seen, end) = run(&bad);
+        assert_eq!(seen.len(), 3);
+        assert!(matches!(end, End::Torn { offset, .. } if offset as usize == HEADER_LEN + 62 + 31));
+        // The same hole in the first write, which the second was written
+        // after it was durable: damage in the middle of the log.
+        let mut bad = f.clone();
+        bad[HEADER_LEN + 40] ^= 0xff;
+        let (seen, end) = run(&bad);
+        assert_eq!(seen.len(), 1);
+        assert!(matches!(end, End::MidLog { offset, .. } if offset as usize == HEADER_LEN + 31));
     }
 
     #[test]

@@ -15,6 +15,17 @@ use super::segment::{self, HEADER_LEN};
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, WriteFile};
 
+/// The most bytes a segment holds (header included), so that a record's
+/// distance from the durable end fits its `u32` field.
+pub(crate) const MAX_SEGMENT_BYTES: u64 = u32::MAX as u64;
+
+/// What an fsync through [`LogWriter::sync_handle`] covers.
+pub(crate) struct SyncToken {
+    pub path: PathBuf,
+    first_lsn: u64,
+    len: u64,
+}
+
 /// One segment on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SegmentInfo {
@@ -28,6 +39,10 @@ pub(crate) struct LogWriter {
     path: PathBuf,
     first_lsn: u64,
     len: u64,
+    /// Bytes of the active segment known to be durable (fsync'ed). Every
+    /// record states how far past this it was written; see
+    /// [`record::seal`].
+    synced: u64,
     records: u64,
     segment_size: u64,
     /// Every live segment, oldest first; the last is the active one.
@@ -54,6 +69,7 @@ impl LogWriter {
             path,
             first_lsn: lsn,
             len: HEADER_LEN as u64,
+            synced: HEADER_LEN as u64,
             records: 0,
             segment_size,
             segments,
@@ -62,7 +78,10 @@ impl LogWriter {
     }
 
     /// Continues the last of `segments`, which holds `records` records in
-    /// `len` bytes (recovery has already cut any torn tail).
+    /// `len` bytes (recovery has already cut any torn tail). fsyncs it
+    /// first: recovery read those records, maybe from the page cache of a
+    /// process that crashed, and new records must not follow bytes that are
+    /// not durable without saying so.
     pub(crate) fn resume(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
@@ -76,9 +95,10 @@ impl LogWriter {
             .copied()
             .ok_or_else(|| Error::InvalidOptions("no segment to resume".into()))?;
         let path = dir.join(segment::file_name(last.first_lsn));
-        let file = fs
+        let mut file = fs
             .open_append(&path)
             .map_err(|e| Error::io("open", &path, e))?;
+        file.sync_data().map_err(|e| Error::io("fsync", &path, e))?;
         Ok(LogWriter {
             fs,
             dir: dir.to_path_buf(),
@@ -86,6 +106,7 @@ impl LogWriter {
             path,
             first_lsn: last.first_lsn,
             len,
+            synced: len,
             records,
             segment_size,
             segments,
@@ -118,10 +139,26 @@ impl LogWriter {
     }
 
     fn write_group(&mut self, buf: &mut [u8], lsn: u64, count: u64) -> Result<()> {
-        if self.records > 0 && self.len >= self.segment_size {
+        let end = self.len + buf.len() as u64;
+        if self.records > 0 && (self.len >= self.segment_size || end > MAX_SEGMENT_BYTES) {
             self.roll(lsn)?;
         }
-        record::seal(buf, self.first_lsn);
+        if HEADER_LEN as u64 + buf.len() as u64 > MAX_SEGMENT_BYTES {
+            return Err(Error::io(
+                "write",
+                &self.path,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} bytes of records in one group: a segment holds at most {MAX_SEGMENT_BYTES}",
+                        buf.len()
+                    ),
+                ),
+            ));
+        }
+        // Below MAX_SEGMENT_BYTES, so every distance fits a u32.
+        let unsynced = u32::try_from(self.len - self.synced).unwrap_or(u32::MAX);
+        record::seal(buf, self.first_lsn, unsynced);
         self.file
             .write_all(buf)
             .map_err(|e| Error::io("write", &self.path, e))?;
@@ -131,20 +168,38 @@ impl LogWriter {
     }
 
     /// A handle of the active segment to fsync it without holding the
-    /// writer (its own file descriptor), and the segment's path.
-    pub(crate) fn sync_handle(&self) -> Result<(Box<dyn WriteFile>, PathBuf)> {
+    /// writer (its own file descriptor); give the [`SyncToken`] back to
+    /// [`LogWriter::synced`] once that fsync has succeeded.
+    pub(crate) fn sync_handle(&self) -> Result<(Box<dyn WriteFile>, SyncToken)> {
         let h = self
             .file
             .try_clone()
             .map_err(|e| Error::io("duplicate handle", &self.path, e))?;
-        Ok((h, self.path.clone()))
+        Ok((
+            h,
+            SyncToken {
+                path: self.path.clone(),
+                first_lsn: self.first_lsn,
+                len: self.len,
+            },
+        ))
+    }
+
+    /// Notes that an fsync through [`LogWriter::sync_handle`] succeeded:
+    /// the bytes written before it are durable.
+    pub(crate) fn synced(&mut self, token: &SyncToken) {
+        if token.first_lsn == self.first_lsn {
+            self.synced = self.synced.max(token.len);
+        }
     }
 
     /// fsyncs the active segment.
     pub(crate) fn sync(&mut self) -> Result<()> {
         self.file
             .sync_data()
-            .map_err(|e| Error::io("fsync", &self.path, e))
+            .map_err(|e| Error::io("fsync", &self.path, e))?;
+        self.synced = self.len;
+        Ok(())
     }
 
     fn roll(&mut self, lsn: u64) -> Result<()> {
@@ -154,6 +209,7 @@ impl LogWriter {
         self.path = path;
         self.first_lsn = lsn;
         self.len = HEADER_LEN as u64;
+        self.synced = HEADER_LEN as u64;
         self.records = 0;
         self.segments.push(SegmentInfo { first_lsn: lsn });
         Ok(())
