@@ -342,6 +342,24 @@ impl StateMap {
         self.get_hashed(hash_key(id, partition), id, partition)
     }
 
+    /// Whether a key has state: a lookup that only reads the slot, which
+    /// replay runs ahead of the appends to bring their slots into cache.
+    #[inline(always)]
+    pub(crate) fn contains_hashed(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        match id.as_numeric() {
+            Some(pid) => {
+                let key = split_pid(pid);
+                self.numeric
+                    .find(hash, |s| s.pid == key && s.partition == partition)
+                    .is_some()
+            }
+            None => self
+                .named
+                .find(hash, |s| s.partition == partition && same_name(&s.id, id))
+                .is_some(),
+        }
+    }
+
     /// [`StateMap::get`] with the key's hash already computed.
     pub(crate) fn get_hashed(
         &self,

@@ -53,6 +53,12 @@ impl Shards {
         )
     }
 
+    /// See [`StateMap::contains_hashed`].
+    #[inline(always)]
+    pub(crate) fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        self.map(hash).contains_hashed(hash, id, partition)
+    }
+
     pub(crate) fn get(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<ProducerEntry> {
         self.map(hash).get_hashed(hash, id, partition)
     }
