@@ -7,22 +7,30 @@
 //! -> apply to memory -> return. Duplicates and rejections write nothing.
 //!
 //! With [`FsyncPolicy::Always`] an accepted append is first held as
-//! *in flight*: its record is queued and the key's speculative state is kept
-//! beside the committed state. If no group commit is running, the appender
-//! leads one itself: it takes every queued record, writes them with one
-//! `write` and one `fdatasync`, applies them to the committed state in log
-//! order and wakes the appenders it made durable. A lone appender therefore
-//! pays exactly one fsync, with no timer, sleep or thread hand-off in the
-//! way. Appenders that arrive while a group commit runs queue behind it; when
-//! it ends with records queued, a flusher thread takes over and runs group
-//! commits back to back for as long as records keep arriving, so under load
-//! the disk never waits for a woken appender to be scheduled. Up to four
-//! group commits may have their fsyncs in flight at once (overlapping
-//! fdatasyncs complete faster than serial ones on the disks measured); a
-//! group is durable once its own or any later group's fsync has succeeded,
-//! and groups are applied in log order. Woken appenders wake each other, so
-//! the leader goes back to the disk after one wake-up instead of one per
-//! waiter.
+//! *in flight*: its record is queued in the forming *group* and the key's
+//! speculative state is kept beside the committed state. If no group commit
+//! is running, the appender leads one itself: it takes the group, writes it
+//! with one `write` and one `fdatasync`, applies it to the committed state
+//! and wakes the group's other appenders. A lone appender therefore pays
+//! exactly one fsync, with no timer, sleep or thread hand-off in the way.
+//! Appenders that arrive while a group commit runs queue into the next
+//! group and sleep; if records are queued when the leader's group is done,
+//! the leader hands the next group to a flusher thread and returns, and the
+//! flusher runs group commits back to back for as long as records keep
+//! arriving. One group is written at a time, so only the group being
+//! written is ever unsynced.
+//!
+//! Waiting is cheap because it matters: with dozens of appenders on two
+//! cores, the CPU spent parking and waking threads, not the disk, bounded
+//! throughput. Appenders of a group sleep on one futex word and read the
+//! outcome from atomics, so a group commit costs the leader one wake-up
+//! call whatever the group's size, and a woken appender returns without
+//! taking the store's lock again.
+//!
+//! Under the buffered policies an append is classified, applied and
+//! encoded under the lock and returns; the flusher thread checksums and
+//! writes the buffer in the background once it holds 64 KiB (an appender
+//! waits only when 8 MiB are pending: the disk is behind).
 //!
 //! Validation and the update it implies are atomic per key: a request that
 //! continues a key's in-flight state is queued after it (a producer may
@@ -50,6 +58,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -221,26 +230,29 @@ impl StoreOptions {
     }
 }
 
-/// Records buffered before a buffered policy hands them to the OS.
+/// Records buffered before a buffered policy hands them to the flusher.
 const FLUSH_BYTES: usize = 64 << 10;
 
-/// How many times an idle flusher yields for more records before it parks.
-const LINGER_YIELDS: usize = 16;
+/// Records buffered at which a buffered append waits for the flusher (the
+/// disk is slower than the appends): memory stays bounded.
+const MAX_BUFFERED: usize = 8 << 20;
 
-/// Group commits whose fsyncs may be in flight at once (measured on the
-/// development machine: 4 overlapping fdatasyncs complete 1.8x as fast as
-/// one at a time).
-const MAX_LEADERS: usize = 4;
+/// Futex words that appenders waiting for a group sleep on; group `g` uses
+/// `words[g % WAIT_SLOTS]`. At most two groups are pending at a time (the
+/// one being written and the one forming), so waiters of different groups
+/// rarely share a word.
+const WAIT_SLOTS: usize = 4;
 
-/// A key with appends in flight (written but not yet durable).
+/// A key with appends in flight (queued or written, not yet durable).
 struct Pending {
     hash: u64,
     id: ProducerId,
     partition: i32,
     /// The key's state once everything in flight is applied.
     entry: ProducerEntry,
-    /// Position of the key's last record in flight.
+    /// Position and group of the key's last record in flight.
     lsn: u64,
+    group: u64,
 }
 
 /// A queued record waiting to be applied once durable (`Always`).
@@ -257,7 +269,8 @@ struct Failure {
     path: PathBuf,
     kind: io::ErrorKind,
     message: String,
-    /// Positions of the records in the failed group.
+    /// Positions of the records lost with the failed group (and queued
+    /// behind it).
     group: (u64, u64),
 }
 
@@ -307,28 +320,34 @@ struct Capture {
 
 struct State {
     shards: Shards,
+    /// `Always`: the keys with records in flight.
     overlay: HashTable<Pending>,
-    /// Encoded records not yet written, and (`Always`) what they apply.
+    /// Encoded records not yet written (the forming group), and (`Always`)
+    /// what they apply.
     buf: Vec<u8>,
     queued: Vec<Queued>,
+    /// The buffer of the last group written, kept for the next one: a
+    /// fresh buffer would grow (and fault in its pages) all over again.
+    spare: Vec<u8>,
+    /// Position of `buf`'s first record.
     buf_first: u64,
     next_lsn: u64,
+    /// Id of the group forming in `buf`; groups are written in id order.
+    group: u64,
+    /// The group being written, if one is.
+    writing: Option<u64>,
     /// Records before `durable` are fsync'ed (and, under `Always`, applied).
     durable: u64,
-    /// Group commits in progress.
-    leaders: usize,
-    /// Appenders parked until a position is durable (or until they may lead).
-    waiters: Vec<(u64, std::thread::Thread)>,
-    /// The flusher thread (`Always` only), and whether it is at work: while
-    /// it is, appenders leave group commits to it.
+    /// `sync` wants records before this durable: the leader fsyncs.
+    sync_to: u64,
+    /// A group commit is running (or the flusher has been told to run one).
+    /// Whenever `buf` holds records under `Always`, this is true: somebody
+    /// will commit them.
+    leading: bool,
+    /// The flusher thread, and whether it should take over as leader.
     flusher: Option<std::thread::Thread>,
-    flusher_active: bool,
-    /// Woken appenders that still have to be unparked (by the first of them).
-    cascade: Vec<std::thread::Thread>,
+    flusher_turn: bool,
     stopping: bool,
-    /// Groups written, waiting to be durable and applied, in log order,
-    /// with the position after each.
-    groups: std::collections::VecDeque<(u64, Vec<Queued>)>,
     failed: Option<Failure>,
     capture: Option<Capture>,
     since_snapshot: (u64, u64),
@@ -347,6 +366,9 @@ pub struct StoreStats {
     pub log_fsyncs: u64,
     /// Snapshots written.
     pub snapshots_written: u64,
+    /// The most bytes of records held in memory, not yet handed to the OS
+    /// (buffered policies: bounded near 8 MiB plus one `append_all` call).
+    pub peak_buffered_bytes: u64,
 }
 
 struct Book {
@@ -362,10 +384,59 @@ struct Bg {
     snapshot_wanted: bool,
 }
 
+/// What appenders waiting for a group read without the state lock.
+#[derive(Default)]
+struct Signal {
+    /// Every group with a smaller id is done: durable and applied, or failed.
+    completed: AtomicU64,
+    /// Records before this position are durable.
+    durable: AtomicU64,
+    failed: AtomicBool,
+    words: [AtomicU32; WAIT_SLOTS],
+}
+
+impl Signal {
+    fn word(&self, group: u64) -> &AtomicU32 {
+        &self.words[(group % WAIT_SLOTS as u64) as usize]
+    }
+
+    /// Sleeps until group `group` is done or the store is poisoned.
+    fn await_group(&self, group: u64) {
+        let w = self.word(group);
+        loop {
+            let seen = w.load(Ordering::Acquire);
+            if self.completed.load(Ordering::Acquire) > group || self.failed.load(Ordering::Acquire)
+            {
+                return;
+            }
+            atomic_wait::wait(w, seen);
+        }
+    }
+
+    /// Wakes the waiters of `group` (every waiter after a failure). One
+    /// futex call wakes them all: the kernel does the rest, and the leader
+    /// makes no call per waiter.
+    fn wake(&self, group: u64, failed: bool) {
+        if failed {
+            for w in &self.words {
+                w.fetch_add(1, Ordering::Release);
+                atomic_wait::wake_all(w);
+            }
+        } else {
+            let w = self.word(group);
+            w.fetch_add(1, Ordering::Release);
+            atomic_wait::wake_all(w);
+        }
+    }
+}
+
 struct Shared {
     dir: PathBuf,
     opts: StoreOptions,
     state: Mutex<State>,
+    signal: Signal,
+    /// Notified after every group (for `sync`, which is not a hot path).
+    group_done: Condvar,
     writer: Mutex<LogWriter>,
     book: Mutex<Book>,
     bg: Mutex<Bg>,
@@ -379,21 +450,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// What one request came to once submitted.
-enum Step {
-    Done(BatchOutcome),
-    /// Accepted and queued at this position.
-    Queued(u64),
-}
-
-/// What submitting one request under the lock came to.
+/// What submitting one request under `Always` came to.
 enum Submit {
     Done(BatchOutcome),
-    /// Accepted and queued at this position: wait for it to be durable.
-    Queued(u64),
-    /// The key has records in flight up to this position and the request
-    /// is not their continuation: wait, then classify again.
-    Wait(u64),
+    /// Accepted and queued at this position, in this group: wait for it.
+    Queued {
+        group: u64,
+        lsn: u64,
+    },
+    /// The key has records in flight up to this position (in this group)
+    /// and the request is not their continuation: wait, then classify again.
+    Wait {
+        group: u64,
+        lsn: u64,
+    },
 }
 
 impl State {
@@ -430,7 +500,7 @@ impl State {
     /// else the committed state; queues an accepted request.
     fn submit_durable(&mut self, hash: u64, r: &AppendRequest) -> Submit {
         let (base, in_flight) = match self.overlay_find(hash, &r.producer_id, r.partition) {
-            Some(p) => (Some(p.entry), Some(p.lsn)),
+            Some(p) => (Some(p.entry), Some((p.group, p.lsn))),
             None => (self.shards.get(hash, &r.producer_id, r.partition), None),
         };
         let outcome = rules::classify(
@@ -442,7 +512,7 @@ impl State {
         );
         if !outcome.is_accepted() {
             return match in_flight {
-                Some(lsn) => Submit::Wait(lsn),
+                Some((group, lsn)) => Submit::Wait { group, lsn },
                 None => Submit::Done(outcome),
             };
         }
@@ -454,6 +524,7 @@ impl State {
             None => ProducerEntry::start(r.epoch, r.first, r.last, r.metadata),
         };
         let lsn = self.enqueue_record(r);
+        let group = self.group;
         self.queued.push(Queued {
             hash,
             request: r.clone(),
@@ -465,6 +536,7 @@ impl State {
             Some(p) => {
                 p.entry = entry;
                 p.lsn = lsn;
+                p.group = group;
             }
             None => {
                 self.overlay.insert_unique(
@@ -475,22 +547,24 @@ impl State {
                         partition: r.partition,
                         entry,
                         lsn,
+                        group,
                     },
                     |p| p.hash,
                 );
             }
         }
-        Submit::Queued(lsn)
+        Submit::Queued { group, lsn }
     }
 
     /// Buffered policies: classify, apply and queue the record at once.
+    #[inline]
     fn submit_buffered(&mut self, hash: u64, r: &AppendRequest) -> BatchOutcome {
-        let lsn = self.next_lsn;
         if self.capture.is_some() {
+            // If the append is rejected, the pre-image equals the current
+            // entry, which is harmless.
+            let lsn = self.next_lsn;
             self.save_pre_image(hash, &r.producer_id, r.partition, lsn);
         }
-        // If the append is rejected, a pre-image saved above equals the
-        // current entry, which is harmless.
         let outcome = self.shards.append(hash, r);
         if outcome.is_accepted() {
             self.enqueue_record(r);
@@ -615,25 +689,30 @@ impl ProducerStateStore {
             overlay: HashTable::new(),
             buf: Vec::new(),
             queued: Vec::new(),
+            spare: Vec::new(),
             buf_first: rec.next_lsn,
             next_lsn: rec.next_lsn,
+            group: 0,
+            writing: None,
             durable: rec.next_lsn,
-            leaders: 0,
-            waiters: Vec::new(),
+            sync_to: 0,
+            leading: false,
             flusher: None,
-            flusher_active: false,
-            cascade: Vec::new(),
+            flusher_turn: false,
             stopping: false,
-            groups: std::collections::VecDeque::new(),
             failed: None,
             capture: None,
             since_snapshot: (rec.report.records_replayed, 0),
             snapshot_requested: false,
             stats: StoreStats::default(),
         };
+        let signal = Signal::default();
+        signal.durable.store(rec.next_lsn, Ordering::Relaxed);
         let shared = Arc::new(Shared {
             dir,
             state: Mutex::new(state),
+            signal,
+            group_done: Condvar::new(),
             writer: Mutex::new(writer),
             book: Mutex::new(Book {
                 files: rec.snapshot_files,
@@ -661,21 +740,16 @@ impl ProducerStateStore {
         } else {
             None
         };
-        let flusher = if shared.is_always() {
-            let s = shared.clone();
-            let h = std::thread::Builder::new()
-                .name("producer-state-flush".into())
-                .spawn(move || s.flush_loop())
-                .map_err(|e| Error::io("spawn flusher thread", &shared.dir, e))?;
-            lock(&shared.state).flusher = Some(h.thread().clone());
-            Some(h)
-        } else {
-            None
-        };
+        let s = shared.clone();
+        let flusher = std::thread::Builder::new()
+            .name("producer-state-flush".into())
+            .spawn(move || s.flush_loop())
+            .map_err(|e| Error::io("spawn flusher thread", &shared.dir, e))?;
+        lock(&shared.state).flusher = Some(flusher.thread().clone());
         Ok(ProducerStateStore {
             shared,
             background,
-            flusher,
+            flusher: Some(flusher),
             report: rec.report,
             closed: false,
         })
@@ -721,62 +795,103 @@ impl ProducerStateStore {
     /// Classifies one request and, if accepted, makes it durable before
     /// returning. Errors as [`ProducerStateStore::append`].
     pub fn append_request(&self, request: &AppendRequest) -> Result<BatchOutcome> {
+        check_name(request)?;
         let shared = &*self.shared;
-        let st = lock(&shared.state);
-        let (st, step) = shared.submit(st, request);
-        let (st, result) = match step {
-            Ok(Step::Done(o)) => (st, Ok(o)),
-            Ok(Step::Queued(lsn)) => match shared.wait_durable(st, lsn) {
-                Ok(g) => (g, Ok(BatchOutcome::Accepted)),
-                Err(e) => (lock(&shared.state), Err(e)),
-            },
-            Err(e) => (st, Err(e)),
-        };
-        shared.release(st);
-        result
+        let hash = hash_key(&request.producer_id, request.partition);
+        let mut st = lock(&shared.state);
+        if !shared.is_always() {
+            st = shared.room(st);
+        }
+        if let Some(f) = &st.failed {
+            return Err(f.error_for(None));
+        }
+        if !shared.is_always() {
+            let o = st.submit_buffered(hash, request);
+            if o.is_accepted() {
+                shared.after_buffered(st);
+            }
+            return Ok(o);
+        }
+        loop {
+            match st.submit_durable(hash, request) {
+                Submit::Done(o) => return Ok(o),
+                Submit::Queued { group, lsn } => {
+                    shared.commit(st);
+                    return shared
+                        .await_durable(group, lsn)
+                        .map(|()| BatchOutcome::Accepted);
+                }
+                Submit::Wait { group, lsn } => {
+                    drop(st);
+                    shared.await_durable(group, lsn)?;
+                    st = lock(&shared.state);
+                    if let Some(f) = &st.failed {
+                        return Err(f.error_for(None));
+                    }
+                }
+            }
+        }
     }
 
     /// Appends many requests, for example one produce request covering many
     /// partitions: the same outcomes as appending them one by one in this
-    /// order, but all accepted records share one write and one fsync (unless
-    /// a request retries an earlier one of the same call, which then waits
-    /// for it to be durable). Outcomes are in input order.
+    /// order, but under one lock, and all accepted records share one write
+    /// and one fsync (unless a request retries an earlier one of the same
+    /// call, which then waits for it to be durable). Outcomes are in input
+    /// order.
     pub fn append_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
         let shared = &*self.shared;
-        let mut out: Vec<Option<Result<BatchOutcome>>> = Vec::with_capacity(requests.len());
-        let mut queued: Vec<(usize, u64)> = Vec::new();
         let mut st = lock(&shared.state);
+        if !shared.is_always() {
+            st = shared.room(st);
+            return shared.append_all_buffered(st, requests);
+        }
+        let mut out: Vec<Result<BatchOutcome>> = Vec::with_capacity(requests.len());
+        // Accepted: (index, group, position), to settle once durable.
+        let mut queued: Vec<(usize, u64, u64)> = Vec::new();
         for (i, r) in requests.iter().enumerate() {
-            let (g, step) = shared.submit(st, r);
-            st = g;
-            out.push(match step {
-                Ok(Step::Done(o)) => Some(Ok(o)),
-                Ok(Step::Queued(lsn)) => {
-                    queued.push((i, lsn));
-                    None
+            if let Err(e) = check_name(r) {
+                out.push(Err(e));
+                continue;
+            }
+            let hash = hash_key(&r.producer_id, r.partition);
+            out.push(loop {
+                if let Some(f) = &st.failed {
+                    break Err(f.error_for(None));
                 }
-                Err(e) => Some(Err(e)),
+                match st.submit_durable(hash, r) {
+                    Submit::Done(o) => break Ok(o),
+                    Submit::Queued { group, lsn } => {
+                        queued.push((i, group, lsn));
+                        break Ok(BatchOutcome::Accepted);
+                    }
+                    Submit::Wait { group, lsn } => {
+                        // Our own queued records may be what it waits for:
+                        // make sure somebody commits them.
+                        shared.commit(st);
+                        let waited = shared.await_durable(group, lsn);
+                        st = lock(&shared.state);
+                        if let Err(e) = waited {
+                            break Err(e);
+                        }
+                    }
+                }
             });
         }
-        if let Some(&(_, last)) = queued.last() {
-            st = shared
-                .wait_durable(st, last)
-                .unwrap_or_else(|_| lock(&shared.state));
-            for &(i, lsn) in &queued {
-                out[i] = Some(match &st.failed {
-                    Some(f) if st.durable <= lsn => Err(f.error_for(Some(lsn))),
-                    _ => Ok(BatchOutcome::Accepted),
-                });
+        if let Some(&(_, group, lsn)) = queued.last() {
+            shared.commit(st);
+            if shared.await_durable(group, lsn).is_err() {
+                let st = lock(&shared.state);
+                for &(i, _, lsn) in &queued {
+                    if let Some(f) = &st.failed
+                        && st.durable <= lsn
+                    {
+                        out[i] = Err(f.error_for(Some(lsn)));
+                    }
+                }
             }
         }
-        shared.release(st);
-        out.into_iter()
-            .map(|o| {
-                o.unwrap_or(Err(Error::Poisoned {
-                    cause: "no outcome".into(),
-                }))
-            })
-            .collect()
+        out
     }
 
     /// The committed (durable) entry of one key, if it has state.
@@ -846,7 +961,7 @@ impl ProducerStateStore {
         &self.shared.dir
     }
 
-    /// Stops the background thread, makes everything durable and releases
+    /// Stops the background threads, makes everything durable and releases
     /// the directory. Dropping the store does the same, ignoring errors.
     ///
     /// # Errors
@@ -890,261 +1005,247 @@ impl Drop for ProducerStateStore {
     }
 }
 
+/// Refuses a producer name the log cannot hold, before anything happens.
+fn check_name(r: &AppendRequest) -> Result<()> {
+    match r.producer_id.name_bytes() {
+        Some(name) if name.len() > MAX_NAME => Err(Error::ProducerIdTooLong {
+            len: name.len(),
+            max: MAX_NAME,
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl Shared {
     fn is_always(&self) -> bool {
         self.opts.fsync == FsyncPolicy::Always
     }
 
-    /// Submits one request under the lock: classifies it and, if accepted,
-    /// queues its record (under `Always`) or applies it at once (buffered
-    /// policies). A request for a key with records in flight that does not
-    /// continue them waits for them first.
-    fn submit<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, State>,
-        r: &AppendRequest,
-    ) -> (MutexGuard<'a, State>, Result<Step>) {
-        if let Some(name) = r.producer_id.name_bytes()
-            && name.len() > MAX_NAME
-        {
-            let e = Error::ProducerIdTooLong {
-                len: name.len(),
-                max: MAX_NAME,
-            };
-            return (st, Err(e));
+    /// `Always`, after queueing: leads a group commit if nobody does (the
+    /// caller's record is then in it), else leaves the records to the leader.
+    fn commit(&self, mut st: MutexGuard<'_, State>) {
+        if st.leading {
+            return;
         }
-        if let Some(e) = st.failed.as_ref().map(|f| f.error_for(None)) {
-            return (st, Err(e));
-        }
-        let hash = hash_key(&r.producer_id, r.partition);
-        if !self.is_always() {
-            if st.buf.len() >= FLUSH_BYTES && st.leaders == 0 {
-                match self.lead(st, false) {
-                    Ok(g) => st = g,
-                    Err(e) => return (lock(&self.state), Err(e)),
-                }
-            }
-            let o = st.submit_buffered(hash, r);
-            return (st, Ok(Step::Done(o)));
-        }
-        loop {
-            match st.submit_durable(hash, r) {
-                Submit::Done(o) => return (st, Ok(Step::Done(o))),
-                Submit::Queued(lsn) => return (st, Ok(Step::Queued(lsn))),
-                Submit::Wait(lsn) => match self.wait_durable(st, lsn) {
-                    Ok(g) => st = g,
-                    Err(e) => return (lock(&self.state), Err(e)),
-                },
-            }
-        }
+        st.leading = true;
+        self.lead(st, false);
     }
 
-    /// Leads one group commit: takes every queued record, writes them (in
-    /// log order: the writer lock is taken before the state lock is let
-    /// go), fsyncs if `sync` through a handle of its own, so that up to
-    /// [`MAX_LEADERS`] fsyncs overlap, and then marks everything before the
-    /// group's end durable and applies, in log order, every group that is
-    /// now durable. A successful fsync covers every write issued before it
-    /// (and a segment roll fsyncs the segment it leaves), so a group is
-    /// durable once any later group's fsync has succeeded.
-    fn lead<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, State>,
-        sync: bool,
-    ) -> Result<MutexGuard<'a, State>> {
-        st.leaders += 1;
-        let first = st.buf_first;
-        let end = st.next_lsn;
-        let mut buf = std::mem::take(&mut st.buf);
-        let group = std::mem::take(&mut st.queued);
-        st.buf_first = end;
-        if !group.is_empty() {
-            st.groups.push_back((end, group));
-        }
-        let needs_sync = sync && st.durable < end;
-        let mut w = lock(&self.writer);
-        drop(st);
-
-        let result = (|| {
-            if !buf.is_empty() {
-                w.write(&mut buf, first, end - first)?;
-            }
-            let handle = if needs_sync {
-                Some(w.sync_handle()?)
-            } else {
-                None
-            };
-            drop(w);
-            if let Some((mut h, token)) = handle {
-                h.sync_data()
-                    .map_err(|e| Error::io("fsync", &token.path, e))?;
-                lock(&self.writer).synced(&token);
-            }
-            Ok::<(), Error>(())
-        })();
-
-        let mut st = lock(&self.state);
-        let result = result.and_then(|()| {
-            // After a failure nothing more becomes durable or applied.
-            if let Some(f) = &st.failed {
-                return Err(f.error_for(None));
-            }
-            if !buf.is_empty() {
-                st.stats.groups_written += 1;
-                st.stats.records_written += end - first;
-            }
-            if needs_sync {
-                st.stats.log_fsyncs += 1;
-                st.durable = st.durable.max(end);
-                while st.groups.front().is_some_and(|(e, _)| *e <= st.durable) {
-                    if let Some((_, g)) = st.groups.pop_front() {
-                        st.apply_group(g)
-                            .map_err(|m| Error::Poisoned { cause: m })?;
-                    }
-                }
-            }
-            Ok(())
-        });
-        if let Err(e) = &result
-            && st.failed.is_none()
-        {
-            // Everything not yet durable is lost to the appends waiting on it.
-            let range = (st.durable, st.next_lsn);
-            st.failed = Some(Failure::from_error(e, range));
-            st.overlay.clear();
-            st.queued.clear();
-            st.groups.clear();
-            st.buf.clear();
-        }
-        buf.clear();
-        if st.buf.is_empty() && st.buf.capacity() < buf.capacity() {
-            // Reuse the allocation for the next group.
-            st.buf = buf;
-        }
-        st.leaders -= 1;
-        Shared::wake(&mut st);
-        result.map(|()| st)
-    }
-
-    /// Wakes exactly the appenders that can go on: those whose records are
-    /// durable (all of them after a failure), and one to lead the next group
-    /// if records are queued and a leader's place is free. Waking every
-    /// waiter on every group commit costs more CPU than the fsyncs do when
-    /// dozens of appenders share two cores.
-    fn wake(st: &mut State) {
-        let (durable, failed) = (st.durable, st.failed.is_some());
-        let mut done = Vec::new();
-        st.waiters.retain(|(lsn, t)| {
-            let d = failed || *lsn < durable;
-            if d {
-                done.push(t.clone());
-            }
-            !d
-        });
-        // Unpark one; it unparks the rest (see `park`), so the leader goes
-        // back to the disk without a futex call per waiter.
-        if let Some(first) = done.pop() {
-            st.cascade.append(&mut done);
-            first.unpark();
-        }
-        if st.leaders < MAX_LEADERS && st.buf_first < st.next_lsn && !failed {
-            if let Some(f) = &st.flusher {
-                st.flusher_active = true;
-                f.unpark();
-            } else {
-                let first = st.buf_first;
-                if let Some((_, t)) = st.waiters.iter().find(|(lsn, _)| *lsn >= first) {
-                    t.unpark();
-                }
-            }
-        }
-    }
-
-    /// The flusher (`Always`): once appenders queue records faster than one
-    /// leader at a time can commit them, it runs group commits back to back,
-    /// so the disk never waits for a woken appender to be scheduled. A lone
-    /// appender never involves it (it leads its own group commit); idle, it
-    /// lingers a few yields for records on their way, then parks.
-    fn flush_loop(&self) {
-        loop {
-            let mut st = lock(&self.state);
-            if st.stopping {
-                st.flusher_active = false;
-                return;
-            }
-            if st.failed.is_none() && st.buf_first < st.next_lsn && st.leaders < MAX_LEADERS {
-                st.flusher_active = true;
-                drop(self.lead(st, true));
-                continue;
-            }
+    /// Buffered policies, before an append: waits while [`MAX_BUFFERED`]
+    /// bytes of records are pending (the disk is behind) for the write in
+    /// progress, after which the flusher takes the whole buffer. So the
+    /// buffer never holds more than that plus one call's records.
+    fn room<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        while st.buf.len() >= MAX_BUFFERED && st.failed.is_none() {
+            self.hand_to_flusher(&mut st);
+            let group = st.writing.unwrap_or(st.group);
             drop(st);
-            let mut more = false;
-            for _ in 0..LINGER_YIELDS {
-                std::thread::yield_now();
-                let st = lock(&self.state);
-                if st.stopping || (st.failed.is_none() && st.buf_first < st.next_lsn) {
-                    more = true;
-                    break;
-                }
-            }
-            if more {
-                continue;
-            }
-            let mut st = lock(&self.state);
-            if st.stopping || (st.failed.is_none() && st.buf_first < st.next_lsn) {
-                continue;
-            }
-            st.flusher_active = false;
-            drop(st);
-            std::thread::park();
-        }
-    }
-
-    /// Parks the calling appender until `wake` says it may go on.
-    fn park<'a>(&'a self, mut st: MutexGuard<'a, State>, lsn: u64) -> MutexGuard<'a, State> {
-        let me = std::thread::current();
-        let id = me.id();
-        st.waiters.push((lsn, me));
-        drop(st);
-        std::thread::park();
-        let mut st = lock(&self.state);
-        st.waiters.retain(|(_, t)| t.id() != id);
-        let more = std::mem::take(&mut st.cascade);
-        if !more.is_empty() {
-            drop(st);
-            for t in more {
-                t.unpark();
-            }
+            self.signal.await_group(group);
             st = lock(&self.state);
         }
         st
     }
 
-    /// Waits until the record at `lsn` is durable, leading a group commit
-    /// when the record is still queued and a leader's place is free.
-    fn wait_durable<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, State>,
-        lsn: u64,
-    ) -> Result<MutexGuard<'a, State>> {
+    /// Buffered policies: starts the flusher on the buffer unless a write
+    /// is already under way (which takes whatever is buffered next).
+    fn hand_to_flusher(&self, st: &mut State) {
+        if !st.leading {
+            st.leading = true;
+            st.flusher_turn = true;
+            if let Some(f) = &st.flusher {
+                f.unpark();
+            }
+        }
+    }
+
+    /// Buffered policies, after an accepted append: hands a full buffer to
+    /// the flusher and starts a snapshot if a threshold was crossed.
+    fn after_buffered(&self, mut st: MutexGuard<'_, State>) {
+        let len = st.buf.len();
+        st.stats.peak_buffered_bytes = st.stats.peak_buffered_bytes.max(len as u64);
+        if len >= FLUSH_BYTES {
+            self.hand_to_flusher(&mut st);
+        }
+        let due = self.note_snapshot_due(&mut st);
+        drop(st);
+        if due {
+            self.snapshot_due();
+        }
+    }
+
+    /// [`ProducerStateStore::append_all`] under a buffered policy: classify,
+    /// apply and encode every request under one lock.
+    fn append_all_buffered(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        requests: &[AppendRequest],
+    ) -> Vec<Result<BatchOutcome>> {
+        if let Some(f) = &st.failed {
+            return requests
+                .iter()
+                .map(|r| check_name(r).and(Err(f.error_for(None))))
+                .collect();
+        }
+        let mut accepted = false;
+        let out = requests
+            .iter()
+            .map(|r| {
+                check_name(r)?;
+                let o = st.submit_buffered(hash_key(&r.producer_id, r.partition), r);
+                accepted |= o.is_accepted();
+                Ok(o)
+            })
+            .collect();
+        if accepted {
+            self.after_buffered(st);
+        }
+        out
+    }
+
+    /// Waits until the record at `lsn`, in group `group`, is durable.
+    fn await_durable(&self, group: u64, lsn: u64) -> Result<()> {
+        self.signal.await_group(group);
+        if self.signal.durable.load(Ordering::Acquire) > lsn {
+            return Ok(());
+        }
+        let st = lock(&self.state);
+        match &st.failed {
+            Some(f) if st.durable <= lsn => Err(f.error_for(Some(lsn))),
+            Some(_) | None if st.durable > lsn => Ok(()),
+            _ => Err(Error::Poisoned {
+                cause: format!("internal error: group {group} done without record {lsn}"),
+            }),
+        }
+    }
+
+    /// Leads group commits: takes the forming group (every record queued),
+    /// writes it with one `write` (in log order: the writer lock is taken
+    /// before the state lock is let go), fsyncs it through a handle of its
+    /// own if the policy or a `sync` call asks, applies it (`Always`) and
+    /// wakes its waiters with one futex call. Then, if records were queued
+    /// meanwhile, an appender (`flusher` false) hands the next group to the
+    /// flusher thread and returns to its caller, while the flusher goes on
+    /// until nothing is queued. The check for more comes after the wake-up,
+    /// so that appenders woken by it can join the next group.
+    fn lead<'a>(&'a self, mut st: MutexGuard<'a, State>, flusher: bool) {
+        let mut due = false;
         loop {
-            if st.durable > lsn {
-                return Ok(st);
+            let group = st.group;
+            st.group += 1;
+            st.writing = Some(group);
+            let first = st.buf_first;
+            let end = st.next_lsn;
+            let spare = std::mem::take(&mut st.spare);
+            let mut buf = std::mem::replace(&mut st.buf, spare);
+            let queued = std::mem::take(&mut st.queued);
+            st.buf_first = end;
+            let needs_sync = (self.is_always() || st.sync_to > st.durable) && st.durable < end;
+            let mut w = lock(&self.writer);
+            drop(st);
+
+            let result = (|| {
+                if !buf.is_empty() {
+                    w.write(&mut buf, first, end - first)?;
+                }
+                let handle = if needs_sync {
+                    Some(w.sync_handle()?)
+                } else {
+                    None
+                };
+                drop(w);
+                if let Some((mut h, token)) = handle {
+                    h.sync_data()
+                        .map_err(|e| Error::io("fsync", &token.path, e))?;
+                    lock(&self.writer).synced(&token);
+                }
+                Ok::<(), Error>(())
+            })();
+
+            st = lock(&self.state);
+            let result = result.and_then(|()| {
+                if let Some(f) = &st.failed {
+                    return Err(f.error_for(None));
+                }
+                if !buf.is_empty() {
+                    st.stats.groups_written += 1;
+                    st.stats.records_written += end - first;
+                }
+                if needs_sync {
+                    st.stats.log_fsyncs += 1;
+                    st.durable = end;
+                    st.apply_group(queued)
+                        .map_err(|m| Error::Poisoned { cause: m })?;
+                }
+                Ok(())
+            });
+            if let Err(e) = &result
+                && st.failed.is_none()
+            {
+                // Everything not yet durable is lost to the appends waiting on it.
+                let range = (st.durable, st.next_lsn);
+                st.failed = Some(Failure::from_error(e, range));
+                st.overlay.clear();
+                st.queued.clear();
+                st.buf.clear();
+                self.signal.failed.store(true, Ordering::Release);
             }
-            if let Some(f) = &st.failed {
-                return Err(f.error_for(Some(lsn)));
+            buf.clear();
+            if st.spare.capacity() < buf.capacity() {
+                st.spare = buf;
             }
-            if lsn >= st.buf_first && st.leaders < MAX_LEADERS && !st.flusher_active {
-                st = self.lead(st, true)?;
-            } else {
-                st = self.park(st, lsn);
+            st.writing = None;
+            self.signal.durable.store(st.durable, Ordering::Release);
+            self.signal.completed.store(group + 1, Ordering::Release);
+            let failed = st.failed.is_some();
+            due |= self.is_always() && self.note_snapshot_due(&mut st);
+            drop(st);
+            self.signal.wake(group, failed);
+            self.group_done.notify_all();
+
+            st = lock(&self.state);
+            if st.buf.is_empty() || st.failed.is_some() {
+                st.leading = false;
+                break;
             }
+            if !flusher {
+                st.flusher_turn = true;
+                if let Some(f) = &st.flusher {
+                    f.unpark();
+                }
+                break;
+            }
+        }
+        drop(st);
+        // `sync` may be waiting for the lead to end.
+        self.group_done.notify_all();
+        if due {
+            self.snapshot_due();
+        }
+    }
+
+    /// The flusher thread: takes over group commits from an appender when
+    /// records keep arriving (so that the appender returns to its caller)
+    /// and writes the buffered policies' records in the background.
+    fn flush_loop(&self) {
+        loop {
+            let mut st = lock(&self.state);
+            while !st.flusher_turn {
+                if st.stopping {
+                    return;
+                }
+                drop(st);
+                std::thread::park();
+                st = lock(&self.state);
+            }
+            st.flusher_turn = false;
+            self.lead(st, true);
         }
     }
 
     fn sync(&self) -> Result<()> {
         let mut st = lock(&self.state);
         let target = st.next_lsn;
+        st.sync_to = st.sync_to.max(target);
         loop {
             if let Some(f) = &st.failed {
                 return Err(f.error_for(None));
@@ -1152,21 +1253,13 @@ impl Shared {
             if st.durable >= target {
                 return Ok(());
             }
-            if st.leaders < MAX_LEADERS {
-                st = self.lead(st, true)?;
+            if st.leading {
+                st = self.group_done.wait(st).unwrap_or_else(|e| e.into_inner());
             } else {
-                st = self.park(st, target.saturating_sub(1));
+                st.leading = true;
+                self.lead(st, false);
+                st = lock(&self.state);
             }
-        }
-    }
-
-    /// Lets the state go at the end of an append, starting a snapshot if a
-    /// threshold was crossed.
-    fn release(&self, mut st: MutexGuard<'_, State>) {
-        let due = self.note_snapshot_due(&mut st);
-        drop(st);
-        if due {
-            self.snapshot_due();
         }
     }
 

@@ -286,3 +286,54 @@ fn a_crash_while_16_threads_append_loses_nothing_acknowledged() {
         }
     }
 }
+
+#[test]
+fn a_slow_disk_holds_buffered_appenders_back_instead_of_buffering_without_bound() {
+    // Two threads append 1.3M records (40 MB of log) under `Never` to a disk
+    // that writes 20 MiB/s: far faster than it can take them. The store must
+    // make them wait rather than hold the backlog in memory.
+    let fs = SimFs::new();
+    fs.set_write_delay(Duration::from_millis(50));
+    let opts = sim_opts(&fs)
+        .fsync(FsyncPolicy::Never)
+        .segment_size(1 << 30)
+        .snapshot_every_records(None);
+    let s = Arc::new(ProducerStateStore::open_with(dir(), opts.clone()).unwrap());
+    let batch = 10_000;
+    let hs: Vec<_> = (0..2u64)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut reqs = Vec::with_capacity(batch);
+                for round in 0..65 {
+                    reqs.clear();
+                    reqs.extend(
+                        (0..batch as u64)
+                            .map(|k| AppendRequest::single(t * 1_000_000 + k, 0, 0, round)),
+                    );
+                    for o in s.append_all(&reqs) {
+                        assert!(o.unwrap().is_accepted());
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let peak = s.stats().peak_buffered_bytes;
+    let bound = (8 << 20) + 2 * batch as u64 * 31;
+    assert!(peak <= bound, "{peak} bytes buffered, bound {bound}");
+    assert!(
+        peak >= 8 << 20,
+        "the disk was slow enough to fill the buffer: {peak}"
+    );
+    drop(s);
+    fs.set_write_delay(Duration::ZERO);
+    let s = ProducerStateStore::open_with(dir(), opts).unwrap();
+    assert_eq!(s.len(), 2 * batch);
+    assert_eq!(
+        s.get(1_000_000 + 17, 0).map(|e| e.last_sequence()),
+        Some(64)
+    );
+}

@@ -95,6 +95,8 @@ struct State {
     faults: BTreeMap<u64, Fault>,
     crashed: bool,
     sync_delay: std::time::Duration,
+    /// How long writing one MiB takes (scaled to the write's size).
+    write_delay_per_mib: std::time::Duration,
 }
 
 fn crash_error() -> io::Error {
@@ -186,6 +188,11 @@ impl Drop for SimLock {
 
 impl WriteFile for SimWrite {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        let delay = self.fs.lock().write_delay_per_mib;
+        if !delay.is_zero() {
+            // A slow disk: the caller is held up, other threads are not.
+            std::thread::sleep(delay.mul_f64(buf.len() as f64 / f64::from(1u32 << 20)));
+        }
         let mut st = self.fs.lock();
         let go = st.op()?;
         let node = st.node(self.inode)?;
@@ -310,6 +317,12 @@ impl SimFs {
     /// up behind an fsync as they do on a real disk.
     pub fn set_sync_delay(&self, delay: std::time::Duration) {
         self.lock().sync_delay = delay;
+    }
+
+    /// Makes every `write` take `per_mib` for each MiB it writes (a slow
+    /// disk), with the simulated disk released meanwhile.
+    pub fn set_write_delay(&self, per_mib: std::time::Duration) {
+        self.lock().write_delay_per_mib = per_mib;
     }
 
     /// True once a [`Fault::Crash`] has happened.
