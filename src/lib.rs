@@ -123,6 +123,7 @@
 #![warn(clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod apply;
 mod batch;
 mod codec;
 mod entry;

@@ -33,6 +33,19 @@ pub(crate) fn shard_of(hash: u64) -> usize {
     ((hash >> 40) as usize) % SHARDS
 }
 
+#[inline(always)]
+fn append_to(map: &mut StateMap, hash: u64, r: &AppendRequest) -> BatchOutcome {
+    map.append_hashed(
+        hash,
+        &r.producer_id,
+        r.partition,
+        r.epoch,
+        r.first,
+        r.last,
+        r.metadata,
+    )
+}
+
 impl Shards {
     #[inline]
     fn map(&self, hash: u64) -> &StateMap {
@@ -42,15 +55,7 @@ impl Shards {
     /// Classifies an append and applies it if accepted.
     #[inline]
     pub(crate) fn append(&mut self, hash: u64, r: &AppendRequest) -> BatchOutcome {
-        self.maps[shard_of(hash)].append_hashed(
-            hash,
-            &r.producer_id,
-            r.partition,
-            r.epoch,
-            r.first,
-            r.last,
-            r.metadata,
-        )
+        append_to(&mut self.maps[shard_of(hash)], hash, r)
     }
 
     /// See [`StateMap::contains_hashed`].
@@ -84,5 +89,46 @@ impl Shards {
 
     pub(crate) fn shard(&self, i: usize) -> &StateMap {
         &self.maps[i]
+    }
+
+    /// The shards below `at` and the rest, to work on from two threads.
+    pub(crate) fn split_mut(&mut self, at: usize) -> (ShardsPart<'_>, ShardsPart<'_>) {
+        let (low, high) = self.maps.split_at_mut(at.min(SHARDS));
+        (
+            ShardsPart {
+                maps: low,
+                first: 0,
+            },
+            ShardsPart {
+                maps: high,
+                first: at.min(SHARDS),
+            },
+        )
+    }
+}
+
+/// A contiguous range of shards, borrowed from [`Shards::split_mut`].
+pub(crate) struct ShardsPart<'a> {
+    maps: &'a mut [StateMap],
+    first: usize,
+}
+
+impl ShardsPart<'_> {
+    /// Whether the key with hash `hash` lives in this part.
+    #[inline]
+    pub(crate) fn owns(&self, hash: u64) -> bool {
+        (self.first..self.first + self.maps.len()).contains(&shard_of(hash))
+    }
+
+    /// [`Shards::append`] for a key this part owns.
+    #[inline]
+    pub(crate) fn append(&mut self, hash: u64, r: &AppendRequest) -> BatchOutcome {
+        append_to(&mut self.maps[shard_of(hash) - self.first], hash, r)
+    }
+
+    /// [`Shards::contains`] for a key this part owns.
+    #[inline]
+    pub(crate) fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        self.maps[shard_of(hash) - self.first].contains_hashed(hash, id, partition)
     }
 }

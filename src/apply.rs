@@ -1,0 +1,332 @@
+//! Applying the records replay decodes to the state, on one thread or two.
+//!
+//! Replaying a long log into a large state is bound by cache misses: every
+//! record looks its key up in a table far bigger than the caches. Two
+//! things help. Records are applied in batches, each first looked up in a
+//! branch-light pass whose misses the CPU overlaps, so the apply loop finds
+//! its slots in cache. And, on a machine with a second core, a helper
+//! thread applies the records of most shards while the replaying thread
+//! decodes the next batch and applies the rest: shards are disjoint, and
+//! each key's records stay in log order within its shard.
+//!
+//! The two differ in what a record that does not apply (a log that does not
+//! belong to its snapshot) leaves behind. [`Sequential`] stops right before
+//! it, so the state is a prefix of the history and recovery can report the
+//! record's offset or salvage the prefix. [`Parallel`] may already have
+//! applied later records of other shards, so it only says that something
+//! failed, and recovery replays again, sequentially, from a fresh base.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::Scope;
+
+use crate::batch::AppendRequest;
+use crate::error::{Corruption, Error, Result};
+use crate::shards::{SHARDS, Shards, ShardsPart};
+
+/// A decoded record: position, offset in its segment, key hash, request.
+pub(crate) type Rec = (u64, u64, u64, AppendRequest);
+
+/// Records decoded before they are applied, sequentially.
+const BATCH: usize = 256;
+
+/// Records handed to the helper thread at a time.
+const PARALLEL_BATCH: usize = 16 << 10;
+
+/// Shards the replaying thread applies itself; the helper, which decodes
+/// nothing, takes the rest. A third balances the two threads on the
+/// development machine (decoding is about 30% of a sequential replay).
+const OWN_SHARDS: usize = SHARDS / 8;
+
+/// Where replayed records go.
+pub(crate) trait Sink {
+    /// Takes one record of the segment at `path`; may apply it later.
+    fn push(&mut self, rec: Rec, path: &Path) -> Result<()>;
+    /// Applies every record taken.
+    fn drain(&mut self, path: &Path) -> Result<()>;
+    /// The (offset, position) of the record that did not apply, if one did
+    /// not and the state is exactly the records before it.
+    fn failed_at(&self) -> Option<(u64, u64)>;
+    /// Whether a failure leaves the state a prefix of the history.
+    fn exact(&self) -> bool;
+    /// Records applied so far.
+    fn applied(&self) -> u64;
+}
+
+/// Looks every record of `batch` that `owns` up in `contains` once, so that
+/// the apply loop that follows finds its slots in cache.
+fn warm<'r>(batch: impl Iterator<Item = &'r Rec>, contains: impl Fn(u64, &AppendRequest) -> bool) {
+    let found = batch.filter(|(_, _, hash, r)| contains(*hash, r)).count();
+    std::hint::black_box(found);
+}
+
+/// Applies records one batch at a time, in log order, stopping at the
+/// first that does not apply.
+pub(crate) struct Sequential<'a> {
+    shards: &'a mut Shards,
+    batch: Vec<Rec>,
+    failed: Option<(u64, u64)>,
+    applied: u64,
+}
+
+impl<'a> Sequential<'a> {
+    pub(crate) fn new(shards: &'a mut Shards) -> Self {
+        Sequential {
+            shards,
+            batch: Vec::with_capacity(BATCH),
+            failed: None,
+            applied: 0,
+        }
+    }
+}
+
+impl Sink for Sequential<'_> {
+    fn push(&mut self, rec: Rec, path: &Path) -> Result<()> {
+        self.batch.push(rec);
+        if self.batch.len() == BATCH {
+            self.drain(path)?;
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self, path: &Path) -> Result<()> {
+        let shards = &mut *self.shards;
+        warm(self.batch.iter(), |hash, r| {
+            shards.contains(hash, &r.producer_id, r.partition)
+        });
+        for (lsn, at, hash, r) in self.batch.drain(..) {
+            let o = shards.append(hash, &r);
+            if !o.is_accepted() {
+                self.failed = Some((at, lsn));
+                return Err(Error::corrupt(
+                    path,
+                    at,
+                    Corruption::RecordDoesNotApply {
+                        position: lsn,
+                        outcome: o.to_string(),
+                    },
+                ));
+            }
+            self.applied += 1;
+        }
+        Ok(())
+    }
+
+    fn failed_at(&self) -> Option<(u64, u64)> {
+        self.failed
+    }
+
+    fn exact(&self) -> bool {
+        true
+    }
+
+    fn applied(&self) -> u64 {
+        self.applied
+    }
+}
+
+/// Applies the records of its part of the shards; false if one did not apply.
+fn apply_part(part: &mut ShardsPart<'_>, batch: &[Rec]) -> bool {
+    let mine = |rec: &&Rec| part.owns(rec.2);
+    warm(batch.iter().filter(mine), |hash, r| {
+        part.contains(hash, &r.producer_id, r.partition)
+    });
+    for (_, _, hash, r) in batch.iter() {
+        if part.owns(*hash) && !part.append(*hash, r).is_accepted() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Applies records on two threads: a helper applies most shards while the
+/// caller decodes the next batch and applies the others.
+pub(crate) struct Parallel<'a> {
+    own: ShardsPart<'a>,
+    batch: Vec<Rec>,
+    to_helper: Option<SyncSender<Arc<Vec<Rec>>>>,
+    from_helper: Receiver<(Arc<Vec<Rec>>, bool)>,
+    /// The batch the helper is working on, if any.
+    in_flight: Option<Arc<Vec<Rec>>>,
+    ok: bool,
+    applied: u64,
+}
+
+impl<'a> Parallel<'a> {
+    /// Splits `shards` and starts the helper in `scope`; it ends when the
+    /// sink is dropped.
+    pub(crate) fn new<'scope>(scope: &'scope Scope<'scope, '_>, shards: &'a mut Shards) -> Self
+    where
+        'a: 'scope,
+    {
+        let (own, mut theirs) = shards.split_mut(OWN_SHARDS);
+        let (to_helper, work) = sync_channel::<Arc<Vec<Rec>>>(1);
+        let (done, from_helper) = sync_channel(1);
+        scope.spawn(move || {
+            let mut ok = true;
+            for batch in work {
+                ok = ok && apply_part(&mut theirs, &batch);
+                if done.send((batch, ok)).is_err() {
+                    return;
+                }
+            }
+        });
+        Parallel {
+            own,
+            batch: Vec::with_capacity(PARALLEL_BATCH),
+            to_helper: Some(to_helper),
+            from_helper,
+            in_flight: None,
+            ok: true,
+            applied: 0,
+        }
+    }
+
+    /// Waits for the helper's batch and takes its buffer back.
+    fn settle(&mut self) {
+        let Some(mine) = self.in_flight.take() else {
+            return;
+        };
+        drop(mine);
+        match self.from_helper.recv() {
+            Ok((batch, ok)) => {
+                self.ok &= ok;
+                if let Ok(mut v) = Arc::try_unwrap(batch)
+                    && self.batch.is_empty()
+                {
+                    v.clear();
+                    self.batch = v;
+                }
+            }
+            Err(_) => self.ok = false,
+        }
+    }
+
+    /// Hands the batch to the helper and applies the caller's part of it.
+    fn hand_off(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        self.settle();
+        let batch = Arc::new(std::mem::replace(
+            &mut self.batch,
+            Vec::with_capacity(PARALLEL_BATCH),
+        ));
+        let sent = self
+            .to_helper
+            .as_ref()
+            .is_some_and(|t| t.send(batch.clone()).is_ok());
+        self.ok &= sent;
+        self.ok = self.ok && apply_part(&mut self.own, &batch);
+        self.applied += batch.len() as u64;
+        self.in_flight = Some(batch);
+    }
+}
+
+impl Sink for Parallel<'_> {
+    fn push(&mut self, rec: Rec, _path: &Path) -> Result<()> {
+        self.batch.push(rec);
+        if self.batch.len() == PARALLEL_BATCH {
+            self.hand_off();
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self, path: &Path) -> Result<()> {
+        self.hand_off();
+        self.settle();
+        if self.ok {
+            Ok(())
+        } else {
+            // Not a prefix: the caller replays again, sequentially.
+            Err(Error::corrupt(
+                path,
+                0,
+                Corruption::BadField("record that does not apply"),
+            ))
+        }
+    }
+
+    fn failed_at(&self) -> Option<(u64, u64)> {
+        None
+    }
+
+    fn exact(&self) -> bool {
+        false
+    }
+
+    fn applied(&self) -> u64 {
+        self.applied
+    }
+}
+
+impl Drop for Parallel<'_> {
+    fn drop(&mut self) {
+        // Ends the helper's loop; the scope joins it.
+        self.to_helper = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::hash_key;
+
+    fn rec(lsn: u64, key: u64, seq: i32) -> Rec {
+        let r = AppendRequest::single(key, 0, 0, seq);
+        (lsn, lsn * 31, hash_key(&r.producer_id, 0), r)
+    }
+
+    /// Records for 100 keys, 3 each in order; `gap` (if any) skips a sequence.
+    fn history(gap: Option<u64>) -> Vec<Rec> {
+        (0..300u64)
+            .map(|i| rec(i, i % 100, (i / 100) as i32 + i32::from(Some(i) == gap)))
+            .collect()
+    }
+
+    fn run(sink: &mut dyn Sink, recs: Vec<Rec>) -> Result<()> {
+        let path = Path::new("x.wal");
+        for r in recs {
+            sink.push(r, path)?;
+        }
+        sink.drain(path)
+    }
+
+    #[test]
+    fn both_sinks_apply_a_history_alike() {
+        let mut one = Shards::default();
+        let mut two = Shards::default();
+        run(&mut Sequential::new(&mut one), history(None)).unwrap();
+        std::thread::scope(|s| {
+            let mut sink = Parallel::new(s, &mut two);
+            run(&mut sink, history(None)).unwrap();
+            assert_eq!(sink.applied(), 300);
+        });
+        assert_eq!(one.len(), 100);
+        for i in 0..SHARDS {
+            let mut a: Vec<_> = one.shard(i).iter().collect();
+            let mut b: Vec<_> = two.shard(i).iter().collect();
+            a.sort_by_key(|(id, p, _)| (id.as_numeric(), *p));
+            b.sort_by_key(|(id, p, _)| (id.as_numeric(), *p));
+            assert_eq!(a, b);
+        }
+    }
+
+    #[test]
+    fn a_record_that_does_not_apply_stops_one_exactly_and_fails_the_other() {
+        let mut one = Shards::default();
+        let e = run(&mut Sequential::new(&mut one), history(Some(150))).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::Corrupt { offset, kind: Corruption::RecordDoesNotApply { position: 150, .. }, .. }
+                if offset == 150 * 31
+        ));
+        let mut two = Shards::default();
+        std::thread::scope(|s| {
+            let mut sink = Parallel::new(s, &mut two);
+            assert!(run(&mut sink, history(Some(150))).is_err());
+            assert!(!sink.exact());
+        });
+    }
+}
