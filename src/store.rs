@@ -59,7 +59,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -68,7 +68,7 @@ use hashbrown::HashTable;
 use crate::batch::{AppendRequest, Batch};
 use crate::entry::ProducerEntry;
 use crate::error::{Error, Result};
-use crate::fs::{EntryKind, FileSystem, LockGuard, StdFs};
+use crate::fs::{EntryKind, FileSystem, LockGuard, StdFs, remove_gradually};
 use crate::id::ProducerId;
 use crate::map::hash_key;
 use crate::outcome::{AppendOutcome, BatchOutcome};
@@ -434,6 +434,8 @@ struct Shared {
     dir: PathBuf,
     opts: StoreOptions,
     state: Mutex<State>,
+    /// Threads waiting for `state` (see [`Shared::lock_state`]).
+    state_waiters: AtomicU32,
     signal: Signal,
     /// Notified after every group (for `sync`, which is not a hot path).
     group_done: Condvar,
@@ -711,6 +713,7 @@ impl ProducerStateStore {
         let shared = Arc::new(Shared {
             dir,
             state: Mutex::new(state),
+            state_waiters: AtomicU32::new(0),
             signal,
             group_done: Condvar::new(),
             writer: Mutex::new(writer),
@@ -745,7 +748,7 @@ impl ProducerStateStore {
             .name("producer-state-flush".into())
             .spawn(move || s.flush_loop())
             .map_err(|e| Error::io("spawn flusher thread", &shared.dir, e))?;
-        lock(&shared.state).flusher = Some(flusher.thread().clone());
+        shared.lock_state().flusher = Some(flusher.thread().clone());
         Ok(ProducerStateStore {
             shared,
             background,
@@ -798,7 +801,7 @@ impl ProducerStateStore {
         check_name(request)?;
         let shared = &*self.shared;
         let hash = hash_key(&request.producer_id, request.partition);
-        let mut st = lock(&shared.state);
+        let mut st = shared.lock_state();
         if !shared.is_always() {
             st = shared.room(st);
         }
@@ -824,7 +827,7 @@ impl ProducerStateStore {
                 Submit::Wait { group, lsn } => {
                     drop(st);
                     shared.await_durable(group, lsn)?;
-                    st = lock(&shared.state);
+                    st = shared.lock_state();
                     if let Some(f) = &st.failed {
                         return Err(f.error_for(None));
                     }
@@ -841,7 +844,7 @@ impl ProducerStateStore {
     /// order.
     pub fn append_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
         let shared = &*self.shared;
-        let mut st = lock(&shared.state);
+        let mut st = shared.lock_state();
         if !shared.is_always() {
             st = shared.room(st);
             return shared.append_all_buffered(st, requests);
@@ -870,7 +873,7 @@ impl ProducerStateStore {
                         // make sure somebody commits them.
                         shared.commit(st);
                         let waited = shared.await_durable(group, lsn);
-                        st = lock(&shared.state);
+                        st = shared.lock_state();
                         if let Err(e) = waited {
                             break Err(e);
                         }
@@ -881,7 +884,7 @@ impl ProducerStateStore {
         if let Some(&(_, group, lsn)) = queued.last() {
             shared.commit(st);
             if shared.await_durable(group, lsn).is_err() {
-                let st = lock(&shared.state);
+                let st = shared.lock_state();
                 for &(i, _, lsn) in &queued {
                     if let Some(f) = &st.failed
                         && st.durable <= lsn
@@ -897,13 +900,13 @@ impl ProducerStateStore {
     /// The committed (durable) entry of one key, if it has state.
     pub fn get(&self, producer_id: impl Into<ProducerId>, partition: i32) -> Option<ProducerEntry> {
         let id = producer_id.into();
-        let st = lock(&self.shared.state);
+        let st = self.shared.lock_state();
         st.shards.get(hash_key(&id, partition), &id, partition)
     }
 
     /// Number of keys with committed state.
     pub fn len(&self) -> usize {
-        lock(&self.shared.state).shards.len()
+        self.shared.lock_state().shards.len()
     }
 
     /// True when no key has state.
@@ -917,7 +920,7 @@ impl ProducerStateStore {
     /// while appends run.
     pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
         (0..SHARDS).flat_map(move |i| {
-            let st = lock(&self.shared.state);
+            let st = self.shared.lock_state();
             st.shards.shard(i).iter().collect::<Vec<_>>()
         })
     }
@@ -947,7 +950,7 @@ impl ProducerStateStore {
 
     /// Counters of the store's IO since it was opened.
     pub fn stats(&self) -> StoreStats {
-        lock(&self.shared.state).stats
+        self.shared.lock_state().stats
     }
 
     /// The error of the last automatic snapshot, if it failed (the log is
@@ -986,7 +989,7 @@ impl ProducerStateStore {
         }
         let result = self.shared.sync();
         {
-            let mut st = lock(&self.shared.state);
+            let mut st = self.shared.lock_state();
             st.stopping = true;
             if let Some(f) = &st.flusher {
                 f.unpark();
@@ -1021,6 +1024,23 @@ impl Shared {
         self.opts.fsync == FsyncPolicy::Always
     }
 
+    /// Takes the state lock. A thread that has to wait for it says so, so
+    /// that a snapshot, which takes the lock once per shard, lets it in
+    /// between two shards instead of taking the lock straight back (the
+    /// lock is not fair: a woken waiter loses to a thread already running).
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        match self.state.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                self.state_waiters.fetch_add(1, Ordering::Relaxed);
+                let g = lock(&self.state);
+                self.state_waiters.fetch_sub(1, Ordering::Relaxed);
+                g
+            }
+        }
+    }
+
     /// `Always`, after queueing: leads a group commit if nobody does (the
     /// caller's record is then in it), else leaves the records to the leader.
     fn commit(&self, mut st: MutexGuard<'_, State>) {
@@ -1041,7 +1061,7 @@ impl Shared {
             let group = st.writing.unwrap_or(st.group);
             drop(st);
             self.signal.await_group(group);
-            st = lock(&self.state);
+            st = self.lock_state();
         }
         st
     }
@@ -1108,7 +1128,7 @@ impl Shared {
         if self.signal.durable.load(Ordering::Acquire) > lsn {
             return Ok(());
         }
-        let st = lock(&self.state);
+        let st = self.lock_state();
         match &st.failed {
             Some(f) if st.durable <= lsn => Err(f.error_for(Some(lsn))),
             Some(_) | None if st.durable > lsn => Ok(()),
@@ -1161,7 +1181,7 @@ impl Shared {
                 Ok::<(), Error>(())
             })();
 
-            st = lock(&self.state);
+            st = self.lock_state();
             let result = result.and_then(|()| {
                 if let Some(f) = &st.failed {
                     return Err(f.error_for(None));
@@ -1202,7 +1222,7 @@ impl Shared {
             self.signal.wake(group, failed);
             self.group_done.notify_all();
 
-            st = lock(&self.state);
+            st = self.lock_state();
             if st.buf.is_empty() || st.failed.is_some() {
                 st.leading = false;
                 break;
@@ -1228,14 +1248,14 @@ impl Shared {
     /// and writes the buffered policies' records in the background.
     fn flush_loop(&self) {
         loop {
-            let mut st = lock(&self.state);
+            let mut st = self.lock_state();
             while !st.flusher_turn {
                 if st.stopping {
                     return;
                 }
                 drop(st);
                 std::thread::park();
-                st = lock(&self.state);
+                st = self.lock_state();
             }
             st.flusher_turn = false;
             self.lead(st, true);
@@ -1243,7 +1263,7 @@ impl Shared {
     }
 
     fn sync(&self) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let target = st.next_lsn;
         st.sync_to = st.sync_to.max(target);
         loop {
@@ -1258,7 +1278,7 @@ impl Shared {
             } else {
                 st.leading = true;
                 self.lead(st, false);
-                st = lock(&self.state);
+                st = self.lock_state();
             }
         }
     }
@@ -1329,7 +1349,7 @@ impl Shared {
         let mut book = lock(&self.book);
         let fs = self.opts.fs.as_ref();
         let position = {
-            let mut st = lock(&self.state);
+            let mut st = self.lock_state();
             st.snapshot_requested = false;
             if let Some(f) = &st.failed {
                 return Err(f.error_for(None));
@@ -1354,7 +1374,7 @@ impl Shared {
             p
         };
         let written = self.write_snapshot(fs, position);
-        lock(&self.state).capture = None;
+        self.lock_state().capture = None;
         let path = match written {
             Ok(p) => p,
             Err(e) => {
@@ -1367,7 +1387,7 @@ impl Shared {
                 return Err(e);
             }
         };
-        lock(&self.state).stats.snapshots_written += 1;
+        self.lock_state().stats.snapshots_written += 1;
         book.files.insert(position);
         book.valid.retain(|&p| p != position);
         book.valid.push(position);
@@ -1400,6 +1420,14 @@ impl Shared {
                     n += 1;
                 }
                 c.done[i] = true;
+            }
+            // Let appenders that queued for the lock meanwhile take it
+            // before the next shard (bounded, should one never get there).
+            let waited = std::time::Instant::now();
+            while self.state_waiters.load(Ordering::Relaxed) > 0
+                && waited.elapsed() < Duration::from_millis(1)
+            {
+                std::thread::yield_now();
             }
             // Write in pieces of about 1 MiB: few IO calls, bounded memory.
             if chunk.len() >= 1 << 20 || i == SHARDS - 1 {
@@ -1434,12 +1462,14 @@ impl Shared {
             .collect();
         for p in &doomed {
             let path = self.dir.join(snapshot::file_name(*p));
-            fs.remove_file(&path)
-                .map_err(|e| Error::io("remove", &path, e))?;
+            remove_gradually(fs, &path).map_err(|e| Error::io("remove", &path, e))?;
             book.files.remove(p);
         }
         book.valid.retain(|&p| p >= oldest_kept);
-        lock(&self.writer).delete_before(oldest_kept)?;
+        let segments = lock(&self.writer).detach_before(oldest_kept);
+        for path in segments {
+            remove_gradually(fs, &path).map_err(|e| Error::io("remove", &path, e))?;
+        }
         fs.sync_dir(&self.dir)
             .map_err(|e| Error::io("fsync directory", &self.dir, e))
     }

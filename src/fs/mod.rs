@@ -19,6 +19,32 @@ use std::path::Path;
 mod sim;
 mod std_fs;
 
+/// Bytes a deletion frees per step (see [`remove_gradually`]).
+const REMOVE_STEP: u64 = 8 << 20;
+
+/// Deletes a file that nothing needs any more, freeing its blocks a few
+/// MiB at a time: the file is cut down step by step, each step fsync'ed,
+/// then removed. Freeing tens of MiB in one go makes the file system's
+/// next journal commit long (with the `discard` mount option it trims
+/// every freed block in that commit), and a log fsync waiting for that
+/// commit stalls its appenders: 13 to 60 ms measured here, against under 7
+/// ms with no deletion. A crash part-way leaves the file shorter, which is
+/// harmless for the obsolete snapshots and segments this deletes: nothing
+/// reads them (a later retention deletes what is left).
+pub(crate) fn remove_gradually(fs: &dyn FileSystem, path: &Path) -> io::Result<()> {
+    let len = fs.open_read(path)?.len()?;
+    if len > REMOVE_STEP {
+        let mut f = fs.open_append(path)?;
+        let mut left = len;
+        while left > REMOVE_STEP {
+            left -= REMOVE_STEP;
+            f.set_len(left)?;
+            f.sync_data()?;
+        }
+    }
+    fs.remove_file(path)
+}
+
 pub use sim::{Fault, SimFs, Unsynced};
 pub use std_fs::StdFs;
 
@@ -139,5 +165,48 @@ impl<F: FileSystem> FileSystem for ReadOnlyFs<F> {
     }
     fn try_lock(&self, _: &Path) -> io::Result<Option<Box<dyn LockGuard>>> {
         Err(read_only())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_big_file_is_removed_in_steps_and_a_crash_leaves_a_prefix_or_nothing() {
+        let path = Path::new("/d/old.wal");
+        let original: Vec<u8> = (0..(20u64 << 20)).map(|i| (i % 251) as u8).collect();
+        let setup = || {
+            let fs = SimFs::new();
+            fs.create_dir_all(Path::new("/d")).unwrap();
+            let mut f = fs.create_new(path).unwrap();
+            f.write_all(&original).unwrap();
+            f.sync_data().unwrap();
+            fs.sync_dir(Path::new("/d")).unwrap();
+            fs
+        };
+        // 20 MiB in steps of 8: cut to 12, to 4 (each fsync'ed), remove.
+        let fs = setup();
+        let before = fs.ops();
+        remove_gradually(&fs, path).unwrap();
+        assert_eq!(fs.ops() - before, 5);
+        assert!(fs.read_file(path).is_none());
+        for n in 0..5 {
+            let fs = setup();
+            fs.set_fault(fs.ops() + n, Fault::Crash);
+            assert!(remove_gradually(&fs, path).is_err());
+            for mode in [Unsynced::Drop, Unsynced::Keep] {
+                if let Some(left) = fs.crash_image(mode).read_file(path) {
+                    assert!(original.starts_with(&left), "op {n} {mode:?}");
+                }
+            }
+        }
+        // A small file is simply removed.
+        let fs = SimFs::new();
+        fs.create_dir_all(Path::new("/d")).unwrap();
+        fs.create_new(path).unwrap().write_all(b"tiny").unwrap();
+        let before = fs.ops();
+        remove_gradually(&fs, path).unwrap();
+        assert_eq!(fs.ops() - before, 1);
     }
 }

@@ -215,9 +215,11 @@ impl LogWriter {
         Ok(())
     }
 
-    /// Deletes the segments whose records all lie before `position` (never
-    /// the active one). The caller fsyncs the directory.
-    pub(crate) fn delete_before(&mut self, position: u64) -> Result<()> {
+    /// Forgets the segments whose records all lie before `position` (never
+    /// the active one) and returns their paths, for the caller to delete
+    /// without holding the writer.
+    pub(crate) fn detach_before(&mut self, position: u64) -> Vec<PathBuf> {
+        let mut gone = Vec::new();
         while self.segments.len() > 1
             && self
                 .segments
@@ -225,12 +227,9 @@ impl LogWriter {
                 .is_some_and(|s| s.first_lsn <= position)
         {
             let s = self.segments.remove(0);
-            let path = self.dir.join(segment::file_name(s.first_lsn));
-            self.fs
-                .remove_file(&path)
-                .map_err(|e| Error::io("remove", &path, e))?;
+            gone.push(self.dir.join(segment::file_name(s.first_lsn)));
         }
-        Ok(())
+        gone
     }
 }
 
