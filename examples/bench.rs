@@ -1,12 +1,16 @@
 //! The durable store's numbers, side by side, in one run on one disk.
 //!
-//! `cargo run --release --example bench` (about three minutes). Prints
+//! `cargo run --release --example bench` (about eight minutes). Prints
 //! markdown tables, writes `docs/bench-report.json` and draws
 //! `docs/throughput.svg` from the numbers it measured. `--quick` shortens
 //! every measurement (for a smoke run); `--dir PATH` puts the files on
 //! another disk (default: a temporary directory); `--only SECTION` runs one
 //! of `never`, `snapshot`, `recovery`; `--replot` redraws the SVG from the
 //! last full run's JSON report.
+//!
+//! Timed runs are repeated (three rounds, interleaved where several
+//! contenders are compared) and tables show medians: the machines this
+//! runs on are shared and noisy.
 //!
 //! Measured:
 //! - the physical limit: a bare loop of 64-byte `write` + `fdatasync`, and
@@ -43,6 +47,14 @@ use serde_json::{Value, json};
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 const THREADS: [usize; 4] = [1, 4, 16, 64];
+
+/// Rounds of each timed run; tables show the median of each figure.
+const ROUNDS: usize = 3;
+
+/// Runs `f` `n` times.
+fn rounds<T>(n: usize, mut f: impl FnMut() -> Result<T>) -> Result<Vec<T>> {
+    (0..n).map(|_| f()).collect()
+}
 const PARTITIONS: u64 = 16;
 
 struct Cfg {
@@ -74,6 +86,17 @@ impl Stat {
             p50_us: q(0.50),
             p99_us: q(0.99),
             max_us: q(1.0),
+        }
+    }
+
+    /// The median of each figure over several runs.
+    fn median(runs: &[Stat]) -> Stat {
+        let m = |f: fn(&Stat) -> f64| median(runs.iter().map(f).collect());
+        Stat {
+            ops_per_s: m(|s| s.ops_per_s),
+            p50_us: m(|s| s.p50_us),
+            p99_us: m(|s| s.p99_us),
+            max_us: m(|s| s.max_us),
         }
     }
 
@@ -137,7 +160,7 @@ fn main() -> Result<()> {
         .unwrap_or_else(|| tmp.path().to_path_buf());
     std::fs::create_dir_all(&dir)?;
     let cfg = Cfg {
-        run: Duration::from_millis(if quick { 300 } else { 2500 }),
+        run: Duration::from_millis(if quick { 300 } else { 2000 }),
         dir,
     };
     println!(
@@ -171,7 +194,7 @@ fn main() -> Result<()> {
     println!("|---:|---:|---:|---:|");
     let mut limit = Vec::new();
     for n in THREADS {
-        let s = bare_fsync_loop(&cfg, n)?;
+        let s = Stat::median(&rounds(ROUNDS, || bare_fsync_loop(&cfg, n))?);
         println!(
             "| {n} | {:.0} | {:.0} | {:.0} |",
             s.ops_per_s, s.p50_us, s.p99_us
@@ -189,9 +212,14 @@ fn main() -> Result<()> {
     let mut sqlite_rows = Vec::new();
     let mut bare_rows = Vec::new();
     for t in THREADS {
-        let s = store_threads(&cfg, t)?;
-        let q = sqlite_threads(&cfg, t)?;
-        let b = bare_group_commit(&cfg, t)?;
+        // Rounds interleave the three, so drift hits them alike.
+        let (mut ss, mut qs, mut bs) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            ss.push(store_threads(&cfg, t)?);
+            qs.push(sqlite_threads(&cfg, t)?);
+            bs.push(bare_group_commit(&cfg, t)?);
+        }
+        let (s, q, b) = (Stat::median(&ss), Stat::median(&qs), Stat::median(&bs));
         println!(
             "| {t} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}x | {:.0} | {:.0} | {:.0} |",
             s.ops_per_s,
