@@ -1129,13 +1129,15 @@ impl Shared {
             return Ok(());
         }
         let st = self.lock_state();
-        match &st.failed {
-            Some(f) if st.durable <= lsn => Err(f.error_for(Some(lsn))),
-            Some(_) | None if st.durable > lsn => Ok(()),
-            _ => Err(Error::Poisoned {
-                cause: format!("internal error: group {group} done without record {lsn}"),
-            }),
+        if st.durable > lsn {
+            return Ok(());
         }
+        Err(match &st.failed {
+            Some(f) => f.error_for(Some(lsn)),
+            None => Error::Poisoned {
+                cause: format!("internal error: group {group} done without record {lsn}"),
+            },
+        })
     }
 
     /// Leads group commits: takes the forming group (every record queued),
