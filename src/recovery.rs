@@ -292,7 +292,6 @@ fn recover_inner(
     let listing = fs.list(dir).map_err(io_at("list", dir))?;
 
     let mut segments: Vec<u64> = Vec::new();
-    let mut segment_bytes: Vec<(u64, u64)> = Vec::new();
     let mut snapshot_files = BTreeSet::new();
     for e in &listing {
         if let Some(stem) = e.name.strip_suffix(snapshot::TMP_SUFFIX)
@@ -305,7 +304,6 @@ fn recover_inner(
             report.files_removed.push(p);
         } else if let Some(lsn) = segment::parse_name(&e.name) {
             segments.push(lsn);
-            segment_bytes.push((lsn, e.len));
         } else if let Some(pos) = snapshot::parse_name(&e.name) {
             snapshot_files.insert(pos);
         }
@@ -360,10 +358,10 @@ fn recover_inner(
     // record does not apply, that replay cannot say where the history
     // stops: replay again from the same base, sequentially, which can.
     let first = segments.iter().rev().find(|&&l| l <= start).copied();
-    let to_replay: u64 = segment_bytes
+    let to_replay: u64 = listing
         .iter()
-        .filter(|&&(lsn, _)| first.is_some_and(|f| lsn >= f))
-        .map(|&(_, len)| len)
+        .filter(|e| segment::parse_name(&e.name).is_some_and(|l| first.is_some_and(|f| l >= f)))
+        .map(|e| e.len)
         .sum();
     let parallel = to_replay >= PARALLEL_FROM
         && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);

@@ -417,13 +417,12 @@ impl Signal {
     /// futex call wakes them all: the kernel does the rest, and the leader
     /// makes no call per waiter.
     fn wake(&self, group: u64, failed: bool) {
-        if failed {
-            for w in &self.words {
-                w.fetch_add(1, Ordering::Release);
-                atomic_wait::wake_all(w);
-            }
+        let words = if failed {
+            &self.words[..]
         } else {
-            let w = self.word(group);
+            std::slice::from_ref(self.word(group))
+        };
+        for w in words {
             w.fetch_add(1, Ordering::Release);
             atomic_wait::wake_all(w);
         }
@@ -469,6 +468,14 @@ enum Submit {
 }
 
 impl State {
+    /// Tells the flusher thread to take over as leader.
+    fn call_flusher(&mut self) {
+        self.flusher_turn = true;
+        if let Some(f) = &self.flusher {
+            f.unpark();
+        }
+    }
+
     fn overlay_find(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<&Pending> {
         self.overlay
             .find(hash, |p| p.partition == partition && p.id == *id)
@@ -1071,10 +1078,7 @@ impl Shared {
     fn hand_to_flusher(&self, st: &mut State) {
         if !st.leading {
             st.leading = true;
-            st.flusher_turn = true;
-            if let Some(f) = &st.flusher {
-                f.unpark();
-            }
+            st.call_flusher();
         }
     }
 
@@ -1230,10 +1234,7 @@ impl Shared {
                 break;
             }
             if !flusher {
-                st.flusher_turn = true;
-                if let Some(f) = &st.flusher {
-                    f.unpark();
-                }
+                st.call_flusher();
                 break;
             }
         }
