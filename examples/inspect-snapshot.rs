@@ -434,6 +434,7 @@ fn inspect_segment(
     );
     settle(out, result, |out, s| {
         out.position = Some(s.first_position);
+        out.version = Some(s.version);
         out.entry_count = Some(s.records);
         out.damage.extend(segment_damage(path, &s.end));
         out.records = records;

@@ -25,8 +25,17 @@ use crate::batch::AppendRequest;
 use crate::error::{Corruption, Error, Result};
 use crate::shards::{SHARDS, Shards, ShardsPart};
 
-/// A decoded record: position, offset in its segment, key hash, request.
-pub(crate) type Rec = (u64, u64, u64, AppendRequest);
+/// A decoded append.
+pub(crate) struct Rec {
+    /// Its log position.
+    pub lsn: u64,
+    /// The offset of its record in the segment.
+    pub at: u64,
+    /// Its index among the appends of its record.
+    pub nth: u32,
+    pub hash: u64,
+    pub request: AppendRequest,
+}
 
 /// Records decoded before they are applied, sequentially.
 const BATCH: usize = 256;
@@ -48,6 +57,12 @@ pub(crate) trait Sink {
     /// The (offset, position) of the record that did not apply, if one did
     /// not and the state is exactly the records before it.
     fn failed_at(&self) -> Option<(u64, u64)>;
+    /// If an append that did not apply was not the first of its record, the
+    /// state holds part of that record: replay must run again and stop
+    /// before this position (the record's first append), reporting this.
+    fn retry_before(&self) -> Option<(u64, Corruption)> {
+        None
+    }
     /// Whether a failure leaves the state a prefix of the history.
     fn exact(&self) -> bool;
     /// Records applied so far.
@@ -57,7 +72,7 @@ pub(crate) trait Sink {
 /// Looks every record of `batch` that `owns` up in `contains` once, so that
 /// the apply loop that follows finds its slots in cache.
 fn warm<'r>(batch: impl Iterator<Item = &'r Rec>, contains: impl Fn(u64, &AppendRequest) -> bool) {
-    let found = batch.filter(|(_, _, hash, r)| contains(*hash, r)).count();
+    let found = batch.filter(|r| contains(r.hash, &r.request)).count();
     std::hint::black_box(found);
 }
 
@@ -67,6 +82,11 @@ pub(crate) struct Sequential<'a> {
     shards: &'a mut Shards,
     batch: Vec<Rec>,
     failed: Option<(u64, u64)>,
+    /// See [`Sink::retry_before`].
+    partial: Option<(u64, Corruption)>,
+    /// Stop before this position, reporting this (a replay again after
+    /// [`Sink::retry_before`]).
+    stop_before: Option<(u64, Corruption)>,
     applied: u64,
 }
 
@@ -76,13 +96,32 @@ impl<'a> Sequential<'a> {
             shards,
             batch: Vec::with_capacity(BATCH),
             failed: None,
+            partial: None,
+            stop_before: None,
             applied: 0,
+        }
+    }
+
+    /// A sink that stops before the append at `position`, the first of a
+    /// record that did not apply whole, reporting `kind` at its offset.
+    pub(crate) fn stopping_before(shards: &'a mut Shards, position: u64, kind: Corruption) -> Self {
+        Sequential {
+            stop_before: Some((position, kind)),
+            ..Sequential::new(shards)
         }
     }
 }
 
 impl Sink for Sequential<'_> {
     fn push(&mut self, rec: Rec, path: &Path) -> Result<()> {
+        if let Some((position, kind)) = &self.stop_before
+            && rec.lsn >= *position
+        {
+            let kind = kind.clone();
+            self.drain(path)?;
+            self.failed = Some((rec.at, rec.lsn));
+            return Err(Error::corrupt(path, rec.at, kind));
+        }
         self.batch.push(rec);
         if self.batch.len() == BATCH {
             self.drain(path)?;
@@ -95,18 +134,19 @@ impl Sink for Sequential<'_> {
         warm(self.batch.iter(), |hash, r| {
             shards.contains(hash, &r.producer_id, r.partition)
         });
-        for (lsn, at, hash, r) in self.batch.drain(..) {
-            let o = shards.append(hash, &r);
+        for rec in self.batch.drain(..) {
+            let o = shards.append(rec.hash, &rec.request);
             if !o.is_accepted() {
-                self.failed = Some((at, lsn));
-                return Err(Error::corrupt(
-                    path,
-                    at,
-                    Corruption::RecordDoesNotApply {
-                        position: lsn,
-                        outcome: o.to_string(),
-                    },
-                ));
+                let kind = Corruption::RecordDoesNotApply {
+                    position: rec.lsn,
+                    outcome: o.to_string(),
+                };
+                if rec.nth == 0 {
+                    self.failed = Some((rec.at, rec.lsn));
+                } else {
+                    self.partial = Some((rec.lsn - u64::from(rec.nth), kind.clone()));
+                }
+                return Err(Error::corrupt(path, rec.at, kind));
             }
             self.applied += 1;
         }
@@ -115,6 +155,10 @@ impl Sink for Sequential<'_> {
 
     fn failed_at(&self) -> Option<(u64, u64)> {
         self.failed
+    }
+
+    fn retry_before(&self) -> Option<(u64, Corruption)> {
+        self.partial.clone()
     }
 
     fn exact(&self) -> bool {
@@ -128,12 +172,12 @@ impl Sink for Sequential<'_> {
 
 /// Applies the records of its part of the shards; false if one did not apply.
 fn apply_part(part: &mut ShardsPart<'_>, batch: &[Rec]) -> bool {
-    let mine = |rec: &&Rec| part.owns(rec.2);
+    let mine = |rec: &&Rec| part.owns(rec.hash);
     warm(batch.iter().filter(mine), |hash, r| {
         part.contains(hash, &r.producer_id, r.partition)
     });
-    for (_, _, hash, r) in batch.iter() {
-        if part.owns(*hash) && !part.append(*hash, r).is_accepted() {
+    for r in batch.iter() {
+        if part.owns(r.hash) && !part.append(r.hash, &r.request).is_accepted() {
             return false;
         }
     }
@@ -273,9 +317,16 @@ mod tests {
     use super::*;
     use crate::map::hash_key;
 
+    /// An append alone in its record (records of 31 bytes).
     fn rec(lsn: u64, key: u64, seq: i32) -> Rec {
-        let r = AppendRequest::single(key, 0, 0, seq);
-        (lsn, lsn * 31, hash_key(&r.producer_id, 0), r)
+        let request = AppendRequest::single(key, 0, 0, seq);
+        Rec {
+            lsn,
+            at: lsn * 31,
+            nth: 0,
+            hash: hash_key(&request.producer_id, 0),
+            request,
+        }
     }
 
     /// Records for 100 keys, 3 each in order; `gap` (if any) skips a sequence.
@@ -328,5 +379,60 @@ mod tests {
             assert!(run(&mut sink, history(Some(150))).is_err());
             assert!(!sink.exact());
         });
+    }
+
+    #[test]
+    fn an_append_that_fails_inside_a_record_asks_for_a_replay_before_the_record() {
+        // Records of ten appends each: the failing append is the 1st of
+        // the record at position 150, then the 6th of that at 150.
+        let packed = |gap| -> Vec<Rec> {
+            history(Some(gap))
+                .into_iter()
+                .map(|r| Rec {
+                    at: r.lsn / 10 * 1000,
+                    nth: (r.lsn % 10) as u32,
+                    ..r
+                })
+                .collect()
+        };
+        let mut one = Shards::default();
+        let mut sink = Sequential::new(&mut one);
+        assert!(run(&mut sink, packed(150)).is_err());
+        assert_eq!(sink.failed_at(), Some((15_000, 150)));
+        assert!(sink.retry_before().is_none());
+
+        let mut one = Shards::default();
+        let mut sink = Sequential::new(&mut one);
+        let e = run(&mut sink, packed(155)).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { offset: 15_000, .. }));
+        assert_eq!(sink.failed_at(), None);
+        let (before, kind) = sink.retry_before().unwrap();
+        assert_eq!(before, 150);
+
+        // The replay again stops before the record, with the same report.
+        let mut again = Shards::default();
+        let mut sink = Sequential::stopping_before(&mut again, before, kind);
+        let e = run(&mut sink, packed(155)).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::Corrupt {
+                offset: 15_000,
+                kind: Corruption::RecordDoesNotApply { position: 155, .. },
+                ..
+            }
+        ));
+        assert_eq!(sink.failed_at(), Some((15_000, 150)));
+        assert_eq!(sink.applied(), 150);
+        // Keys 0..50 have two appends each, 50..100 one: 150 in all.
+        let total: u64 = (0..100u64)
+            .map(|k| {
+                let id = crate::id::ProducerId::numeric(k);
+                let h = hash_key(&id, 0);
+                again
+                    .get(h, &id, 0)
+                    .map_or(0, |e| e.last_sequence() as u64 + 1)
+            })
+            .sum();
+        assert_eq!(total, 150);
     }
 }

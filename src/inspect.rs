@@ -156,7 +156,9 @@ pub enum SegmentEnd {
 pub struct SegmentSummary {
     /// Position of its first record.
     pub first_position: u64,
-    /// Valid records before any damage.
+    /// Its format version (docs/format.md).
+    pub version: u16,
+    /// Valid appends before any damage.
     pub records: u64,
     /// File size in bytes.
     pub bytes: u64,
@@ -166,10 +168,10 @@ pub struct SegmentSummary {
     pub end: SegmentEnd,
 }
 
-/// Streams a segment, handing each valid record (position, byte offset,
-/// request) to `each`, and says how its records end. An error only for a
-/// damaged or truncated header, or IO. `progress(bytes)` is called every
-/// few thousand records.
+/// Streams a segment, handing each append of each valid record (position,
+/// byte offset of the record, request) to `each`, and says how its records
+/// end. An error only for a damaged or truncated header, or IO.
+/// `progress(bytes)` is called every few thousand appends.
 pub fn segment(
     path: &Path,
     mut each: impl FnMut(u64, u64, &AppendRequest),
@@ -181,7 +183,7 @@ pub fn segment(
         path,
         io::BufReader::with_capacity(1 << 20, f),
         len,
-        |lsn, at, r| {
+        |lsn, at, _, r| {
             each(lsn, at, r);
             t.tick(at);
             Ok(())
@@ -200,6 +202,7 @@ pub fn segment(
     };
     Ok(SegmentSummary {
         first_position: s.first_lsn,
+        version: s.version,
         records: s.records,
         bytes: s.file_len,
         valid_bytes: s.valid_len,

@@ -31,7 +31,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::apply::{Parallel, Sequential, Sink};
+use crate::apply::{Parallel, Rec, Sequential, Sink};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::map::hash_key;
@@ -216,13 +216,15 @@ struct Cut {
     error: Error,
 }
 
-/// Why replay stopped early: damage (salvageable), an IO error, or a
-/// record that did not apply during a parallel replay (replay again,
-/// sequentially, to find it).
+/// Why replay stopped early: damage (salvageable), an IO error, a record
+/// that did not apply during a parallel replay (replay again,
+/// sequentially, to find it), or an append that did not apply after others
+/// of its record had (replay again and stop before the record).
 enum Stop {
     Damage(Box<Cut>),
     Io(Error),
     Retry,
+    RetryBefore(u64, Corruption),
 }
 
 impl From<Error> for Stop {
@@ -365,6 +367,8 @@ fn recover_inner(
         .sum();
     let parallel = to_replay >= PARALLEL_FROM
         && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    // The report before replay, for a replay again.
+    let unreplayed = report.clone();
     let mut result = if parallel {
         let mut r = report.clone();
         let out = std::thread::scope(|scope| {
@@ -382,10 +386,7 @@ fn recover_inner(
     if matches!(result, Err(Stop::Retry)) {
         report.replay_threads = 1;
         if parallel {
-            shards = match &report.snapshot {
-                Some(s) => load_snapshot(fs, &s.file)?.1,
-                None => Shards::default(),
-            };
+            shards = fresh_base(fs, &report)?;
         }
         result = replay(
             fs,
@@ -397,9 +398,26 @@ fn recover_inner(
             dry,
         );
     }
+    // An append that did not apply after others of its record had: the
+    // state may not keep part of a record, so replay again and stop
+    // before it.
+    if let Err(Stop::RetryBefore(position, kind)) = result {
+        report = unreplayed;
+        report.replay_threads = 1;
+        shards = fresh_base(fs, &report)?;
+        result = replay(
+            fs,
+            dir,
+            &segments,
+            start,
+            &mut Sequential::stopping_before(&mut shards, position, kind),
+            &mut report,
+            dry,
+        );
+    }
     let replayed = match result {
         Ok(r) => r,
-        Err(Stop::Retry) => {
+        Err(Stop::Retry) | Err(Stop::RetryBefore(..)) => {
             return Err(Error::Poisoned {
                 cause: "internal error: a sequential replay asked to be retried".into(),
             });
@@ -453,6 +471,14 @@ fn recover_inner(
             .collect(),
         snapshot_files,
         report,
+    })
+}
+
+/// The state replay starts from: the snapshot the report names, or nothing.
+fn fresh_base(fs: &dyn FileSystem, report: &RecoveryReport) -> Result<Shards> {
+    Ok(match &report.snapshot {
+        Some(s) => load_snapshot(fs, &s.file)?.1,
+        None => Shards::default(),
     })
 }
 
@@ -528,10 +554,16 @@ fn replay(
             &path,
             std::io::BufReader::with_capacity(1 << 20, file),
             len,
-            |lsn, at, r| {
+            |lsn, at, nth, r| {
                 if lsn >= start {
-                    let hash = hash_key(&r.producer_id, r.partition);
-                    sink.push((lsn, at, hash, r.clone()), &path)?;
+                    let rec = Rec {
+                        lsn,
+                        at,
+                        nth,
+                        hash: hash_key(&r.producer_id, r.partition),
+                        request: r.clone(),
+                    };
+                    sink.push(rec, &path)?;
                 }
                 Ok(())
             },
@@ -568,6 +600,9 @@ fn replay(
                 );
             }
             Err(HeaderError::Bad(e)) if e.is_corruption() => {
+                if let Some((position, kind)) = sink.retry_before() {
+                    return Err(Stop::RetryBefore(position, kind));
+                }
                 let keep = sink.failed_at().map(|(at, lsn)| (at, lsn - named));
                 return cut(keep, e);
             }
@@ -704,20 +739,37 @@ mod tests {
 
     /// A store directory holding one segment of `n` single-sequence appends
     /// over 1,000 keys, key `i % 1000` at sequence `i / 1000`, except that
-    /// record `bad` (if any) skips a sequence: it does not apply.
-    fn log(n: u64, bad: Option<u64>) -> (SimFs, PathBuf, u64) {
+    /// append `bad` (if any) skips a sequence: it does not apply. Written
+    /// in 64 KiB groups, `packed` as the store writes them (many appends
+    /// per record), else one append per record. Returns the offset and the
+    /// first position of the record holding `bad`.
+    fn log(n: u64, bad: Option<u64>, packed: bool) -> (SimFs, PathBuf, u64, u64) {
         let fs = SimFs::new();
         let dir = PathBuf::from("/s");
         fs.create_dir_all(&dir).unwrap();
         let mut bytes = segment::header(0);
-        let mut bad_offset = 0;
+        let (mut bad_offset, mut bad_record) = (0, 0);
         let mut group = Vec::new();
+        let mut open = usize::MAX;
+        let mut record_start = 0;
         for i in 0..n {
-            if Some(i) == bad {
-                bad_offset = (bytes.len() + group.len()) as u64;
-            }
             let seq = (i / 1000) as i32 + i32::from(Some(i) == bad);
-            encode(&mut group, &AppendRequest::single(i % 1000, 0, 0, seq));
+            if !packed {
+                open = usize::MAX;
+            }
+            let before = open;
+            encode(
+                &mut group,
+                &mut open,
+                &AppendRequest::single(i % 1000, 0, 0, seq),
+            );
+            if open != before || !packed {
+                record_start = i;
+            }
+            if Some(i) == bad {
+                bad_offset = (bytes.len() + open) as u64;
+                bad_record = record_start;
+            }
             if group.len() >= 64 << 10 || i + 1 == n {
                 seal(&mut group, 0, 0);
                 bytes.append(&mut group);
@@ -728,23 +780,24 @@ mod tests {
         f.write_all(&bytes).unwrap();
         f.sync_data().unwrap();
         fs.sync_dir(&dir).unwrap();
-        (fs, dir, bad_offset)
+        (fs, dir, bad_offset, bad_record)
     }
 
     #[test]
     fn a_long_log_replays_on_two_threads_to_the_same_state() {
-        // 300k records: 9 MB, above the parallel threshold.
-        let (fs, dir, _) = log(300_000, None);
+        // 500k appends in records of about 3,600: 9 MB, above the parallel
+        // threshold.
+        let (fs, dir, _, _) = log(500_000, None, true);
         let r = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(r.report.replay_threads, cores.min(2));
-        assert_eq!(r.report.records_replayed, 300_000);
-        assert_eq!(r.next_lsn, 300_000);
+        assert_eq!(r.report.records_replayed, 500_000);
+        assert_eq!(r.next_lsn, 500_000);
         assert_eq!(r.shards.len(), 1000);
         for k in [0u64, 1, 500, 999] {
             let id = crate::ProducerId::from(k);
             let e = r.shards.get(hash_key(&id, 0), &id, 0).unwrap();
-            assert_eq!(e.last_sequence(), 299);
+            assert_eq!(e.last_sequence(), 499);
         }
     }
 
@@ -752,35 +805,45 @@ mod tests {
     fn a_record_that_does_not_apply_is_found_exactly_after_a_parallel_replay() {
         // The parallel replay applies records past the bad one on other
         // shards; recovery must still name the bad record and salvage
-        // exactly the history before it.
-        let bad = 200_123;
-        let (fs, dir, offset) = log(300_000, Some(bad));
-        match recover(&fs, &dir, RecoveryMode::Strict) {
-            Err(Error::Corrupt {
-                offset: o, kind, ..
-            }) => {
-                assert_eq!(o, offset);
-                assert!(
-                    matches!(kind, Corruption::RecordDoesNotApply { position, .. } if position == bad),
-                    "{kind:?}"
-                );
+        // exactly the history before it. Packed, the bad append is in the
+        // middle of a record, which salvage drops whole: the state never
+        // holds part of a record the log no longer has.
+        let bad = 300_123;
+        for packed in [false, true] {
+            let (fs, dir, offset, record) =
+                log(if packed { 500_000 } else { 320_000 }, Some(bad), packed);
+            assert_eq!(record == bad, !packed);
+            match recover(&fs, &dir, RecoveryMode::Strict) {
+                Err(Error::Corrupt {
+                    offset: o, kind, ..
+                }) => {
+                    assert_eq!(o, offset);
+                    assert!(
+                        matches!(kind, Corruption::RecordDoesNotApply { position, .. } if position == bad),
+                        "{kind:?}"
+                    );
+                }
+                other => panic!("{:?}", other.map(|r| r.report)),
             }
-            other => panic!("{:?}", other.map(|r| r.report)),
-        }
-        let r = recover(&fs, &dir, RecoveryMode::Salvage).unwrap();
-        assert_eq!(r.report.replay_threads, 1, "found by the sequential replay");
-        assert_eq!(r.next_lsn, bad);
-        assert_eq!(r.report.records_replayed, bad);
-        for k in 0..1000u64 {
-            let id = crate::ProducerId::from(k);
-            let last = r
-                .shards
-                .get(hash_key(&id, 0), &id, 0)
-                .unwrap()
-                .last_sequence();
-            // Key k's last record before `bad` is the largest i < bad with i % 1000 == k.
-            let want = ((bad - 1 - (bad - 1 + 1000 - k) % 1000) / 1000) as i32;
-            assert_eq!(last, want, "key {k}");
+            let r = recover(&fs, &dir, RecoveryMode::Salvage).unwrap();
+            assert_eq!(r.report.replay_threads, 1, "found by the sequential replay");
+            assert_eq!(r.next_lsn, record);
+            assert_eq!(r.report.records_replayed, record);
+            assert_eq!(r.active.map(|(len, _)| len), Some(offset));
+            for k in 0..1000u64 {
+                let id = crate::ProducerId::from(k);
+                let last = r
+                    .shards
+                    .get(hash_key(&id, 0), &id, 0)
+                    .unwrap()
+                    .last_sequence();
+                // Key k's last append before `record` is the largest i < record with i % 1000 == k.
+                let want = ((record - 1 - (record - 1 + 1000 - k) % 1000) / 1000) as i32;
+                assert_eq!(last, want, "key {k}");
+            }
+            // Opening the salvaged log again agrees.
+            let again = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
+            assert_eq!(again.next_lsn, record);
         }
     }
 }

@@ -325,6 +325,9 @@ struct State {
     /// Encoded records not yet written (the forming group), and (`Always`)
     /// what they apply.
     buf: Vec<u8>,
+    /// Offset in `buf` of the record that numeric single-sequence appends
+    /// join (a hint that [`record::encode`] checks).
+    open_record: usize,
     queued: Vec<Queued>,
     /// The buffer of the last group written, kept for the next one: a
     /// fresh buffer would grow (and fault in its pages) all over again.
@@ -497,7 +500,7 @@ impl State {
 
     fn enqueue_record(&mut self, r: &AppendRequest) -> u64 {
         let before = self.buf.len();
-        record::encode(&mut self.buf, r);
+        record::encode(&mut self.buf, &mut self.open_record, r);
         let lsn = self.next_lsn;
         self.next_lsn += 1;
         self.since_snapshot.0 += 1;
@@ -697,6 +700,7 @@ impl ProducerStateStore {
             shards: rec.shards,
             overlay: HashTable::new(),
             buf: Vec::new(),
+            open_record: 0,
             queued: Vec::new(),
             spare: Vec::new(),
             buf_first: rec.next_lsn,

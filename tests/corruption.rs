@@ -42,6 +42,47 @@ fn build(reqs: &[AppendRequest], o: impl Fn(&SimFs) -> StoreOptions) -> SimFs {
     fs
 }
 
+/// As [`build`], but in `append_all` calls of 8 requests: numeric
+/// single-sequence appends in a row then share a record.
+fn build_packed(reqs: &[AppendRequest]) -> SimFs {
+    let fs = SimFs::new();
+    let s = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap();
+    for chunk in reqs.chunks(8) {
+        for r in s.append_all(chunk) {
+            r.unwrap();
+        }
+    }
+    s.close().unwrap();
+    fs
+}
+
+/// The two ways of writing a log: one record per append, and packed.
+fn both_builds(reqs: &[AppendRequest]) -> [(&'static str, SimFs); 2] {
+    [
+        ("one append per record", build(reqs, opts)),
+        ("packed", build_packed(reqs)),
+    ]
+}
+
+/// Record boundaries of a segment (the header's end, then each record's
+/// end, per its length field) and the appends before each: a kind-1
+/// record holds (length - 13) / 18 of them (docs/format.md).
+fn boundaries(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = vec![(24usize, 0usize)];
+    while out.last().unwrap().0 < bytes.len() {
+        let (at, n) = *out.last().unwrap();
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        let appends = if bytes[at + 12] == 1 {
+            (len - 13) / 18
+        } else {
+            1
+        };
+        out.push((at + len, n + appends));
+    }
+    assert_eq!(out.last().unwrap().0, bytes.len());
+    out
+}
+
 fn files(fs: &SimFs, ext: &str) -> Vec<PathBuf> {
     fs.files()
         .into_iter()
@@ -73,23 +114,28 @@ fn check(fs: &SimFs, history: &[Model], what: &str) -> Option<usize> {
 fn truncating_the_log_at_every_byte_recovers_the_longest_complete_prefix() {
     let reqs = workload(40);
     let history = prefixes(&reqs);
-    let fs = build(&reqs, opts);
-    let seg = files(&fs, ".wal").remove(0);
-    let bytes = fs.read_file(&seg).unwrap();
-    // Record boundaries: the header, then each record's length field.
-    let mut boundaries = vec![24usize];
-    while *boundaries.last().unwrap() < bytes.len() {
-        let at = *boundaries.last().unwrap();
-        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
-        boundaries.push(at + len);
+    for (how, fs) in both_builds(&reqs) {
+        truncate_everywhere(&fs, &history, how);
     }
-    assert_eq!(*boundaries.last().unwrap(), bytes.len());
+}
+
+fn truncate_everywhere(fs: &SimFs, history: &[Model], how: &str) {
+    let seg = files(fs, ".wal").remove(0);
+    let bytes = fs.read_file(&seg).unwrap();
+    let boundaries = boundaries(&bytes);
+    if how == "packed" {
+        assert!(
+            boundaries.len() - 1 < history.len() - 1,
+            "some records hold several appends"
+        );
+    }
     let mut last = 0;
     for cut in 0..=bytes.len() {
         let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
         t.overwrite(&seg, &bytes[..cut]);
-        let s = ProducerStateStore::open_with(dir(), opts(&t))
-            .unwrap_or_else(|e| panic!("cut at {cut}: a truncation is a torn tail, not {e}"));
+        let s = ProducerStateStore::open_with(dir(), opts(&t)).unwrap_or_else(|e| {
+            panic!("{how}, cut at {cut}: a truncation is a torn tail, not {e}")
+        });
         let got = history
             .iter()
             .position(|m| matches(&s, m))
@@ -104,18 +150,18 @@ fn truncating_the_log_at_every_byte_recovers_the_longest_complete_prefix() {
         if cut < 24 {
             assert_eq!(r.files_removed, vec![seg.clone()], "cut at {cut}");
         } else {
-            let kept = boundaries
+            let (kept, appends) = boundaries
                 .iter()
                 .copied()
-                .filter(|&b| b <= cut)
+                .filter(|&(b, _)| b <= cut)
                 .max()
                 .unwrap();
-            assert_eq!(r.torn_bytes_dropped() as usize, cut - kept, "cut at {cut}");
             assert_eq!(
-                got,
-                boundaries.iter().filter(|&&b| b <= cut).count() - 1,
-                "cut at {cut}"
+                r.torn_bytes_dropped() as usize,
+                cut - kept,
+                "{how}, cut at {cut}"
             );
+            assert_eq!(got, appends, "{how}, cut at {cut}");
         }
     }
     assert_eq!(last, history.len() - 1);
@@ -125,25 +171,26 @@ fn truncating_the_log_at_every_byte_recovers_the_longest_complete_prefix() {
 fn flipping_every_bit_of_a_log_is_a_prefix_or_corrupt() {
     let reqs = workload(12);
     let history = prefixes(&reqs);
-    let fs = build(&reqs, opts);
-    let seg = files(&fs, ".wal").remove(0);
-    let bytes = fs.read_file(&seg).unwrap();
-    let (mut prefix, mut corrupt) = (0, 0);
-    for bit in 0..bytes.len() * 8 {
-        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
-        let mut b = bytes.clone();
-        b[bit / 8] ^= 1 << (bit % 8);
-        t.overwrite(&seg, &b);
-        match check(&t, &history, &format!("bit {bit}")) {
-            Some(_) => prefix += 1,
-            None => corrupt += 1,
+    for (how, fs) in both_builds(&reqs) {
+        let seg = files(&fs, ".wal").remove(0);
+        let bytes = fs.read_file(&seg).unwrap();
+        let (mut prefix, mut corrupt) = (0, 0);
+        for bit in 0..bytes.len() * 8 {
+            let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+            let mut b = bytes.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            t.overwrite(&seg, &b);
+            match check(&t, &history, &format!("{how}, bit {bit}")) {
+                Some(_) => prefix += 1,
+                None => corrupt += 1,
+            }
         }
+        // Flips in the last record are torn tails; the rest is refused.
+        assert!(
+            prefix > 0 && corrupt > 0,
+            "{how}: {prefix} prefixes, {corrupt} refusals"
+        );
     }
-    // Flips in the last record are torn tails; the rest is refused.
-    assert!(
-        prefix > 0 && corrupt > 0,
-        "{prefix} prefixes, {corrupt} refusals"
-    );
 }
 
 #[test]

@@ -1,11 +1,17 @@
 //! Committed files pin the on-disk format (docs/format.md describes them
-//! byte by byte): a store directory written by a fixed history, with three
-//! log segments and a snapshot. The test checks that the committed bytes
-//! still decode to the expected state and that writing the same history
-//! today produces exactly the same bytes.
+//! byte by byte): store directories written by a fixed history, each with
+//! three log segments and a snapshot.
+//!
+//! - `store-v2` is what this version writes: the test checks that writing
+//!   the history today produces exactly those bytes, and that they decode
+//!   to the expected state.
+//! - `store-v1` was written by the first format version (one append per
+//!   record). It must still open to its state, and a store continuing it
+//!   writes new segments in the current version.
 //!
 //! Regenerate (only on a deliberate format change, with a new version):
-//! `GOLDEN_REGENERATE=1 cargo test --test golden`.
+//! `GOLDEN_REGENERATE=1 cargo test --test golden`; keep the old
+//! directories, they pin what older stores left on disk.
 
 mod common;
 
@@ -17,12 +23,22 @@ use common::store_util::{diff, matches};
 use producer_state::fs::{FileSystem, SimFs};
 use producer_state::{AppendRequest, Batch, FsyncPolicy, ProducerStateStore, StoreOptions};
 
-const GOLDEN: &str = "tests/golden/store-v1";
+const GOLDEN_V1: &str = "tests/golden/store-v1";
+const GOLDEN: &str = "tests/golden/store-v2";
 
-/// The fixed history: every record kind, a new session, a zombie, a retry.
-fn history() -> Vec<(AppendRequest, bool)> {
+/// One step of the fixed history.
+enum Step {
+    /// One append, then a snapshot if asked.
+    One(AppendRequest, bool),
+    /// One `append_all` call: its numeric single-sequence appends share a
+    /// record.
+    All(Vec<AppendRequest>),
+}
+
+/// The history of version 1: every record kind, a new session, a zombie, a retry.
+fn history_v1() -> Vec<Step> {
     let mut h = Vec::new();
-    let mut push = |r: AppendRequest, snapshot_after: bool| h.push((r, snapshot_after));
+    let mut push = |r: AppendRequest, snapshot_after: bool| h.push(Step::One(r, snapshot_after));
     push(AppendRequest::single(42u64, 0, 0, 0), false);
     push(AppendRequest::single(42u64, 0, 0, 1), false);
     push(
@@ -51,6 +67,19 @@ fn history() -> Vec<(AppendRequest, bool)> {
     h
 }
 
+/// The history of version 2: version 1's, then one call of four numeric
+/// single-sequence appends: one record of four.
+fn history_v2() -> Vec<Step> {
+    let mut h = history_v1();
+    h.push(Step::All(vec![
+        AppendRequest::single(7u64, 1, 0, 0),
+        AppendRequest::single(7u64, 2, 0, 0),
+        AppendRequest::single(8u64, -1, 2, 0),
+        AppendRequest::single(7u64, 1, 0, 1),
+    ]));
+    h
+}
+
 fn opts(fs: &SimFs) -> StoreOptions {
     StoreOptions::default()
         .file_system(Arc::new(fs.clone()))
@@ -61,13 +90,22 @@ fn opts(fs: &SimFs) -> StoreOptions {
         .background_snapshots(false)
 }
 
-fn write_history(fs: &SimFs, dir: &Path) -> Model {
+fn write_history(fs: &SimFs, dir: &Path, history: &[Step]) -> Model {
     let mut model = Model::default();
     let store = ProducerStateStore::open_with(dir, opts(fs)).unwrap();
-    for (r, snap) in history() {
-        assert_eq!(store.append_request(&r).unwrap(), model.append(&r));
-        if snap {
-            store.snapshot().unwrap().unwrap();
+    for step in history {
+        match step {
+            Step::One(r, snap) => {
+                assert_eq!(store.append_request(r).unwrap(), model.append(r));
+                if *snap {
+                    store.snapshot().unwrap().unwrap();
+                }
+            }
+            Step::All(reqs) => {
+                for (got, r) in store.append_all(reqs).into_iter().zip(reqs) {
+                    assert_eq!(got.unwrap(), model.append(r));
+                }
+            }
         }
     }
     store.close().unwrap();
@@ -83,11 +121,37 @@ fn store_files(fs: &SimFs, dir: &Path) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+fn committed(dir: &str) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().into_string().unwrap(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// A simulated copy of committed files.
+fn copy(files: &[(String, Vec<u8>)]) -> (SimFs, PathBuf) {
+    let fs = SimFs::new();
+    let dir = PathBuf::from("/copy");
+    fs.create_dir_all(&dir).unwrap();
+    for (name, bytes) in files {
+        fs.overwrite(&dir.join(name), bytes);
+    }
+    (fs, dir)
+}
+
 #[test]
 fn the_committed_files_decode_and_the_encoder_still_writes_them() {
     let fs = SimFs::new();
     let dir = PathBuf::from("/golden");
-    let model = write_history(&fs, &dir);
+    let model = write_history(&fs, &dir, &history_v2());
     let fresh = store_files(&fs, &dir);
     assert_eq!(
         fresh.iter().filter(|(n, _)| n.ends_with(".wal")).count(),
@@ -109,17 +173,7 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
     }
 
     // The committed bytes are exactly what the encoder writes today.
-    let mut committed: Vec<(String, Vec<u8>)> = std::fs::read_dir(GOLDEN)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (
-                e.file_name().into_string().unwrap(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
-        .collect();
-    committed.sort();
+    let committed = committed(GOLDEN);
     assert_eq!(committed.len(), fresh.len());
     for ((cn, cb), (fname, fb)) in committed.iter().zip(&fresh) {
         assert_eq!(cn, fname);
@@ -138,18 +192,72 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
     }
 
     // And they decode to the expected state.
-    let golden_fs = SimFs::new();
-    let gdir = PathBuf::from("/copy");
-    golden_fs.create_dir_all(&gdir).unwrap();
-    for (name, bytes) in &committed {
-        golden_fs.overwrite(&gdir.join(name), bytes);
-    }
+    let (golden_fs, gdir) = copy(&committed);
     let store = ProducerStateStore::open_with(&gdir, opts(&golden_fs)).unwrap();
     assert!(matches(&store, &model), "{}", diff(&store, &model));
     let report = store.recovery_report();
     assert_eq!(report.snapshot.as_ref().map(|s| s.position), Some(5));
-    assert_eq!(report.records_replayed, 41);
+    assert_eq!(report.records_replayed, 45);
     assert_eq!(report.torn_bytes_dropped(), 0);
+}
+
+#[test]
+fn a_version_1_store_opens_and_continues_in_the_current_version() {
+    // The expected state comes from the model, not from today's encoder.
+    let mut model = Model::default();
+    for step in history_v1() {
+        if let Step::One(r, _) = step {
+            model.append(&r);
+        }
+    }
+    let files = committed(GOLDEN_V1);
+    assert_eq!(&files[0].1[8..10], &[1, 0], "the v1 files are version 1");
+    let (fs, dir) = copy(&files);
+    let store = ProducerStateStore::open_with(&dir, opts(&fs)).unwrap();
+    assert!(matches(&store, &model), "{}", diff(&store, &model));
+    assert_eq!(store.recovery_report().records_replayed, 41);
+    assert_eq!(store.recovery_report().next_position, 46);
+
+    // Appends after it go to a new segment of the current version: the
+    // last version-1 segment is left as it was.
+    let last_v1 = files.iter().rfind(|(n, _)| n.ends_with(".wal")).unwrap();
+    let more = [
+        AppendRequest::single(9u64, 0, 0, 0),
+        AppendRequest::single(9u64, 0, 0, 1),
+    ];
+    for r in store.append_all(&more) {
+        r.unwrap();
+    }
+    for r in &more {
+        model.append(r);
+    }
+    store.close().unwrap();
+    assert_eq!(fs.read_file(&dir.join(&last_v1.0)).unwrap(), last_v1.1);
+    let new = fs.read_file(&dir.join("00000000000000000046.wal")).unwrap();
+    assert_eq!(&new[8..10], &[2, 0]);
+    assert_eq!(new.len(), 24 + 31 + 18, "one record of two appends");
+    let store = ProducerStateStore::open_with(&dir, opts(&fs)).unwrap();
+    assert!(matches(&store, &model), "{}", diff(&store, &model));
+    drop(store);
+
+    // A version-1 segment that holds no record yet (its creation was the
+    // last thing before a crash) is replaced by a current one.
+    let mut files = committed(GOLDEN_V1);
+    let mut empty = files[0].1[..20].to_vec();
+    empty[12..20].copy_from_slice(&46u64.to_le_bytes());
+    let crc = crc32c::crc32c(&empty);
+    empty.extend_from_slice(&crc.to_le_bytes());
+    files.push(("00000000000000000046.wal".into(), empty));
+    let (fs, dir) = copy(&files);
+    let store = ProducerStateStore::open_with(&dir, opts(&fs)).unwrap();
+    assert_eq!(store.recovery_report().next_position, 46);
+    store.append(9u64, 0, 0, 0).unwrap();
+    store.close().unwrap();
+    let new = fs.read_file(&dir.join("00000000000000000046.wal")).unwrap();
+    assert_eq!(&new[8..10], &[2, 0]);
+    assert_eq!(new.len(), 24 + 31);
+    let store = ProducerStateStore::open_with(&dir, opts(&fs)).unwrap();
+    assert_eq!(store.recovery_report().records_replayed, 42);
 }
 
 /// The entries of a snapshot, each as its bytes, sorted: split by an
@@ -187,7 +295,7 @@ fn the_first_bytes_are_as_documented() {
     // docs/format.md walks through these bytes.
     let seg = std::fs::read(Path::new(GOLDEN).join("00000000000000000000.wal")).unwrap();
     assert_eq!(&seg[..8], b"PSTATWAL");
-    assert_eq!(&seg[8..12], &[1, 0, 0, 0]); // version 1, flags 0
+    assert_eq!(&seg[8..12], &[2, 0, 0, 0]); // version 2, flags 0
     assert_eq!(&seg[12..20], &0u64.to_le_bytes()); // first position
     // First record: CRC, 31 bytes, numeric single-sequence (kind 1), 42/0/0/0.
     let seed = crc32c::crc32c(&0u64.to_le_bytes());
@@ -206,4 +314,29 @@ fn the_first_bytes_are_as_documented() {
     assert_eq!(&snap[24..32], &3u64.to_le_bytes()); // entries
     let crc = crc32c::crc32c(&snap[..snap.len() - 4]);
     assert_eq!(&snap[snap.len() - 4..], &crc.to_le_bytes());
+
+    // The last record of the last segment holds the four appends of the
+    // last call: 13 header bytes and 18 per append.
+    let (name, seg) = committed(GOLDEN)
+        .into_iter()
+        .rfind(|(n, _)| n.ends_with(".wal"))
+        .unwrap();
+    let first: u64 = name[..20].parse().unwrap();
+    let at = seg.len() - (13 + 4 * 18);
+    assert_eq!(&seg[at + 4..at + 8], &85u32.to_le_bytes());
+    assert_eq!(seg[at + 12], 1);
+    let seed = crc32c::crc32c(&first.to_le_bytes());
+    assert_eq!(
+        &seg[at..at + 4],
+        &crc32c::crc32c_append(seed, &seg[at + 4..]).to_le_bytes()
+    );
+    let entry = |i: usize| &seg[at + 13 + 18 * i..at + 13 + 18 * (i + 1)];
+    assert_eq!(&entry(0)[..8], &7u64.to_le_bytes());
+    assert_eq!(&entry(0)[8..12], &1i32.to_le_bytes()); // partition
+    assert_eq!(&entry(2)[..8], &8u64.to_le_bytes());
+    assert_eq!(
+        &entry(2)[8..18],
+        &[0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 0]
+    ); // -1, epoch 2, seq 0
+    assert_eq!(&entry(3)[14..18], &1i32.to_le_bytes()); // sequence 1
 }

@@ -12,7 +12,10 @@ use crate::codec::{Dec, Put};
 use crate::error::{Corruption, Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATWAL";
-pub(crate) const VERSION: u16 = 1;
+/// The version this crate writes; it reads [`OLDEST_VERSION`] on.
+pub(crate) const VERSION: u16 = 2;
+/// Version 1 differs only in holding one append per kind-1 record.
+pub(crate) const OLDEST_VERSION: u16 = 1;
 pub(crate) const HEADER_LEN: usize = 24;
 pub(crate) const EXTENSION: &str = "wal";
 
@@ -55,8 +58,8 @@ pub(crate) enum HeaderError {
     Bad(Error),
 }
 
-/// Parses a segment header, returning its first position.
-pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<u64, HeaderError> {
+/// Parses a segment header, returning its first position and version.
+pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<(u64, u16), HeaderError> {
     let Some(h) = bytes.get(..HEADER_LEN) else {
         return Err(HeaderError::Short(bytes.len()));
     };
@@ -73,7 +76,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<u64, HeaderError
     if stored != computed {
         return Err(bad(20, Corruption::ChecksumMismatch { stored, computed }));
     }
-    if version != VERSION {
+    if !(OLDEST_VERSION..=VERSION).contains(&version) {
         return Err(HeaderError::Bad(Error::UnsupportedVersion {
             file: path.to_path_buf(),
             found: version,
@@ -83,7 +86,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<u64, HeaderError
     if flags != 0 {
         return Err(bad(10, Corruption::BadField("segment flags")));
     }
-    Ok(lsn)
+    Ok((lsn, version))
 }
 
 /// How a segment's records end.
@@ -107,6 +110,7 @@ pub(crate) enum End {
 #[derive(Clone, Debug)]
 pub(crate) struct Scan {
     pub first_lsn: u64,
+    pub version: u16,
     pub records: u64,
     /// Bytes of header and valid records before any damage.
     pub valid_len: u64,
@@ -161,8 +165,10 @@ pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<us
     Ok(n)
 }
 
-/// Scans a segment from its first byte, calling `each(position, offset, request)`
-/// for every valid record in order, and says how the records end.
+/// Scans a segment from its first byte, calling
+/// `each(position, offset, nth, request)` for every append of every valid
+/// record in order (`offset` is the record's, `nth` the append's index in
+/// it), and says how the records end.
 ///
 /// After the first bad record the rest of the file is searched for valid
 /// records (each candidate offset is checked cheaply first, then by CRC).
@@ -178,7 +184,7 @@ pub(crate) fn scan(
     path: &Path,
     reader: impl Read,
     file_len: u64,
-    mut each: impl FnMut(u64, u64, &AppendRequest) -> Result<()>,
+    mut each: impl FnMut(u64, u64, u32, &AppendRequest) -> Result<()>,
 ) -> Result<Scan, HeaderError> {
     let io_err = |e| HeaderError::Bad(Error::io("read", path, e));
     let mut w = Window {
@@ -188,29 +194,34 @@ pub(crate) fn scan(
         eof: false,
     };
     let head = w.at(0, HEADER_LEN).map_err(io_err)?.to_vec();
-    let first_lsn = parse_header(path, &head)?;
+    let (first_lsn, version) = parse_header(path, &head)?;
     let seed = record::seed(first_lsn);
+    let max_packed = record::max_packed(version);
     let mut at = HEADER_LEN as u64;
     let mut records = 0u64;
+    let scan = |records, at, end| Scan {
+        first_lsn,
+        version,
+        records,
+        valid_len: at,
+        file_len,
+        end,
+    };
     loop {
         let bytes = w.at(at, record::MAX_LEN).map_err(io_err)?;
         if bytes.is_empty() {
-            return Ok(Scan {
-                first_lsn,
-                records,
-                valid_len: at,
-                file_len,
-                end: End::Clean,
-            });
+            return Ok(scan(records, at, End::Clean));
         }
-        match record::decode(bytes, seed) {
-            Ok(Decoded { request, len, .. }) => {
-                each(first_lsn + records, at, &request).map_err(HeaderError::Bad)?;
-                records += 1;
+        match record::decode(bytes, seed, max_packed) {
+            Ok(Decoded { requests, len, .. }) => {
+                for (nth, r) in requests.enumerate() {
+                    each(first_lsn + records, at, nth as u32, &r).map_err(HeaderError::Bad)?;
+                    records += 1;
+                }
                 at += len as u64;
             }
             Err(Bad::Incomplete(kind)) | Err(Bad::Invalid(kind)) => {
-                let end = match later_write(&mut w, at, seed).map_err(io_err)? {
+                let end = match later_write(&mut w, at, seed, max_packed).map_err(io_err)? {
                     None => End::Torn { offset: at, kind },
                     Some(later) => End::MidLog {
                         offset: at,
@@ -218,13 +229,7 @@ pub(crate) fn scan(
                         later,
                     },
                 };
-                return Ok(Scan {
-                    first_lsn,
-                    records,
-                    valid_len: at,
-                    file_len,
-                    end,
-                });
+                return Ok(scan(records, at, end));
             }
         }
     }
@@ -232,15 +237,20 @@ pub(crate) fn scan(
 
 /// The offset of the first valid record after `damage` that was written
 /// when the bytes at `damage` were already durable, if any.
-fn later_write<R: Read>(w: &mut Window<R>, damage: u64, seed: u32) -> std::io::Result<Option<u64>> {
+fn later_write<R: Read>(
+    w: &mut Window<R>,
+    damage: u64,
+    seed: u32,
+    max_packed: usize,
+) -> std::io::Result<Option<u64>> {
     let mut at = damage + 1;
     loop {
         let bytes = w.at(at, record::MAX_LEN)?;
         if bytes.len() < record::MIN_LEN {
             return Ok(None);
         }
-        if record::plausible(bytes)
-            && let Ok(d) = record::decode(bytes, seed)
+        if record::plausible(bytes, max_packed)
+            && let Ok(d) = record::decode(bytes, seed, max_packed)
         {
             let durable_end = at.saturating_sub(u64::from(d.since_durable));
             if durable_end > damage {
@@ -261,13 +271,20 @@ mod tests {
     use crate::wal::record::{encode, seal};
     use std::io::Cursor;
 
-    fn write(reqs: &[AppendRequest], salt: u64) -> Vec<u8> {
+    /// One write of one record per request (no packing: the tests count
+    /// 31-byte records), sealed `unsynced` bytes past the durable end.
+    fn write_at(reqs: &[AppendRequest], salt: u64, unsynced: u32) -> Vec<u8> {
         let mut b = Vec::new();
         for r in reqs {
-            encode(&mut b, r);
+            let mut no_open_record = usize::MAX;
+            encode(&mut b, &mut no_open_record, r);
         }
-        seal(&mut b, salt, 0);
+        seal(&mut b, salt, unsynced);
         b
+    }
+
+    fn write(reqs: &[AppendRequest], salt: u64) -> Vec<u8> {
+        write_at(reqs, salt, 0)
     }
 
     fn segment(writes: &[Vec<AppendRequest>]) -> Vec<u8> {
@@ -290,7 +307,7 @@ mod tests {
             Path::new("x.wal"),
             Cursor::new(bytes),
             bytes.len() as u64,
-            |lsn, _, _| {
+            |lsn, _, _, _| {
                 seen.push(lsn);
                 Ok(())
             },
@@ -368,11 +385,7 @@ mod tests {
         let mut f = header(10);
         let mut unsynced = 0u32;
         for (n, fsynced) in [(2, true), (3, false), (3, false)] {
-            let mut b = Vec::new();
-            for r in reqs(n) {
-                encode(&mut b, &r);
-            }
-            seal(&mut b, 10, unsynced);
+            let b = write_at(&reqs(n), 10, unsynced);
             unsynced = if fsynced {
                 0
             } else {
@@ -395,6 +408,55 @@ mod tests {
         let (seen, end) = run(&bad);
         assert_eq!(seen.len(), 1);
         assert!(matches!(end, End::MidLog { offset, .. } if offset as usize == HEADER_LEN + 31));
+    }
+
+    #[test]
+    fn a_packed_record_counts_every_append_and_tears_whole() {
+        // Two writes, each one kind-1 record of several appends.
+        let packed = |n: i32| {
+            let mut b = Vec::new();
+            let mut open = 0;
+            for r in reqs(n) {
+                encode(&mut b, &mut open, &r);
+            }
+            seal(&mut b, 10, 0);
+            b
+        };
+        let mut f = header(10);
+        f.extend(packed(3));
+        let last = f.len();
+        f.extend(packed(5));
+        assert_eq!(f.len(), last + 31 + 4 * 18);
+        let mut at = Vec::new();
+        let s = scan(
+            Path::new("x"),
+            Cursor::new(&f),
+            f.len() as u64,
+            |lsn, off, nth, _| {
+                at.push((lsn, off, nth));
+                Ok(())
+            },
+        )
+        .ok()
+        .unwrap();
+        assert_eq!(s.records, 8);
+        assert_eq!(s.version, VERSION);
+        assert_eq!(at[2], (12, 24, 2));
+        assert_eq!(at[3], (13, last as u64, 0));
+        // A cut anywhere in the last record loses all of its appends.
+        for cut in last + 1..f.len() {
+            let (seen, end) = run(&f[..cut]);
+            assert_eq!(seen.len(), 3, "cut {cut}");
+            assert!(matches!(end, End::Torn { offset, .. } if offset as usize == last));
+        }
+        // A version-1 segment may not hold it.
+        let mut v1 = f.clone();
+        v1[8] = 1;
+        let c = crc32c::crc32c(&v1[..20]);
+        v1[20..24].copy_from_slice(&c.to_le_bytes());
+        let (seen, end) = run(&v1);
+        assert!(seen.is_empty());
+        assert!(matches!(end, End::Torn { offset: 24, .. }), "{end:?}");
     }
 
     #[test]

@@ -49,6 +49,8 @@ pub(crate) struct LogWriter {
     segments: Vec<SegmentInfo>,
     /// A write failed: the file's end is unknown, nothing more is written.
     broken: bool,
+    /// The active segment has an older format version: roll before writing.
+    roll_first: bool,
 }
 
 impl LogWriter {
@@ -74,6 +76,7 @@ impl LogWriter {
             segment_size,
             segments,
             broken: false,
+            roll_first: false,
         })
     }
 
@@ -81,11 +84,13 @@ impl LogWriter {
     /// `len` bytes (recovery has already cut any torn tail). fsyncs it
     /// first: recovery read those records, maybe from the page cache of a
     /// process that crashed, and new records must not follow bytes that are
-    /// not durable without saying so.
+    /// not durable without saying so. A segment of an older format version
+    /// is not written to: the next group starts a new segment (or, if it
+    /// holds no record, it is replaced by a new one).
     pub(crate) fn resume(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
-        segments: Vec<SegmentInfo>,
+        mut segments: Vec<SegmentInfo>,
         len: u64,
         records: u64,
         segment_size: u64,
@@ -95,6 +100,13 @@ impl LogWriter {
             .copied()
             .ok_or_else(|| Error::InvalidOptions("no segment to resume".into()))?;
         let path = dir.join(segment::file_name(last.first_lsn));
+        let version = read_version(fs.as_ref(), &path)?;
+        if version != segment::VERSION && records == 0 {
+            fs.remove_file(&path)
+                .map_err(|e| Error::io("remove", &path, e))?;
+            segments.pop();
+            return LogWriter::create(fs, dir, last.first_lsn, segment_size, segments);
+        }
         let mut file = fs
             .open_append(&path)
             .map_err(|e| Error::io("open", &path, e))?;
@@ -111,6 +123,7 @@ impl LogWriter {
             segment_size,
             segments,
             broken: false,
+            roll_first: version != segment::VERSION,
         })
     }
 
@@ -140,7 +153,9 @@ impl LogWriter {
 
     fn write_group(&mut self, buf: &mut [u8], lsn: u64, count: u64) -> Result<()> {
         let end = self.len + buf.len() as u64;
-        if self.records > 0 && (self.len >= self.segment_size || end > MAX_SEGMENT_BYTES) {
+        if self.records > 0
+            && (self.roll_first || self.len >= self.segment_size || end > MAX_SEGMENT_BYTES)
+        {
             self.roll(lsn)?;
         }
         if HEADER_LEN as u64 + buf.len() as u64 > MAX_SEGMENT_BYTES {
@@ -211,6 +226,7 @@ impl LogWriter {
         self.len = HEADER_LEN as u64;
         self.synced = HEADER_LEN as u64;
         self.records = 0;
+        self.roll_first = false;
         self.segments.push(SegmentInfo { first_lsn: lsn });
         Ok(())
     }
@@ -230,6 +246,23 @@ impl LogWriter {
             gone.push(self.dir.join(segment::file_name(s.first_lsn)));
         }
         gone
+    }
+}
+
+/// The format version in the header of the segment at `path` (recovery
+/// has validated it).
+fn read_version(fs: &dyn FileSystem, path: &Path) -> Result<u16> {
+    let mut head = [0u8; HEADER_LEN];
+    let mut f = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
+    let n = segment::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
+    match segment::parse_header(path, head.get(..n).unwrap_or_default()) {
+        Ok((_, version)) => Ok(version),
+        Err(segment::HeaderError::Bad(e)) => Err(e),
+        Err(segment::HeaderError::Short(got)) => Err(Error::corrupt(
+            path,
+            got as u64,
+            crate::codec::truncated(HEADER_LEN, got),
+        )),
     }
 }
 
