@@ -615,32 +615,38 @@ fn engine_alone(cfg: &Cfg) -> f64 {
 fn never_table(cfg: &Cfg, quick: bool) -> Result<Vec<Value>> {
     println!("\n## FsyncPolicy::Never against the in-memory engine (one thread)\n");
     println!(
-        "| workload | engine | store, append | ratio | store, append_all | ratio | log writes alone | ratio |"
+        "| workload | engine | store, append | ratio | store, append_all | ratio | log writes alone | ratio | log writes + segment fsyncs | ratio |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for (name, keys) in [("1k hot keys", 1_000u64), ("1M keys, random", 1_000_000)] {
         let n = never_vs_engine(cfg, keys, if quick { 1_000_000 } else { 5_000_000 })?;
         let m = |v: f64| v / 1e6;
         println!(
-            "| {name} | {:.1} M/s | {:.1} M/s | {:.2}x | {:.1} M/s | {:.2}x | {:.1} M/s | {:.2}x |",
+            "| {name} | {:.1} M/s | {:.1} M/s | {:.2}x | {:.1} M/s | {:.2}x | {:.1} M/s | {:.2}x | {:.1} M/s | {:.2}x |",
             m(n.engine),
             m(n.single),
             n.single / n.engine,
             m(n.batched),
             n.batched / n.engine,
             m(n.write_floor),
-            n.write_floor / n.engine
+            n.write_floor / n.engine,
+            m(n.disk_floor),
+            n.disk_floor / n.engine
         );
         rows.push(json!({
             "workload": name,
+            "appends": n.ops,
+            "log_bytes_per_append": n.bytes_per_append,
             "engine_ops_per_s": n.engine,
             "store_never_append_ops_per_s": n.single,
             "store_never_append_all_ops_per_s": n.batched,
             "log_writes_alone_records_per_s": n.write_floor,
+            "log_writes_and_segment_fsyncs_records_per_s": n.disk_floor,
             "append_over_engine": n.single / n.engine,
             "append_all_over_engine": n.batched / n.engine,
             "log_writes_alone_over_engine": n.write_floor / n.engine,
+            "log_writes_and_segment_fsyncs_over_engine": n.disk_floor / n.engine,
         }));
     }
     Ok(rows)
@@ -648,18 +654,39 @@ fn never_table(cfg: &Cfg, quick: bool) -> Result<Vec<Value>> {
 
 /// `FsyncPolicy::Never` against the engine on one workload, appends/s.
 struct Never {
+    ops: usize,
     engine: f64,
     single: f64,
     batched: f64,
-    /// Records per second that 64 KiB `write`s of 31 bytes per record hand
-    /// to the OS: the least any store that logs every append pays.
+    /// Bytes of log the store wrote per append.
+    bytes_per_append: f64,
+    /// Appends per second whose log bytes 64 KiB `write`s hand to the OS:
+    /// the least any store that logs every append pays.
     write_floor: f64,
+    /// The same with an `fdatasync` per 64 MiB (the default segment size),
+    /// as a store that fsyncs each segment it leaves must: in a long run,
+    /// the disk's write bandwidth.
+    disk_floor: f64,
+}
+
+/// The log bytes of a store directory.
+fn wal_bytes(dir: &Path) -> Result<u64> {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_name().to_string_lossy().ends_with(".wal") {
+            n += e.metadata()?.len();
+        }
+    }
+    Ok(n)
 }
 
 /// In-order appends to random keys of `keys`, `ops` of them: the engine,
 /// the store one append at a time and in `append_all` calls of 1,000
-/// (requests built as a broker would decode them), and the bare writes of
-/// the same log bytes. Medians of 5 interleaved rounds.
+/// (requests built as a broker would decode them; until the last call
+/// returns, with at most 8 MiB of log still buffered), and the bare
+/// writes of the same log bytes, without and with the segment fsyncs.
+/// Medians of 5 interleaved rounds.
 fn never_vs_engine(cfg: &Cfg, keys: u64, ops: usize) -> Result<Never> {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut seqs = vec![0i32; keys as usize];
@@ -681,7 +708,9 @@ fn never_vs_engine(cfg: &Cfg, keys: u64, ops: usize) -> Result<Never> {
             .snapshot_every_bytes(None)
     };
     let rate = |t: Instant| ops as f64 / t.elapsed().as_secs_f64();
-    let (mut engine, mut single, mut batched, mut floor) = (vec![], vec![], vec![], vec![]);
+    let (mut engine, mut single, mut batched) = (vec![], vec![], vec![]);
+    let (mut floor, mut disk) = (vec![], vec![]);
+    let mut log_bytes = 0;
     for _ in 0..5 {
         let mut m = ProducerStateManager::new();
         let t = Instant::now();
@@ -716,27 +745,43 @@ fn never_vs_engine(cfg: &Cfg, keys: u64, ops: usize) -> Result<Never> {
         }
         batched.push(rate(t));
         store.close()?;
+        log_bytes = wal_bytes(&dir)?;
         std::fs::remove_dir_all(&dir)?;
 
-        let path = cfg.dir.join("never-floor.bin");
-        let mut f = File::create(&path)?;
-        let block = vec![0xabu8; 64 << 10];
-        let mut left = ops * 31;
-        let t = Instant::now();
-        while left > 0 {
-            let n = left.min(block.len());
-            f.write_all(&block[..n])?;
-            left -= n;
+        for fsyncs in [false, true] {
+            let path = cfg.dir.join("never-floor.bin");
+            let mut f = File::create(&path)?;
+            let block = vec![0xabu8; 64 << 10];
+            let mut left = log_bytes as usize;
+            let mut since_sync = 0;
+            let t = Instant::now();
+            while left > 0 {
+                let n = left.min(block.len());
+                f.write_all(&block[..n])?;
+                left -= n;
+                since_sync += n;
+                if fsyncs && since_sync >= 64 << 20 {
+                    f.sync_data()?;
+                    since_sync = 0;
+                }
+            }
+            if fsyncs {
+                disk.push(rate(t))
+            } else {
+                floor.push(rate(t))
+            }
+            drop(f);
+            std::fs::remove_file(&path)?;
         }
-        floor.push(rate(t));
-        drop(f);
-        std::fs::remove_file(&path)?;
     }
     Ok(Never {
+        ops,
         engine: median(engine),
         single: median(single),
         batched: median(batched),
+        bytes_per_append: log_bytes as f64 / ops as f64,
         write_floor: median(floor),
+        disk_floor: median(disk),
     })
 }
 
@@ -946,6 +991,24 @@ fn recovery(cfg: &Cfg, keys: u64, records: u64) -> Result<Value> {
         store.close()?;
     }
     let replay = Duration::from_secs_f64(median(replays));
+    // The engine applying the same appends, in the same order, from
+    // memory on one thread: the work replay cannot avoid, with no bytes
+    // to read or decode.
+    let mut applies = Vec::new();
+    for _ in 0..3 {
+        let mut m = ProducerStateManager::new();
+        let t = Instant::now();
+        for round in 0..records / keys {
+            for k in 0..keys {
+                let o = m.append(k, (k % PARTITIONS) as i32, 0, round as i32);
+                debug_assert_eq!(o, AppendOutcome::Accepted);
+                std::hint::black_box(o);
+            }
+        }
+        applies.push(t.elapsed().as_secs_f64());
+        assert_eq!(m.len() as u64, keys);
+    }
+    let apply = Duration::from_secs_f64(median(applies));
     let store = ProducerStateStore::open_with(&dir, opts())?;
     store.snapshot()?;
     store.close()?;
@@ -970,6 +1033,8 @@ fn recovery(cfg: &Cfg, keys: u64, records: u64) -> Result<Value> {
         "replay_threads": threads,
         "replay_over_read": round2(replay.as_secs_f64() / read.as_secs_f64()),
         "replay_over_read_from_device": direct.map(|d| round2(replay.as_secs_f64() / d.as_secs_f64())),
+        "engine_apply_in_memory_ms": round2(apply.as_secs_f64() * 1e3),
+        "replay_over_engine_apply": round2(replay.as_secs_f64() / apply.as_secs_f64()),
         "recover_from_snapshot_ms": round2(from_snapshot.as_secs_f64() * 1e3),
     }))
 }
