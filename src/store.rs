@@ -1233,7 +1233,12 @@ impl Shared {
             self.group_done.notify_all();
 
             st = self.lock_state();
-            if st.buf.is_empty() || st.failed.is_some() {
+            // Under the buffered policies a short buffer waits for the
+            // next append to fill it to FLUSH_BYTES (or for a sync): taking
+            // every few records as they come would make the appenders and
+            // the flusher fight over the lock for each.
+            let short = !self.is_always() && st.buf.len() < FLUSH_BYTES && st.sync_to <= st.durable;
+            if st.buf.is_empty() || st.failed.is_some() || short {
                 st.leading = false;
                 break;
             }
