@@ -23,7 +23,7 @@ use std::thread::Scope;
 
 use crate::batch::AppendRequest;
 use crate::error::{Corruption, Error, Result};
-use crate::shards::{SHARDS, Shards, ShardsPart};
+use crate::shards::{SHARDS, Shards, ShardsPart, warm};
 
 /// A decoded append.
 pub(crate) struct Rec {
@@ -67,13 +67,6 @@ pub(crate) trait Sink {
     fn exact(&self) -> bool;
     /// Records applied so far.
     fn applied(&self) -> u64;
-}
-
-/// Looks every record of `batch` that `owns` up in `contains` once, so that
-/// the apply loop that follows finds its slots in cache.
-fn warm<'r>(batch: impl Iterator<Item = &'r Rec>, contains: impl Fn(u64, &AppendRequest) -> bool) {
-    let found = batch.filter(|r| contains(r.hash, &r.request)).count();
-    std::hint::black_box(found);
 }
 
 /// Applies records one batch at a time, in log order, stopping at the
@@ -131,9 +124,10 @@ impl Sink for Sequential<'_> {
 
     fn drain(&mut self, path: &Path) -> Result<()> {
         let shards = &mut *self.shards;
-        warm(self.batch.iter(), |hash, r| {
-            shards.contains(hash, &r.producer_id, r.partition)
-        });
+        warm(
+            self.batch.iter().map(|r| (r.hash, &r.request)),
+            |hash, r| shards.contains(hash, &r.producer_id, r.partition),
+        );
         for rec in self.batch.drain(..) {
             let o = shards.append(rec.hash, &rec.request);
             if !o.is_accepted() {
@@ -173,9 +167,10 @@ impl Sink for Sequential<'_> {
 /// Applies the records of its part of the shards; false if one did not apply.
 fn apply_part(part: &mut ShardsPart<'_>, batch: &[Rec]) -> bool {
     let mine = |rec: &&Rec| part.owns(rec.hash);
-    warm(batch.iter().filter(mine), |hash, r| {
-        part.contains(hash, &r.producer_id, r.partition)
-    });
+    warm(
+        batch.iter().filter(mine).map(|r| (r.hash, &r.request)),
+        |hash, r| part.contains(hash, &r.producer_id, r.partition),
+    );
     for r in batch.iter() {
         if part.owns(r.hash) && !part.append(r.hash, &r.request).is_accepted() {
             return false;

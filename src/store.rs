@@ -74,7 +74,7 @@ use crate::map::hash_key;
 use crate::outcome::{AppendOutcome, BatchOutcome};
 use crate::recovery::{self, RecoveryMode, RecoveryReport};
 use crate::rules;
-use crate::shards::{SHARDS, Shards, shard_of};
+use crate::shards::{SHARDS, Shards, shard_of, warm};
 use crate::snapshot;
 use crate::wal::record::{self, MAX_NAME};
 use crate::wal::writer::LogWriter;
@@ -236,6 +236,11 @@ const FLUSH_BYTES: usize = 64 << 10;
 /// Records buffered at which a buffered append waits for the flusher (the
 /// disk is slower than the appends): memory stays bounded.
 const MAX_BUFFERED: usize = 8 << 20;
+
+/// Requests [`ProducerStateStore::append_all`] looks up ahead of applying
+/// them under a buffered policy (see [`warm`]): few enough that their slots
+/// stay in the first-level cache.
+const WARM: usize = 32;
 
 /// Futex words that appenders waiting for a group sleep on; group `g` uses
 /// `words[g % WAIT_SLOTS]`. At most two groups are pending at a time (the
@@ -1115,15 +1120,24 @@ impl Shared {
                 .collect();
         }
         let mut accepted = false;
-        let out = requests
-            .iter()
-            .map(|r| {
-                check_name(r)?;
-                let o = st.submit_buffered(hash_key(&r.producer_id, r.partition), r);
-                accepted |= o.is_accepted();
-                Ok(o)
-            })
-            .collect();
+        let mut out = Vec::with_capacity(requests.len());
+        let mut hashes = [0u64; WARM];
+        for chunk in requests.chunks(WARM) {
+            for (h, r) in hashes.iter_mut().zip(chunk) {
+                *h = hash_key(&r.producer_id, r.partition);
+            }
+            let shards = &st.shards;
+            warm(hashes.iter().copied().zip(chunk), |hash, r| {
+                shards.contains(hash, &r.producer_id, r.partition)
+            });
+            for (&hash, r) in hashes.iter().zip(chunk) {
+                out.push(check_name(r).map(|()| {
+                    let o = st.submit_buffered(hash, r);
+                    accepted |= o.is_accepted();
+                    o
+                }));
+            }
+        }
         if accepted {
             self.after_buffered(st);
         }

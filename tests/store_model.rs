@@ -3,7 +3,10 @@
 //! images; a crash strikes a few IO operations after it is scheduled, so it
 //! lands inside appends, snapshots and segment rolls, and the run goes on
 //! appending to the recovered store (a torn tail that recovery did not cut
-//! would surface at the next recovery). Under `FsyncPolicy::Always` the
+//! would surface at the next recovery). `append_all` calls of up to 80
+//! requests (built in order against the model, so a call holds retries and
+//! fencings of its own earlier requests) must give the outcomes of the
+//! same appends one by one. Under `FsyncPolicy::Always` the
 //! state after any reopen is exactly the acknowledged appends plus at most
 //! the one in flight; under `Never` a crash may lose a suffix, so the state
 //! must be the model after some prefix of the appends since the last sync
@@ -21,6 +24,7 @@ use proptest::prelude::*;
 #[derive(Clone, Debug)]
 enum Step {
     Append(Op),
+    AppendAll(Vec<Op>),
     Snapshot,
     Reopen,
     /// Crash `k` IO operations from now, leaving this kind of image.
@@ -29,7 +33,8 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        90 => op().prop_map(Step::Append),
+        85 => op().prop_map(Step::Append),
+        5 => prop::collection::vec(op(), 1..80).prop_map(Step::AppendAll),
         3 => Just(Step::Snapshot),
         3 => Just(Step::Reopen),
         4 => (0u8..8, 0u8..4, any::<u64>()).prop_map(|(k, m, s)| Step::Crash(k, m, s)),
@@ -61,11 +66,7 @@ impl Run {
     }
 
     /// The machine went down: recover from the crash image and check it.
-    fn crashed(
-        &mut self,
-        step: usize,
-        inflight: Option<&AppendRequest>,
-    ) -> Result<(), TestCaseError> {
+    fn crashed(&mut self, step: usize, inflight: &[AppendRequest]) -> Result<(), TestCaseError> {
         drop(self.store.take());
         let (mode, seed) = self.image;
         self.fs = self.fs.crash_image(match mode {
@@ -77,13 +78,14 @@ impl Run {
         let store = ProducerStateStore::open_with(dir(), self.opts(&self.fs))
             .map_err(|e| TestCaseError::fail(format!("step {step}: recovery failed: {e}")))?;
         if self.policy == FsyncPolicy::Always {
-            let with_inflight = inflight.map(|r| {
-                let mut m = self.model.clone();
+            // The records in flight were written in order: any prefix of
+            // them may have survived.
+            let mut m = self.model.clone();
+            for r in inflight {
                 m.append(r);
-                m
-            });
-            if let Some(m) = with_inflight.filter(|m| matches(&store, m)) {
-                self.model = m;
+                if matches(&store, &m) {
+                    self.model = m.clone();
+                }
             }
             prop_assert!(
                 matches(&store, &self.model),
@@ -118,26 +120,60 @@ impl Run {
                             self.since_sync.push(self.model.clone());
                         }
                     }
-                    Err(_) if self.fs.crashed() => self.crashed(i, Some(&r))?,
+                    Err(_) if self.fs.crashed() => self.crashed(i, std::slice::from_ref(&r))?,
                     Err(e) => prop_assert!(false, "step {}: {}", i, e),
+                }
+            }
+            Step::AppendAll(ops) => {
+                let mut scratch = self.model.clone();
+                let reqs: Vec<AppendRequest> = ops
+                    .iter()
+                    .map(|o| {
+                        let r = request(o, &scratch);
+                        scratch.append(&r);
+                        r
+                    })
+                    .collect();
+                let out = self.store().append_all(&reqs);
+                prop_assert_eq!(out.len(), reqs.len());
+                // Answered requests come first in log order; from the first
+                // error on (a crash), the rest are in flight.
+                let answered = out.iter().take_while(|o| o.is_ok()).count();
+                for (j, (got, r)) in out.iter().zip(&reqs).take(answered).enumerate() {
+                    let want = self.model.append(r);
+                    prop_assert_eq!(
+                        got.as_ref().ok(),
+                        Some(&want),
+                        "step {} request {} {:?}",
+                        i,
+                        j,
+                        r
+                    );
+                    if want.is_accepted() {
+                        self.since_sync.push(self.model.clone());
+                    }
+                }
+                if answered < reqs.len() {
+                    prop_assert!(self.fs.crashed(), "step {}: {:?}", i, out[answered]);
+                    self.crashed(i, &reqs[answered..])?;
                 }
             }
             Step::Snapshot => match self.store().snapshot() {
                 Ok(_) => self.since_sync = vec![self.model.clone()],
-                Err(_) if self.fs.crashed() => self.crashed(i, None)?,
+                Err(_) if self.fs.crashed() => self.crashed(i, &[])?,
                 Err(e) => prop_assert!(false, "step {}: {}", i, e),
             },
             Step::Reopen => {
                 let closed = self.store.take().expect("open").close();
                 if self.fs.crashed() {
-                    return self.crashed(i, None);
+                    return self.crashed(i, &[]);
                 }
                 prop_assert!(closed.is_ok(), "step {}: {:?}", i, closed);
                 // Opening writes too (it fsyncs the log it continues), so a
                 // scheduled crash may strike there.
                 let store = match ProducerStateStore::open_with(dir(), self.opts(&self.fs)) {
                     Ok(s) => s,
-                    Err(_) if self.fs.crashed() => return self.crashed(i, None),
+                    Err(_) if self.fs.crashed() => return self.crashed(i, &[]),
                     Err(e) => return Err(TestCaseError::fail(format!("step {i}: reopen: {e}"))),
                 };
                 prop_assert!(
@@ -179,7 +215,7 @@ fn run(steps: &[Step], policy: FsyncPolicy) -> Result<(), TestCaseError> {
     if !r.fs.crashed() {
         r.fs.set_fault(r.fs.ops(), Fault::Crash);
     }
-    r.crashed(steps.len(), None)
+    r.crashed(steps.len(), &[])
 }
 
 proptest! {
