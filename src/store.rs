@@ -76,7 +76,7 @@ use crate::recovery::{self, RecoveryMode, RecoveryReport};
 use crate::rules;
 use crate::shards::{SHARDS, Shards, shard_of, warm};
 use crate::snapshot;
-use crate::wal::record::{self, MAX_NAME};
+use crate::wal::record::{MAX_NAME, RecordBuf};
 use crate::wal::writer::LogWriter;
 
 /// When the log is fsync'ed.
@@ -329,10 +329,7 @@ struct State {
     overlay: HashTable<Pending>,
     /// Encoded records not yet written (the forming group), and (`Always`)
     /// what they apply.
-    buf: Vec<u8>,
-    /// Offset in `buf` of the record that numeric single-sequence appends
-    /// join (a hint that [`record::encode`] checks).
-    open_record: usize,
+    buf: RecordBuf,
     queued: Vec<Queued>,
     /// The buffer of the last group written, kept for the next one: a
     /// fresh buffer would grow (and fault in its pages) all over again.
@@ -505,7 +502,7 @@ impl State {
 
     fn enqueue_record(&mut self, r: &AppendRequest) -> u64 {
         let before = self.buf.len();
-        record::encode(&mut self.buf, &mut self.open_record, r);
+        self.buf.push(r);
         let lsn = self.next_lsn;
         self.next_lsn += 1;
         self.since_snapshot.0 += 1;
@@ -704,8 +701,7 @@ impl ProducerStateStore {
         let state = State {
             shards: rec.shards,
             overlay: HashTable::new(),
-            buf: Vec::new(),
-            open_record: 0,
+            buf: RecordBuf::default(),
             queued: Vec::new(),
             spare: Vec::new(),
             buf_first: rec.next_lsn,
@@ -1180,7 +1176,7 @@ impl Shared {
             let first = st.buf_first;
             let end = st.next_lsn;
             let spare = std::mem::take(&mut st.spare);
-            let mut buf = std::mem::replace(&mut st.buf, spare);
+            let mut buf = st.buf.take(spare);
             let queued = std::mem::take(&mut st.queued);
             st.buf_first = end;
             let needs_sync = (self.is_always() || st.sync_to > st.durable) && st.durable < end;

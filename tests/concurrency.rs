@@ -222,6 +222,64 @@ fn append_all_is_one_write_and_one_fsync_with_outcomes_in_order() {
     );
 }
 
+/// A found bug: the offset of the record that numeric appends join
+/// outlived the write it belonged to, and a name in the next write whose
+/// bytes there looked like that record's header got a numeric append
+/// spliced into it (a changed name on disk, a lost append, or a writer
+/// looping forever). Each write must pack only into its own records.
+#[test]
+fn packing_never_joins_a_record_of_an_earlier_write() {
+    let mut name = b"aaaaaaaaaaaaaaa".to_vec();
+    name.extend_from_slice(&23u32.to_le_bytes());
+    name.extend_from_slice(b"bbbb\x01");
+    let name = String::from_utf8(name).unwrap();
+    for policy in [FsyncPolicy::Always, FsyncPolicy::Never] {
+        for id in [2u64, 1 << 40] {
+            let fs = SimFs::new();
+            let opts = sim_opts(&fs).fsync(policy).snapshot_every_records(None);
+            let (name2, opts2) = (name.clone(), opts.clone());
+            // On a separate thread: the bug could hang the writer.
+            let (done, wait) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let s = ProducerStateStore::open_with(dir(), opts2).unwrap();
+                let first = [
+                    AppendRequest::single("a", 0, 0, 0),
+                    AppendRequest::single(1u64, 0, 0, 0),
+                ];
+                let second = [
+                    AppendRequest::single(name2.as_str(), 0, 0, 0),
+                    AppendRequest::single(id, 0, 0, 0),
+                ];
+                for reqs in [&first, &second] {
+                    for o in s.append_all(reqs) {
+                        assert_eq!(o.unwrap(), BatchOutcome::Accepted);
+                    }
+                    s.sync().unwrap();
+                }
+                s.close().unwrap();
+                done.send(()).unwrap();
+            });
+            wait.recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("{policy:?}, id {id}: the store hung"));
+            let s = ProducerStateStore::open_with(dir(), opts).unwrap();
+            assert_eq!(s.recovery_report().torn_tail, None, "{policy:?}, id {id}");
+            assert_eq!(s.len(), 4, "{policy:?}, id {id}");
+            for key in [
+                producer_state::ProducerId::from("a"),
+                1u64.into(),
+                name.as_str().into(),
+                id.into(),
+            ] {
+                assert_eq!(
+                    s.append(key.clone(), 0, 0, 0).unwrap(),
+                    AppendOutcome::Duplicate,
+                    "{policy:?}, id {id}, key {key:?}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn a_crash_while_16_threads_append_loses_nothing_acknowledged() {
     for round in 0..24u64 {

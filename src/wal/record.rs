@@ -28,10 +28,12 @@ pub(crate) const MAX_LEN: usize = HEADER + 2 + MAX_NAME + BATCH_TAIL;
 /// the segment is known.
 ///
 /// A single-sequence append of a numeric id, the common case, joins the
-/// kind-1 record that ends `buf` if there is one with room (`open` is its
-/// offset, a hint the encoder checks before trusting, so a caller may
-/// swap or clear `buf` without resetting it): one checksum and one header
-/// then cover many appends, and each costs 18 bytes instead of 31.
+/// kind-1 record that ends `buf` if there is one with room: one checksum
+/// and one header then cover many appends, and each costs 18 bytes
+/// instead of 31. `open` is that record's offset (`usize::MAX` for none);
+/// the encoder keeps it, and whoever takes or clears `buf` must reset it
+/// ([`RecordBuf`] does both): the checks below cannot tell a record's start
+/// from bytes inside another record that happen to look like one.
 /// The caller has checked that a name fits ([`MAX_NAME`]).
 #[inline]
 pub(crate) fn encode(buf: &mut Vec<u8>, open: &mut usize, r: &AppendRequest) {
@@ -60,6 +62,8 @@ pub(crate) fn encode(buf: &mut Vec<u8>, open: &mut usize, r: &AppendRequest) {
         buf.extend_from_slice(&entry);
         return;
     }
+    // Only the last record of `buf` may take more appends.
+    *open = usize::MAX;
     let start = buf.len();
     buf.put_u32(0); // crc
     buf.put_u32(0); // length, set below
@@ -92,6 +96,54 @@ pub(crate) fn encode(buf: &mut Vec<u8>, open: &mut usize, r: &AppendRequest) {
     }
     let len = (buf.len() - start) as u32;
     set_u32(buf, start + 4, len);
+}
+
+/// Records encoded by [`encode`] and not yet written, with the offset of
+/// the kind-1 record appends may still join. Keeping the two in one value
+/// is what makes packing safe: the offset is dropped whenever the bytes
+/// are taken or cleared, so it never points into other records.
+#[derive(Debug)]
+pub(crate) struct RecordBuf {
+    bytes: Vec<u8>,
+    open: usize,
+}
+
+impl Default for RecordBuf {
+    fn default() -> Self {
+        RecordBuf {
+            bytes: Vec::new(),
+            open: usize::MAX,
+        }
+    }
+}
+
+impl RecordBuf {
+    /// Encodes the record of an accepted request (see [`encode`]).
+    #[inline]
+    pub(crate) fn push(&mut self, r: &AppendRequest) {
+        encode(&mut self.bytes, &mut self.open, r);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Takes the records, leaving `spare` (emptied) to encode into next.
+    pub(crate) fn take(&mut self, mut spare: Vec<u8>) -> Vec<u8> {
+        spare.clear();
+        self.open = usize::MAX;
+        std::mem::replace(&mut self.bytes, spare)
+    }
+
+    /// Drops the records.
+    pub(crate) fn clear(&mut self) {
+        self.open = usize::MAX;
+        self.bytes.clear();
+    }
 }
 
 /// The length of a single-sequence record of a numeric id holding one
@@ -136,6 +188,11 @@ pub(crate) fn seal(buf: &mut [u8], salt: u64, unsynced: u32) {
     let mut at = 0;
     while let Some(len) = u32_at(buf, at + 4) {
         let len = len as usize;
+        // `encode` never writes a shorter record; stop rather than loop.
+        debug_assert!(len >= MIN_LEN, "record of {len} bytes at {at}");
+        if len < MIN_LEN {
+            break;
+        }
         set_u32(buf, at + 8, unsynced.saturating_add(at as u32));
         let c = buf.get(at..at + len).map(|r| crc(seed, r)).unwrap_or(0);
         set_u32(buf, at, c);
@@ -339,7 +396,7 @@ mod tests {
     /// Encodes `reqs` in order as one write, sealed for segment `salt`.
     fn write(reqs: &[AppendRequest], salt: u64, unsynced: u32) -> Vec<u8> {
         let mut buf = Vec::new();
-        let mut open = 0;
+        let mut open = usize::MAX;
         for r in reqs {
             encode(&mut buf, &mut open, r);
         }
@@ -374,6 +431,40 @@ mod tests {
             decode(&buf, seed(98), MAX_PACKED),
             Err(Bad::Invalid(Corruption::ChecksumMismatch { .. }))
         ));
+    }
+
+    #[test]
+    fn a_taken_buffer_forgets_where_its_open_record_was() {
+        // The first write leaves a kind-1 record open at offset 26.
+        let mut p = RecordBuf::default();
+        p.push(&AppendRequest::single("a", 0, 0, 0));
+        p.push(&AppendRequest::single(1u64, 0, 0, 0));
+        assert_eq!(read(&sealed(p.take(Vec::new())), 5, MAX_PACKED).len(), 2);
+        // In the next write, a name whose bytes at that offset look like
+        // an open kind-1 record: length 23 (to the end of the buffer) at
+        // +4, kind 1 at +12. The numeric append must start its own record.
+        let mut name = b"aaaaaaaaaaaaaaa".to_vec();
+        name.extend_from_slice(&23u32.to_le_bytes());
+        name.extend_from_slice(b"bbbb\x01");
+        let named = AppendRequest::single(String::from_utf8(name).unwrap(), 0, 0, 0);
+        let numeric = AppendRequest::single(1u64 << 40, 0, 0, 0);
+        p.push(&named);
+        assert_eq!(p.len(), 26 + 23);
+        p.push(&numeric);
+        let records = read(&sealed(p.take(Vec::new())), 5, MAX_PACKED);
+        assert_eq!(records, vec![(0, vec![named]), (49, vec![numeric])]);
+        // So does a cleared one.
+        p.push(&AppendRequest::single(1u64, 0, 0, 1));
+        p.clear();
+        p.push(&AppendRequest::single("q", 0, 0, 0));
+        p.push(&AppendRequest::single(2u64, 0, 0, 0));
+        assert_eq!(read(&sealed(p.take(Vec::new())), 5, MAX_PACKED).len(), 2);
+    }
+
+    /// `buf` sealed as [`read`] expects (segment 5, 1000 bytes unsynced).
+    fn sealed(mut buf: Vec<u8>) -> Vec<u8> {
+        seal(&mut buf, 5, 1000);
+        buf
     }
 
     #[test]
