@@ -117,7 +117,9 @@ impl Sink for Sequential<'_> {
         {
             let kind = kind.clone();
             self.drain(path)?;
-            self.failed = Some((rec.at, rec.lsn));
+            // The record's first append: before `rec` when replay started
+            // inside the record (a snapshot's position can fall there).
+            self.failed = Some((rec.at, rec.lsn - u64::from(rec.nth)));
             return Err(Error::corrupt(path, rec.at, kind));
         }
         self.batch.push(rec);
