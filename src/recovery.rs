@@ -550,11 +550,20 @@ fn replay(
             .len()
             .map_err(|e| Stop::Io(Error::io("stat", &path, e)))?;
         report.segments_read += 1;
+        let name_mismatch =
+            |header| Error::corrupt(&path, 12, Corruption::NameMismatch { named, header });
+        let mut first = true;
         let mut scanned = segment::scan(
             &path,
             std::io::BufReader::with_capacity(1 << 20, file),
             len,
             |lsn, at, nth, r| {
+                // A segment whose header disagrees with its name is not the
+                // log's: refuse it before any of its records is applied
+                // (salvage moves it aside whole).
+                if std::mem::take(&mut first) && lsn != named {
+                    return Err(name_mismatch(lsn));
+                }
                 if lsn >= start {
                     let rec = Rec {
                         lsn,
@@ -609,17 +618,8 @@ fn replay(
             Err(HeaderError::Bad(e)) => return Err(Stop::Io(e)),
         };
         if scan.first_lsn != named {
-            return cut(
-                None,
-                Error::corrupt(
-                    &path,
-                    12,
-                    Corruption::NameMismatch {
-                        named,
-                        header: scan.first_lsn,
-                    },
-                ),
-            );
+            // One that holds no record.
+            return cut(None, name_mismatch(scan.first_lsn));
         }
         let keep = Some((scan.valid_len, scan.records));
         match scan.end {
