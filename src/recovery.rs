@@ -216,7 +216,8 @@ struct Cut {
     error: Error,
 }
 
-/// Why replay stopped early: damage (salvageable), an IO error, a record
+/// Why replay stopped early: damage (salvageable), an error that ends
+/// recovery (IO, a file of an unknown version), a record
 /// that did not apply during a parallel replay (replay again,
 /// sequentially, to find it), or an append that did not apply after others
 /// of its record had (replay again and stop before the record).
@@ -344,6 +345,9 @@ fn recover_inner(
                 base = Some((h.position, shards));
                 break;
             }
+            // A newer build's file is not damage: never skip it (a
+            // fallback would write over its history).
+            Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
             Err(e) if e.is_corruption() => {
                 damaged.insert(pos);
                 report.skipped_snapshots.push(SkippedSnapshot {
@@ -607,6 +611,10 @@ fn replay(
                     None,
                     Error::corrupt(&path, 0, crate::codec::truncated(HEADER_LEN, n)),
                 );
+            }
+            // Not damage: salvage must not move a newer build's log aside.
+            Err(HeaderError::Bad(e @ Error::UnsupportedVersion { .. })) => {
+                return Err(Stop::Io(e));
             }
             Err(HeaderError::Bad(e)) if e.is_corruption() => {
                 if let Some((position, kind)) = sink.retry_before() {

@@ -414,6 +414,41 @@ fn a_segment_of_another_log_is_refused_and_salvage_keeps_none_of_it() {
     }
 }
 
+/// Rewrites the `u16` version at offset 8 of the file at `path`, with
+/// the header checksum (`crc_at`, over the bytes before it) recomputed:
+/// a valid file of another format version.
+fn set_version(fs: &SimFs, path: &std::path::Path, version: u16, crc_at: usize) {
+    let mut b = fs.read_file(path).unwrap();
+    b[8..10].copy_from_slice(&version.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..crc_at]);
+    b[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+    fs.overwrite(path, &b);
+}
+
+#[test]
+fn a_file_of_a_newer_version_is_refused_even_by_salvage_and_left_alone() {
+    let reqs = workload(300);
+    for (what, ext, crc_at) in [("segment", "wal", 20), ("snapshot", "snap", 40)] {
+        let fs = build(&reqs, |fs| {
+            opts(fs)
+                .segment_size(2048)
+                .snapshot_every_records(Some(100))
+        });
+        let target = files(&fs, ext).last().cloned().unwrap();
+        set_version(&fs, &target, 9, crc_at);
+        let before = fs.files();
+        for mode in [RecoveryMode::Strict, RecoveryMode::Salvage] {
+            match ProducerStateStore::open_with(dir(), opts(&fs).recovery(mode)) {
+                Err(Error::UnsupportedVersion { file, found: 9, .. }) => {
+                    assert_eq!(file, target, "{what} {mode:?}")
+                }
+                other => panic!("{what} {mode:?}: {:?}", other.map(|_| "opened")),
+            }
+            assert_eq!(fs.files(), before, "{what} {mode:?}: files changed");
+        }
+    }
+}
+
 #[test]
 fn a_snapshot_whose_log_is_gone_is_corrupt() {
     let reqs = workload(300);
