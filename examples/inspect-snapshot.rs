@@ -281,11 +281,12 @@ fn damage_of(e: &Error, severity: &'static str) -> Damage {
             kind: kind.to_string(),
             severity,
         },
+        // Not damage, but recovery refuses it in every mode.
         Error::UnsupportedVersion { file, .. } => Damage {
             file: file.display().to_string(),
             offset: Some(0),
             kind: e.to_string(),
-            severity,
+            severity: "refused",
         },
         other => Damage {
             file: String::new(),
@@ -575,6 +576,10 @@ fn inspect_dir(
                         fr.entries = Some(s.entries);
                     }
                     Err(e) if is_io(&e) => return Err(Unreadable(e)),
+                    Err(e @ Error::UnsupportedVersion { .. }) => {
+                        fr.verdict = format!("unsupported: {e}; recovery refuses it");
+                        out.damage.push(damage_of(&e, "refused"));
+                    }
                     Err(e) => {
                         // Recovery skips a damaged snapshot and falls back.
                         fr.verdict = format!("damaged: {e}; recovery would skip it");
@@ -595,6 +600,9 @@ fn inspect_dir(
                         }
                     }
                     Err(e) if is_io(&e) => return Err(Unreadable(e)),
+                    Err(e @ Error::UnsupportedVersion { .. }) => {
+                        fr.verdict = format!("unsupported: {e}; recovery refuses it")
+                    }
                     Err(e) => fr.verdict = format!("damaged: {e}"),
                 }
             }
@@ -753,7 +761,8 @@ fn print_human(out: &Output) {
     let verdict = match code_for(&out.damage) {
         OK => "OK, every checksum verifies".to_string(),
         REPAIRABLE => "repairable damage (recovery fixes it by itself)".to_string(),
-        _ => "DAMAGED".to_string(),
+        _ => "DAMAGED (or of a format version this build cannot read): recovery would refuse it"
+            .to_string(),
     };
     println!("verdict:   {verdict}");
     for d in &out.damage {

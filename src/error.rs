@@ -39,7 +39,7 @@ pub enum Error {
         kind: Corruption,
     },
     /// A file was written by a format version this build cannot read.
-    #[error("{} has format version {found}; this build reads version {supported}", file.display())]
+    #[error("{} has format version {found}; this build reads versions up to {supported}", file.display())]
     UnsupportedVersion {
         /// The file.
         file: PathBuf,

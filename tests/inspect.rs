@@ -226,6 +226,31 @@ fn a_bad_snapshot_checksum_is_skipped_with_fallback() {
 }
 
 #[test]
+fn a_snapshot_of_a_newer_version_is_refused_not_skipped() {
+    let d = tempfile::tempdir().unwrap();
+    store(
+        d.path(),
+        StoreOptions::default()
+            .snapshot_every_records(Some(40))
+            .background_snapshots(false),
+    );
+    let newest = files(d.path(), ".snap").pop().unwrap();
+    // Version 9 with a header checksum that verifies: a newer build's file.
+    let mut b = std::fs::read(&newest).unwrap();
+    b[8..10].copy_from_slice(&9u16.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..40]);
+    b[40..44].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&newest, &b).unwrap();
+    let (code, out, _) = run(&[s(d.path())]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("unsupported: "), "{out}");
+    assert!(out.contains("would REFUSE to open"), "{out}");
+    let (_, v) = json(&[s(d.path())]);
+    assert_eq!(v["damage"][0]["severity"], "refused");
+    assert_eq!(v["recovery"]["would_open"], false);
+}
+
+#[test]
 fn a_missing_segment_is_refused() {
     let d = tempfile::tempdir().unwrap();
     store(
