@@ -61,7 +61,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
 
@@ -381,7 +381,9 @@ struct Book {
     files: BTreeSet<u64>,
     /// Positions of snapshots not known to be damaged, oldest first.
     valid: Vec<u64>,
-    last_error: Option<String>,
+    /// Segments detached from the writer whose removal failed: retention
+    /// tries them again next time.
+    orphans: Vec<PathBuf>,
 }
 
 struct Bg {
@@ -445,6 +447,9 @@ struct Shared {
     group_done: Condvar,
     writer: Mutex<LogWriter>,
     book: Mutex<Book>,
+    /// The last automatic snapshot's error (apart from `book`, which a
+    /// snapshot holds while it runs).
+    snapshot_error: Mutex<Option<String>>,
     bg: Mutex<Bg>,
     bg_cv: Condvar,
     _lock: Box<dyn LockGuard>,
@@ -631,7 +636,8 @@ impl State {
 /// ```
 pub struct ProducerStateStore {
     shared: Arc<Shared>,
-    background: Option<JoinHandle<()>>,
+    /// The snapshot thread and the interval's fsync thread, if any.
+    background: Vec<JoinHandle<()>>,
     flusher: Option<JoinHandle<()>>,
     report: RecoveryReport,
     closed: bool,
@@ -732,8 +738,9 @@ impl ProducerStateStore {
             book: Mutex::new(Book {
                 files: rec.snapshot_files,
                 valid: rec.snapshots,
-                last_error: None,
+                orphans: Vec::new(),
             }),
+            snapshot_error: Mutex::new(None),
             bg: Mutex::new(Bg {
                 stop: false,
                 snapshot_wanted: false,
@@ -742,19 +749,23 @@ impl ProducerStateStore {
             _lock: guard,
             opts,
         });
-        let needs_thread = shared.opts.background_snapshots
-            || matches!(shared.opts.fsync, FsyncPolicy::Interval(_));
-        let background = if needs_thread {
+        // Snapshots and the interval's fsyncs run on threads of their own:
+        // a snapshot of a large state on a slow disk takes seconds, and the
+        // interval's loss window must not grow by that much.
+        let mut background = Vec::new();
+        let spawn = |name: &str, f: fn(&Shared)| {
             let s = shared.clone();
-            Some(
-                std::thread::Builder::new()
-                    .name("producer-state-bg".into())
-                    .spawn(move || s.background())
-                    .map_err(|e| Error::io("spawn background thread", &shared.dir, e))?,
-            )
-        } else {
-            None
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || f(&s))
+                .map_err(|e| Error::io("spawn background thread", &shared.dir, e))
         };
+        if shared.opts.background_snapshots {
+            background.push(spawn("producer-state-snap", Shared::background)?);
+        }
+        if matches!(shared.opts.fsync, FsyncPolicy::Interval(_)) {
+            background.push(spawn("producer-state-tick", Shared::tick)?);
+        }
         let s = shared.clone();
         let flusher = std::thread::Builder::new()
             .name("producer-state-flush".into())
@@ -968,7 +979,7 @@ impl ProducerStateStore {
     /// The error of the last automatic snapshot, if it failed (the log is
     /// unaffected; the next threshold tries again).
     pub fn last_snapshot_error(&self) -> Option<String> {
-        lock(&self.shared.book).last_error.clone()
+        lock(&self.shared.snapshot_error).clone()
     }
 
     /// The store's directory.
@@ -996,7 +1007,7 @@ impl ProducerStateStore {
             bg.stop = true;
             self.shared.bg_cv.notify_all();
         }
-        if let Some(h) = self.background.take() {
+        for h in self.background.drain(..) {
             let _ = h.join();
         }
         let result = self.shared.sync();
@@ -1327,43 +1338,54 @@ impl Shared {
             bg.snapshot_wanted = true;
             self.bg_cv.notify_all();
         } else if let Err(e) = self.take_snapshot() {
-            lock(&self.book).last_error = Some(e.to_string());
+            *lock(&self.snapshot_error) = Some(e.to_string());
         }
     }
 
+    /// The snapshot thread: takes the snapshots a threshold asked for.
     fn background(&self) {
-        let interval = match self.opts.fsync {
-            FsyncPolicy::Interval(d) => Some(d),
-            _ => None,
-        };
         loop {
             let mut bg = lock(&self.bg);
-            let mut tick = false;
-            while !bg.stop && !bg.snapshot_wanted && !tick {
-                match interval {
-                    Some(d) => {
-                        let (g, t) = self
-                            .bg_cv
-                            .wait_timeout(bg, d)
-                            .unwrap_or_else(|e| e.into_inner());
-                        bg = g;
-                        tick = t.timed_out();
-                    }
-                    None => bg = self.bg_cv.wait(bg).unwrap_or_else(|e| e.into_inner()),
-                }
+            while !bg.stop && !bg.snapshot_wanted {
+                bg = self.bg_cv.wait(bg).unwrap_or_else(|e| e.into_inner());
             }
             if bg.stop {
                 return;
             }
-            let snap = std::mem::take(&mut bg.snapshot_wanted);
+            bg.snapshot_wanted = false;
             drop(bg);
-            if tick {
-                // A failure poisons the store; appends report it.
-                let _ = self.sync();
+            if let Err(e) = self.take_snapshot() {
+                *lock(&self.snapshot_error) = Some(e.to_string());
             }
-            if snap && let Err(e) = self.take_snapshot() {
-                lock(&self.book).last_error = Some(e.to_string());
+        }
+    }
+
+    /// `Interval(d)`: writes and fsyncs the buffered records every `d`.
+    fn tick(&self) {
+        let FsyncPolicy::Interval(every) = self.opts.fsync else {
+            return;
+        };
+        let mut next = Instant::now() + every;
+        loop {
+            let mut bg = lock(&self.bg);
+            loop {
+                if bg.stop {
+                    return;
+                }
+                let now = Instant::now();
+                if now >= next {
+                    break;
+                }
+                bg = self
+                    .bg_cv
+                    .wait_timeout(bg, next - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
+            drop(bg);
+            // A failure poisons the store; appends report it.
+            let _ = self.sync();
+            next = Instant::now() + every;
         }
     }
 
@@ -1413,7 +1435,7 @@ impl Shared {
         book.files.insert(position);
         book.valid.retain(|&p| p != position);
         book.valid.push(position);
-        book.last_error = None;
+        *lock(&self.snapshot_error) = None;
         self.retain(&mut book)?;
         Ok(Some(path))
     }
@@ -1482,15 +1504,25 @@ impl Shared {
             .copied()
             .filter(|&p| p < oldest_kept)
             .collect();
+        // A file already gone (removed by hand, say) is what we wanted.
+        let remove = |path: &Path| match remove_gradually(fs, path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("remove", path, e)),
+            _ => Ok(()),
+        };
         for p in &doomed {
-            let path = self.dir.join(snapshot::file_name(*p));
-            remove_gradually(fs, &path).map_err(|e| Error::io("remove", &path, e))?;
+            remove(&self.dir.join(snapshot::file_name(*p)))?;
             book.files.remove(p);
         }
         book.valid.retain(|&p| p >= oldest_kept);
-        let segments = lock(&self.writer).detach_before(oldest_kept);
-        for path in segments {
-            remove_gradually(fs, &path).map_err(|e| Error::io("remove", &path, e))?;
+        let mut segments = std::mem::take(&mut book.orphans);
+        segments.extend(lock(&self.writer).detach_before(oldest_kept));
+        let mut left = segments.into_iter();
+        while let Some(path) = left.next() {
+            if let Err(e) = remove(&path) {
+                book.orphans.push(path);
+                book.orphans.extend(left);
+                return Err(e);
+            }
         }
         fs.sync_dir(&self.dir)
             .map_err(|e| Error::io("fsync directory", &self.dir, e))
