@@ -86,11 +86,14 @@ pub enum FsyncPolicy {
     /// `append` returns; concurrent appends share fsyncs. Nothing
     /// acknowledged is ever lost. The default.
     Always,
-    /// Records are buffered in the process and written and fsync'ed every
-    /// interval by a background thread (and when 64 KiB are buffered, on
-    /// [`ProducerStateStore::sync`], on snapshots and on close). A crash,
-    /// of the process or of the machine, loses at most the appends
-    /// acknowledged during the last interval (plus the time one fsync takes).
+    /// Records are buffered in the process, written when 64 KiB are
+    /// buffered, and written and fsync'ed every interval by a thread of
+    /// their own (and on [`ProducerStateStore::sync`], snapshots and
+    /// close). A crash, of the process or of the machine, loses at most the
+    /// appends acknowledged during the last interval (plus the time one
+    /// write and fsync take; a snapshot running meanwhile does not delay
+    /// them). A failed write or fsync poisons the store; appends already
+    /// acknowledged may then be lost, as in a crash.
     Interval(Duration),
     /// Records are buffered in the process (64 KiB) and handed to the OS,
     /// never fsync'ed except on [`ProducerStateStore::sync`], snapshots,
@@ -920,14 +923,18 @@ impl ProducerStateStore {
         out
     }
 
-    /// The committed (durable) entry of one key, if it has state.
+    /// The entry of one key, if it has state. Under `Always` that is the
+    /// state of the durable appends; under the buffered policies, of every
+    /// accepted append, including those not yet durable (and, after a
+    /// failed write has poisoned the store, those the log lost: reopen to
+    /// see what survived).
     pub fn get(&self, producer_id: impl Into<ProducerId>, partition: i32) -> Option<ProducerEntry> {
         let id = producer_id.into();
         let st = self.shared.lock_state();
         st.shards.get(hash_key(&id, partition), &id, partition)
     }
 
-    /// Number of keys with committed state.
+    /// Number of keys with state (as [`ProducerStateStore::get`] sees it).
     pub fn len(&self) -> usize {
         self.shared.lock_state().shards.len()
     }
@@ -937,7 +944,8 @@ impl ProducerStateStore {
         self.len() == 0
     }
 
-    /// Every key with its committed entry, in no particular order. The
+    /// Every key with its entry (as [`ProducerStateStore::get`] sees it),
+    /// in no particular order. The
     /// iterator copies one shard (a 256th of the state) at a time under the
     /// store's lock, so it is consistent within a shard, not across shards
     /// while appends run.
@@ -1297,11 +1305,16 @@ impl Shared {
 
     fn sync(&self) -> Result<()> {
         let mut st = self.lock_state();
+        if let Some(f) = &st.failed {
+            return Err(f.error_for(None));
+        }
         let target = st.next_lsn;
         st.sync_to = st.sync_to.max(target);
         loop {
             if let Some(f) = &st.failed {
-                return Err(f.error_for(None));
+                // A failure during this call: the IO error itself if it
+                // lost records the call covers.
+                return Err(f.error_for(target.checked_sub(1)));
             }
             if st.durable >= target {
                 return Ok(());

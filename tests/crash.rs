@@ -340,6 +340,37 @@ fn the_interval_holds_while_a_background_snapshot_streams_to_a_slow_disk() {
     store.close().unwrap();
 }
 
+/// `sync` and `close` return the IO error that lost the records they
+/// were to make durable; after that, the store is poisoned.
+#[test]
+fn a_sync_or_close_whose_write_fails_returns_the_io_error() {
+    for fault in [
+        Fault::Error(io::ErrorKind::Other),
+        Fault::Error(io::ErrorKind::StorageFull),
+        Fault::PartialWrite,
+    ] {
+        let fs = SimFs::new();
+        let opts = sim_opts(&fs).fsync(producer_state::FsyncPolicy::Never);
+        let store = ProducerStateStore::open_with(dir(), opts.clone()).unwrap();
+        store.append(1u64, 0, 0, 0).unwrap();
+        fs.set_fault(fs.ops(), fault);
+        let e = store.sync().unwrap_err();
+        assert!(matches!(e, Error::Io { .. }), "{fault:?}: {e}");
+        let again = store.sync().unwrap_err();
+        assert!(matches!(again, Error::Poisoned { .. }), "{again}");
+        drop(store);
+
+        let fs = SimFs::new();
+        let store =
+            ProducerStateStore::open_with(dir(), opts.file_system(std::sync::Arc::new(fs.clone())))
+                .unwrap();
+        store.append(1u64, 0, 0, 0).unwrap();
+        fs.set_fault(fs.ops(), fault);
+        let e = store.close().unwrap_err();
+        assert!(matches!(e, Error::Io { .. }), "{fault:?}: {e}");
+    }
+}
+
 /// Positions of the files with extension `ext`, ascending.
 fn positions(fs: &SimFs, ext: &str) -> Vec<u64> {
     let mut v: Vec<u64> = fs
