@@ -398,7 +398,9 @@ fn retention_retries_what_it_could_not_remove() {
             s.append(k, 0, 0, r).unwrap();
         }
     };
-    let window = {
+    // Two snapshots, then appends: the next snapshot's retention removes
+    // the first snapshot and segments.
+    let before_third = || {
         let fs = SimFs::new();
         let s = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap();
         for r in 0..2 {
@@ -406,18 +408,16 @@ fn retention_retries_what_it_could_not_remove() {
             s.snapshot().unwrap();
         }
         round(&s, 2);
+        (fs, s)
+    };
+    let window = {
+        let (fs, s) = before_third();
         let before = fs.ops();
         s.snapshot().unwrap();
         fs.ops() - before
     };
     for n in 0..window {
-        let fs = SimFs::new();
-        let s = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap();
-        for r in 0..2 {
-            round(&s, r);
-            s.snapshot().unwrap();
-        }
-        round(&s, 2);
+        let (fs, s) = before_third();
         fs.set_fault(fs.ops() + n, Fault::Error(io::ErrorKind::PermissionDenied));
         let _ = s.snapshot();
         for r in 3..6 {

@@ -196,8 +196,8 @@ fn a_torn_tail_is_repairable_and_nothing_is_written() {
     assert_eq!(std::fs::metadata(&seg).unwrap().len() as usize, good + 17);
 }
 
-#[test]
-fn a_bad_snapshot_checksum_is_skipped_with_fallback() {
+/// A store with two snapshots.
+fn store_with_snapshots() -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
     store(
         d.path(),
@@ -205,6 +205,12 @@ fn a_bad_snapshot_checksum_is_skipped_with_fallback() {
             .snapshot_every_records(Some(40))
             .background_snapshots(false),
     );
+    d
+}
+
+#[test]
+fn a_bad_snapshot_checksum_is_skipped_with_fallback() {
+    let d = store_with_snapshots();
     let snaps = files(d.path(), ".snap");
     assert_eq!(snaps.len(), 2);
     let newest = snaps.last().unwrap();
@@ -227,13 +233,7 @@ fn a_bad_snapshot_checksum_is_skipped_with_fallback() {
 
 #[test]
 fn a_snapshot_of_a_newer_version_is_refused_not_skipped() {
-    let d = tempfile::tempdir().unwrap();
-    store(
-        d.path(),
-        StoreOptions::default()
-            .snapshot_every_records(Some(40))
-            .background_snapshots(false),
-    );
+    let d = store_with_snapshots();
     let newest = files(d.path(), ".snap").pop().unwrap();
     // Version 9 with a header checksum that verifies: a newer build's file.
     let mut b = std::fs::read(&newest).unwrap();
