@@ -269,6 +269,44 @@ fn a_missing_segment_in_the_middle_is_corrupt_and_salvage_keeps_the_prefix() {
     assert!(matches(&s, &m));
 }
 
+/// Found by a mutation audit: nothing damaged the end of a segment that
+/// has later segments, so cutting it as if it were a torn tail (and
+/// losing every later segment) went unnoticed. Only the last segment can
+/// be torn; a shortened or zeroed end anywhere else is corruption.
+#[test]
+fn a_damaged_end_of_a_segment_that_is_not_the_last_is_corrupt() {
+    let reqs = workload(200);
+    let history = prefixes(&reqs);
+    for (how, cut) in [("shortened", true), ("zeroed", false)] {
+        let fs = build(&reqs, |f| opts(f).segment_size(1024));
+        let segs = files(&fs, ".wal");
+        assert!(segs.len() >= 3, "{segs:?}");
+        let mut b = fs.read_file(&segs[1]).unwrap();
+        let end = b.len();
+        if cut {
+            b.truncate(end - 7);
+        } else {
+            b[end - 7..].fill(0);
+        }
+        fs.overwrite(&segs[1], &b);
+        let err = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap_err();
+        assert!(
+            matches!(&err, Error::Corrupt { file, .. } if *file == segs[1]),
+            "{how}: {err}"
+        );
+        // Salvage keeps a prefix that ends in that segment, and says so.
+        let s = ProducerStateStore::open_with(dir(), opts(&fs).recovery(RecoveryMode::Salvage))
+            .unwrap();
+        let i = history
+            .iter()
+            .position(|m| matches(&s, m))
+            .expect("a prefix");
+        assert!(i < history.len() - 1, "{how}: nothing was lost?");
+        let salvage = s.recovery_report().salvage.clone().expect("reported");
+        assert!(salvage.discarded.len() >= 2, "{how}: {salvage:?}");
+    }
+}
+
 #[test]
 fn damage_in_the_middle_of_the_log_is_corrupt_with_file_and_offset() {
     let reqs = workload(50);

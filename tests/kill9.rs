@@ -1,14 +1,20 @@
 //! Real processes: a child appends and prints every acknowledged append;
 //! the parent kills it with SIGKILL at random moments, reopens the store,
-//! and checks that every acknowledged append is there (a retry of each is
-//! a DUPLICATE), that at most the one in flight is beyond them, and that
-//! the previous epoch is fenced. Also: a second process cannot open a
-//! live store.
+//! and checks that the state is exactly the acknowledged appends plus at
+//! most the one in flight (a retry of each is a DUPLICATE), and that the
+//! previous epoch is fenced. Also: a second process cannot open a live
+//! store.
+//!
+//! What this proves, and what it does not: SIGKILL ends the process but
+//! not the machine, so the page cache survives. It proves that nothing
+//! acknowledged is lost to a process crash at any moment (in a write, a
+//! segment roll, a snapshot); it cannot see a missing fsync. Machine
+//! crashes, where only fsync'ed bytes survive, are the simulated file
+//! system's tests (`tests/crash.rs`).
 //!
 //! The child is this test binary run again with an environment variable
 //! set; `child_process` is its entry point and does nothing otherwise.
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -75,7 +81,16 @@ fn child(role: &str, dir: &std::path::Path) -> Command {
 #[test]
 fn every_acknowledged_append_survives_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    // Kill moments differ from run to run; the seed is printed to replay one.
+    let mut seed = std::env::var("KILL9_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64 | 1)
+        });
+    eprintln!("KILL9_SEED={seed}");
     let mut total_acks = 0usize;
     const ROUNDS: i16 = 12;
     for epoch in 0..ROUNDS {
@@ -87,14 +102,16 @@ fn every_acknowledged_append_survives_kill_9() {
         let mut proc = cmd.spawn().unwrap();
         let stdout = proc.stdout.take().unwrap();
         let reader = std::thread::spawn(move || {
-            let mut acked: HashMap<u64, i32> = HashMap::new();
+            let mut acked: Vec<(u64, i32)> = Vec::new();
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if let Some(rest) = line.strip_prefix("ACK ") {
+                // libtest prints "test child_process ... " before the
+                // child's first line.
+                if let Some(rest) = line.split_once("ACK ").map(|(_, r)| r) {
                     let mut it = rest.split(' ');
                     let key: u64 = it.next().unwrap().parse().unwrap();
                     let seq: i32 = it.next().unwrap().parse().unwrap();
-                    acked.insert(key, seq);
+                    acked.push((key, seq));
                 }
             }
             acked
@@ -110,20 +127,35 @@ fn every_acknowledged_append_survives_kill_9() {
         }
         proc.kill().unwrap(); // SIGKILL
         proc.wait().unwrap();
-        let acked = reader.join().unwrap();
-        total_acks += acked.values().map(|&s| s as usize + 1).sum::<usize>();
+        let acks = reader.join().unwrap();
+        // The child appends (i % KEYS, i / KEYS) for i = 0, 1, ...: the
+        // first `n` were acknowledged and append `n` may have been in
+        // flight; nothing else of this epoch can exist.
+        let n = acks.len() as u64;
+        for (i, &(key, seq)) in acks.iter().enumerate() {
+            assert_eq!((key, seq), (i as u64 % KEYS, (i as u64 / KEYS) as i32));
+        }
+        total_acks += acks.len();
+        let in_flight = (n % KEYS, (n / KEYS) as i32);
 
         let store =
             ProducerStateStore::open(dir.path()).unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
-        for (&key, &max) in &acked {
-            let e = store.get(key, 0).unwrap();
-            assert_eq!(e.epoch(), epoch, "key {key}");
-            // Every acknowledged append is there; at most one more (in flight).
-            assert!(
-                e.last_sequence() == max || e.last_sequence() == max + 1,
-                "key {key}: acked {max}, recovered {}",
-                e.last_sequence()
-            );
+        let mut ahead = 0;
+        for key in 0..KEYS {
+            let max = (key < n).then(|| ((n - 1 - key) / KEYS) as i32);
+            let got = store
+                .get(key, 0)
+                .filter(|e| e.epoch() == epoch)
+                .map(|e| e.last_sequence());
+            if got != max {
+                assert_eq!(
+                    (key, got),
+                    (in_flight.0, Some(in_flight.1)),
+                    "epoch {epoch}, {n} acknowledged: key {key} acked up to {max:?}, recovered {got:?}"
+                );
+                ahead += 1;
+            }
+            let Some(max) = max else { continue };
             for seq in (0..=max).rev().step_by(7) {
                 assert_eq!(
                     store.append(key, 0, epoch, seq).unwrap(),
@@ -131,10 +163,6 @@ fn every_acknowledged_append_survives_kill_9() {
                     "key {key} seq {seq}"
                 );
             }
-            assert_eq!(
-                store.append(key, 0, epoch, max).unwrap(),
-                AppendOutcome::Duplicate
-            );
             if epoch > 0 {
                 assert_eq!(
                     store.append(key, 0, epoch - 1, max + 7).unwrap(),
@@ -142,6 +170,7 @@ fn every_acknowledged_append_survives_kill_9() {
                 );
             }
         }
+        assert!(ahead <= 1, "at most the one append in flight");
         store.close().unwrap();
     }
     assert!(
