@@ -335,11 +335,50 @@ impl SimFs {
     /// file system with no faults, locks or crash.
     pub fn crash_image(&self, unsynced: Unsynced) -> SimFs {
         let st = self.lock();
+        Self::image(&st, &st.durable, unsynced)
+    }
+
+    /// As [`SimFs::crash_image`], but each directory change made since the
+    /// last directory sync (a file created, removed or renamed) survives
+    /// or not on its own, chosen by `seed`: nothing orders them, so a
+    /// store must fsync the directory wherever one change has to be
+    /// durable before another is made.
+    pub fn crash_image_reordered(&self, unsynced: Unsynced, seed: u64) -> SimFs {
+        let st = self.lock();
+        let mut names = st.durable.clone();
+        let mut n = 0u64;
+        let mut survives = || {
+            n += 1;
+            mix(seed, n) % 2 == 0
+        };
+        // Names that are new or name another file now; a rename takes the
+        // file's old names with it.
+        for (path, &inode) in &st.visible {
+            if st.durable.get(path) == Some(&inode) || !survives() {
+                continue;
+            }
+            names.retain(|p, i| *i != inode || st.visible.get(p) == Some(&inode));
+            names.insert(path.clone(), inode);
+        }
+        // Names removed (a renamed file's old name went with its new one).
+        for (path, &inode) in &st.durable {
+            let gone = !st.visible.contains_key(path);
+            let renamed = st.visible.values().any(|&i| i == inode);
+            if gone && !renamed && survives() {
+                names.remove(path);
+            }
+        }
+        Self::image(&st, &names, unsynced)
+    }
+
+    /// The state a crash leaves when `names` are the directory entries
+    /// that survive.
+    fn image(st: &State, names: &BTreeMap<PathBuf, u64>, unsynced: Unsynced) -> SimFs {
         let mut out = State {
             dirs: st.dirs.clone(),
             ..State::default()
         };
-        for (i, (path, inode)) in st.durable.iter().enumerate() {
+        for (i, (path, inode)) in names.iter().enumerate() {
             let Some(node) = st.nodes.get(inode) else {
                 continue;
             };
@@ -635,6 +674,35 @@ mod tests {
         assert!(img.read_file(&tmp).is_none() && img.read_file(&fin).is_some());
         fs.remove_file(&fin).unwrap();
         assert!(fs.crash_image(Unsynced::Keep).read_file(&fin).is_some());
+    }
+
+    #[test]
+    fn unsynced_directory_changes_survive_in_any_combination() {
+        let (fs, dir) = setup();
+        let (old, tmp, new) = (dir.join("old"), dir.join("new.tmp"), dir.join("new"));
+        for p in [&old, &tmp] {
+            let mut f = fs.create_new(p).unwrap();
+            f.write_all(b"data").unwrap();
+            f.sync_data().unwrap();
+        }
+        fs.sync_dir(&dir).unwrap();
+        // Two unsynced changes: a rename, then a removal.
+        fs.rename(&tmp, &new).unwrap();
+        fs.remove_file(&old).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..64 {
+            let img = fs.crash_image_reordered(Unsynced::Drop, seed);
+            let renamed = img.read_file(&new).is_some();
+            // A rename is whole: the file has exactly one of its names.
+            assert_ne!(renamed, img.read_file(&tmp).is_some(), "seed {seed}");
+            assert_eq!(
+                img.read_file(&new).or(img.read_file(&tmp)).unwrap(),
+                b"data"
+            );
+            seen.insert((renamed, img.read_file(&old).is_none()));
+        }
+        // Including the removal without the rename before it.
+        assert_eq!(seen.len(), 4, "{seen:?}");
     }
 
     #[test]
