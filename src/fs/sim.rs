@@ -349,7 +349,7 @@ impl SimFs {
         let mut n = 0u64;
         let mut survives = || {
             n += 1;
-            mix(seed, n) % 2 == 0
+            mix(seed, n).is_multiple_of(2)
         };
         // Names that are new or name another file now; a rename takes the
         // file's old names with it.
