@@ -278,13 +278,17 @@ impl<'a> Parallel<'a> {
 
 impl Sink for Parallel<'_> {
     fn push(&mut self, rec: Rec, _path: &Path) -> Result<()> {
-        if self.own.owns(rec.hash) {
+        // Either side full hands off: memory stays bounded whichever
+        // shards the keys fall in.
+        let full = if self.own.owns(rec.hash) {
             self.mine.push(rec);
+            self.mine.len()
         } else {
             self.theirs.push(rec);
-            if self.theirs.len() == PARALLEL_BATCH {
-                self.hand_off();
-            }
+            self.theirs.len()
+        };
+        if full == PARALLEL_BATCH {
+            self.hand_off();
         }
         Ok(())
     }
@@ -406,6 +410,30 @@ mod tests {
             let e = two.get(hash_key(&id, 0), &id, 0).unwrap();
             assert_eq!(e.last_sequence() as u64, each - 1, "key {k}");
         }
+        // Keys all in the caller's shards: it hands off at a full batch
+        // of its own too, so memory stays bounded (found by review: it
+        // held a whole segment's records).
+        let mut four = Shards::default();
+        std::thread::scope(|s| {
+            let mut sink = Parallel::new(s, &mut four);
+            let own: Vec<u64> = (0..10_000u64)
+                .filter(|&k| {
+                    sink.own
+                        .owns(hash_key(&crate::id::ProducerId::numeric(k), 0))
+                })
+                .take(10)
+                .collect();
+            assert_eq!(own.len(), 10);
+            let path = Path::new("x.wal");
+            for i in 0..(3 * PARALLEL_BATCH as u64) {
+                let key = own[(i % 10) as usize];
+                sink.push(rec(i, key, (i / 10) as i32), path).unwrap();
+                assert!(sink.mine.len() < PARALLEL_BATCH);
+            }
+            sink.drain(path).unwrap();
+            assert_eq!(sink.applied(), 3 * PARALLEL_BATCH as u64);
+        });
+        assert_eq!(four.len(), 10);
         // A record that does not apply in a late batch fails it too.
         let mut three = Shards::default();
         std::thread::scope(|s| {

@@ -1311,13 +1311,14 @@ impl Shared {
         let target = st.next_lsn;
         st.sync_to = st.sync_to.max(target);
         loop {
+            // Durable first: a later group's failure does not undo it.
+            if st.durable >= target {
+                return Ok(());
+            }
             if let Some(f) = &st.failed {
                 // A failure during this call: the IO error itself if it
                 // lost records the call covers.
                 return Err(f.error_for(target.checked_sub(1)));
-            }
-            if st.durable >= target {
-                return Ok(());
             }
             if st.leading {
                 st = self.group_done.wait(st).unwrap_or_else(|e| e.into_inner());
