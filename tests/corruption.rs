@@ -13,7 +13,8 @@ use common::model::Model;
 use common::store_util::{dir, matches, path, workload};
 use producer_state::fs::{FileSystem, SimFs};
 use producer_state::{
-    AppendOutcome, AppendRequest, Corruption, Error, ProducerStateStore, RecoveryMode, StoreOptions,
+    AppendOutcome, AppendRequest, Corruption, Error, ProducerStateStore, RecoveryMode, Salvage,
+    StoreOptions,
 };
 
 fn opts(fs: &SimFs) -> StoreOptions {
@@ -89,6 +90,18 @@ fn files(fs: &SimFs, ext: &str) -> Vec<PathBuf> {
         .map(|(p, _)| p)
         .filter(|p| p.to_string_lossy().ends_with(ext))
         .collect()
+}
+
+/// Opens `fs` strictly, which must refuse, then with
+/// [`RecoveryMode::Salvage`], which must open it and report a salvage:
+/// the refusal, the salvaged store and what it discarded.
+fn refused_then_salvaged(fs: &SimFs) -> (Error, ProducerStateStore, Salvage) {
+    let Err(err) = ProducerStateStore::open_with(dir(), opts(fs)) else {
+        panic!("a strict open refuses");
+    };
+    let s = ProducerStateStore::open_with(dir(), opts(fs).recovery(RecoveryMode::Salvage)).unwrap();
+    let salvage = s.recovery_report().salvage.clone().expect("reported");
+    (err, s, salvage)
 }
 
 /// Opens `fs` and checks the outcome: a prefix of the history, or Corrupt.
@@ -232,7 +245,7 @@ fn a_missing_segment_in_the_middle_is_corrupt_and_salvage_keeps_the_prefix() {
     let segs = files(&fs, ".wal");
     assert!(segs.len() >= 4, "{segs:?}");
     fs.delete(&segs[2]);
-    let err = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap_err();
+    let (err, s, salvage) = refused_then_salvaged(&fs);
     assert!(
         matches!(
             &err,
@@ -244,14 +257,11 @@ fn a_missing_segment_in_the_middle_is_corrupt_and_salvage_keeps_the_prefix() {
         "{err}"
     );
     // Salvage keeps the history up to the gap and moves the rest aside.
-    let s =
-        ProducerStateStore::open_with(dir(), opts(&fs).recovery(RecoveryMode::Salvage)).unwrap();
     let i = history
         .iter()
         .position(|m| matches(&s, m))
         .expect("a prefix");
     assert!(i > 0 && i < history.len() - 1);
-    let salvage = s.recovery_report().salvage.clone().expect("reported");
     assert!(
         salvage.cause.contains("records missing"),
         "{}",
@@ -289,20 +299,17 @@ fn a_damaged_end_of_a_segment_that_is_not_the_last_is_corrupt() {
             b[end - 7..].fill(0);
         }
         fs.overwrite(&segs[1], &b);
-        let err = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap_err();
+        let (err, s, salvage) = refused_then_salvaged(&fs);
         assert!(
             matches!(&err, Error::Corrupt { file, .. } if *file == segs[1]),
             "{how}: {err}"
         );
         // Salvage keeps a prefix that ends in that segment, and says so.
-        let s = ProducerStateStore::open_with(dir(), opts(&fs).recovery(RecoveryMode::Salvage))
-            .unwrap();
         let i = history
             .iter()
             .position(|m| matches(&s, m))
             .expect("a prefix");
         assert!(i < history.len() - 1, "{how}: nothing was lost?");
-        let salvage = s.recovery_report().salvage.clone().expect("reported");
         assert!(salvage.discarded.len() >= 2, "{how}: {salvage:?}");
     }
 }
@@ -316,7 +323,8 @@ fn damage_in_the_middle_of_the_log_is_corrupt_with_file_and_offset() {
     let mut b = fs.read_file(&seg).unwrap();
     b[24 + 31 * 3 + 20] ^= 0xff;
     fs.overwrite(&seg, &b);
-    match ProducerStateStore::open_with(dir(), opts(&fs)).unwrap_err() {
+    let (err, s, _) = refused_then_salvaged(&fs);
+    match err {
         Error::Corrupt { file, offset, kind } => {
             assert_eq!(file, seg);
             assert!((24..24 + 31 * 6).contains(&offset), "{offset}");
@@ -324,14 +332,11 @@ fn damage_in_the_middle_of_the_log_is_corrupt_with_file_and_offset() {
         }
         e => panic!("{e}"),
     }
-    let s =
-        ProducerStateStore::open_with(dir(), opts(&fs).recovery(RecoveryMode::Salvage)).unwrap();
     let i = history
         .iter()
         .position(|m| matches(&s, m))
         .expect("a prefix");
     assert!(i < history.len() - 1);
-    assert!(s.recovery_report().salvage.is_some());
 }
 
 /// A found bug: when a snapshot's position fell inside a packed record
@@ -363,9 +368,7 @@ fn salvage_from_a_snapshot_inside_a_packed_record_loses_no_later_append() {
     s.close().unwrap();
     fs.overwrite(&snap, &other.read_file(&snap).unwrap());
 
-    let e = ProducerStateStore::open_with(dir(), opts(&fs))
-        .err()
-        .unwrap();
+    let (e, s, _) = refused_then_salvaged(&fs);
     assert!(
         matches!(
             e,
@@ -377,9 +380,6 @@ fn salvage_from_a_snapshot_inside_a_packed_record_loses_no_later_append() {
         ),
         "{e}"
     );
-    let s =
-        ProducerStateStore::open_with(dir(), opts(&fs).recovery(RecoveryMode::Salvage)).unwrap();
-    assert!(s.recovery_report().salvage.is_some());
     assert_eq!(s.get(1u64, 0).unwrap().last_sequence(), 3);
     let more: Vec<(u64, i32)> = [(1, 4), (1, 5), (7, 0)]
         .into_iter()
@@ -422,9 +422,7 @@ fn a_segment_of_another_log_is_refused_and_salvage_keeps_none_of_it() {
     assert_ne!(last.file_name(), foreign.file_name());
     ours.overwrite(last, &theirs.read_file(foreign).unwrap());
 
-    let e = ProducerStateStore::open_with(dir(), opts(&ours))
-        .err()
-        .unwrap();
+    let (e, s, _) = refused_then_salvaged(&ours);
     assert!(
         matches!(
             e,
@@ -436,9 +434,6 @@ fn a_segment_of_another_log_is_refused_and_salvage_keeps_none_of_it() {
         ),
         "{e}"
     );
-    let s =
-        ProducerStateStore::open_with(dir(), opts(&ours).recovery(RecoveryMode::Salvage)).unwrap();
-    assert!(s.recovery_report().salvage.is_some());
     let keys: Vec<u64> = s.iter().filter_map(|(id, _, _)| id.as_numeric()).collect();
     assert!(
         keys.iter().all(|&k| k < 40),
@@ -499,7 +494,7 @@ fn a_snapshot_whose_log_is_gone_is_corrupt() {
     for s in &snaps {
         fs.delete(s);
     }
-    let err = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap_err();
+    let (err, s, salvage) = refused_then_salvaged(&fs);
     assert!(
         matches!(
             &err,
@@ -512,15 +507,8 @@ fn a_snapshot_whose_log_is_gone_is_corrupt() {
     );
     assert!(segs.len() > 1);
     // Salvage starts over rather than invent a state from a partial log.
-    let s =
-        ProducerStateStore::open_with(dir(), opts(&fs).recovery(RecoveryMode::Salvage)).unwrap();
     assert!(s.is_empty());
-    assert!(
-        s.recovery_report()
-            .salvage
-            .as_ref()
-            .is_some_and(|v| v.discarded.len() == segs.len())
-    );
+    assert_eq!(salvage.discarded.len(), segs.len());
 }
 
 #[test]
