@@ -1,6 +1,6 @@
 //! The durable store's numbers, side by side, in one run on one disk.
 //!
-//! `cargo run --release --example bench` (about eight minutes). Prints
+//! `cargo run --release -p producer-state-bench --example bench` (about eight minutes). Prints
 //! markdown tables, writes `docs/bench-report.json` and draws
 //! `docs/throughput.svg` from the numbers it measured. `--quick` shortens
 //! every measurement (for a smoke run); `--dir PATH` puts the files on
@@ -123,7 +123,7 @@ fn main() -> Result<()> {
     if args.iter().any(|a| a == "--replot") {
         // Redraw docs/throughput.svg from the last full run's report.
         let report: Value =
-            serde_json::from_str(&std::fs::read_to_string("docs/bench-report.json")?)?;
+            serde_json::from_str(&std::fs::read_to_string(docs("bench-report.json"))?)?;
         let series = |key: &str, n: &str| -> Vec<(usize, Stat)> {
             report[key]
                 .as_array()
@@ -148,7 +148,7 @@ fn main() -> Result<()> {
             &series("sqlite", "threads"),
             &series("bare_group_commit", "threads"),
         );
-        std::fs::write("docs/throughput.svg", svg_text)?;
+        std::fs::write(docs("throughput.svg"), svg_text)?;
         println!("redrew docs/throughput.svg from docs/bench-report.json");
         return Ok(());
     }
@@ -324,11 +324,11 @@ fn main() -> Result<()> {
     });
     if !quick {
         std::fs::write(
-            "docs/bench-report.json",
+            docs("bench-report.json"),
             serde_json::to_string_pretty(&report)? + "\n",
         )?;
         std::fs::write(
-            "docs/throughput.svg",
+            docs("throughput.svg"),
             svg(&limit, &store_rows, &sqlite_rows, &bare_rows),
         )?;
         println!("\nwrote docs/bench-report.json and docs/throughput.svg");
@@ -1172,4 +1172,11 @@ fn svg(
         );
     }
     s + "</svg>\n"
+}
+
+/// A file in the repository's `docs/`, wherever the bench is started from.
+fn docs(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs")
+        .join(name)
 }

@@ -1,4 +1,4 @@
-//! The inspect-snapshot tool, run as a real process (the example binary
+//! The inspect-snapshot tool, run as a real process (the binary
 //! `cargo test` builds), on committed fixtures and on stores made, crashed
 //! and damaged on purpose: its text, its JSON and its exit codes.
 
@@ -9,21 +9,8 @@ use producer_state::{Batch, ProducerStateStore, StoreOptions};
 use serde_json::Value;
 
 fn tool() -> PathBuf {
-    // target/<profile>/deps/inspect-<hash> -> target/<profile>/examples/
-    let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("inspect-snapshot");
-    assert!(
-        p.exists(),
-        "{} missing: run `cargo test` (it builds the examples)",
-        p.display()
-    );
-    p
+    // Cargo builds the binary of this package for its integration tests.
+    PathBuf::from(env!("CARGO_BIN_EXE_inspect-snapshot"))
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
@@ -273,7 +260,10 @@ fn a_missing_segment_is_refused() {
 
 #[test]
 fn kafkas_own_snapshot_file() {
-    let f = "tests/fixtures/kafka/00000000000000000035.snapshot";
+    let f = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/kafka/00000000000000000035.snapshot"
+    );
     let (code, out, _) = run(&[f]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("Apache Kafka producer snapshot, version 1"));

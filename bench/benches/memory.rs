@@ -2,7 +2,7 @@
 //! child process (RSS after building the map minus RSS before), so one
 //! measurement's freed memory cannot hide another's.
 //!
-//! Run: `cargo bench --bench memory`.
+//! Run: `cargo bench -p producer-state-bench --bench memory`.
 
 use std::collections::HashMap;
 use std::hint::black_box;
