@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::store_util::{dir, sim_opts};
-use producer_state::fs::{Fault, FileSystem, SimFs, Unsynced};
+use producer_state::fs::{Fault, SimFs, Unsynced};
 use producer_state::inspect;
 use producer_state::{AppendOutcome, Error, ProducerStateStore, RecoveryMode, StoreOptions};
 
