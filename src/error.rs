@@ -70,6 +70,15 @@ pub enum Error {
         /// The path given to `open`.
         path: PathBuf,
     },
+    /// The path cannot name a store directory (it is empty); refused before
+    /// anything is created or locked.
+    #[error("{path:?} cannot be a store directory: {reason}")]
+    InvalidPath {
+        /// The path given.
+        path: PathBuf,
+        /// Why it cannot be one.
+        reason: &'static str,
+    },
     /// The options cannot work together.
     #[error("invalid store options: {0}")]
     InvalidOptions(String),

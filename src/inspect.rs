@@ -263,9 +263,11 @@ impl RecoveredState {
 /// or taking the lock: recovery run in strict mode on a read-only view.
 /// `Ok((report, state))`: it would open, after doing what the report lists
 /// (truncating a torn tail, removing leftover files); `Err`: it would refuse
-/// with this error.
+/// with this error ([`Error::InvalidPath`] and [`Error::NotADirectory`]
+/// for a path that cannot be a store directory).
 pub fn dry_run(dir: &Path) -> Result<(RecoveryReport, RecoveredState)> {
     let fs = ReadOnlyFs(StdFs);
+    crate::directory::check(&fs, dir)?;
     let rec = recovery::recover_dry(&fs, dir, RecoveryMode::Strict)?;
     Ok((rec.report, RecoveredState(rec.shards)))
 }

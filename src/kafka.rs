@@ -333,7 +333,10 @@ pub struct SeedReport {
 /// # Errors
 ///
 /// [`Error::InvalidOptions`] if `dir` already holds store files or two
-/// sources name the same producer and partition; what reading a file can
+/// sources name the same producer and partition; [`Error::Locked`] if a
+/// store is open on it; [`Error::InvalidPath`] and
+/// [`Error::NotADirectory`] as for
+/// [`ProducerStateStore::open`](crate::ProducerStateStore::open); what reading a file can
 /// give ([`Error::Corrupt`] with the file and offset for damaged bytes).
 pub fn seed_store(dir: &Path, sources: &[(PathBuf, i32)]) -> Result<SeedReport> {
     let fs = StdFs;
@@ -345,8 +348,10 @@ pub(crate) fn seed_store_with(
     dir: &Path,
     sources: &[(PathBuf, i32)],
 ) -> Result<SeedReport> {
-    fs.create_dir_all(dir)
-        .map_err(|e| Error::io("create directory", dir, e))?;
+    // The store's own lock: a store opened while this writes would not
+    // see the snapshot until its next open, which would then replay its
+    // log over it.
+    let _lock = crate::directory::lock(fs, dir)?;
     let existing = fs.list(dir).map_err(|e| Error::io("list", dir, e))?;
     if existing.iter().any(|e| {
         crate::wal::segment::parse_name(&e.name).is_some()

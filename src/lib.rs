@@ -126,6 +126,7 @@
 mod apply;
 mod batch;
 mod codec;
+mod directory;
 mod entry;
 mod error;
 pub mod fs;

@@ -21,7 +21,10 @@
 //!    that covers more than the log holds) is [`Error::Corrupt`], unless the
 //!    store was opened with [`RecoveryMode::Salvage`], which keeps the
 //!    longest valid prefix of the history, moves every discarded byte aside
-//!    into `*.discarded` files, and reports what it discarded.
+//!    into `*.discarded` files, and reports what it discarded. A file set
+//!    aside is never replaced: a later salvage of the same segment picks
+//!    the next free name (`<segment>.discarded.1`, `.2`, ...), so running
+//!    salvage again never destroys what an earlier one kept.
 //!
 //! Recovery never panics on any bytes and never invents state: whatever it
 //! returns is the state after some prefix of the logged history.
@@ -50,7 +53,8 @@ pub enum RecoveryMode {
     #[default]
     Strict,
     /// Keep the longest valid prefix of the history; move what is discarded
-    /// aside (`<file>.discarded`) and report it. For an operator who has
+    /// aside (`<file>.discarded`, or `<file>.discarded.<n>` if an earlier
+    /// salvage left that name taken) and report it. For an operator who has
     /// decided that losing the damaged suffix is better than not starting.
     Salvage,
 }
@@ -91,7 +95,9 @@ pub struct TornTail {
 pub struct Salvage {
     /// The damage that stopped replay.
     pub cause: String,
-    /// Files (or file tails) moved aside, as `*.discarded` files.
+    /// Where each discarded file (or file tail) went: the new files, named
+    /// `<file>.discarded` or `<file>.discarded.<n>` after the file they came
+    /// from, in log order.
     pub discarded: Vec<PathBuf>,
     /// Bytes moved aside.
     pub bytes: u64,
@@ -681,8 +687,105 @@ fn replay(
     })
 }
 
+/// What salvage appends to the name of a file it moves aside.
+const DISCARDED: &str = ".discarded";
+
+/// The number of a name salvage gave a piece of `file`:
+/// `<file>.discarded` is 0, `<file>.discarded.<n>` is n; `None` for any
+/// other name.
+fn discarded_number(file: &str, name: &str) -> Option<u64> {
+    let rest = name.strip_prefix(file)?.strip_prefix(DISCARDED)?;
+    if rest.is_empty() {
+        return Some(0);
+    }
+    let digits = rest.strip_prefix('.')?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// A name for what salvage moves aside from `file` that no file has:
+/// `<file>.discarded` if no earlier piece of `file` is there, else
+/// `<file>.discarded.<n>` with n one more than the highest in use, so that
+/// the numbers follow the order of the salvages. `in_use` holds the
+/// directory's names (and gets the one chosen); a name found taken
+/// (something the listing does not show) is passed over.
+fn aside_path(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    file: &str,
+    in_use: &mut BTreeSet<String>,
+) -> Result<PathBuf> {
+    let highest = in_use
+        .iter()
+        .filter_map(|name| discarded_number(file, name))
+        .max();
+    let mut n = highest.map_or(Some(0), |h| h.checked_add(1));
+    while let Some(k) = n {
+        let name = if k == 0 {
+            format!("{file}{DISCARDED}")
+        } else {
+            format!("{file}{DISCARDED}.{k}")
+        };
+        let path = dir.join(&name);
+        if !in_use.contains(&name) && fs.kind(&path).map_err(io_at("stat", &path))?.is_none() {
+            in_use.insert(name);
+            return Ok(path);
+        }
+        n = k.checked_add(1);
+    }
+    let path = dir.join(format!("{file}{DISCARDED}"));
+    Err(Error::io(
+        "name",
+        &path,
+        std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "every name for a discarded piece of this file is taken",
+        ),
+    ))
+}
+
+/// Copies `from` on of `src` into the new file `dst` and makes it durable.
+/// Returns the bytes copied.
+fn copy_tail(fs: &dyn FileSystem, src: &Path, from: u64, dst: &Path) -> Result<u64> {
+    let mut f = fs.open_read(src).map_err(io_at("open", src))?;
+    let skipped = std::io::copy(&mut (&mut f).take(from), &mut std::io::sink())
+        .map_err(io_at("read", src))?;
+    if skipped != from {
+        return Err(Error::io(
+            "read",
+            src,
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the segment is shorter than replay found it",
+            ),
+        ));
+    }
+    let mut out = fs.create_new(dst).map_err(io_at("create", dst))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut copied = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(io_at("read", src))?;
+        let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else {
+            break;
+        };
+        out.write_all(chunk).map_err(io_at("write", dst))?;
+        copied += n as u64;
+    }
+    out.sync_data().map_err(io_at("fsync", dst))?;
+    Ok(copied)
+}
+
 /// Moves everything from the cut on aside and reports it. The state is
 /// what replay applied before the cut.
+///
+/// Nothing moved aside ever replaces a file: each piece gets a name no file
+/// has ([`aside_path`]), so a second salvage keeps what the first one set
+/// aside. The copy of a damaged tail is durable, name included, before the
+/// segment is cut, so a crash leaves every byte in the segment or in the
+/// copy (a crash between the two leaves both: the next salvage sets the
+/// tail aside again, under the next name).
 fn salvage(
     fs: &dyn FileSystem,
     dir: &Path,
@@ -694,29 +797,34 @@ fn salvage(
     let mut discarded = Vec::new();
     let mut bytes = 0u64;
     let mut active = cut.prev;
+    let mut in_use: BTreeSet<String> = fs
+        .list(dir)
+        .map_err(io_at("list", dir))?
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     for (idx, &lsn) in segments.iter().enumerate().skip(cut.seg) {
-        let path = dir.join(segment::file_name(lsn));
-        let aside = dir.join(format!("{}.discarded", segment::file_name(lsn)));
-        let mut data = Vec::new();
-        let mut f = fs.open_read(&path).map_err(io_at("open", &path))?;
-        f.read_to_end(&mut data).map_err(io_at("read", &path))?;
-        let keep = cut.keep.filter(|_| idx == cut.seg);
-        let from = keep.map_or(0, |(len, _)| len as usize);
-        let tail = data.get(from..).unwrap_or_default();
-        match keep {
+        let name = segment::file_name(lsn);
+        let path = dir.join(&name);
+        let aside = aside_path(fs, dir, &name, &mut in_use)?;
+        match cut.keep.filter(|_| idx == cut.seg) {
             Some((len, records)) => {
                 // Copy the damaged rest aside, then cut the segment.
-                let mut out = fs.create_new(&aside).map_err(io_at("create", &aside))?;
-                out.write_all(tail).map_err(io_at("write", &aside))?;
-                out.sync_data().map_err(io_at("fsync", &aside))?;
+                bytes += copy_tail(fs, &path, len, &aside)?;
+                fs.sync_dir(dir).map_err(io_at("fsync directory", dir))?;
                 let mut w = fs.open_append(&path).map_err(io_at("open", &path))?;
                 w.set_len(len).map_err(io_at("truncate", &path))?;
                 w.sync_data().map_err(io_at("fsync", &path))?;
                 active = Some((idx, len, records));
             }
-            None => fs.rename(&path, &aside).map_err(io_at("rename", &path))?,
+            None => {
+                bytes += fs
+                    .open_read(&path)
+                    .and_then(|f| f.len())
+                    .map_err(io_at("stat", &path))?;
+                fs.rename(&path, &aside).map_err(io_at("rename", &path))?;
+            }
         }
-        bytes += tail.len() as u64;
         discarded.push(aside);
     }
     fs.sync_dir(dir).map_err(io_at("fsync directory", dir))?;
@@ -789,6 +897,61 @@ mod tests {
         f.sync_data().unwrap();
         fs.sync_dir(&dir).unwrap();
         (fs, dir, bad_offset, bad_record)
+    }
+
+    #[test]
+    fn names_set_aside_are_fresh_ordered_and_never_store_files() {
+        let fs = SimFs::new();
+        let dir = PathBuf::from("/s");
+        fs.create_dir_all(&dir).unwrap();
+        let seg = segment::file_name(66);
+        let mut in_use: BTreeSet<String> = [
+            seg.clone(),
+            format!("{seg}.discarded.2"),
+            format!("{seg}.discarded.x"),
+            format!("{}.discarded.7", segment::file_name(6)),
+        ]
+        .into_iter()
+        .collect();
+        // After the highest number in use for this file (others do not
+        // count), even with `.discarded` itself free.
+        let next = |in_use: &mut BTreeSet<String>| {
+            aside_path(&fs, &dir, &seg, in_use)
+                .unwrap()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        };
+        assert_eq!(next(&mut in_use), format!("{seg}.discarded.3"));
+        assert_eq!(next(&mut in_use), format!("{seg}.discarded.4"));
+        // A name the listing missed but that exists is passed over.
+        fs.overwrite(&dir.join(format!("{seg}.discarded.5")), b"x");
+        assert_eq!(next(&mut in_use), format!("{seg}.discarded.6"));
+        let mut empty = BTreeSet::new();
+        let first = aside_path(&fs, &dir, &segment::file_name(9), &mut empty).unwrap();
+        assert_eq!(
+            first,
+            dir.join(format!("{}.discarded", segment::file_name(9)))
+        );
+        // A number that cannot grow is an error, not a replaced file.
+        let mut full: BTreeSet<String> = [format!("{seg}.discarded.{}", u64::MAX)].into();
+        assert!(aside_path(&fs, &dir, &seg, &mut full).is_err());
+        // None of these names is taken for a segment, a snapshot or a
+        // leftover temporary snapshot by the listing's rules.
+        for name in in_use
+            .iter()
+            .chain(&empty)
+            .filter(|n| n.contains(DISCARDED))
+        {
+            assert_eq!(segment::parse_name(name), None, "{name}");
+            assert_eq!(snapshot::parse_name(name), None, "{name}");
+            assert!(!name.ends_with(snapshot::TMP_SUFFIX), "{name}");
+        }
+        assert_eq!(discarded_number(&seg, &format!("{seg}.discarded")), Some(0));
+        assert_eq!(discarded_number(&seg, &format!("{seg}.discarded.")), None);
+        assert_eq!(discarded_number(&seg, &format!("{seg}.discarded.+1")), None);
+        assert_eq!(discarded_number(&seg, &format!("{seg}.discardedx")), None);
     }
 
     #[test]

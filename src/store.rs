@@ -68,7 +68,7 @@ use hashbrown::HashTable;
 use crate::batch::{AppendRequest, Batch};
 use crate::entry::ProducerEntry;
 use crate::error::{Error, Result};
-use crate::fs::{EntryKind, FileSystem, LockGuard, StdFs, remove_gradually};
+use crate::fs::{FileSystem, LockGuard, StdFs, remove_gradually};
 use crate::id::ProducerId;
 use crate::map::hash_key;
 use crate::outcome::{AppendOutcome, BatchOutcome};
@@ -661,7 +661,9 @@ impl ProducerStateStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Locked`] if another open store holds the directory;
+    /// [`Error::Locked`] if another open store holds the directory (the
+    /// lock is on the directory itself: deleting its `LOCK` file does not
+    /// release it); [`Error::InvalidPath`] if `dir` is empty;
     /// [`Error::NotADirectory`] if `dir` is a file; [`Error::Corrupt`] if
     /// recovery finds damage other than a torn tail; [`Error::Io`] if the
     /// file system fails.
@@ -675,18 +677,7 @@ impl ProducerStateStore {
         opts.validate()?;
         let dir = dir.as_ref().to_path_buf();
         let fs = opts.fs.clone();
-        match fs.kind(&dir).map_err(|e| Error::io("stat", &dir, e))? {
-            Some(EntryKind::Dir) => {}
-            Some(_) => return Err(Error::NotADirectory { path: dir }),
-            None => fs
-                .create_dir_all(&dir)
-                .map_err(|e| Error::io("create directory", &dir, e))?,
-        }
-        let lock_path = dir.join("LOCK");
-        let guard = fs
-            .try_lock(&lock_path)
-            .map_err(|e| Error::io("lock", &lock_path, e))?
-            .ok_or_else(|| Error::Locked { path: dir.clone() })?;
+        let guard = crate::directory::lock(fs.as_ref(), &dir)?;
 
         let rec = recovery::recover(fs.as_ref(), &dir, opts.recovery)?;
         let writer = match rec.active {

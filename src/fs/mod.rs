@@ -88,8 +88,11 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     /// Makes the directory's entries (creations, renames, removals) durable.
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
-    /// Takes an exclusive lock on `path` (creating the file if needed).
-    /// `Ok(None)` if someone else holds it. Dropping the guard releases it.
+    /// Takes an exclusive lock on `path`: a directory itself, or a file
+    /// (created if needed). `Ok(None)` if someone else holds it, in this
+    /// process or another. Dropping the guard releases it. The store locks
+    /// its directory, which, unlike a file in it, cannot be deleted or
+    /// replaced from under the lock.
     fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>>;
 }
 

@@ -110,12 +110,18 @@ impl FileSystem for StdFs {
     }
 
     fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>> {
-        let f = OpenOptions::new()
+        let f = match OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(path)?;
+            .open(path)
+        {
+            // A directory is locked through a read-only handle (`flock`
+            // does not care how the handle was opened).
+            Err(e) if e.kind() == io::ErrorKind::IsADirectory => File::open(path)?,
+            other => other?,
+        };
         match f.try_lock() {
             Ok(()) => Ok(Some(Box::new(StdLock(f)))),
             Err(fs::TryLockError::WouldBlock) => Ok(None),
