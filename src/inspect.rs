@@ -21,6 +21,8 @@ use crate::shards::{SHARDS, Shards};
 use crate::snapshot;
 use crate::wal::segment::{self, End, HeaderError};
 
+pub use crate::files::{StoreFile, classify};
+
 /// Calls a progress callback every few thousand items.
 struct Ticker<'a> {
     n: u64,

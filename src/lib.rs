@@ -128,6 +128,7 @@ mod batch;
 mod codec;
 mod entry;
 mod error;
+mod files;
 pub mod fs;
 mod id;
 pub mod inspect;
