@@ -471,3 +471,117 @@ fn effect(f: &mut FileReport, contents: Contents, recovery: &DryRun, last_segmen
         _ => Effect::NeededByFallback,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::{ReadOnlyFs, SimFs};
+    use crate::{ProducerStateStore, StoreOptions};
+    use std::sync::Arc;
+
+    /// A closed store on a simulated disk: small segments, two snapshots.
+    fn store() -> (SimFs, PathBuf) {
+        let fs = SimFs::new();
+        let dir = PathBuf::from("/s");
+        let st = ProducerStateStore::open_with(
+            &dir,
+            StoreOptions::default()
+                .file_system(Arc::new(fs.clone()))
+                .segment_size(1024)
+                .snapshot_every_records(Some(60))
+                .background_snapshots(false),
+        )
+        .unwrap();
+        for i in 0..150 {
+            st.append(i % 7, 0, 0, (i / 7) as i32).unwrap();
+        }
+        st.close().unwrap();
+        (fs, dir)
+    }
+
+    fn inspect(fs: &SimFs, dir: &Path) -> DirectoryReport {
+        directory(&ReadOnlyFs(fs.clone()), dir, &mut |_| {}).unwrap()
+    }
+
+    fn file<'a>(r: &'a DirectoryReport, name: &str) -> &'a FileReport {
+        r.files.iter().find(|f| f.name == name).unwrap()
+    }
+
+    #[test]
+    fn files_recovery_does_not_read_are_listed_and_ignored() {
+        let (fs, dir) = store();
+        let clean = inspect(&fs, &dir);
+        assert_eq!(
+            (clean.contents, clean.verdict),
+            (Contents::Store, Verdict::Ok)
+        );
+        assert!(matches!(clean.recovery, DryRun::Opens { .. }));
+        assert!(
+            clean
+                .files
+                .iter()
+                .filter(|f| f.role != Role::Other)
+                .all(|f| f.effect == Effect::None && f.problem.is_none())
+        );
+        for name in ["notes.snap", "00000000000000000001.snapshot", "x.wal"] {
+            fs.overwrite(&dir.join(name), b"\0\x01 not what the name says");
+        }
+        let r = inspect(&fs, &dir);
+        assert_eq!(r.verdict, Verdict::Ok);
+        let kafka = file(&r, "00000000000000000001.snapshot");
+        assert_eq!(
+            (kafka.role, kafka.effect),
+            (Role::KafkaSnapshot, Effect::Ignored)
+        );
+        assert!(kafka.problem.is_some(), "checked and shown, not counted");
+        let notes = file(&r, "notes.snap");
+        assert_eq!((notes.role, notes.effect), (Role::Other, Effect::Ignored));
+        assert!(notes.problem.is_none(), "not read at all");
+    }
+
+    #[test]
+    fn a_leftover_is_repaired_and_a_hole_a_fallback_needs_is_not_ok() {
+        let (fs, dir) = store();
+        let tmp = format!(
+            "{}{}",
+            crate::snapshot::file_name(3),
+            crate::snapshot::TMP_SUFFIX
+        );
+        fs.overwrite(&dir.join(&tmp), b"half");
+        let r = inspect(&fs, &dir);
+        assert_eq!(r.verdict, Verdict::Repairable);
+        assert_eq!(file(&r, &tmp).effect, Effect::Repaired);
+
+        // Remove the segment before the one the newest snapshot starts in.
+        let (fs, dir) = store();
+        let clean = inspect(&fs, &dir);
+        let newest = clean
+            .files
+            .iter()
+            .filter(|f| f.role == Role::Snapshot)
+            .filter_map(|f| f.position)
+            .max()
+            .unwrap();
+        let segs: Vec<&FileReport> = clean
+            .files
+            .iter()
+            .filter(|f| f.role == Role::Segment)
+            .collect();
+        let at = segs
+            .iter()
+            .rposition(|f| f.position.unwrap() <= newest)
+            .unwrap();
+        assert!(at >= 2, "{segs:?}");
+        let (gone, after) = (segs[at - 2].path.clone(), segs[at - 1].name.clone());
+        fs.delete(&gone);
+        let r = inspect(&fs, &dir);
+        assert!(
+            matches!(r.recovery, DryRun::Opens { .. }),
+            "recovery does not need it now"
+        );
+        assert_eq!(r.verdict, Verdict::Repairable);
+        let f = file(&r, &after);
+        assert!(matches!(f.problem, Some(Problem::Gap { .. })), "{f:?}");
+        assert_eq!(f.effect, Effect::NeededByFallback);
+    }
+}
