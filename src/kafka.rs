@@ -131,9 +131,22 @@ fn parse_entry(b: &[u8]) -> KafkaProducerEntry {
 
 /// Streams a Kafka snapshot of `file_len` bytes from `r`, handing each
 /// entry to `each`, and verifies it: version 1, a count that matches the
-/// file's length, and the CRC-32C over bytes 6 to the end, checked after the
-/// last entry (so `each` must not be trusted until this returns `Ok`).
-/// Returns the number of entries. Memory does not grow with the file.
+/// file's length, no producer id twice, and the CRC-32C over bytes 6 to
+/// the end, checked after the last entry (so `each` must not be trusted
+/// until this returns `Ok`). Returns the number of entries.
+///
+/// Kafka writes a snapshot from a map keyed by producer id, so a producer
+/// id that appears twice is damage, reported at the second entry. This is
+/// also what bounds the work and memory spent on a file by what it really
+/// holds: a count the file's length allows but its bytes do not back (a
+/// sparse file, a hole of zeros) repeats one entry and stops at the second.
+/// Memory: the read buffer, plus 8 bytes per distinct producer id.
+///
+/// # Errors
+///
+/// [`Error::Corrupt`] with the file, byte offset and kind for damaged or
+/// missing bytes; [`Error::UnsupportedVersion`] for a version other than 1;
+/// [`Error::Io`] if reading fails; whatever `each` returns.
 pub fn read(
     path: &Path,
     mut r: impl Read,
@@ -189,6 +202,7 @@ pub fn read(
     let mut buf = vec![0u8; ENTRY_LEN * 4096];
     let mut left = count as u64;
     let mut offset = HEADER_LEN as u64;
+    let mut seen = std::collections::HashSet::new();
     while left > 0 {
         let n = left.min(4096) as usize;
         let chunk = buf.get_mut(..n * ENTRY_LEN).unwrap_or_default();
@@ -201,8 +215,16 @@ pub fn read(
             ));
         }
         crc = crc32c::crc32c_append(crc, chunk);
-        for e in chunk.chunks_exact(ENTRY_LEN) {
-            each(parse_entry(e))?;
+        for (i, e) in chunk.chunks_exact(ENTRY_LEN).enumerate() {
+            let e = parse_entry(e);
+            if !seen.insert(e.producer_id) {
+                return Err(Error::corrupt(
+                    path,
+                    offset + (i * ENTRY_LEN) as u64,
+                    Corruption::DuplicateKey,
+                ));
+            }
+            each(e)?;
         }
         left -= n as u64;
         offset += chunk.len() as u64;
@@ -262,9 +284,9 @@ impl fmt::Display for Unrepresentable {
 pub fn to_entry(
     e: &KafkaProducerEntry,
 ) -> std::result::Result<(ProducerId, ProducerEntry), Unrepresentable> {
-    if e.producer_id < 0 {
+    let Ok(producer_id) = u64::try_from(e.producer_id) else {
         return Err(Unrepresentable::NegativeProducerId);
-    }
+    };
     if e.last_sequence < 0 {
         return Err(Unrepresentable::NoSequence);
     }
@@ -283,7 +305,7 @@ pub fn to_entry(
     };
     let entry = ProducerEntry::from_parts(e.epoch, e.last_sequence, batches)
         .ok_or(Unrepresentable::NoSequence)?;
-    Ok((ProducerId::numeric(e.producer_id as u64), entry))
+    Ok((ProducerId::numeric(producer_id), entry))
 }
 
 /// The Kafka entry for one of this crate's entries: `None` for named
@@ -339,11 +361,21 @@ pub struct SeedReport {
 /// [`ProducerStateStore::open`](crate::ProducerStateStore::open); what reading a file can
 /// give ([`Error::Corrupt`] with the file and offset for damaged bytes).
 pub fn seed_store(dir: &Path, sources: &[(PathBuf, i32)]) -> Result<SeedReport> {
-    let fs = StdFs;
-    seed_store_with(&fs, dir, sources)
+    seed_store_with(&StdFs, dir, sources)
 }
 
-pub(crate) fn seed_store_with(
+/// [`seed_store`] through a [`FileSystem`]: the Kafka files are read and
+/// the store's snapshot written through `fs` (a [`crate::fs::SimFs`] in
+/// tests).
+///
+/// Each file is verified whole (CRC, no producer twice) before any of its
+/// entries is imported, and memory is bounded by what the files really
+/// hold (see [`read`]).
+///
+/// # Errors
+///
+/// As [`seed_store`].
+pub fn seed_store_with(
     fs: &dyn FileSystem,
     dir: &Path,
     sources: &[(PathBuf, i32)],
@@ -353,10 +385,10 @@ pub(crate) fn seed_store_with(
     // log over it.
     let _lock = crate::directory::lock(fs, dir)?;
     let existing = fs.list(dir).map_err(|e| Error::io("list", dir, e))?;
-    if existing.iter().any(|e| {
-        crate::wal::segment::parse_name(&e.name).is_some()
-            || snapshot::parse_name(&e.name).is_some()
-    }) {
+    if existing
+        .iter()
+        .any(|e| crate::files::classify(&e.name).is_some())
+    {
         return Err(Error::InvalidOptions(format!(
             "{} already holds a store; seed only a new directory",
             dir.display()
@@ -407,7 +439,35 @@ pub(crate) fn seed_store_with(
 /// [`ProducerStateStore::iter`](crate::ProducerStateStore::iter)) as a Kafka
 /// snapshot file at `path`, sorted by producer id. Returns how many entries
 /// were written and how many could not be (named ids).
+///
+/// The file is replaced atomically, as the store writes its snapshots: it
+/// is written to `<path>.tmp`, fsync'ed, renamed over `path`, and the
+/// directory fsync'ed. A crash leaves the old file or the new one, never a
+/// part of the new one under the final name (a stale `<path>.tmp` may be
+/// left; the next export replaces it).
+///
+/// # Errors
+///
+/// [`Error::Io`] naming the operation and path that failed.
 pub fn export(
+    entries: impl IntoIterator<Item = (ProducerId, i32, ProducerEntry)>,
+    partition: i32,
+    path: &Path,
+) -> Result<(usize, usize)> {
+    export_with(&StdFs, entries, partition, path)
+}
+
+fn io_at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |e| Error::io(op, path, e)
+}
+
+/// [`export`] through a [`FileSystem`].
+///
+/// # Errors
+///
+/// As [`export`].
+pub fn export_with(
+    fs: &dyn FileSystem,
     entries: impl IntoIterator<Item = (ProducerId, i32, ProducerEntry)>,
     partition: i32,
     path: &Path,
@@ -424,7 +484,23 @@ pub fn export(
         }
     }
     out.sort();
-    std::fs::write(path, encode(&out)).map_err(|e| Error::io("write", path, e))?;
+    let bytes = encode(&out);
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(".tmp");
+    let tmp = PathBuf::from(tmp_name);
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if fs.kind(&tmp).map_err(io_at("stat", &tmp))?.is_some() {
+        fs.remove_file(&tmp).map_err(io_at("remove", &tmp))?;
+    }
+    let mut f = fs.create_new(&tmp).map_err(io_at("create", &tmp))?;
+    f.write_all(&bytes).map_err(io_at("write", &tmp))?;
+    f.sync_data().map_err(io_at("fsync", &tmp))?;
+    drop(f);
+    fs.rename(&tmp, path).map_err(io_at("rename", path))?;
+    fs.sync_dir(dir).map_err(io_at("fsync directory", dir))?;
     Ok((out.len(), skipped))
 }
 

@@ -129,6 +129,7 @@ mod codec;
 mod directory;
 mod entry;
 mod error;
+mod files;
 pub mod fs;
 mod id;
 pub mod inspect;

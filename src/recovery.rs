@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use crate::apply::{Parallel, Rec, Sequential, Sink};
 use crate::error::{Corruption, Error, Result};
+use crate::files::{StoreFile, classify};
 use crate::fs::FileSystem;
 use crate::map::hash_key;
 use crate::shards::Shards;
@@ -302,19 +303,21 @@ fn recover_inner(
 
     let mut segments: Vec<u64> = Vec::new();
     let mut snapshot_files = BTreeSet::new();
+    // The naming rule the inspector shares (`files::classify`).
     for e in &listing {
-        if let Some(stem) = e.name.strip_suffix(snapshot::TMP_SUFFIX)
-            && snapshot::parse_name(stem).is_some()
-        {
-            let p = dir.join(&e.name);
-            if !dry {
-                fs.remove_file(&p).map_err(io_at("remove", &p))?;
+        match classify(&e.name) {
+            Some(StoreFile::SnapshotTemp(_)) => {
+                let p = dir.join(&e.name);
+                if !dry {
+                    fs.remove_file(&p).map_err(io_at("remove", &p))?;
+                }
+                report.files_removed.push(p);
             }
-            report.files_removed.push(p);
-        } else if let Some(lsn) = segment::parse_name(&e.name) {
-            segments.push(lsn);
-        } else if let Some(pos) = snapshot::parse_name(&e.name) {
-            snapshot_files.insert(pos);
+            Some(StoreFile::Segment(lsn)) => segments.push(lsn),
+            Some(StoreFile::Snapshot(pos)) => {
+                snapshot_files.insert(pos);
+            }
+            None => {}
         }
     }
     segments.sort_unstable();

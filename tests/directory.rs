@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use producer_state::{AppendOutcome, Error, ProducerStateStore, inspect, kafka};
+use producer_state::fs::{ReadOnlyFs, StdFs};
 
 const CHILD: &str = "PRODUCER_STATE_TEST_EMPTY_PATH";
 
@@ -31,7 +32,7 @@ fn child_process() {
     let empty = Path::new("");
     println!("open {}", word(ProducerStateStore::open(empty).map(|_| ())));
     println!("seed {}", word(kafka::seed_store(empty, &[]).map(|_| ())));
-    println!("dry_run {}", word(inspect::dry_run(empty).map(|_| ())));
+    println!("dry_run {}", word(inspect::dry_run(&ReadOnlyFs(StdFs), empty).map(|_| ())));
 }
 
 #[test]
@@ -71,7 +72,7 @@ fn an_empty_path_is_refused_before_anything_is_created() {
 #[test]
 fn the_error_for_an_empty_path_says_what_is_wrong() {
     // Refused before any file system call, so safe in this process.
-    let err = inspect::dry_run(Path::new("")).unwrap_err();
+    let err = inspect::dry_run(&ReadOnlyFs(StdFs), Path::new("")).unwrap_err();
     assert!(matches!(err, Error::InvalidPath { .. }), "{err}");
     assert!(err.to_string().contains("empty"), "{err}");
 }
@@ -83,7 +84,7 @@ fn a_regular_file_is_not_a_directory_for_every_entry_point() {
     assert!(matches!(err, Error::NotADirectory { .. }), "{err}");
     let err = kafka::seed_store(f.path(), &[]).unwrap_err();
     assert!(matches!(err, Error::NotADirectory { .. }), "{err}");
-    let err = inspect::dry_run(f.path()).unwrap_err();
+    let err = inspect::dry_run(&ReadOnlyFs(StdFs), f.path()).unwrap_err();
     assert!(matches!(err, Error::NotADirectory { .. }), "{err}");
     assert_eq!(std::fs::read(f.path()).unwrap(), b"", "left alone");
 }

@@ -207,3 +207,97 @@ fn a_store_exports_a_kafka_snapshot_kafka_can_read() {
         ]
     );
 }
+
+/// A sparse Kafka snapshot: a header claiming `count` entries, then a hole
+/// of zeros, with a CRC that verifies (so only its entries can tell).
+fn sparse_kafka_file(path: &Path, count: u32) {
+    let mut head = vec![0u8, 1, 0, 0, 0, 0];
+    head.extend_from_slice(&count.to_be_bytes());
+    let zeros = vec![0u8; 46 << 16];
+    let mut crc = crc32c::crc32c(&head[6..]);
+    let mut left = u64::from(count) * 46;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        crc = crc32c::crc32c_append(crc, &zeros[..n]);
+        left -= n as u64;
+    }
+    head[2..6].copy_from_slice(&crc.to_be_bytes());
+    let f = std::fs::File::create(path).unwrap();
+    std::io::Write::write_all(&mut &f, &head).unwrap();
+    f.set_len(10 + 46 * u64::from(count)).unwrap();
+}
+
+#[test]
+fn a_sparse_kafka_file_is_corruption_at_its_second_entry_not_gigabytes_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join(kafka::file_name(0));
+    // 4.6 million entries claimed (200 MB), backed by 10 bytes.
+    sparse_kafka_file(&src, 200_000_000 / 46);
+    let store = dir.path().join("store");
+    match kafka::seed_store(&store, &[(src.clone(), 0)]) {
+        Err(producer_state::Error::Corrupt { file, offset, kind }) => {
+            assert_eq!(file, src);
+            assert_eq!(offset, 10 + 46, "the second entry");
+            assert_eq!(kind, producer_state::Corruption::DuplicateKey);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The reader says the same, whatever it is handed.
+    let f = std::fs::File::open(&src).unwrap();
+    let len = f.metadata().unwrap().len();
+    let mut seen = 0u64;
+    let e = kafka::read(&src, std::io::BufReader::new(f), len, |_| {
+        seen += 1;
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(e.is_corruption(), "{e}");
+    assert_eq!(seen, 1);
+}
+
+#[test]
+fn an_export_replaces_the_file_atomically_and_durably() {
+    use producer_state::fs::{Fault, FileSystem, SimFs, Unsynced};
+    let state = |n: u64| {
+        let mut m = producer_state::ProducerStateManager::new();
+        for id in 0..n {
+            m.append_batch(id, 0, 1, Batch::new(0, 1, id as i64, 5));
+        }
+        m.iter().collect::<Vec<_>>()
+    };
+    let dir = Path::new("/k");
+    let path = dir.join(kafka::file_name(7));
+    let setup = || {
+        let fs = SimFs::new();
+        fs.create_dir_all(dir).unwrap();
+        kafka::export_with(&fs, state(2), 0, &path).unwrap();
+        fs
+    };
+    let old = setup().read_file(&path).unwrap();
+    let fs = setup();
+    let before = fs.ops();
+    kafka::export_with(&fs, state(3), 0, &path).unwrap();
+    let new = fs.read_file(&path).unwrap();
+    assert_eq!(kafka::decode(&path, &new).unwrap().len(), 3);
+    // What survives a crash after the export returned: the new file.
+    assert_eq!(
+        fs.crash_image(Unsynced::Drop).read_file(&path),
+        Some(new.clone())
+    );
+    // A crash at any operation of the export leaves the old file or the
+    // new one, whole.
+    let ops = fs.ops() - before;
+    assert!(ops >= 4, "write, fsync, rename, fsync directory: {ops}");
+    for n in 0..ops {
+        let fs = setup();
+        fs.set_fault(fs.ops() + n, Fault::Crash);
+        assert!(kafka::export_with(&fs, state(3), 0, &path).is_err());
+        for mode in [Unsynced::Drop, Unsynced::Keep] {
+            let got = fs.crash_image(mode).read_file(&path);
+            assert!(
+                got.as_ref() == Some(&old) || got.as_ref() == Some(&new),
+                "op {n} {mode:?}: {got:?}"
+            );
+        }
+    }
+}

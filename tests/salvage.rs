@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::store_util::{dir, sim_opts};
-use producer_state::fs::{Fault, SimFs, Unsynced};
+use producer_state::fs::{Fault, SimFs, StdFs, Unsynced};
 use producer_state::inspect;
 use producer_state::{AppendOutcome, Error, ProducerStateStore, RecoveryMode, StoreOptions};
 
@@ -22,6 +22,7 @@ use producer_state::{AppendOutcome, Error, ProducerStateStore, RecoveryMode, Sto
 fn record_offsets(seg: &Path) -> (BTreeMap<u64, u64>, u64) {
     let mut at = BTreeMap::new();
     let s = inspect::segment(
+        &StdFs,
         seg,
         |position, offset, _| {
             at.insert(position, offset);

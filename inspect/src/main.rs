@@ -1,20 +1,26 @@
 //! inspect-snapshot: look inside a producer-state store, or a Kafka
 //! producer snapshot, without running a broker.
 //!
-//! A thin layer over `producer_state::inspect` and `producer_state::kafka`
-//! (the readers recovery itself uses). It opens everything read-only and
-//! takes no lock. See docs/inspect.md for the output, the JSON fields and
-//! the exit codes.
+//! A renderer over `producer_state::inspect` and `producer_state::kafka`:
+//! the library reads (with the readers recovery itself uses) and decides
+//! what each finding means (the verdicts and exit codes); this tool prints
+//! that, as tables or JSON, from typed view structs. It reads through
+//! `ReadOnlyFs(StdFs)` and takes no lock. See docs/inspect.md for the
+//! output, the JSON fields and the exit codes.
 
-use std::io::IsTerminal;
+use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use producer_state::inspect::{self, FileKind, SegmentEnd};
+use producer_state::fs::{ReadOnlyFs, StdFs};
+use producer_state::inspect::{
+    self, Contents, DirectoryReport, DryRun, Effect, FileKind, FileReport, Problem, Role,
+    SegmentEnd, Verdict,
+};
 use producer_state::kafka::{self, KafkaProducerEntry};
-use producer_state::{AppendRequest, Error, ProducerEntry, ProducerId};
+use producer_state::{AppendRequest, Error, ProducerEntry, ProducerId, RecoveryReport};
 use serde::Serialize;
 
 /// Inspect a producer-state snapshot, log segment or store directory, or an
@@ -27,8 +33,9 @@ use serde::Serialize;
 ///
 /// Exit codes: 0 everything verifies; 1 damage that recovery would refuse
 /// (or a file of no known kind); 2 usage error; 3 a file could not be read;
-/// 4 damage that recovery repairs by itself (a torn tail, a snapshot it
-/// would skip).
+/// 4 damage with which recovery still opens the store (a torn tail it
+/// cuts, a snapshot it skips, damage in the log only a fallback to an
+/// older snapshot would need).
 #[derive(Parser, Debug)]
 #[command(name = "inspect-snapshot", version)]
 struct Args {
@@ -42,31 +49,52 @@ struct Args {
     /// with the file, byte offset and kind of damage on stderr.
     #[arg(long)]
     verify: bool,
-    /// Only this producer: a number for numeric ids, anything else for names.
-    #[arg(long, value_name = "ID")]
+    /// Only this producer: a number for numeric ids (Kafka's may be
+    /// negative), anything else for names.
+    #[arg(long, value_name = "ID", allow_negative_numbers = true)]
     producer: Option<String>,
     /// Only this partition.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     partition: Option<i32>,
 }
 
-const OK: u8 = 0;
-const REFUSED: u8 = 1;
 const UNREADABLE: u8 = 3;
-const REPAIRABLE: u8 = 4;
+
+/// The exit code of a verdict.
+fn code_of(v: Verdict) -> u8 {
+    match v {
+        Verdict::Ok => 0,
+        Verdict::Repairable => 4,
+        Verdict::Refused => 1,
+    }
+}
+
+/// The JSON `verdict` word (kept from earlier versions: `damaged` for refused).
+fn verdict_word(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Ok => "ok",
+        Verdict::Repairable => "repairable",
+        Verdict::Refused => "damaged",
+    }
+}
+
+fn severity_serde<S: serde::Serializer>(v: &Verdict, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.as_str())
+}
 
 /// A problem found, for stderr and the JSON `damage` list.
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Debug)]
 struct Damage {
     file: String,
     offset: Option<u64>,
     kind: String,
-    /// "refused" (recovery would not open) or "repairable" (it would fix it).
-    severity: &'static str,
+    /// `refused` (recovery would not open) or `repairable` (it opens).
+    #[serde(serialize_with = "severity_serde")]
+    severity: Verdict,
 }
 
 #[derive(Serialize)]
-struct Batch {
+struct BatchView {
     first_sequence: i32,
     last_sequence: i32,
     offset: Option<i64>,
@@ -74,17 +102,23 @@ struct Batch {
     time_utc: Option<String>,
 }
 
+/// How entries sort: numeric ids (Kafka's may be negative) before names,
+/// then by partition.
+type SortKey = (bool, i128, String, Option<i32>);
+
 #[derive(Serialize)]
-struct Entry {
+struct EntryView {
     producer_id: String,
     producer_id_kind: &'static str,
     partition: Option<i32>,
     epoch: i16,
     last_sequence: i32,
-    retained_batches: Vec<Batch>,
+    retained_batches: Vec<BatchView>,
     /// Kafka only.
     #[serde(skip_serializing_if = "Option::is_none")]
     kafka: Option<KafkaFields>,
+    #[serde(skip)]
+    key: SortKey,
 }
 
 #[derive(Serialize)]
@@ -97,7 +131,7 @@ struct KafkaFields {
 }
 
 #[derive(Serialize)]
-struct Record {
+struct RecordView {
     position: u64,
     byte_offset: u64,
     producer_id: String,
@@ -110,7 +144,7 @@ struct Record {
 }
 
 #[derive(Serialize)]
-struct FileReport {
+struct FileView {
     name: String,
     kind: &'static str,
     bytes: u64,
@@ -119,10 +153,58 @@ struct FileReport {
     /// Segments: one past the last valid record's position.
     end_position: Option<u64>,
     entries: Option<u64>,
-    verdict: String,
+    /// `ok`, `repairable` or `refused`: what the file means to recovery.
+    #[serde(serialize_with = "severity_serde")]
+    verdict: Verdict,
+    /// What is wrong with it (null: nothing).
+    problem: Option<String>,
+    /// What recovery does about it.
+    effect: &'static str,
+    #[serde(skip)]
+    problem_offset: Option<u64>,
 }
 
-#[derive(Serialize, Default)]
+#[derive(Serialize)]
+struct SnapshotView {
+    file: String,
+    position: u64,
+    entries: u64,
+}
+
+#[derive(Serialize)]
+struct SkippedView {
+    file: String,
+    reason: String,
+}
+
+#[derive(Serialize)]
+struct TornView {
+    file: String,
+    offset: u64,
+    bytes: u64,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum RecoveryView {
+    Opens {
+        would_open: bool,
+        snapshot: Option<SnapshotView>,
+        skipped_snapshots: Vec<SkippedView>,
+        records_replayed: u64,
+        segments_read: usize,
+        torn_tail: Option<TornView>,
+        would_remove: Vec<String>,
+        keys: usize,
+        next_position: u64,
+    },
+    Refuses {
+        would_open: bool,
+        refusal: String,
+    },
+}
+
+#[derive(Serialize)]
 struct Output {
     path: String,
     kind: &'static str,
@@ -130,30 +212,60 @@ struct Output {
     version: Option<u16>,
     position: Option<u64>,
     entry_count: Option<u64>,
-    verdict: String,
+    verdict: &'static str,
     damage: Vec<Damage>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    files: Vec<FileReport>,
+    files: Vec<FileView>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    recovery: Option<serde_json::Value>,
+    recovery: Option<RecoveryView>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    entries: Vec<Entry>,
+    entries: Vec<EntryView>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    records: Vec<Record>,
+    records: Vec<RecordView>,
+    #[serde(skip)]
+    code: Verdict,
+}
+
+impl Output {
+    fn new(path: &Path, kind: &'static str, format: &str) -> Output {
+        Output {
+            path: path.display().to_string(),
+            kind,
+            format: format.into(),
+            version: None,
+            position: None,
+            entry_count: None,
+            verdict: "ok",
+            damage: Vec::new(),
+            files: Vec::new(),
+            recovery: None,
+            entries: Vec::new(),
+            records: Vec::new(),
+            code: Verdict::Ok,
+        }
+    }
 }
 
 /// Filters by producer and partition.
 struct Filter {
     producer: Option<ProducerId>,
+    /// The `--producer` argument as a Kafka id (an `i64`, may be negative).
+    kafka_producer: Option<Option<i64>>,
     partition: Option<i32>,
 }
 
 impl Filter {
+    fn keeps_partition(&self, partition: Option<i32>) -> bool {
+        self.partition
+            .is_none_or(|q| partition.is_none_or(|p| p == q))
+    }
+
     fn keeps(&self, id: &ProducerId, partition: Option<i32>) -> bool {
-        self.producer.as_ref().is_none_or(|p| p == id)
-            && self
-                .partition
-                .is_none_or(|q| partition.is_none_or(|p| p == q))
+        self.producer.as_ref().is_none_or(|p| p == id) && self.keeps_partition(partition)
+    }
+
+    fn keeps_kafka(&self, id: i64, partition: Option<i32>) -> bool {
+        self.kafka_producer.is_none_or(|p| p == Some(id)) && self.keeps_partition(partition)
     }
 }
 
@@ -201,13 +313,6 @@ impl Drop for Progress {
     }
 }
 
-fn id_string(id: &ProducerId) -> (String, &'static str) {
-    match id.as_numeric() {
-        Some(n) => (n.to_string(), "numeric"),
-        None => (id.to_string(), "name"),
-    }
-}
-
 /// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS.mmm UTC`
 /// (civil-from-days, proleptic Gregorian); `None` outside years 1..=9999.
 fn utc(ms: i64) -> Option<String> {
@@ -237,101 +342,88 @@ fn utc(ms: i64) -> Option<String> {
     ))
 }
 
-fn entry_of(id: &ProducerId, partition: Option<i32>, e: &ProducerEntry) -> Entry {
-    let (producer_id, producer_id_kind) = id_string(id);
-    Entry {
+fn id_view(id: &ProducerId) -> (String, &'static str, SortKey) {
+    match id.as_numeric() {
+        Some(n) => (
+            n.to_string(),
+            "numeric",
+            (false, i128::from(n), String::new(), None),
+        ),
+        None => {
+            let s = id.to_string();
+            (s.clone(), "name", (true, 0, s, None))
+        }
+    }
+}
+
+fn batch_view(b: &producer_state::RetainedBatch) -> BatchView {
+    BatchView {
+        first_sequence: b.first_sequence,
+        last_sequence: b.last_sequence,
+        offset: b.metadata.map(|m| m.offset),
+        timestamp: b.metadata.map(|m| m.timestamp),
+        time_utc: b.metadata.and_then(|m| utc(m.timestamp)),
+    }
+}
+
+fn entry_of(id: &ProducerId, partition: Option<i32>, e: &ProducerEntry) -> EntryView {
+    let (producer_id, producer_id_kind, mut key) = id_view(id);
+    key.3 = partition;
+    EntryView {
         producer_id,
         producer_id_kind,
         partition,
         epoch: e.epoch(),
         last_sequence: e.last_sequence(),
-        retained_batches: e
-            .retained_batches()
-            .map(|b| Batch {
-                first_sequence: b.first_sequence,
-                last_sequence: b.last_sequence,
-                offset: b.metadata.map(|m| m.offset),
-                timestamp: b.metadata.map(|m| m.timestamp),
-                time_utc: b.metadata.and_then(|m| utc(m.timestamp)),
-            })
-            .collect(),
+        retained_batches: e.retained_batches().map(|b| batch_view(&b)).collect(),
         kafka: None,
+        key,
     }
 }
 
-fn sort_entries(v: &mut [Entry]) {
-    v.sort_by(|a, b| {
-        let key = |e: &Entry| {
-            (
-                e.producer_id_kind != "numeric",
-                e.producer_id.parse::<u64>().unwrap_or(0),
-                e.producer_id.clone(),
-                e.partition,
-            )
-        };
-        key(a).cmp(&key(b))
-    });
+fn entries_of(state: &inspect::RecoveredState, f: &Filter, list: bool) -> Vec<EntryView> {
+    if !list {
+        return Vec::new();
+    }
+    let mut v: Vec<EntryView> = state
+        .iter()
+        .filter(|(id, p, _)| f.keeps(id, Some(*p)))
+        .map(|(id, p, e)| entry_of(&id, Some(p), &e))
+        .collect();
+    v.sort_by(|a, b| a.key.cmp(&b.key));
+    v
 }
 
-fn damage_of(e: &Error, severity: &'static str) -> Damage {
+/// A reader's IO error: not damage, its own exit code.
+struct Unreadable(Error);
+
+/// Damage found by reading a file on its own: it does not verify.
+fn damage_of(e: &Error) -> Damage {
     match e {
         Error::Corrupt { file, offset, kind } => Damage {
             file: file.display().to_string(),
             offset: Some(*offset),
             kind: kind.to_string(),
-            severity,
+            severity: Verdict::Refused,
         },
-        // Not damage, but recovery refuses it in every mode.
         Error::UnsupportedVersion { file, .. } => Damage {
             file: file.display().to_string(),
             offset: Some(0),
             kind: e.to_string(),
-            severity: "refused",
+            severity: Verdict::Refused,
         },
         other => Damage {
             file: String::new(),
             offset: None,
             kind: other.to_string(),
-            severity,
+            severity: Verdict::Refused,
         },
     }
 }
 
-/// The exit code for what was found.
-fn code_for(damage: &[Damage]) -> u8 {
-    if damage.iter().any(|d| d.severity == "refused") {
-        REFUSED
-    } else if damage.is_empty() {
-        OK
-    } else {
-        REPAIRABLE
-    }
-}
-
-fn verdict_text(damage: &[Damage]) -> String {
-    match code_for(damage) {
-        OK => "ok".into(),
-        REPAIRABLE => "repairable".into(),
-        _ => "damaged".into(),
-    }
-}
-
-/// An IO error reading a file is not damage: it is its own exit code.
-struct Unreadable(Error);
-
-fn is_io(e: &Error) -> bool {
-    matches!(e, Error::Io { .. })
-}
-
-/// Names what a single file is, before reading it.
-fn begin(out: &mut Output, kind: &'static str, format: &str) {
-    out.kind = kind;
-    out.format = format.into();
-    out.version = Some(1);
-}
-
-/// Takes a reader's result: an IO error stops the tool (exit 3), damage is
-/// recorded (exit 1), success goes to `ok`.
+/// Takes a single file reader's result: an IO error stops the tool (exit
+/// 3), anything else that fails is damage (a file on its own that does not
+/// verify), success goes to `ok`.
 fn settle<T>(
     out: &mut Output,
     result: producer_state::Result<T>,
@@ -342,9 +434,9 @@ fn settle<T>(
             ok(out, v);
             Ok(())
         }
-        Err(e) if is_io(&e) => Err(Unreadable(e)),
+        Err(e @ Error::Io { .. }) => Err(Unreadable(e)),
         Err(e) => {
-            out.damage.push(damage_of(&e, "refused"));
+            out.damage.push(damage_of(&e));
             Ok(())
         }
     }
@@ -357,60 +449,28 @@ fn inspect_snapshot(
     list: bool,
     quiet: bool,
 ) -> Result<(), Unreadable> {
-    begin(out, "snapshot", "producer-state snapshot");
+    *out = Output::new(path, "snapshot", "producer-state snapshot");
+    out.version = Some(1);
     let mut p = Progress::new("verifying snapshot: entries", quiet);
-    let mut entries = Vec::new();
-    let result = inspect::snapshot(
-        path,
-        |id, part, e| {
-            if list && f.keeps(&id, Some(part)) {
-                entries.push(entry_of(&id, Some(part), &e));
-            }
-        },
-        &mut |n| p.tick(n),
-    );
-    settle(out, result, |out, s| {
+    let result = inspect::snapshot(&ReadOnlyFs(StdFs), path, &mut |n| p.tick(n));
+    settle(out, result, |out, (s, state)| {
         out.position = Some(s.position);
         out.entry_count = Some(s.entries);
-        out.entries = entries;
+        out.entries = entries_of(&state, f, list);
     })
 }
 
-fn request_record(position: u64, at: u64, r: &AppendRequest) -> Record {
-    Record {
+fn request_record(position: u64, at: u64, r: &AppendRequest) -> RecordView {
+    RecordView {
         position,
         byte_offset: at,
-        producer_id: id_string(&r.producer_id).0,
+        producer_id: id_view(&r.producer_id).0,
         partition: r.partition,
         epoch: r.epoch,
         first_sequence: r.first_sequence(),
         last_sequence: r.last_sequence(),
         offset: r.metadata().map(|m| m.offset),
         timestamp: r.metadata().map(|m| m.timestamp),
-    }
-}
-
-fn segment_damage(path: &Path, end: &SegmentEnd) -> Option<Damage> {
-    match end {
-        SegmentEnd::Clean => None,
-        SegmentEnd::TornTail { offset, kind } => Some(Damage {
-            file: path.display().to_string(),
-            offset: Some(*offset),
-            kind: format!("torn tail ({kind}); recovery cuts it if this is the last segment"),
-            severity: "repairable",
-        }),
-        SegmentEnd::Damaged {
-            offset,
-            kind,
-            later_write,
-        } => Some(Damage {
-            file: path.display().to_string(),
-            offset: Some(*offset),
-            kind: format!(
-                "{kind}; a valid record written after it was durable follows at byte {later_write}"
-            ),
-            severity: "refused",
-        }),
     }
 }
 
@@ -421,10 +481,11 @@ fn inspect_segment(
     list: bool,
     quiet: bool,
 ) -> Result<(), Unreadable> {
-    begin(out, "segment", "producer-state log segment");
+    *out = Output::new(path, "segment", "producer-state log segment");
     let mut p = Progress::new("scanning segment: byte", quiet);
     let mut records = Vec::new();
     let result = inspect::segment(
+        &ReadOnlyFs(StdFs),
         path,
         |pos, at, r| {
             if list && f.keeps(&r.producer_id, Some(r.partition)) {
@@ -437,32 +498,49 @@ fn inspect_segment(
         out.position = Some(s.first_position);
         out.version = Some(s.version);
         out.entry_count = Some(s.records);
-        out.damage.extend(segment_damage(path, &s.end));
+        let (offset, kind) = match &s.end {
+            SegmentEnd::TornTail { offset, kind } => (
+                *offset,
+                format!("torn tail ({kind}); recovery cuts it if this is the last segment"),
+            ),
+            SegmentEnd::Damaged {
+                offset,
+                kind,
+                later_write,
+            } => (
+                *offset,
+                format!(
+                    "{kind}; a valid record written after it was durable follows at byte {later_write}"
+                ),
+            ),
+            _ => (0, String::new()),
+        };
+        if s.end.verdict() != Verdict::Ok {
+            out.damage.push(Damage {
+                file: path.display().to_string(),
+                offset: Some(offset),
+                kind,
+                severity: s.end.verdict(),
+            });
+        }
         out.records = records;
     })
 }
 
-fn kafka_entry(k: &KafkaProducerEntry, partition: Option<i32>) -> Entry {
+fn kafka_entry(k: &KafkaProducerEntry, partition: Option<i32>) -> EntryView {
     // The batch as this crate reads it (none if it cannot be represented).
     let first = kafka::to_entry(k)
         .ok()
         .and_then(|(_, e)| e.retained_batches().next());
-    Entry {
+    EntryView {
+        // Kafka's id is an i64 and shown as it is, negative ones included
+        // (-1 is Kafka's "no producer"; seeding a store skips those).
         producer_id: k.producer_id.to_string(),
         producer_id_kind: "numeric",
         partition,
         epoch: k.epoch,
         last_sequence: k.last_sequence,
-        retained_batches: first
-            .map(|b| Batch {
-                first_sequence: b.first_sequence,
-                last_sequence: b.last_sequence,
-                offset: b.metadata.map(|m| m.offset),
-                timestamp: b.metadata.map(|m| m.timestamp),
-                time_utc: b.metadata.and_then(|m| utc(m.timestamp)),
-            })
-            .into_iter()
-            .collect(),
+        retained_batches: first.map(|b| batch_view(&b)).into_iter().collect(),
         kafka: Some(KafkaFields {
             last_offset: k.last_offset,
             offset_delta: k.offset_delta,
@@ -470,6 +548,7 @@ fn kafka_entry(k: &KafkaProducerEntry, partition: Option<i32>) -> Entry {
             coordinator_epoch: k.coordinator_epoch,
             current_txn_first_offset: k.current_txn_first_offset,
         }),
+        key: (false, i128::from(k.producer_id), String::new(), partition),
     }
 }
 
@@ -486,27 +565,99 @@ fn inspect_kafka(
     list: bool,
     quiet: bool,
 ) -> Result<(), Unreadable> {
-    begin(out, "kafka_snapshot", "Apache Kafka producer snapshot");
+    *out = Output::new(path, "kafka_snapshot", "Apache Kafka producer snapshot");
+    out.version = Some(1);
     out.position = path
         .file_name()
         .and_then(|n| n.to_str())
         .and_then(kafka::parse_file_name);
     let partition = kafka_partition(path);
     let mut p = Progress::new("verifying Kafka snapshot: entries", quiet);
-    let mut entries = Vec::new();
-    let result = inspect::kafka_snapshot(
-        path,
-        |k| {
-            if list && f.keeps(&ProducerId::numeric(k.producer_id as u64), partition) {
-                entries.push(kafka_entry(&k, partition));
-            }
-        },
-        &mut |n| p.tick(n),
-    );
-    settle(out, result, |out, n| {
-        out.entry_count = Some(n);
-        out.entries = entries;
+    let result = inspect::kafka_snapshot(&ReadOnlyFs(StdFs), path, &mut |n| p.tick(n));
+    settle(out, result, |out, entries| {
+        out.entry_count = Some(entries.len() as u64);
+        if list {
+            out.entries = entries
+                .iter()
+                .filter(|k| f.keeps_kafka(k.producer_id, partition))
+                .map(|k| kafka_entry(k, partition))
+                .collect();
+            out.entries.sort_by(|a, b| a.key.cmp(&b.key));
+        }
     })
+}
+
+fn role_word(r: Role) -> &'static str {
+    match r {
+        Role::Segment => "segment",
+        Role::Snapshot => "snapshot",
+        Role::SnapshotTemp => "temporary",
+        Role::KafkaSnapshot => "kafka_snapshot",
+        _ => "other",
+    }
+}
+
+/// What recovery does about a file, in words.
+fn effect_text(f: &FileReport) -> &'static str {
+    match f.effect {
+        Effect::None => "ok",
+        Effect::Ignored => "not a store file: recovery does not read it",
+        Effect::Repaired => match f.problem {
+            Some(Problem::TornTail { .. }) => "recovery cuts it there",
+            _ => "recovery removes it",
+        },
+        Effect::Skipped => "recovery skips it and falls back to an older snapshot",
+        Effect::NeededByFallback => {
+            "recovery does not read it now, but a fallback to an older snapshot needs it (and would refuse)"
+        }
+        Effect::Refuses => "recovery refuses to open the store",
+        _ => "it does not verify",
+    }
+}
+
+fn file_view(f: &FileReport) -> FileView {
+    FileView {
+        name: f.name.clone(),
+        kind: role_word(f.role),
+        bytes: f.bytes,
+        position: f.position,
+        end_position: f.end_position,
+        entries: f.entries,
+        verdict: f.verdict(),
+        problem: f.problem.as_ref().map(|p| p.to_string()),
+        effect: effect_text(f),
+        problem_offset: f.problem.as_ref().and_then(Problem::offset),
+    }
+}
+
+fn recovery_view(report: &RecoveryReport) -> RecoveryView {
+    let path = |p: &Path| p.display().to_string();
+    RecoveryView::Opens {
+        would_open: true,
+        snapshot: report.snapshot.as_ref().map(|s| SnapshotView {
+            file: path(&s.file),
+            position: s.position,
+            entries: s.entries,
+        }),
+        skipped_snapshots: report
+            .skipped_snapshots
+            .iter()
+            .map(|s| SkippedView {
+                file: path(&s.file),
+                reason: s.reason.clone(),
+            })
+            .collect(),
+        records_replayed: report.records_replayed,
+        segments_read: report.segments_read,
+        torn_tail: report.torn_tail.as_ref().map(|t| TornView {
+            file: path(&t.file),
+            offset: t.offset,
+            bytes: t.bytes,
+        }),
+        would_remove: report.files_removed.iter().map(|p| path(p)).collect(),
+        keys: report.keys,
+        next_position: report.next_position,
+    }
 }
 
 fn inspect_dir(
@@ -516,201 +667,83 @@ fn inspect_dir(
     list: bool,
     quiet: bool,
 ) -> Result<(), Unreadable> {
-    out.kind = "store";
-    out.format = "producer-state store directory".into();
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .map_err(|e| {
-            Unreadable(Error::Io {
-                op: "list",
-                path: dir.to_path_buf(),
-                source: e,
-            })
-        })?
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
-    names.sort();
-    let mut found_store = false;
+    *out = Output::new(dir, "store", "producer-state store directory");
     let mut p = Progress::new("checking files", quiet);
-    for (i, name) in names.iter().enumerate() {
-        p.tick(i as u64);
-        let path = dir.join(name);
-        let kind = if name.ends_with(".snap.tmp") {
-            out.files.push(FileReport {
-                name: name.clone(),
-                kind: "temporary",
-                bytes: std::fs::metadata(&path).map_or(0, |m| m.len()),
-                position: None,
-                end_position: None,
-                entries: None,
-                verdict: "left over from an interrupted snapshot; recovery removes it".into(),
-            });
-            continue;
-        } else if name.ends_with(".snap") {
-            FileKind::Snapshot
-        } else if name.ends_with(".wal") {
-            FileKind::Segment
-        } else if name.ends_with(".snapshot") {
-            FileKind::KafkaSnapshot
-        } else {
-            continue;
-        };
-        let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
-        let mut fr = FileReport {
-            name: name.clone(),
-            kind: "",
-            bytes,
-            position: None,
-            end_position: None,
-            entries: None,
-            verdict: "ok".into(),
-        };
-        match kind {
-            FileKind::Snapshot => {
-                found_store = true;
-                fr.kind = "snapshot";
-                match inspect::snapshot(&path, |_, _, _| {}, &mut |_| {}) {
-                    Ok(s) => {
-                        fr.position = Some(s.position);
-                        fr.entries = Some(s.entries);
-                    }
-                    Err(e) if is_io(&e) => return Err(Unreadable(e)),
-                    Err(e @ Error::UnsupportedVersion { .. }) => {
-                        fr.verdict = format!("unsupported: {e}; recovery refuses it");
-                        out.damage.push(damage_of(&e, "refused"));
-                    }
-                    Err(e) => {
-                        // Recovery skips a damaged snapshot and falls back.
-                        fr.verdict = format!("damaged: {e}; recovery would skip it");
-                        out.damage.push(damage_of(&e, "repairable"));
-                    }
-                }
-            }
-            FileKind::Segment => {
-                found_store = true;
-                fr.kind = "segment";
-                match inspect::segment(&path, |_, _, _| {}, &mut |_| {}) {
-                    Ok(s) => {
-                        fr.position = Some(s.first_position);
-                        fr.end_position = Some(s.first_position + s.records);
-                        fr.entries = Some(s.records);
-                        if let Some(d) = segment_damage(&path, &s.end) {
-                            fr.verdict = d.kind.clone();
-                        }
-                    }
-                    Err(e) if is_io(&e) => return Err(Unreadable(e)),
-                    Err(e @ Error::UnsupportedVersion { .. }) => {
-                        fr.verdict = format!("unsupported: {e}; recovery refuses it")
-                    }
-                    Err(e) => fr.verdict = format!("damaged: {e}"),
-                }
-            }
-            FileKind::KafkaSnapshot => {
-                fr.kind = "kafka_snapshot";
-                match inspect::kafka_snapshot(&path, |_| {}, &mut |_| {}) {
-                    Ok(n) => fr.entries = Some(n),
-                    Err(e) if is_io(&e) => return Err(Unreadable(e)),
-                    Err(e) => {
-                        fr.verdict = format!("damaged: {e}");
-                        out.damage.push(damage_of(&e, "refused"));
-                    }
-                }
-            }
-        }
-        out.files.push(fr);
-    }
+    let report: DirectoryReport =
+        inspect::directory(&ReadOnlyFs(StdFs), dir, &mut |n| p.tick(n)).map_err(Unreadable)?;
     drop(p);
-    if !found_store {
-        if out.files.iter().any(|f| f.kind == "kafka_snapshot") {
-            out.format = "directory of Kafka producer snapshots".into();
-            return Ok(());
+    out.files = report.files.iter().map(file_view).collect();
+    for (fr, v) in report.files.iter().zip(&out.files) {
+        if fr.problem.is_some() && fr.verdict() != Verdict::Ok {
+            out.damage.push(Damage {
+                file: fr.path.display().to_string(),
+                offset: v.problem_offset,
+                kind: format!("{}; {}", v.problem.as_deref().unwrap_or_default(), v.effect),
+                severity: fr.verdict(),
+            });
         }
-        out.damage.push(Damage {
+    }
+    match report.contents {
+        Contents::Store => {}
+        Contents::KafkaSnapshots => out.format = "directory of Kafka producer snapshots".into(),
+        _ => out.damage.push(Damage {
             file: dir.display().to_string(),
             offset: None,
-            kind: "no store files here (no .wal or .snap files): not a producer-state directory"
+            kind: "no file named as a store's (<20 digits>.wal or .snap): not a producer-state directory"
                 .into(),
-            severity: "refused",
-        });
-        return Ok(());
+            severity: Verdict::Refused,
+        }),
     }
-    // What opening the store would do, without writing anything.
-    match inspect::dry_run(dir) {
-        Ok((report, state)) => {
-            if let Some(t) = &report.torn_tail {
-                out.damage.push(Damage {
-                    file: t.file.display().to_string(),
-                    offset: Some(t.offset),
-                    kind: format!("torn tail: recovery would truncate {} bytes", t.bytes),
-                    severity: "repairable",
-                });
-            }
-            for removed in &report.files_removed {
-                out.damage.push(Damage {
-                    file: removed.display().to_string(),
-                    offset: None,
-                    kind: "recovery would remove this file".into(),
-                    severity: "repairable",
-                });
-            }
+    match &report.recovery {
+        DryRun::Opens { report, state } => {
             out.position = Some(report.next_position);
             out.entry_count = Some(state.len() as u64);
-            out.recovery = Some(serde_json::json!({
-                "would_open": true,
-                "snapshot": report.snapshot.as_ref().map(|s| serde_json::json!({
-                    "file": s.file.display().to_string(), "position": s.position, "entries": s.entries })),
-                "skipped_snapshots": report.skipped_snapshots.iter().map(|s| serde_json::json!({
-                    "file": s.file.display().to_string(), "reason": s.reason })).collect::<Vec<_>>(),
-                "records_replayed": report.records_replayed,
-                "segments_read": report.segments_read,
-                "torn_tail": report.torn_tail.as_ref().map(|t| serde_json::json!({
-                    "file": t.file.display().to_string(), "offset": t.offset, "bytes": t.bytes })),
-                "would_remove": report.files_removed.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-                "keys": report.keys,
-                "next_position": report.next_position,
-            }));
-            if list {
-                out.entries = state
-                    .iter()
-                    .filter(|(id, p, _)| f.keeps(id, Some(*p)))
-                    .map(|(id, p, e)| entry_of(&id, Some(p), &e))
-                    .collect();
+            out.recovery = Some(recovery_view(report));
+            out.entries = entries_of(state, f, list);
+        }
+        DryRun::Refuses(e) => {
+            out.recovery = Some(RecoveryView::Refuses {
+                would_open: false,
+                refusal: e.to_string(),
+            });
+            // Already listed if it names one of the files.
+            let named = report.files.iter().any(|fr| fr.effect == Effect::Refuses);
+            if !named {
+                out.damage.push(damage_of(e));
             }
         }
-        Err(e) if is_io(&e) => return Err(Unreadable(e)),
-        Err(e) => {
-            out.recovery =
-                Some(serde_json::json!({ "would_open": false, "refusal": e.to_string() }));
-            out.damage.push(damage_of(&e, "refused"));
-        }
+        _ => {}
     }
+    out.code = report.verdict;
     Ok(())
 }
 
 /// Prints rows as aligned columns.
-fn table(header: &[&str], rows: &[Vec<String>]) {
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+fn table(w: &mut dyn Write, header: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
+    let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.len());
+            if let Some(x) = width.get_mut(i) {
+                *x = (*x).max(c.len());
+            }
         }
     }
-    let line = |cells: Vec<String>| {
+    let mut line = |cells: &[String]| -> io::Result<()> {
         let s: Vec<String> = cells
             .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = w[i]))
+            .zip(&width)
+            .map(|(c, n)| format!("{c:<n$}"))
             .collect();
-        println!("{}", s.join("  ").trim_end());
+        writeln!(w, "{}", s.join("  ").trim_end())
     };
-    line(header.iter().map(|h| h.to_string()).collect());
+    line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>())?;
     for r in rows {
-        line(r.clone());
+        line(r)?;
     }
+    Ok(())
 }
 
-fn batches_text(b: &[Batch]) -> String {
+fn batches_text(b: &[BatchView]) -> String {
     if b.is_empty() {
         return "-".into();
     }
@@ -726,29 +759,67 @@ fn batches_text(b: &[Batch]) -> String {
         .join("; ")
 }
 
-fn print_human(out: &Output) {
-    println!("path:      {}", out.path);
-    println!(
+fn print_recovery(w: &mut dyn Write, r: &RecoveryView) -> io::Result<()> {
+    writeln!(w, "\nrecovery (dry run: nothing written, no lock taken):")?;
+    match r {
+        RecoveryView::Opens {
+            snapshot,
+            skipped_snapshots,
+            records_replayed,
+            segments_read,
+            torn_tail,
+            would_remove,
+            keys,
+            next_position,
+            ..
+        } => {
+            match snapshot {
+                Some(s) => writeln!(w, "  would start from {} (position {})", s.file, s.position)?,
+                None => writeln!(w, "  would start from an empty state at position 0")?,
+            }
+            for s in skipped_snapshots {
+                writeln!(w, "  would skip {} ({})", s.file, s.reason)?;
+            }
+            writeln!(
+                w,
+                "  would replay {records_replayed} records from {segments_read} segment(s)"
+            )?;
+            if let Some(t) = torn_tail {
+                writeln!(
+                    w,
+                    "  would truncate {} bytes of torn tail from {} at byte {}",
+                    t.bytes, t.file, t.offset
+                )?;
+            }
+            for p in would_remove {
+                writeln!(w, "  would remove {p}")?;
+            }
+            writeln!(w, "  -> {keys} keys, next position {next_position}")
+        }
+        RecoveryView::Refuses { refusal, .. } => {
+            writeln!(w, "  would REFUSE to open: {refusal}")
+        }
+    }
+}
+
+fn print_human(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+    writeln!(w, "path:      {}", out.path)?;
+    writeln!(
+        w,
         "format:    {}{}",
         out.format,
         out.version
             .map_or(String::new(), |v| format!(", version {v}"))
-    );
-    match out.kind {
-        "snapshot" => {
-            if let Some(p) = out.position {
-                println!("position:  {p} (covers log records before position {p})");
-            }
+    )?;
+    match (out.kind, out.position, out.entry_count) {
+        ("snapshot", Some(p), _) => {
+            writeln!(w, "position:  {p} (covers log records before position {p})")?
         }
-        "segment" => {
-            if let (Some(p), Some(n)) = (out.position, out.entry_count) {
-                println!("positions: {p}..{} ({n} valid records)", p + n);
-            }
+        ("segment", Some(p), Some(n)) => {
+            writeln!(w, "positions: {p}..{} ({n} valid records)", p + n)?
         }
-        "kafka_snapshot" => {
-            if let Some(p) = out.position {
-                println!("offset:    {p} (covers log offsets before {p})");
-            }
+        ("kafka_snapshot", Some(p), _) => {
+            writeln!(w, "offset:    {p} (covers log offsets before {p})")?
         }
         _ => {}
     }
@@ -756,25 +827,29 @@ fn print_human(out: &Output) {
         && out.kind != "segment"
         && let Some(n) = out.entry_count
     {
-        println!("entries:   {n}");
+        writeln!(w, "entries:   {n}")?;
     }
-    let verdict = match code_for(&out.damage) {
-        OK => "OK, every checksum verifies".to_string(),
-        REPAIRABLE => "repairable damage (recovery fixes it by itself)".to_string(),
-        _ => "DAMAGED (or of a format version this build cannot read): recovery would refuse it"
-            .to_string(),
+    let verdict = match out.code {
+        Verdict::Ok => "OK, every checksum verifies",
+        Verdict::Repairable => {
+            "repairable damage (recovery still opens: it repairs or does without what is damaged)"
+        }
+        Verdict::Refused => {
+            "DAMAGED (or of a format version this build cannot read): recovery would refuse it"
+        }
     };
-    println!("verdict:   {verdict}");
+    writeln!(w, "verdict:   {verdict}")?;
     for d in &out.damage {
-        println!(
+        writeln!(
+            w,
             "  {}{}: {}",
             d.file,
             d.offset.map_or(String::new(), |o| format!(" at byte {o}")),
             d.kind
-        );
+        )?;
     }
     if !out.files.is_empty() {
-        println!("\nfiles:");
+        writeln!(w, "\nfiles:")?;
         let rows: Vec<Vec<String>> = out
             .files
             .iter()
@@ -782,7 +857,12 @@ fn print_human(out: &Output) {
                 let range = match (f.kind, f.position, f.end_position) {
                     ("segment", Some(a), Some(b)) => format!("positions {a}..{b}"),
                     ("snapshot", Some(a), _) => format!("position {a}"),
+                    ("kafka_snapshot", Some(a), _) => format!("offset {a}"),
                     _ => "-".into(),
+                };
+                let verdict = match &f.problem {
+                    Some(p) => format!("{p}; {}", f.effect),
+                    None => f.effect.to_string(),
                 };
                 vec![
                     f.kind.to_string(),
@@ -790,61 +870,21 @@ fn print_human(out: &Output) {
                     range,
                     f.entries.map_or("-".into(), |n| n.to_string()),
                     f.bytes.to_string(),
-                    f.verdict.clone(),
+                    verdict,
                 ]
             })
             .collect();
         table(
+            w,
             &["KIND", "FILE", "RANGE", "ENTRIES", "BYTES", "VERDICT"],
             &rows,
-        );
+        )?;
     }
     if let Some(r) = &out.recovery {
-        println!("\nrecovery (dry run: nothing written, no lock taken):");
-        if r["would_open"] == true {
-            match r["snapshot"].as_object() {
-                Some(s) => println!(
-                    "  would start from {} (position {})",
-                    s["file"].as_str().unwrap_or(""),
-                    s["position"]
-                ),
-                None => println!("  would start from an empty state at position 0"),
-            }
-            for s in r["skipped_snapshots"].as_array().into_iter().flatten() {
-                println!(
-                    "  would skip {} ({})",
-                    s["file"].as_str().unwrap_or(""),
-                    s["reason"].as_str().unwrap_or("")
-                );
-            }
-            println!(
-                "  would replay {} records from {} segment(s)",
-                r["records_replayed"], r["segments_read"]
-            );
-            if let Some(t) = r["torn_tail"].as_object() {
-                println!(
-                    "  would truncate {} bytes of torn tail from {} at byte {}",
-                    t["bytes"],
-                    t["file"].as_str().unwrap_or(""),
-                    t["offset"]
-                );
-            }
-            for p in r["would_remove"].as_array().into_iter().flatten() {
-                println!("  would remove {}", p.as_str().unwrap_or(""));
-            }
-            println!(
-                "  -> {} keys, next position {}",
-                r["keys"], r["next_position"]
-            );
-        } else {
-            println!(
-                "  would REFUSE to open: {}",
-                r["refusal"].as_str().unwrap_or("")
-            );
-        }
+        print_recovery(w, r)?;
     }
     if !out.entries.is_empty() {
-        println!();
+        writeln!(w)?;
         let kafka = out.entries.iter().any(|e| e.kafka.is_some());
         let rows: Vec<Vec<String>> = out
             .entries
@@ -864,34 +904,20 @@ fn print_human(out: &Output) {
                 row
             })
             .collect();
+        let mut header = vec!["PRODUCER", "PARTITION", "EPOCH", "LAST SEQ"];
         if kafka {
-            table(
-                &[
-                    "PRODUCER",
-                    "PARTITION",
-                    "EPOCH",
-                    "LAST SEQ",
-                    "LAST BATCH (first..last @offset time)",
-                    "COORD EPOCH",
-                    "TXN FIRST OFFSET",
-                ],
-                &rows,
-            );
+            header.extend([
+                "LAST BATCH (first..last @offset time)",
+                "COORD EPOCH",
+                "TXN FIRST OFFSET",
+            ]);
         } else {
-            table(
-                &[
-                    "PRODUCER",
-                    "PARTITION",
-                    "EPOCH",
-                    "LAST SEQ",
-                    "RETAINED BATCHES (first..last @offset time)",
-                ],
-                &rows,
-            );
+            header.push("RETAINED BATCHES (first..last @offset time)");
         }
+        table(w, &header, &rows)?;
     }
     if !out.records.is_empty() {
-        println!();
+        writeln!(w)?;
         let rows: Vec<Vec<String>> = out
             .records
             .iter()
@@ -910,6 +936,7 @@ fn print_human(out: &Output) {
             })
             .collect();
         table(
+            w,
             &[
                 "POSITION",
                 "BYTE",
@@ -921,8 +948,9 @@ fn print_human(out: &Output) {
                 "TIME",
             ],
             &rows,
-        );
+        )?;
     }
+    Ok(())
 }
 
 fn run(args: &Args) -> Result<Output, Unreadable> {
@@ -931,67 +959,82 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
             Ok(n) => ProducerId::numeric(n),
             Err(_) => ProducerId::from(p.as_str()),
         }),
+        kafka_producer: args.producer.as_ref().map(|p| p.parse::<i64>().ok()),
         partition: args.partition,
     };
     let list = !args.verify;
     let quiet = args.json;
-    let mut out = Output {
-        path: args.path.display().to_string(),
-        ..Output::default()
-    };
-    let meta = std::fs::metadata(&args.path).map_err(|e| {
+    let path = &args.path;
+    let mut out = Output::new(path, "unknown", "");
+    let meta = std::fs::metadata(path).map_err(|e| {
         Unreadable(Error::Io {
             op: "stat",
-            path: args.path.clone(),
+            path: path.clone(),
             source: e,
         })
     })?;
     if meta.is_dir() {
-        inspect_dir(&args.path, &mut out, &f, list, quiet)?;
+        inspect_dir(path, &mut out, &f, list, quiet)?;
     } else {
-        match inspect::detect(&args.path) {
-            Ok(Some(FileKind::Snapshot)) => {
-                inspect_snapshot(&args.path, &mut out, &f, list, quiet)?
-            }
-            Ok(Some(FileKind::Segment)) => inspect_segment(&args.path, &mut out, &f, list, quiet)?,
-            Ok(Some(FileKind::KafkaSnapshot)) => {
-                inspect_kafka(&args.path, &mut out, &f, list, quiet)?
-            }
+        match inspect::detect(&ReadOnlyFs(StdFs), path) {
+            Ok(Some(FileKind::Snapshot)) => inspect_snapshot(path, &mut out, &f, list, quiet)?,
+            Ok(Some(FileKind::Segment)) => inspect_segment(path, &mut out, &f, list, quiet)?,
+            Ok(Some(FileKind::KafkaSnapshot)) => inspect_kafka(path, &mut out, &f, list, quiet)?,
             Ok(None) => {
-                out.kind = "unknown";
                 out.format = format!(
                     "unknown ({} bytes): not a snapshot, segment or Kafka snapshot",
                     meta.len()
                 );
                 out.damage.push(Damage {
-                    file: args.path.display().to_string(),
+                    file: path.display().to_string(),
                     offset: Some(0),
                     kind: "not a file of a known kind (neither name nor first bytes match)".into(),
-                    severity: "refused",
+                    severity: Verdict::Refused,
                 });
             }
             Err(e) => return Err(Unreadable(e)),
         }
+        // A file on its own: as bad as its worst damage.
+        out.code = out
+            .damage
+            .iter()
+            .map(|d| d.severity)
+            .max()
+            .unwrap_or(Verdict::Ok);
     }
-    sort_entries(&mut out.entries);
-    out.verdict = verdict_text(&out.damage);
+    out.verdict = verdict_word(out.code);
     Ok(out)
+}
+
+/// Prints the output; an error only if stdout fails.
+fn print(args: &Args, out: &Output) -> io::Result<()> {
+    let mut w = io::BufWriter::with_capacity(1 << 16, io::stdout().lock());
+    if args.json {
+        serde_json::to_writer_pretty(&mut w, out)?;
+        writeln!(w)?;
+    } else if !args.verify {
+        print_human(&mut w, out)?;
+    }
+    w.flush()
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Writes to stderr that fail (a closed stderr) are dropped: there is
+    // nowhere left to say anything.
+    let mut err = io::stderr().lock();
     let out = match run(&args) {
         Ok(o) => o,
         Err(Unreadable(e)) => {
-            eprintln!("inspect-snapshot: cannot read: {e}");
+            let _ = writeln!(err, "inspect-snapshot: cannot read: {e}");
             return ExitCode::from(UNREADABLE);
         }
     };
-    let code = code_for(&out.damage);
     for d in &out.damage {
-        eprintln!(
+        let _ = writeln!(
+            err,
             "{}: {}{}: {}",
-            if d.severity == "refused" {
+            if d.severity == Verdict::Refused {
                 "damaged"
             } else {
                 "repairable"
@@ -1001,13 +1044,16 @@ fn main() -> ExitCode {
             d.kind
         );
     }
-    if args.json {
-        match serde_json::to_string_pretty(&out) {
-            Ok(s) => println!("{s}"),
-            Err(e) => eprintln!("inspect-snapshot: {e}"),
+    match print(&args, &out) {
+        Ok(()) => {}
+        // The reader went away (`| head`): stop quietly, as Unix tools
+        // do, with the verdict's exit code (it does not depend on how much
+        // was printed).
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+        Err(e) => {
+            let _ = writeln!(err, "inspect-snapshot: cannot write the output: {e}");
+            return ExitCode::from(UNREADABLE);
         }
-    } else if !args.verify {
-        print_human(&out);
     }
-    ExitCode::from(code)
+    ExitCode::from(code_of(out.code))
 }

@@ -353,3 +353,209 @@ fn help_explains_every_option() {
     let (code, _, err) = run(&["--bogus"]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// A store with enough keys that any listing of it overflows a pipe's
+/// buffer (64 KiB) many times over.
+fn big_store(dir: &Path) {
+    let st = ProducerStateStore::open_with(
+        dir,
+        StoreOptions::default()
+            .fsync(producer_state::FsyncPolicy::Never)
+            .snapshot_every_records(Some(3000))
+            .background_snapshots(false),
+    )
+    .unwrap();
+    for k in 0..4000u64 {
+        st.append_batch(k, 0, 0, Batch::new(0, 1, k as i64, 1_700_000_000_000))
+            .unwrap();
+    }
+    st.close().unwrap();
+}
+
+/// Runs the tool with stdout a pipe that is closed after one line.
+fn run_reading_one_line(args: &[&str]) -> (Option<i32>, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(tool())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    assert!(!line.is_empty(), "{args:?}: the tool printed nothing");
+    // The reader is dropped here: the pipe's read end closes.
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn a_closed_pipe_ends_the_tool_quietly() {
+    let d = tempfile::tempdir().unwrap();
+    big_store(d.path());
+    let snap = files(d.path(), ".snap").pop().unwrap();
+    let seg = files(d.path(), ".wal").pop().unwrap();
+    for args in [
+        vec![s(d.path())],
+        vec![s(d.path()), "--json"],
+        vec![s(&snap)],
+        vec![s(&snap), "--json"],
+        vec![s(&seg)],
+    ] {
+        let (code, err) = run_reading_one_line(&args);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("Broken pipe"), "{args:?}: {err}");
+        assert_ne!(code, Some(101), "{args:?}: {err}");
+        // Exits with the verdict (the store is clean), not killed.
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+    }
+}
+
+/// Runs the tool with its address space limited to `mib` MiB.
+fn run_limited(mib: u64, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {} && exec \"$0\" \"$@\"", mib * 1024))
+        .arg(tool())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// A sparse file: `head` then a hole up to `len` bytes.
+fn sparse(path: &Path, head: &[u8], len: u64) {
+    let f = std::fs::File::create(path).unwrap();
+    std::io::Write::write_all(&mut &f, head).unwrap();
+    f.set_len(len).unwrap();
+}
+
+#[test]
+fn a_sparse_file_claiming_gigabytes_is_corruption_within_a_memory_limit() {
+    let d = tempfile::tempdir().unwrap();
+    // A snapshot header that verifies, claiming a 4 GiB body; the file's
+    // length agrees (a hole of zeros), so only reading can tell.
+    let body: u64 = 4 << 30;
+    let mut h = Vec::new();
+    h.extend_from_slice(b"PSTATSNP");
+    h.extend_from_slice(&1u16.to_le_bytes());
+    h.extend_from_slice(&[0; 6]);
+    h.extend_from_slice(&0u64.to_le_bytes()); // position
+    h.extend_from_slice(&(body / 20).to_le_bytes()); // entries
+    h.extend_from_slice(&body.to_le_bytes());
+    let crc = crc32c::crc32c(&h);
+    h.extend_from_slice(&crc.to_le_bytes());
+    h.extend_from_slice(&[0; 4]);
+    let snap = d.path().join("00000000000000000000.snap");
+    sparse(&snap, &h, 48 + body + 4);
+    // A Kafka snapshot claiming as many entries as its length allows.
+    let count = ((4u64 << 30) / 46) as u32;
+    let mut k = vec![0, 1, 0, 0, 0, 0];
+    k.extend_from_slice(&count.to_be_bytes());
+    let kafka = d.path().join("00000000000000000000.snapshot");
+    sparse(&kafka, &k, 10 + 46 * u64::from(count));
+    for f in [&snap, &kafka] {
+        for extra in [None, Some("--json"), Some("--verify")] {
+            let mut args = vec![s(f)];
+            args.extend(extra);
+            let (code, out, err) = run_limited(256, &args);
+            assert_eq!(code, Some(1), "{args:?}: {out}{err}");
+            assert!(
+                err.starts_with(&format!("damaged: {}", f.display())),
+                "{args:?}: {err}"
+            );
+            assert!(!err.contains("memory allocation"), "{args:?}: {err}");
+        }
+    }
+}
+
+/// A store with two kept snapshots and small segments: the newest
+/// snapshot's position, and the segments in order.
+fn store_with_kept_log(dir: &Path) -> (u64, Vec<PathBuf>) {
+    store(
+        dir,
+        StoreOptions::default()
+            .segment_size(1024)
+            .snapshot_every_records(Some(40))
+            .background_snapshots(false),
+    );
+    let snaps = files(dir, ".snap");
+    assert_eq!(snaps.len(), 2, "{snaps:?}");
+    let pos = |p: &Path| -> u64 {
+        p.file_name().unwrap().to_str().unwrap()[..20]
+            .parse()
+            .unwrap()
+    };
+    (pos(snaps.last().unwrap()), files(dir, ".wal"))
+}
+
+#[test]
+fn damage_in_the_kept_log_a_fallback_needs_reaches_the_verdict() {
+    let d = tempfile::tempdir().unwrap();
+    let (newest, segs) = store_with_kept_log(d.path());
+    let pos = |p: &Path| -> u64 {
+        p.file_name().unwrap().to_str().unwrap()[..20]
+            .parse()
+            .unwrap()
+    };
+    // The segment the newest snapshot's replay starts in, and the one
+    // before it: recovery does not read that one now, a fallback would.
+    let at = segs.iter().rposition(|p| pos(p) <= newest).unwrap();
+    assert!(at >= 1, "{segs:?}");
+    let before = &segs[at - 1];
+    let len = std::fs::metadata(before).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(before)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    let (code, out, err) = run(&[s(d.path()), "--verify"]);
+    assert_eq!(code, 4, "the store opens, but damaged: {out}{err}");
+    assert!(err.contains(&before.display().to_string()), "{err}");
+    let (code, v) = json(&[s(d.path())]);
+    assert_eq!((code, v["verdict"].as_str()), (4, Some("repairable")));
+    assert_eq!(v["recovery"]["would_open"], true);
+    // Without the newest snapshot recovery needs that segment, and refuses.
+    std::fs::remove_file(files(d.path(), ".snap").pop().unwrap()).unwrap();
+    let (code, out, err) = run(&[s(d.path()), "--verify"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(ProducerStateStore::open(d.path()).is_err());
+}
+
+#[test]
+fn files_recovery_does_not_read_do_not_decide_the_verdict() {
+    let d = tempfile::tempdir().unwrap();
+    store(d.path(), StoreOptions::default());
+    // Damaged bytes under names recovery does not read: Kafka's snapshot
+    // name, and a name that merely ends in `.snap`.
+    for name in ["00000000000000000001.snapshot", "notes.snap", "x.wal"] {
+        std::fs::write(d.path().join(name), b"\0\x01garbage garbage garbage").unwrap();
+    }
+    let (code, out, err) = run(&[s(d.path()), "--verify"]);
+    assert_eq!(code, 0, "recovery opens this store: {out}{err}");
+    let (code, v) = json(&[s(d.path())]);
+    assert_eq!((code, v["verdict"].as_str()), (0, Some("ok")));
+    let listed: Vec<&str> = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        listed.contains(&"notes.snap"),
+        "listed, as ignored: {listed:?}"
+    );
+    // And recovery agrees.
+    ProducerStateStore::open(d.path()).unwrap().close().unwrap();
+}

@@ -1,25 +1,45 @@
 //! Read-only inspection of store files and of Kafka's snapshot files.
 //!
 //! This is what the `inspect-snapshot` tool prints, as a library: the same
-//! readers and verifiers recovery uses (there is no second parser), opened
-//! read-only through [`ReadOnlyFs`], with no lock taken, so they work on a
-//! live store and on a copy of a crashed one. Every function streams its
-//! file: memory does not grow with the file's size (only [`dry_run`], which
-//! rebuilds the state, holds one entry per key).
+//! readers and verifiers recovery uses (there is no second parser), and the
+//! policy that says what a finding means for the store ([`directory`]: a
+//! report with a [`Verdict`] per file and one for the directory), so the
+//! tool only renders. Every function reads through the [`FileSystem`] it is
+//! given; pass `&ReadOnlyFs(StdFs)` ([`ReadOnlyFs`], [`StdFs`](crate::fs::StdFs))
+//! for real files, so that a bug can fail an inspection but never write. No
+//! lock is taken, so they work on a live store and on a copy of a crashed
+//! one.
+//!
+//! Memory is bounded by what a file really holds, not by what its header
+//! claims: a file is verified before anything it holds is handed out, and
+//! a key (or Kafka producer) that appears twice is damage found at its
+//! second appearance, so a length that zeros or a hole in a sparse file
+//! make plausible costs nothing. Segments are streamed (each record is
+//! verified before it is handed out); a snapshot, a Kafka snapshot and the
+//! dry run hold one entry per key, as recovery does.
 
 use std::io;
 use std::path::Path;
 
+mod directory;
+pub use directory::{
+    Contents, DirectoryReport, DryRun, Effect, FileReport, Problem, Role, directory,
+};
+
 use crate::batch::AppendRequest;
 use crate::entry::ProducerEntry;
 use crate::error::{Corruption, Error, Result};
-use crate::fs::{FileSystem, ReadOnlyFs, StdFs};
+use crate::fs::FileSystem;
+#[cfg(doc)]
+use crate::fs::ReadOnlyFs;
 use crate::id::ProducerId;
 use crate::kafka::{self, KafkaProducerEntry};
 use crate::recovery::{self, RecoveryMode, RecoveryReport};
 use crate::shards::{SHARDS, Shards};
 use crate::snapshot;
 use crate::wal::segment::{self, End, HeaderError};
+
+pub use crate::files::{StoreFile, classify};
 
 /// Calls a progress callback every few thousand items.
 struct Ticker<'a> {
@@ -52,8 +72,35 @@ pub enum FileKind {
     KafkaSnapshot,
 }
 
-fn open(path: &Path) -> Result<(Box<dyn crate::fs::ReadFile>, u64)> {
-    let fs = ReadOnlyFs(StdFs);
+/// What a finding means for the store, worst last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verdict {
+    /// Everything recovery reads verifies.
+    Ok,
+    /// Damage, but recovery opens the store: it repairs what it reads (cuts
+    /// a torn tail, removes leftovers) and does without what it does not
+    /// need (a damaged snapshot it skips, damage in the log before the
+    /// snapshot it starts from, which a fallback to an older snapshot would
+    /// need).
+    Repairable,
+    /// Recovery refuses to open the store (damage it must not guess past,
+    /// or a file of a format version this build cannot read); for a file
+    /// inspected on its own: it does not verify.
+    Refused,
+}
+
+impl Verdict {
+    /// The lowercase name (`ok`, `repairable`, `refused`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Repairable => "repairable",
+            Verdict::Refused => "refused",
+        }
+    }
+}
+
+fn open(fs: &dyn FileSystem, path: &Path) -> Result<(Box<dyn crate::fs::ReadFile>, u64)> {
     let f = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
     let len = f.len().map_err(|e| Error::io("stat", path, e))?;
     Ok((f, len))
@@ -61,12 +108,16 @@ fn open(path: &Path) -> Result<(Box<dyn crate::fs::ReadFile>, u64)> {
 
 /// What `path` holds, by its name and then by its first bytes; `None` for
 /// anything else (including an empty file).
-pub fn detect(path: &Path) -> Result<Option<FileKind>> {
+///
+/// # Errors
+///
+/// [`Error::Io`] if the file cannot be opened or read.
+pub fn detect(fs: &dyn FileSystem, path: &Path) -> Result<Option<FileKind>> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or_default();
-    let (mut f, len) = open(path)?;
+    let (mut f, len) = open(fs, path)?;
     let mut head = [0u8; 8];
     let n = segment::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
     let head = head.get(..n).unwrap_or_default();
@@ -98,35 +149,49 @@ pub struct SnapshotSummary {
     pub bytes: u64,
 }
 
-/// Streams and verifies a snapshot, handing each entry to `each` (do not
-/// trust what `each` saw unless this returns `Ok`). `progress(entries)` is
-/// called every few thousand entries.
+/// Verifies a snapshot as recovery loads it (every byte, and no key twice)
+/// and returns what it holds; nothing of a file that does not verify is
+/// handed out. `progress(entries)` is called every few thousand entries.
+///
+/// # Errors
+///
+/// [`Error::Corrupt`] (file, byte offset, kind) if it does not verify,
+/// [`Error::UnsupportedVersion`], or [`Error::Io`].
 pub fn snapshot(
+    fs: &dyn FileSystem,
     path: &Path,
-    mut each: impl FnMut(ProducerId, i32, ProducerEntry),
     progress: &mut dyn FnMut(u64),
-) -> Result<SnapshotSummary> {
-    let (f, len) = open(path)?;
+) -> Result<(SnapshotSummary, RecoveredState)> {
+    let (f, len) = open(fs, path)?;
     let mut t = Ticker::new(progress);
+    let mut shards = Shards::default();
     let h = snapshot::read(
         path,
         io::BufReader::with_capacity(1 << 20, f),
         len,
         |id, p, e| {
-            each(id, p, e);
+            // The rule recovery's loader applies: a key twice is damage.
+            // It also stops a body of zeros (a hole) at its second entry.
+            if !shards.insert_new(&id, p, &e) {
+                return Err(Error::corrupt(path, 0, Corruption::DuplicateKey));
+            }
             t.tick(t.n + 1);
             Ok(())
         },
     )?;
-    Ok(SnapshotSummary {
-        position: h.position,
-        entries: h.entries,
-        bytes: len,
-    })
+    Ok((
+        SnapshotSummary {
+            position: h.position,
+            entries: h.entries,
+            bytes: len,
+        },
+        RecoveredState(shards),
+    ))
 }
 
 /// How a segment's records end.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SegmentEnd {
     /// Every byte is a valid record.
     Clean,
@@ -151,6 +216,20 @@ pub enum SegmentEnd {
     },
 }
 
+impl SegmentEnd {
+    /// What this end means for a segment inspected on its own: a torn tail
+    /// is what recovery cuts from the last segment; damage followed by a
+    /// later write is what it refuses. (In a store directory the verdict
+    /// also depends on where the segment is: see [`directory`].)
+    pub fn verdict(&self) -> Verdict {
+        match self {
+            SegmentEnd::Clean => Verdict::Ok,
+            SegmentEnd::TornTail { .. } => Verdict::Repairable,
+            SegmentEnd::Damaged { .. } => Verdict::Refused,
+        }
+    }
+}
+
 /// What a segment holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegmentSummary {
@@ -171,13 +250,20 @@ pub struct SegmentSummary {
 /// Streams a segment, handing each append of each valid record (position,
 /// byte offset of the record, request) to `each`, and says how its records
 /// end. An error only for a damaged or truncated header, or IO.
-/// `progress(bytes)` is called every few thousand appends.
+/// `progress(bytes)` is called every few thousand appends. Each record is
+/// verified before its appends are handed out.
+///
+/// # Errors
+///
+/// [`Error::Corrupt`] for a damaged or truncated header,
+/// [`Error::UnsupportedVersion`], or [`Error::Io`].
 pub fn segment(
+    fs: &dyn FileSystem,
     path: &Path,
     mut each: impl FnMut(u64, u64, &AppendRequest),
     progress: &mut dyn FnMut(u64),
 ) -> Result<SegmentSummary> {
-    let (f, len) = open(path)?;
+    let (f, len) = open(fs, path)?;
     let mut t = Ticker::new(progress);
     let scan = segment::scan(
         path,
@@ -222,23 +308,31 @@ pub fn segment(
     })
 }
 
-/// Streams and verifies a Kafka snapshot (see [`kafka::read`]), handing each
-/// entry to `each`. Returns the number of entries.
+/// Verifies a Kafka snapshot (see [`kafka::read`]: the CRC, and no producer
+/// twice) and returns its entries in file order; nothing of a file that
+/// does not verify is handed out.
+///
+/// # Errors
+///
+/// As [`kafka::read`], and [`Error::Io`] if the file cannot be opened.
 pub fn kafka_snapshot(
+    fs: &dyn FileSystem,
     path: &Path,
-    mut each: impl FnMut(KafkaProducerEntry),
     progress: &mut dyn FnMut(u64),
-) -> Result<u64> {
-    let (f, len) = open(path)?;
+) -> Result<Vec<KafkaProducerEntry>> {
+    let (f, len) = open(fs, path)?;
     let mut t = Ticker::new(progress);
+    let mut out = Vec::new();
     kafka::read(path, io::BufReader::with_capacity(1 << 20, f), len, |e| {
-        each(e);
+        out.push(e);
         t.tick(t.n + 1);
         Ok(())
-    })
+    })?;
+    Ok(out)
 }
 
-/// The state recovery would rebuild.
+/// A state rebuilt from files: what recovery would rebuild, or what a
+/// snapshot holds.
 #[derive(Clone, Debug)]
 pub struct RecoveredState(Shards);
 
@@ -263,11 +357,15 @@ impl RecoveredState {
 /// or taking the lock: recovery run in strict mode on a read-only view.
 /// `Ok((report, state))`: it would open, after doing what the report lists
 /// (truncating a torn tail, removing leftover files); `Err`: it would refuse
-/// with this error ([`Error::InvalidPath`] and [`Error::NotADirectory`]
-/// for a path that cannot be a store directory).
-pub fn dry_run(dir: &Path) -> Result<(RecoveryReport, RecoveredState)> {
-    let fs = ReadOnlyFs(StdFs);
-    crate::directory::check(&fs, dir)?;
-    let rec = recovery::recover_dry(&fs, dir, RecoveryMode::Strict)?;
+/// with this error.
+///
+/// # Errors
+///
+/// What strict recovery would refuse with: [`Error::Corrupt`],
+/// [`Error::UnsupportedVersion`], or [`Error::Io`]; [`Error::InvalidPath`]
+/// and [`Error::NotADirectory`] for a path that cannot be a store directory.
+pub fn dry_run(fs: &dyn FileSystem, dir: &Path) -> Result<(RecoveryReport, RecoveredState)> {
+    crate::directory::check(fs, dir)?;
+    let rec = recovery::recover_dry(fs, dir, RecoveryMode::Strict)?;
     Ok((rec.report, RecoveredState(rec.shards)))
 }
