@@ -70,6 +70,22 @@ pub enum Error {
         /// The path given to `open`.
         path: PathBuf,
     },
+    /// An entry of the store directory is named like a store file (a log
+    /// segment, a snapshot, a temporary snapshot) but is not a regular
+    /// file nor a symbolic link to one. Recovery cannot read it, and must
+    /// not pass over it: a segment or snapshot left out of recovery would
+    /// make the store forget appends it acknowledged, and accept their
+    /// retries again. Salvage refuses it too.
+    #[error(
+        "{} is named like a store file but is {what}; recovery can neither read it nor leave it out: put the file itself (or a symbolic link to it) back under this name, or move the entry out of the store directory",
+        path.display()
+    )]
+    NotAFile {
+        /// The entry.
+        path: PathBuf,
+        /// What it is instead ("a directory", "a symbolic link to nothing", ...).
+        what: &'static str,
+    },
     /// The options cannot work together.
     #[error("invalid store options: {0}")]
     InvalidOptions(String),

@@ -23,6 +23,11 @@
 //!    longest valid prefix of the history, moves every discarded byte aside
 //!    into `*.discarded` files, and reports what it discarded.
 //!
+//! Before any of this, an entry named like a segment, snapshot or
+//! temporary snapshot that is not a regular file (symbolic links followed)
+//! is [`Error::NotAFile`] in either mode: passing over it could forget
+//! acknowledged appends.
+//!
 //! Recovery never panics on any bytes and never invents state: whatever it
 //! returns is the state after some prefix of the logged history.
 
@@ -33,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use crate::apply::{Parallel, Rec, Sequential, Sink};
 use crate::error::{Corruption, Error, Result};
-use crate::fs::FileSystem;
+use crate::fs::{EntryKind, FileSystem};
 use crate::map::hash_key;
 use crate::shards::Shards;
 use crate::snapshot;
@@ -293,6 +298,7 @@ fn recover_inner(
         ..RecoveryReport::default()
     };
     let listing = fs.list(dir).map_err(io_at("list", dir))?;
+    refuse_what_is_not_a_file(fs, dir, &listing)?;
 
     let mut segments: Vec<u64> = Vec::new();
     let mut snapshot_files = BTreeSet::new();
@@ -476,6 +482,48 @@ fn recover_inner(
         snapshot_files,
         report,
     })
+}
+
+/// Whether recovery acts on a file of this name: a segment, a snapshot, a
+/// temporary snapshot. Other names are left alone.
+fn is_store_name(name: &str) -> bool {
+    segment::parse_name(name).is_some()
+        || snapshot::parse_name(name).is_some()
+        || name
+            .strip_suffix(snapshot::TMP_SUFFIX)
+            .is_some_and(|stem| snapshot::parse_name(stem).is_some())
+}
+
+/// Refuses an entry named like a store file that is not a regular file
+/// (symbolic links followed): passing over a segment or a snapshot would
+/// forget acknowledged appends, so recovery reads such a name or stops.
+/// Checked before recovery changes anything, in every mode.
+fn refuse_what_is_not_a_file(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    listing: &[crate::fs::DirEntry],
+) -> Result<()> {
+    let Some(e) = listing
+        .iter()
+        .find(|e| e.kind != Some(EntryKind::File) && is_store_name(&e.name))
+    else {
+        return Ok(());
+    };
+    let path = dir.join(&e.name);
+    // Only for the message: whether the name itself is a link.
+    let link = fs.is_symlink(&path).unwrap_or(false);
+    let what = match (e.kind, link) {
+        (None, _) => {
+            "a symbolic link to nothing (dangling, looping, or to a target that cannot be examined)"
+        }
+        (Some(EntryKind::Dir), false) => "a directory",
+        (Some(EntryKind::Dir), true) => "a symbolic link to a directory",
+        (Some(_), false) => "not a regular file (a fifo, a socket or a device)",
+        (Some(_), true) => {
+            "a symbolic link to something that is not a regular file (a fifo, a socket or a device)"
+        }
+    };
+    Err(Error::NotAFile { path, what })
 }
 
 /// The state replay starts from: the snapshot the report names, or nothing.
@@ -789,6 +837,27 @@ mod tests {
         f.sync_data().unwrap();
         fs.sync_dir(&dir).unwrap();
         (fs, dir, bad_offset, bad_record)
+    }
+
+    #[test]
+    fn a_directory_named_like_a_store_file_is_refused_in_every_mode() {
+        for name in ["00000000000000000001.wal", "00000000000000000001.snap"] {
+            let (fs, dir, _, _) = log(10, None, false);
+            fs.create_dir_all(&dir.join(name)).unwrap();
+            for mode in [RecoveryMode::Strict, RecoveryMode::Salvage] {
+                match recover(&fs, &dir, mode) {
+                    Err(Error::NotAFile { path, what }) => {
+                        assert_eq!(path, dir.join(name));
+                        assert_eq!(what, "a directory");
+                    }
+                    other => panic!("{name} {mode:?}: {:?}", other.map(|r| r.report)),
+                }
+            }
+            // Other names are left alone.
+            let (fs, dir, _, _) = log(10, None, false);
+            fs.create_dir_all(&dir.join(format!("{name}.old"))).unwrap();
+            assert_eq!(recover(&fs, &dir, RecoveryMode::Strict).unwrap().next_lsn, 10);
+        }
     }
 
     #[test]
