@@ -183,8 +183,11 @@ pub enum Corruption {
     SnapshotBeyondLog {
         /// The snapshot's position.
         snapshot: u64,
-        /// Where the log ends.
+        /// The log position the log ends at.
         log_end: u64,
+        /// The segment and the byte its valid records end at (damage
+        /// there, or the end of the file); `None` if no segment was read.
+        ends_in: Option<(PathBuf, u64)>,
     },
     /// A logged transition is not an accepted append of the state before it:
     /// the log and the snapshot do not belong together.
@@ -238,10 +241,22 @@ impl fmt::Display for Corruption {
                 ),
                 None => write!(f, "replay must start at position {needed} but there is no log"),
             },
-            Corruption::SnapshotBeyondLog { snapshot, log_end } => write!(
-                f,
-                "snapshot covers the log up to position {snapshot} but the log ends at {log_end}"
-            ),
+            Corruption::SnapshotBeyondLog {
+                snapshot,
+                log_end,
+                ends_in,
+            } => {
+                write!(
+                    f,
+                    "snapshot covers the log up to position {snapshot} but the log ends at position {log_end}"
+                )?;
+                if let Some((file, offset)) = ends_in {
+                    write!(f, ", at byte {offset} of {}", file.display())?;
+                }
+                f.write_str(
+                    " (a snapshot is written only once the log it covers is durable: log records it covers are damaged or missing)",
+                )
+            }
             Corruption::RecordDoesNotApply { position, outcome } => write!(
                 f,
                 "log record at position {position} is not an accepted append of the state before it ({outcome})"

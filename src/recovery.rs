@@ -14,7 +14,9 @@
 //! 4. An incomplete or failing record in the last segment, followed by
 //!    nothing but records written while its bytes were not yet durable, is
 //!    a torn write from a crash: the segment is cut there and the bytes
-//!    dropped are reported.
+//!    dropped are reported. Not if the snapshot covers records from there
+//!    on: a snapshot is written only once its log is durable, so the bytes
+//!    were durable, and nothing is cut (rule 5).
 //! 5. Any other damage (a bad record followed by a record written after it
 //!    was durable, damage in an
 //!    earlier segment, a missing segment, a snapshot whose log is gone or
@@ -545,6 +547,20 @@ fn replay(
     report: &mut RecoveryReport,
     dry: bool,
 ) -> std::result::Result<Replayed, Stop> {
+    // The snapshot replay starts from, and where in it its position is
+    // stored: what decides that the log is too short for it.
+    let snapshot_file = report.snapshot.as_ref().map(|s| s.file.clone());
+    let beyond = |log_end, ends_in| {
+        Error::corrupt(
+            snapshot_file.clone().unwrap_or_else(|| dir.to_path_buf()),
+            snapshot::POSITION_AT,
+            Corruption::SnapshotBeyondLog {
+                snapshot: start,
+                log_end,
+                ends_in,
+            },
+        )
+    };
     let Some(first_idx) = segments.iter().rposition(|&l| l <= start) else {
         if segments.is_empty() && start == 0 {
             return Ok(Replayed {
@@ -557,9 +573,19 @@ fn replay(
             keep: None,
             good_end: start,
             prev: None,
+            // The snapshot that needs the log; with none, the first
+            // segment, whose header says where the log begins.
             error: Error::corrupt(
-                dir,
-                0,
+                match (&snapshot_file, segments.first()) {
+                    (Some(f), _) => f.clone(),
+                    (None, Some(&l)) => dir.join(segment::file_name(l)),
+                    (None, None) => dir.to_path_buf(),
+                },
+                if snapshot_file.is_some() {
+                    snapshot::POSITION_AT
+                } else {
+                    segment::POSITION_AT
+                },
                 Corruption::LogGone {
                     needed: start,
                     oldest: segments.first().copied(),
@@ -570,6 +596,8 @@ fn replay(
     let last_idx = segments.len() - 1;
     let mut expected = segments.get(first_idx).copied().unwrap_or(start);
     let mut active: Option<(usize, u64, u64)> = None;
+    // The segment and byte the log's valid records end at, so far.
+    let mut ends_in: Option<(PathBuf, u64)> = None;
     for (idx, &named) in segments.iter().enumerate().skip(first_idx) {
         let path = dir.join(segment::file_name(named));
         let cut = |keep: Option<(u64, u64)>, error| {
@@ -649,10 +677,10 @@ fn replay(
                         .map_err(|e| Stop::Io(Error::io("fsync directory", dir, e)))?;
                 }
                 report.files_removed.push(path);
-                return Ok(Replayed {
-                    next_lsn: expected,
-                    active: None,
-                });
+                // The log ends where the segment before it ended; the
+                // snapshot is checked against that below.
+                active = None;
+                break;
             }
             Err(HeaderError::Short(n)) => {
                 return cut(
@@ -680,6 +708,16 @@ fn replay(
         let keep = Some((scan.valid_len, scan.records));
         match scan.end {
             End::Clean => {}
+            // The snapshot covers records from the damage on: a snapshot
+            // is written only once the log it covers is durable, so the
+            // damaged bytes were durable and are not a torn write. Refuse
+            // before cutting anything (salvage moves the rest aside).
+            End::Torn { offset, .. } if idx == last_idx && named + scan.records < start => {
+                return cut(
+                    keep,
+                    beyond(named + scan.records, Some((path.clone(), offset))),
+                );
+            }
             End::Torn { offset, .. } if idx == last_idx => {
                 if !dry {
                     let mut f = fs
@@ -706,6 +744,7 @@ fn replay(
         }
         expected = named + scan.records;
         active = Some((idx, scan.valid_len, scan.records));
+        ends_in = Some((path, scan.valid_len));
     }
     if start > expected {
         return Err(Stop::Damage(Box::new(Cut {
@@ -713,14 +752,7 @@ fn replay(
             keep: None,
             good_end: start,
             prev: None,
-            error: Error::corrupt(
-                dir,
-                0,
-                Corruption::SnapshotBeyondLog {
-                    snapshot: start,
-                    log_end: expected,
-                },
-            ),
+            error: beyond(expected, ends_in),
         })));
     }
     Ok(Replayed {

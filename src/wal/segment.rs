@@ -18,6 +18,8 @@ pub(crate) const VERSION: u16 = 2;
 /// Version 1 differs only in holding one append per kind-1 record.
 pub(crate) const OLDEST_VERSION: u16 = 1;
 pub(crate) const HEADER_LEN: usize = 24;
+/// Where the header stores the segment's first position.
+pub(crate) const POSITION_AT: u64 = 12;
 pub(crate) const EXTENSION: &str = "wal";
 
 /// The file name of the segment whose first record has position `lsn`.
