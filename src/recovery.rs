@@ -888,7 +888,10 @@ mod tests {
             // Other names are left alone.
             let (fs, dir, _, _) = log(10, None, false);
             fs.create_dir_all(&dir.join(format!("{name}.old"))).unwrap();
-            assert_eq!(recover(&fs, &dir, RecoveryMode::Strict).unwrap().next_lsn, 10);
+            assert_eq!(
+                recover(&fs, &dir, RecoveryMode::Strict).unwrap().next_lsn,
+                10
+            );
         }
     }
 
