@@ -79,6 +79,22 @@ pub enum Error {
         /// Why it cannot be one.
         reason: &'static str,
     },
+    /// An entry of the store directory is named like a store file (a log
+    /// segment, a snapshot, a temporary snapshot) but is not a regular
+    /// file nor a symbolic link to one. Recovery cannot read it, and must
+    /// not pass over it: a segment or snapshot left out of recovery would
+    /// make the store forget appends it acknowledged, and accept their
+    /// retries again. Salvage refuses it too.
+    #[error(
+        "{} is named like a store file but is {what}; recovery can neither read it nor leave it out: put the file itself (or a symbolic link to it) back under this name, or move the entry out of the store directory",
+        path.display()
+    )]
+    NotAFile {
+        /// The entry.
+        path: PathBuf,
+        /// What it is instead ("a directory", "a symbolic link to nothing", ...).
+        what: &'static str,
+    },
     /// The options cannot work together.
     #[error("invalid store options: {0}")]
     InvalidOptions(String),
@@ -176,8 +192,11 @@ pub enum Corruption {
     SnapshotBeyondLog {
         /// The snapshot's position.
         snapshot: u64,
-        /// Where the log ends.
+        /// The log position the log ends at.
         log_end: u64,
+        /// The segment and the byte its valid records end at (damage
+        /// there, or the end of the file); `None` if no segment was read.
+        ends_in: Option<(PathBuf, u64)>,
     },
     /// A logged transition is not an accepted append of the state before it:
     /// the log and the snapshot do not belong together.
@@ -231,10 +250,22 @@ impl fmt::Display for Corruption {
                 ),
                 None => write!(f, "replay must start at position {needed} but there is no log"),
             },
-            Corruption::SnapshotBeyondLog { snapshot, log_end } => write!(
-                f,
-                "snapshot covers the log up to position {snapshot} but the log ends at {log_end}"
-            ),
+            Corruption::SnapshotBeyondLog {
+                snapshot,
+                log_end,
+                ends_in,
+            } => {
+                write!(
+                    f,
+                    "snapshot covers the log up to position {snapshot} but the log ends at position {log_end}"
+                )?;
+                if let Some((file, offset)) = ends_in {
+                    write!(f, ", at byte {offset} of {}", file.display())?;
+                }
+                f.write_str(
+                    " (a snapshot is written only once the log it covers is durable: log records it covers are damaged or missing)",
+                )
+            }
             Corruption::RecordDoesNotApply { position, outcome } => write!(
                 f,
                 "log record at position {position} is not an accepted append of the state before it ({outcome})"

@@ -14,7 +14,9 @@
 //! 4. An incomplete or failing record in the last segment, followed by
 //!    nothing but records written while its bytes were not yet durable, is
 //!    a torn write from a crash: the segment is cut there and the bytes
-//!    dropped are reported.
+//!    dropped are reported. Not if the snapshot covers records from there
+//!    on: a snapshot is written only once its log is durable, so the bytes
+//!    were durable, and nothing is cut (rule 5).
 //! 5. Any other damage (a bad record followed by a record written after it
 //!    was durable, damage in an
 //!    earlier segment, a missing segment, a snapshot whose log is gone or
@@ -25,6 +27,11 @@
 //!    aside is never replaced: a later salvage of the same segment picks
 //!    the next free name (`<segment>.discarded.1`, `.2`, ...), so running
 //!    salvage again never destroys what an earlier one kept.
+//!
+//! Before any of this, an entry named like a segment, snapshot or
+//! temporary snapshot that is not a regular file (symbolic links followed)
+//! is [`Error::NotAFile`] in either mode: passing over it could forget
+//! acknowledged appends.
 //!
 //! Recovery never panics on any bytes and never invents state: whatever it
 //! returns is the state after some prefix of the logged history.
@@ -37,7 +44,7 @@ use std::time::{Duration, Instant};
 use crate::apply::{Parallel, Rec, Sequential, Sink};
 use crate::error::{Corruption, Error, Result};
 use crate::files::{StoreFile, classify};
-use crate::fs::FileSystem;
+use crate::fs::{EntryKind, FileSystem};
 use crate::map::hash_key;
 use crate::shards::Shards;
 use crate::snapshot;
@@ -300,6 +307,7 @@ fn recover_inner(
         ..RecoveryReport::default()
     };
     let listing = fs.list(dir).map_err(io_at("list", dir))?;
+    refuse_what_is_not_a_file(fs, dir, &listing)?;
 
     let mut segments: Vec<u64> = Vec::new();
     let mut snapshot_files = BTreeSet::new();
@@ -487,6 +495,38 @@ fn recover_inner(
     })
 }
 
+/// Refuses an entry named like a store file that is not a regular file
+/// (symbolic links followed): passing over a segment or a snapshot would
+/// forget acknowledged appends, so recovery reads such a name or stops.
+/// Checked before recovery changes anything, in every mode.
+fn refuse_what_is_not_a_file(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    listing: &[crate::fs::DirEntry],
+) -> Result<()> {
+    let Some(e) = listing
+        .iter()
+        .find(|e| e.kind != Some(EntryKind::File) && classify(&e.name).is_some())
+    else {
+        return Ok(());
+    };
+    let path = dir.join(&e.name);
+    // Only for the message: whether the name itself is a link.
+    let link = fs.is_symlink(&path).unwrap_or(false);
+    let what = match (e.kind, link) {
+        (None, _) => {
+            "a symbolic link to nothing (dangling, looping, or to a target that cannot be examined)"
+        }
+        (Some(EntryKind::Dir), false) => "a directory",
+        (Some(EntryKind::Dir), true) => "a symbolic link to a directory",
+        (Some(_), false) => "not a regular file (a fifo, a socket or a device)",
+        (Some(_), true) => {
+            "a symbolic link to something that is not a regular file (a fifo, a socket or a device)"
+        }
+    };
+    Err(Error::NotAFile { path, what })
+}
+
 /// The state replay starts from: the snapshot the report names, or nothing.
 fn fresh_base(fs: &dyn FileSystem, report: &RecoveryReport) -> Result<Shards> {
     Ok(match &report.snapshot {
@@ -506,6 +546,20 @@ fn replay(
     report: &mut RecoveryReport,
     dry: bool,
 ) -> std::result::Result<Replayed, Stop> {
+    // The snapshot replay starts from, and where in it its position is
+    // stored: what decides that the log is too short for it.
+    let snapshot_file = report.snapshot.as_ref().map(|s| s.file.clone());
+    let beyond = |log_end, ends_in| {
+        Error::corrupt(
+            snapshot_file.clone().unwrap_or_else(|| dir.to_path_buf()),
+            snapshot::POSITION_AT,
+            Corruption::SnapshotBeyondLog {
+                snapshot: start,
+                log_end,
+                ends_in,
+            },
+        )
+    };
     let Some(first_idx) = segments.iter().rposition(|&l| l <= start) else {
         if segments.is_empty() && start == 0 {
             return Ok(Replayed {
@@ -518,9 +572,19 @@ fn replay(
             keep: None,
             good_end: start,
             prev: None,
+            // The snapshot that needs the log; with none, the first
+            // segment, whose header says where the log begins.
             error: Error::corrupt(
-                dir,
-                0,
+                match (&snapshot_file, segments.first()) {
+                    (Some(f), _) => f.clone(),
+                    (None, Some(&l)) => dir.join(segment::file_name(l)),
+                    (None, None) => dir.to_path_buf(),
+                },
+                if snapshot_file.is_some() {
+                    snapshot::POSITION_AT
+                } else {
+                    segment::POSITION_AT
+                },
                 Corruption::LogGone {
                     needed: start,
                     oldest: segments.first().copied(),
@@ -531,6 +595,8 @@ fn replay(
     let last_idx = segments.len() - 1;
     let mut expected = segments.get(first_idx).copied().unwrap_or(start);
     let mut active: Option<(usize, u64, u64)> = None;
+    // The segment and byte the log's valid records end at, so far.
+    let mut ends_in: Option<(PathBuf, u64)> = None;
     for (idx, &named) in segments.iter().enumerate().skip(first_idx) {
         let path = dir.join(segment::file_name(named));
         let cut = |keep: Option<(u64, u64)>, error| {
@@ -610,10 +676,10 @@ fn replay(
                         .map_err(|e| Stop::Io(Error::io("fsync directory", dir, e)))?;
                 }
                 report.files_removed.push(path);
-                return Ok(Replayed {
-                    next_lsn: expected,
-                    active: None,
-                });
+                // The log ends where the segment before it ended; the
+                // snapshot is checked against that below.
+                active = None;
+                break;
             }
             Err(HeaderError::Short(n)) => {
                 return cut(
@@ -641,6 +707,16 @@ fn replay(
         let keep = Some((scan.valid_len, scan.records));
         match scan.end {
             End::Clean => {}
+            // The snapshot covers records from the damage on: a snapshot
+            // is written only once the log it covers is durable, so the
+            // damaged bytes were durable and are not a torn write. Refuse
+            // before cutting anything (salvage moves the rest aside).
+            End::Torn { offset, .. } if idx == last_idx && named + scan.records < start => {
+                return cut(
+                    keep,
+                    beyond(named + scan.records, Some((path.clone(), offset))),
+                );
+            }
             End::Torn { offset, .. } if idx == last_idx => {
                 if !dry {
                     let mut f = fs
@@ -667,6 +743,7 @@ fn replay(
         }
         expected = named + scan.records;
         active = Some((idx, scan.valid_len, scan.records));
+        ends_in = Some((path, scan.valid_len));
     }
     if start > expected {
         return Err(Stop::Damage(Box::new(Cut {
@@ -674,14 +751,7 @@ fn replay(
             keep: None,
             good_end: start,
             prev: None,
-            error: Error::corrupt(
-                dir,
-                0,
-                Corruption::SnapshotBeyondLog {
-                    snapshot: start,
-                    log_end: expected,
-                },
-            ),
+            error: beyond(expected, ends_in),
         })));
     }
     Ok(Replayed {
@@ -955,6 +1025,30 @@ mod tests {
         assert_eq!(discarded_number(&seg, &format!("{seg}.discarded.")), None);
         assert_eq!(discarded_number(&seg, &format!("{seg}.discarded.+1")), None);
         assert_eq!(discarded_number(&seg, &format!("{seg}.discardedx")), None);
+    }
+
+    #[test]
+    fn a_directory_named_like_a_store_file_is_refused_in_every_mode() {
+        for name in ["00000000000000000001.wal", "00000000000000000001.snap"] {
+            let (fs, dir, _, _) = log(10, None, false);
+            fs.create_dir_all(&dir.join(name)).unwrap();
+            for mode in [RecoveryMode::Strict, RecoveryMode::Salvage] {
+                match recover(&fs, &dir, mode) {
+                    Err(Error::NotAFile { path, what }) => {
+                        assert_eq!(path, dir.join(name));
+                        assert_eq!(what, "a directory");
+                    }
+                    other => panic!("{name} {mode:?}: {:?}", other.map(|r| r.report)),
+                }
+            }
+            // Other names are left alone.
+            let (fs, dir, _, _) = log(10, None, false);
+            fs.create_dir_all(&dir.join(format!("{name}.old"))).unwrap();
+            assert_eq!(
+                recover(&fs, &dir, RecoveryMode::Strict).unwrap().next_lsn,
+                10
+            );
+        }
     }
 
     #[test]

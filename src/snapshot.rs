@@ -21,6 +21,8 @@ use crate::wal::segment::{parse_numbered, read_full};
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATSNP";
 pub(crate) const VERSION: u16 = 1;
+/// Where the header stores the position the snapshot covers.
+pub(crate) const POSITION_AT: u64 = 16;
 pub(crate) const HEADER_LEN: usize = 48;
 pub(crate) const TRAILER_LEN: usize = 4;
 pub(crate) const EXTENSION: &str = "snap";

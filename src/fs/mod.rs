@@ -31,7 +31,15 @@ const REMOVE_STEP: u64 = 8 << 20;
 /// ms with no deletion. A crash part-way leaves the file shorter, which is
 /// harmless for the obsolete snapshots and segments this deletes: nothing
 /// reads them (a later retention deletes what is left).
+///
+/// A symbolic link is only unlinked: the file it leads to lies outside the
+/// store's directory and is not the store's to cut down (cutting it would
+/// leave a damaged file there, not free it; removing the link frees
+/// nothing anyway).
 pub(crate) fn remove_gradually(fs: &dyn FileSystem, path: &Path) -> io::Result<()> {
+    if fs.is_symlink(path)? {
+        return fs.remove_file(path);
+    }
     let len = fs.open_read(path)?.len()?;
     if len > REMOVE_STEP {
         let mut f = fs.open_append(path)?;
@@ -59,13 +67,18 @@ pub enum EntryKind {
     Other,
 }
 
-/// A regular file in a directory listing.
+/// An entry of a directory listing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
     /// The file name (not the full path).
     pub name: String,
-    /// Its length in bytes.
+    /// Its length in bytes if it is a file (0 otherwise).
     pub len: u64,
+    /// What the name leads to, symbolic links followed: a link to a
+    /// regular file is [`EntryKind::File`], with that file's length.
+    /// `None` for a link that leads nowhere (dangling, a loop, or a target
+    /// that cannot be examined).
+    pub kind: Option<EntryKind>,
 }
 
 /// The operations the store needs from a file system.
@@ -74,8 +87,19 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
     /// What `path` is, or `None` if it does not exist.
     fn kind(&self, path: &Path) -> io::Result<Option<EntryKind>>;
-    /// The regular files directly inside `dir` (names that are not UTF-8 are skipped).
+    /// Every entry directly inside `dir`, whatever it is (see
+    /// [`DirEntry::kind`]; names that are not UTF-8 are skipped). The
+    /// caller decides what it may ignore: recovery refuses an entry named
+    /// like a store file that is not a regular file rather than pass over
+    /// it.
     fn list(&self, dir: &Path) -> io::Result<Vec<DirEntry>>;
+    /// True if `path` itself is a symbolic link (false if it is anything
+    /// else or does not exist). A file system without links keeps the
+    /// default.
+    fn is_symlink(&self, path: &Path) -> io::Result<bool> {
+        let _ = path;
+        Ok(false)
+    }
     /// Opens a file for sequential reading.
     fn open_read(&self, path: &Path) -> io::Result<Box<dyn ReadFile>>;
     /// Creates a file that must not exist yet, for writing.
@@ -148,6 +172,9 @@ impl<F: FileSystem> FileSystem for ReadOnlyFs<F> {
     fn list(&self, dir: &Path) -> io::Result<Vec<DirEntry>> {
         self.0.list(dir)
     }
+    fn is_symlink(&self, path: &Path) -> io::Result<bool> {
+        self.0.is_symlink(path)
+    }
     fn open_read(&self, path: &Path) -> io::Result<Box<dyn ReadFile>> {
         self.0.open_read(path)
     }
@@ -204,6 +231,19 @@ mod tests {
                 }
             }
         }
+        // A symbolic link is unlinked; the file it leads to keeps every byte.
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join("elsewhere.wal");
+        let link = d.path().join("00000000000000000000.wal");
+        let f = std::fs::File::create(&target).unwrap();
+        f.set_len(20 << 20).unwrap();
+        drop(f);
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(StdFs.is_symlink(&link).unwrap());
+        assert!(!StdFs.is_symlink(&target).unwrap());
+        remove_gradually(&StdFs, &link).unwrap();
+        assert!(std::fs::symlink_metadata(&link).is_err());
+        assert_eq!(std::fs::metadata(&target).unwrap().len(), 20 << 20);
         // A small file is simply removed.
         let fs = SimFs::new();
         fs.create_dir_all(Path::new("/d")).unwrap();

@@ -537,17 +537,31 @@ impl FileSystem for SimFs {
         if !st.dirs.contains(dir) {
             return Err(not_found(dir));
         }
-        Ok(st
+        let entry = |p: &Path, len, kind| {
+            Some(DirEntry {
+                name: p.file_name()?.to_str()?.to_string(),
+                len,
+                kind: Some(kind),
+            })
+        };
+        // Subdirectories too, as the real file system lists them.
+        let mut out: Vec<DirEntry> = st
             .visible
             .iter()
             .filter(|(p, _)| p.parent() == Some(dir))
             .filter_map(|(p, i)| {
-                Some(DirEntry {
-                    name: p.file_name()?.to_str()?.to_string(),
-                    len: st.nodes.get(i).map_or(0, |n| n.data.len() as u64),
-                })
+                let len = st.nodes.get(i).map_or(0, |n| n.data.len() as u64);
+                entry(p, len, EntryKind::File)
             })
-            .collect())
+            .chain(
+                st.dirs
+                    .iter()
+                    .filter(|p| p.parent() == Some(dir))
+                    .filter_map(|p| entry(p, 0, EntryKind::Dir)),
+            )
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
     }
 
     fn open_read(&self, path: &Path) -> io::Result<Box<dyn ReadFile>> {

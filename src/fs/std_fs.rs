@@ -67,19 +67,48 @@ impl FileSystem for StdFs {
         let mut out = Vec::new();
         for entry in fs::read_dir(dir)? {
             let entry = entry?;
-            let meta = entry.metadata()?;
-            if !meta.is_file() {
+            let Ok(name) = entry.file_name().into_string() else {
                 continue;
-            }
-            if let Ok(name) = entry.file_name().into_string() {
-                out.push(DirEntry {
-                    name,
-                    len: meta.len(),
-                });
-            }
+            };
+            // The entry's own type, then, for a link, what it leads to:
+            // a link to a segment is that segment, never something to skip.
+            let own = match entry.file_type() {
+                Ok(t) => t,
+                // Removed since the directory was read.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            let meta = if own.is_symlink() {
+                fs::metadata(entry.path()).ok()
+            } else {
+                match entry.metadata() {
+                    Ok(m) => Some(m),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                }
+            };
+            let kind = meta.as_ref().map(|m| {
+                if m.is_file() {
+                    EntryKind::File
+                } else if m.is_dir() {
+                    EntryKind::Dir
+                } else {
+                    EntryKind::Other
+                }
+            });
+            let len = meta.filter(|m| m.is_file()).map_or(0, |m| m.len());
+            out.push(DirEntry { name, len, kind });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    fn is_symlink(&self, path: &Path) -> io::Result<bool> {
+        match fs::symlink_metadata(path) {
+            Ok(m) => Ok(m.file_type().is_symlink()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     fn open_read(&self, path: &Path) -> io::Result<Box<dyn ReadFile>> {

@@ -13,6 +13,7 @@
 //! which the OS persisted some); damage followed by a record written after
 //! it was durable is damage in the middle of the log. See docs/format.md.
 
+mod prefix_crc;
 pub(crate) mod record;
 pub(crate) mod segment;
 pub(crate) mod writer;

@@ -174,7 +174,7 @@ pub(crate) fn seed(salt: u64) -> u32 {
 /// The CRC of a record: CRC-32C continued from the segment's seed over
 /// everything after the CRC field (length, distance, kind, payload).
 fn crc(seed: u32, record: &[u8]) -> u32 {
-    crc32c::crc32c_append(seed, record.get(4..).unwrap_or_default())
+    crc32c::crc32c_append(seed, record.get(CRC_FROM..).unwrap_or_default())
 }
 
 /// Fills in the distance from the durable end and the CRC of every record
@@ -214,9 +214,6 @@ pub(crate) enum Bad {
 pub(crate) struct Decoded<'a> {
     pub requests: Requests<'a>,
     pub len: usize,
-    /// Bytes from the segment's durable end, when this record was written,
-    /// to this record.
-    pub since_durable: u32,
 }
 
 /// The appends of one record, in log order: one, or the entries of a
@@ -286,8 +283,8 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, max_packed: usize) -> Result<Decod
         }));
     }
     let mut d = Dec::new(rec);
-    d.bytes(8);
-    let since_durable = d.u32().unwrap_or(0);
+    // CRC, length, unsynced offset (read by `unsynced_offset`).
+    d.bytes(12);
     let kind = d.u8().unwrap_or(0);
     let requests = if kind == KIND_NUMERIC_SINGLE {
         if !packed_len_ok(len, max_packed) {
@@ -305,11 +302,7 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, max_packed: usize) -> Result<Decod
         }
         Requests::One(Some(request))
     };
-    Ok(Decoded {
-        requests,
-        len,
-        since_durable,
-    })
+    Ok(Decoded { requests, len })
 }
 
 /// Whether `len` is the length of a kind-1 record of 1 to `max_packed` appends.
@@ -367,6 +360,28 @@ pub(crate) fn plausible(bytes: &[u8], max_packed: usize) -> bool {
     }
 }
 
+/// The length the record at `bytes[0]` claims, if it is [`plausible`] and
+/// `bytes` holds that many bytes.
+pub(crate) fn claimed_len(bytes: &[u8], max_packed: usize) -> Option<usize> {
+    let len = u32_at(bytes, 4)? as usize;
+    (plausible(bytes, max_packed) && len <= bytes.len()).then_some(len)
+}
+
+/// Where the bytes a record's CRC covers begin: everything after the CRC
+/// field, up to the record's length (see [`crc`]).
+pub(crate) const CRC_FROM: usize = 4;
+
+/// The CRC stored at the start of a record.
+pub(crate) fn stored_crc(bytes: &[u8]) -> Option<u32> {
+    u32_at(bytes, 0)
+}
+
+/// The record's unsynced offset: bytes from the segment's durable end,
+/// when the record was written, to the record.
+pub(crate) fn unsynced_offset(bytes: &[u8]) -> Option<u32> {
+    u32_at(bytes, 8)
+}
+
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod tests {
@@ -411,7 +426,7 @@ mod tests {
         while at < buf.len() {
             let d = decode(&buf[at..], seed(salt), max).unwrap();
             assert!(plausible(&buf[at..], max));
-            assert_eq!(d.since_durable as usize, 1000 + at);
+            assert_eq!(unsynced_offset(&buf[at..]), Some(1000 + at as u32));
             out.push((at, d.requests.collect()));
             at += d.len;
         }
