@@ -59,77 +59,33 @@ mod keys;
 mod options;
 mod snapshots;
 
-use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-use hashbrown::HashTable;
+use std::time::Instant;
 
 use crate::batch::{AppendRequest, Batch};
 use crate::entry::ProducerEntry;
 use crate::error::{Error, Result};
-use crate::fs::{EntryKind, FileSystem, LockGuard, StdFs, remove_gradually};
+use crate::fs::{EntryKind, LockGuard};
 use crate::id::ProducerId;
 use crate::map::hash_key;
 use crate::outcome::{AppendOutcome, BatchOutcome};
-use crate::recovery::{self, RecoveryMode, RecoveryReport};
-use crate::rules;
-use crate::shards::{SHARDS, Shards, shard_of, warm};
-use crate::snapshot;
-use crate::wal::record::{MAX_NAME, RecordBuf};
+use crate::recovery::{self, RecoveryReport};
+use crate::shards::{SHARDS, warm};
+use crate::wal::record::MAX_NAME;
 use crate::wal::writer::LogWriter;
 
-use commit::*;
-use keys::*;
+use commit::{FLUSH_BYTES, GroupCommit, LogQueue, lock};
+use keys::{Keys, State, Submit};
 pub use options::{FsyncPolicy, StoreOptions};
-use snapshots::*;
+use snapshots::{Book, Snapshots};
 
 /// Requests [`ProducerStateStore::append_all`] looks up ahead of applying
 /// them under a buffered policy (see [`warm`]): few enough that their slots
 /// stay in the first-level cache.
 const WARM: usize = 32;
-
-struct State {
-    shards: Shards,
-    /// `Always`: the keys with records in flight.
-    overlay: HashTable<Pending>,
-    /// Encoded records not yet written (the forming group), and (`Always`)
-    /// what they apply.
-    buf: RecordBuf,
-    queued: Vec<Queued>,
-    /// The buffer of the last group written, kept for the next one: a
-    /// fresh buffer would grow (and fault in its pages) all over again.
-    spare: Vec<u8>,
-    /// Position of `buf`'s first record.
-    buf_first: u64,
-    next_lsn: u64,
-    /// Id of the group forming in `buf`; groups are written in id order.
-    group: u64,
-    /// The group being written, if one is.
-    writing: Option<u64>,
-    /// Records before `durable` are fsync'ed (and, under `Always`, applied).
-    durable: u64,
-    /// `sync` wants records before this durable: the leader fsyncs.
-    sync_to: u64,
-    /// A group commit is running (or the flusher has been told to run one).
-    /// Whenever `buf` holds records under `Always`, this is true: somebody
-    /// will commit them.
-    leading: bool,
-    /// The flusher thread, and whether it should take over as leader.
-    flusher: Option<std::thread::Thread>,
-    flusher_turn: bool,
-    stopping: bool,
-    failed: Option<Failure>,
-    capture: Option<Capture>,
-    since_snapshot: (u64, u64),
-    snapshot_requested: bool,
-    stats: StoreStats,
-}
 
 /// Counters of the store's IO since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -155,26 +111,12 @@ struct Bg {
 struct Shared {
     dir: PathBuf,
     opts: StoreOptions,
-    state: Mutex<State>,
-    /// Threads waiting for `state` (see [`Shared::lock_state`]).
-    state_waiters: AtomicU32,
-    signal: Signal,
-    /// Notified after every group (for `sync`, which is not a hot path).
-    group_done: Condvar,
-    writer: Mutex<LogWriter>,
-    book: Mutex<Book>,
-    /// The last automatic snapshot's error (apart from `book`, which a
-    /// snapshot holds while it runs).
-    snapshot_error: Mutex<Option<String>>,
+    /// The group commit, and behind its lock the store's [`State`].
+    log: GroupCommit<State>,
+    snapshots: Snapshots,
     bg: Mutex<Bg>,
     bg_cv: Condvar,
     _lock: Box<dyn LockGuard>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The store never panics while holding a lock except on a bug; after
-    // one, the state is still consistent at the granularity of the lock.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The durable producer-state store. `Send + Sync`: share it between
@@ -268,42 +210,23 @@ impl ProducerStateStore {
         };
         debug_assert_eq!(writer.next_lsn(), rec.next_lsn);
         let state = State {
-            shards: rec.shards,
-            overlay: HashTable::new(),
-            buf: RecordBuf::default(),
-            queued: Vec::new(),
-            spare: Vec::new(),
-            buf_first: rec.next_lsn,
-            next_lsn: rec.next_lsn,
-            group: 0,
-            writing: None,
-            durable: rec.next_lsn,
-            sync_to: 0,
-            leading: false,
-            flusher: None,
-            flusher_turn: false,
-            stopping: false,
-            failed: None,
-            capture: None,
+            keys: Keys::new(rec.shards),
+            log: LogQueue::new(rec.next_lsn),
             since_snapshot: (rec.report.records_replayed, 0),
+            snapshot_every: (opts.snapshot_every_records, opts.snapshot_every_bytes),
             snapshot_requested: false,
-            stats: StoreStats::default(),
+            snapshots_written: 0,
         };
-        let signal = Signal::default();
-        signal.durable.store(rec.next_lsn, Ordering::Relaxed);
+        let always = opts.fsync == FsyncPolicy::Always;
+        let book = Book {
+            files: rec.snapshot_files,
+            valid: rec.snapshots,
+            orphans: Vec::new(),
+        };
         let shared = Arc::new(Shared {
+            snapshots: Snapshots::new(dir.clone(), fs.clone(), opts.keep_snapshots, book),
             dir,
-            state: Mutex::new(state),
-            state_waiters: AtomicU32::new(0),
-            signal,
-            group_done: Condvar::new(),
-            writer: Mutex::new(writer),
-            book: Mutex::new(Book {
-                files: rec.snapshot_files,
-                valid: rec.snapshots,
-                orphans: Vec::new(),
-            }),
-            snapshot_error: Mutex::new(None),
+            log: GroupCommit::new(always, state, writer),
             bg: Mutex::new(Bg {
                 stop: false,
                 snapshot_wanted: false,
@@ -332,9 +255,13 @@ impl ProducerStateStore {
         let s = shared.clone();
         let flusher = std::thread::Builder::new()
             .name("producer-state-flush".into())
-            .spawn(move || s.flush_loop())
+            .spawn(move || s.log.flush_loop(|| s.snapshot_due()))
             .map_err(|e| Error::io("spawn flusher thread", &shared.dir, e))?;
-        shared.lock_state().flusher = Some(flusher.thread().clone());
+        shared
+            .log
+            .lock_state()
+            .log
+            .set_flusher(flusher.thread().clone());
         Ok(ProducerStateStore {
             shared,
             background,
@@ -391,7 +318,7 @@ impl ProducerStateStore {
         if !shared.is_always() {
             st = shared.room(st);
         }
-        if let Some(f) = &st.failed {
+        if let Some(f) = st.log.failed() {
             return Err(f.error_for(None));
         }
         if !shared.is_always() {
@@ -414,7 +341,7 @@ impl ProducerStateStore {
                     drop(st);
                     shared.await_durable(group, lsn)?;
                     st = shared.lock_state();
-                    if let Some(f) = &st.failed {
+                    if let Some(f) = st.log.failed() {
                         return Err(f.error_for(None));
                     }
                 }
@@ -445,7 +372,7 @@ impl ProducerStateStore {
             }
             let hash = hash_key(&r.producer_id, r.partition);
             out.push(loop {
-                if let Some(f) = &st.failed {
+                if let Some(f) = st.log.failed() {
                     break Err(f.error_for(None));
                 }
                 match st.submit_durable(hash, r) {
@@ -472,8 +399,8 @@ impl ProducerStateStore {
             if shared.await_durable(group, lsn).is_err() {
                 let st = shared.lock_state();
                 for &(i, _, lsn) in &queued {
-                    if let Some(f) = &st.failed
-                        && st.durable <= lsn
+                    if let Some(f) = st.log.failed()
+                        && st.log.durable() <= lsn
                     {
                         out[i] = Err(f.error_for(Some(lsn)));
                     }
@@ -491,12 +418,12 @@ impl ProducerStateStore {
     pub fn get(&self, producer_id: impl Into<ProducerId>, partition: i32) -> Option<ProducerEntry> {
         let id = producer_id.into();
         let st = self.shared.lock_state();
-        st.shards.get(hash_key(&id, partition), &id, partition)
+        st.keys.shards.get(hash_key(&id, partition), &id, partition)
     }
 
     /// Number of keys with state (as [`ProducerStateStore::get`] sees it).
     pub fn len(&self) -> usize {
-        self.shared.lock_state().shards.len()
+        self.shared.lock_state().keys.shards.len()
     }
 
     /// True when no key has state.
@@ -512,7 +439,7 @@ impl ProducerStateStore {
     pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
         (0..SHARDS).flat_map(move |i| {
             let st = self.shared.lock_state();
-            st.shards.shard(i).iter().collect::<Vec<_>>()
+            st.keys.shards.shard(i).iter().collect::<Vec<_>>()
         })
     }
 
@@ -541,13 +468,21 @@ impl ProducerStateStore {
 
     /// Counters of the store's IO since it was opened.
     pub fn stats(&self) -> StoreStats {
-        self.shared.lock_state().stats
+        let st = self.shared.lock_state();
+        let log = st.log.stats();
+        StoreStats {
+            records_written: log.records_written,
+            groups_written: log.groups_written,
+            log_fsyncs: log.log_fsyncs,
+            snapshots_written: st.snapshots_written,
+            peak_buffered_bytes: log.peak_buffered_bytes,
+        }
     }
 
     /// The error of the last automatic snapshot, if it failed (the log is
     /// unaffected; the next threshold tries again).
     pub fn last_snapshot_error(&self) -> Option<String> {
-        lock(&self.shared.snapshot_error).clone()
+        self.shared.snapshots.last_error()
     }
 
     /// The store's directory.
@@ -579,13 +514,7 @@ impl ProducerStateStore {
             let _ = h.join();
         }
         let result = self.shared.sync();
-        {
-            let mut st = self.shared.lock_state();
-            st.stopping = true;
-            if let Some(f) = &st.flusher {
-                f.unpark();
-            }
-        }
+        self.shared.log.stop();
         if let Some(h) = self.flusher.take() {
             let _ = h.join();
         }
@@ -612,35 +541,48 @@ fn check_name(r: &AppendRequest) -> Result<()> {
 
 impl Shared {
     fn is_always(&self) -> bool {
-        self.opts.fsync == FsyncPolicy::Always
+        self.log.is_always()
     }
 
-    /// Takes the state lock. A thread that has to wait for it says so, so
-    /// that a snapshot, which takes the lock once per shard, lets it in
-    /// between two shards instead of taking the lock straight back (the
-    /// lock is not fair: a woken waiter loses to a thread already running).
+    #[inline]
     fn lock_state(&self) -> MutexGuard<'_, State> {
-        match self.state.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                self.state_waiters.fetch_add(1, Ordering::Relaxed);
-                let g = lock(&self.state);
-                self.state_waiters.fetch_sub(1, Ordering::Relaxed);
-                g
-            }
-        }
+        self.log.lock_state()
+    }
+
+    /// See [`GroupCommit::room`].
+    #[inline]
+    fn room<'a>(&'a self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.log.room(st)
+    }
+
+    /// `Always`, after queueing: see [`GroupCommit::commit`].
+    #[inline]
+    fn commit(&self, st: MutexGuard<'_, State>) {
+        self.log.commit(st, || self.snapshot_due());
+    }
+
+    fn await_durable(&self, group: u64, lsn: u64) -> Result<()> {
+        self.log.await_durable(group, lsn)
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.log.sync(|| self.snapshot_due())
+    }
+
+    fn take_snapshot(&self) -> Result<Option<PathBuf>> {
+        self.snapshots.take(&self.log, || self.sync())
     }
 
     /// Buffered policies, after an accepted append: hands a full buffer to
     /// the flusher and starts a snapshot if a threshold was crossed.
     fn after_buffered(&self, mut st: MutexGuard<'_, State>) {
-        let len = st.buf.len();
-        st.stats.peak_buffered_bytes = st.stats.peak_buffered_bytes.max(len as u64);
+        let len = st.log.buffered();
+        let stats = st.log.stats_mut();
+        stats.peak_buffered_bytes = stats.peak_buffered_bytes.max(len as u64);
         if len >= FLUSH_BYTES {
-            self.hand_to_flusher(&mut st);
+            st.log.hand_to_flusher();
         }
-        let due = self.note_snapshot_due(&mut st);
+        let due = st.note_snapshot_due();
         drop(st);
         if due {
             self.snapshot_due();
@@ -654,7 +596,7 @@ impl Shared {
         mut st: MutexGuard<'_, State>,
         requests: &[AppendRequest],
     ) -> Vec<Result<BatchOutcome>> {
-        if let Some(f) = &st.failed {
+        if let Some(f) = st.log.failed() {
             return requests
                 .iter()
                 .map(|r| check_name(r).and(Err(f.error_for(None))))
@@ -667,7 +609,7 @@ impl Shared {
             for (h, r) in hashes.iter_mut().zip(chunk) {
                 *h = hash_key(&r.producer_id, r.partition);
             }
-            let shards = &st.shards;
+            let shards = &st.keys.shards;
             warm(hashes.iter().copied().zip(chunk), |hash, r| {
                 shards.contains(hash, &r.producer_id, r.partition)
             });
@@ -683,6 +625,64 @@ impl Shared {
             self.after_buffered(st);
         }
         out
+    }
+
+    /// Starts (or, without a background thread, takes) a due snapshot.
+    fn snapshot_due(&self) {
+        if self.opts.background_snapshots {
+            let mut bg = lock(&self.bg);
+            bg.snapshot_wanted = true;
+            self.bg_cv.notify_all();
+        } else if let Err(e) = self.take_snapshot() {
+            self.snapshots.set_error(&e);
+        }
+    }
+
+    /// The snapshot thread: takes the snapshots a threshold asked for.
+    fn background(&self) {
+        loop {
+            let mut bg = lock(&self.bg);
+            while !bg.stop && !bg.snapshot_wanted {
+                bg = self.bg_cv.wait(bg).unwrap_or_else(|e| e.into_inner());
+            }
+            if bg.stop {
+                return;
+            }
+            bg.snapshot_wanted = false;
+            drop(bg);
+            if let Err(e) = self.take_snapshot() {
+                self.snapshots.set_error(&e);
+            }
+        }
+    }
+
+    /// `Interval(d)`: writes and fsyncs the buffered records every `d`.
+    fn tick(&self) {
+        let FsyncPolicy::Interval(every) = self.opts.fsync else {
+            return;
+        };
+        let mut next = Instant::now() + every;
+        loop {
+            let mut bg = lock(&self.bg);
+            loop {
+                if bg.stop {
+                    return;
+                }
+                let now = Instant::now();
+                if now >= next {
+                    break;
+                }
+                bg = self
+                    .bg_cv
+                    .wait_timeout(bg, next - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            drop(bg);
+            // A failure poisons the store; appends report it.
+            let _ = self.sync();
+            next = Instant::now() + every;
+        }
     }
 }
 

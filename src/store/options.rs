@@ -1,7 +1,13 @@
 //! Options of the durable store: when the log is fsync'ed, when snapshots
 //! are taken, how recovery treats damage.
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::fs::{FileSystem, StdFs};
+use crate::recovery::RecoveryMode;
 
 /// When the log is fsync'ed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,7 +18,7 @@ pub enum FsyncPolicy {
     Always,
     /// Records are buffered in the process, written when 64 KiB are
     /// buffered, and written and fsync'ed every interval by a thread of
-    /// their own (and on [`ProducerStateStore::sync`], snapshots and
+    /// their own (and on [`ProducerStateStore::sync`](crate::ProducerStateStore::sync), snapshots and
     /// close). A crash, of the process or of the machine, loses at most the
     /// appends acknowledged during the last interval (plus the time one
     /// write and fsync take; a snapshot running meanwhile does not delay
@@ -20,14 +26,14 @@ pub enum FsyncPolicy {
     /// acknowledged may then be lost, as in a crash.
     Interval(Duration),
     /// Records are buffered in the process (64 KiB) and handed to the OS,
-    /// never fsync'ed except on [`ProducerStateStore::sync`], snapshots,
+    /// never fsync'ed except on [`ProducerStateStore::sync`](crate::ProducerStateStore::sync), snapshots,
     /// segment rolls and close. Not crash-safe: a process crash loses the
     /// buffer, a machine crash whatever the OS had not written. For tests
     /// and bulk loads.
     Never,
 }
 
-/// How a [`ProducerStateStore`] is opened. Every setter documents its default.
+/// How a [`ProducerStateStore`](crate::ProducerStateStore) is opened. Every setter documents its default.
 #[derive(Clone)]
 pub struct StoreOptions {
     pub(super) fsync: FsyncPolicy,

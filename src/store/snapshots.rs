@@ -1,7 +1,29 @@
 //! Online snapshots and retention.
+//!
+//! A snapshot is the state at one log position P, written without stopping
+//! appenders and without a second copy of the state: the state is split
+//! into 256 shards and the snapshot encodes one shard at a time under the
+//! store's lock. An append applied after P to a shard not yet encoded first
+//! saves the key's entry as it was at P (a pre-image, see
+//! [`super::keys::Capture`]), and the encoder uses those. Appenders wait at
+//! most for one shard's encoding.
+//!
+//! Once a snapshot is durable, retention deletes the snapshots beyond the
+//! newest `keep_snapshots` and the log segments older than the oldest kept.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use super::commit::{GroupCommit, lock};
+use super::keys::{Capture, State};
+use crate::error::{Error, Result};
+use crate::fs::{FileSystem, remove_gradually};
+use crate::shards::SHARDS;
+use crate::snapshot;
+
+/// The snapshot files on disk.
 pub(super) struct Book {
     /// Positions of every snapshot file on disk.
     pub(super) files: BTreeSet<u64>,
@@ -12,81 +34,72 @@ pub(super) struct Book {
     pub(super) orphans: Vec<PathBuf>,
 }
 
-impl Shared {
-    /// True (once) when an automatic snapshot threshold has been crossed.
-    pub(super) fn note_snapshot_due(&self, st: &mut State) -> bool {
-        let (records, bytes) = st.since_snapshot;
-        let due = self
-            .opts
-            .snapshot_every_records
-            .is_some_and(|n| records >= n)
-            || self.opts.snapshot_every_bytes.is_some_and(|n| bytes >= n);
-        if due && !st.snapshot_requested && st.failed.is_none() {
-            st.snapshot_requested = true;
-            return true;
-        }
-        false
-    }
+/// Takes snapshots and keeps the newest few.
+pub(super) struct Snapshots {
+    dir: PathBuf,
+    fs: Arc<dyn FileSystem>,
+    keep: usize,
+    /// Held by a snapshot while it runs: one at a time.
+    book: Mutex<Book>,
+    /// The last automatic snapshot's error (apart from `book`, which a
+    /// snapshot holds while it runs).
+    last_error: Mutex<Option<String>>,
+}
 
-    /// Starts (or, without a background thread, takes) a due snapshot.
-    pub(super) fn snapshot_due(&self) {
-        if self.opts.background_snapshots {
-            let mut bg = lock(&self.bg);
-            bg.snapshot_wanted = true;
-            self.bg_cv.notify_all();
-        } else if let Err(e) = self.take_snapshot() {
-            *lock(&self.snapshot_error) = Some(e.to_string());
+impl Snapshots {
+    pub(super) fn new(dir: PathBuf, fs: Arc<dyn FileSystem>, keep: usize, book: Book) -> Snapshots {
+        Snapshots {
+            dir,
+            fs,
+            keep,
+            book: Mutex::new(book),
+            last_error: Mutex::new(None),
         }
     }
 
-    /// The snapshot thread: takes the snapshots a threshold asked for.
-    pub(super) fn background(&self) {
-        loop {
-            let mut bg = lock(&self.bg);
-            while !bg.stop && !bg.snapshot_wanted {
-                bg = self.bg_cv.wait(bg).unwrap_or_else(|e| e.into_inner());
-            }
-            if bg.stop {
-                return;
-            }
-            bg.snapshot_wanted = false;
-            drop(bg);
-            if let Err(e) = self.take_snapshot() {
-                *lock(&self.snapshot_error) = Some(e.to_string());
-            }
-        }
+    /// The error of the last automatic snapshot, if it failed.
+    pub(super) fn last_error(&self) -> Option<String> {
+        lock(&self.last_error).clone()
     }
 
-    pub(super) fn take_snapshot(&self) -> Result<Option<PathBuf>> {
+    /// Notes an automatic snapshot's failure.
+    pub(super) fn set_error(&self, e: &Error) {
+        *lock(&self.last_error) = Some(e.to_string());
+    }
+
+    /// Takes a snapshot of the state behind `log`'s lock now; `sync` makes
+    /// the log durable (buffered policies: a snapshot must not be ahead of
+    /// its log).
+    pub(super) fn take(
+        &self,
+        log: &GroupCommit<State>,
+        sync: impl Fn() -> Result<()>,
+    ) -> Result<Option<PathBuf>> {
         let mut book = lock(&self.book);
-        let fs = self.opts.fs.as_ref();
+        let fs = self.fs.as_ref();
         let position = {
-            let mut st = self.lock_state();
+            let mut st = log.lock_state();
             st.snapshot_requested = false;
-            if let Some(f) = &st.failed {
+            if let Some(f) = st.log.failed() {
                 return Err(f.error_for(None));
             }
             // Under `Always` the committed state is exactly the durable
             // records; under buffered policies every record is applied.
-            let p = if self.is_always() {
-                st.durable
+            let p = if log.is_always() {
+                st.log.durable()
             } else {
-                st.next_lsn
+                st.log.next_lsn()
             };
             if book.valid.last() == Some(&p) {
                 st.since_snapshot = (0, 0);
                 return Ok(None);
             }
-            st.capture = Some(Capture {
-                position: p,
-                done: [false; SHARDS],
-                pre: (0..SHARDS).map(|_| HashMap::new()).collect(),
-            });
+            st.keys.capture = Some(Capture::new(p));
             st.since_snapshot = (0, 0);
             p
         };
-        let written = self.write_snapshot(fs, position);
-        self.lock_state().capture = None;
+        let written = self.write(fs, log, position, sync);
+        log.lock_state().keys.capture = None;
         let path = match written {
             Ok(p) => p,
             Err(e) => {
@@ -99,30 +112,36 @@ impl Shared {
                 return Err(e);
             }
         };
-        self.lock_state().stats.snapshots_written += 1;
+        log.lock_state().snapshots_written += 1;
         book.files.insert(position);
         book.valid.retain(|&p| p != position);
         book.valid.push(position);
-        *lock(&self.snapshot_error) = None;
-        self.retain(&mut book)?;
+        *lock(&self.last_error) = None;
+        self.retain(&mut book, log)?;
         Ok(Some(path))
     }
 
-    pub(super) fn write_snapshot(&self, fs: &dyn FileSystem, position: u64) -> Result<PathBuf> {
+    fn write(
+        &self,
+        fs: &dyn FileSystem,
+        log: &GroupCommit<State>,
+        position: u64,
+        sync: impl Fn() -> Result<()>,
+    ) -> Result<PathBuf> {
         let mut w = snapshot::Writer::create(fs, &self.dir, position)?;
         let mut chunk = Vec::new();
         let mut n = 0u64;
         for i in 0..SHARDS {
             {
-                let mut st = lock(&self.state);
-                let st = &mut *st;
-                let Some(c) = &mut st.capture else {
+                let mut st = log.lock_state_quietly();
+                let keys = &mut st.keys;
+                let Some(c) = &mut keys.capture else {
                     return Err(Error::Poisoned {
                         cause: "snapshot capture lost".into(),
                     });
                 };
                 let pre = std::mem::take(&mut c.pre[i]);
-                for (id, partition, entry) in st.shards.shard(i).iter() {
+                for (id, partition, entry) in keys.shards.shard(i).iter() {
                     let e = match pre.get(&(id.clone(), partition)) {
                         Some(Some(old)) => *old,
                         Some(None) => continue,
@@ -135,10 +154,8 @@ impl Shared {
             }
             // Let appenders that queued for the lock meanwhile take it
             // before the next shard (bounded, should one never get there).
-            let waited = std::time::Instant::now();
-            while self.state_waiters.load(Ordering::Relaxed) > 0
-                && waited.elapsed() < Duration::from_millis(1)
-            {
+            let waited = Instant::now();
+            while log.has_waiters() && waited.elapsed() < Duration::from_millis(1) {
                 std::thread::yield_now();
             }
             // Write in pieces of about 1 MiB: few IO calls, bounded memory.
@@ -148,24 +165,24 @@ impl Shared {
                 n = 0;
             }
         }
-        if !self.is_always() {
+        if !log.is_always() {
             // The snapshot covers records the log may not hold durably yet:
             // make the log durable first, or a crash could leave a snapshot
             // ahead of its log.
-            self.sync()?;
+            sync()?;
         }
         w.finish(fs, &self.dir)
     }
 
     /// Deletes snapshots beyond the newest `keep_snapshots`, and the log
     /// segments whose records all lie before the oldest one kept.
-    pub(super) fn retain(&self, book: &mut Book) -> Result<()> {
-        let keep = self.opts.keep_snapshots;
+    fn retain(&self, book: &mut Book, log: &GroupCommit<State>) -> Result<()> {
+        let keep = self.keep;
         if book.valid.len() <= keep {
             return Ok(());
         }
         let oldest_kept = book.valid[book.valid.len() - keep];
-        let fs = self.opts.fs.as_ref();
+        let fs = self.fs.as_ref();
         let doomed: Vec<u64> = book
             .files
             .iter()
@@ -183,7 +200,7 @@ impl Shared {
         }
         book.valid.retain(|&p| p >= oldest_kept);
         let mut segments = std::mem::take(&mut book.orphans);
-        segments.extend(lock(&self.writer).detach_before(oldest_kept));
+        segments.extend(log.writer().detach_before(oldest_kept));
         let mut left = segments.into_iter();
         while let Some(path) = left.next() {
             if let Err(e) = remove(&path) {
