@@ -18,22 +18,26 @@ pub enum FsyncPolicy {
     Always,
     /// Records are buffered in the process, written when 64 KiB are
     /// buffered, and written and fsync'ed every interval by a thread of
-    /// their own (and on [`ProducerStateStore::sync`](crate::ProducerStateStore::sync), snapshots and
-    /// close). A crash, of the process or of the machine, loses at most the
-    /// appends acknowledged during the last interval (plus the time one
-    /// write and fsync take; a snapshot running meanwhile does not delay
-    /// them). A failed write or fsync poisons the store; appends already
-    /// acknowledged may then be lost, as in a crash.
+    /// their own (and on [`sync`](crate::ProducerStateStore::sync),
+    /// snapshots and close). A crash, of the process or of the machine,
+    /// loses at most the appends acknowledged during the last interval
+    /// (plus the time one write and fsync take; a snapshot running
+    /// meanwhile does not delay them). A failed write or fsync poisons the
+    /// store; appends already acknowledged may then be lost, as in a crash.
     Interval(Duration),
     /// Records are buffered in the process (64 KiB) and handed to the OS,
-    /// never fsync'ed except on [`ProducerStateStore::sync`](crate::ProducerStateStore::sync), snapshots,
-    /// segment rolls and close. Not crash-safe: a process crash loses the
-    /// buffer, a machine crash whatever the OS had not written. For tests
-    /// and bulk loads.
+    /// never fsync'ed except on
+    /// [`sync`](crate::ProducerStateStore::sync), snapshots, segment rolls
+    /// and close. Not crash-safe: a process crash loses the buffer, a
+    /// machine crash whatever the OS had not written. For tests and bulk
+    /// loads.
     Never,
 }
 
-/// How a [`ProducerStateStore`](crate::ProducerStateStore) is opened. Every setter documents its default.
+/// How a [`ProducerStateStore`] is opened. Every setter documents its
+/// default.
+///
+/// [`ProducerStateStore`]: crate::ProducerStateStore
 #[derive(Clone)]
 pub struct StoreOptions {
     pub(super) fsync: FsyncPolicy,
