@@ -155,6 +155,13 @@ pub use recovery::{
 };
 pub use store::{FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
 
+// Brokers share one store between their request threads: a change that
+// made it lose `Send` or `Sync` must not compile.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ProducerStateStore>();
+};
+
 /// The README's examples, compiled and run as doc tests so they stay true.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

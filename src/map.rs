@@ -384,7 +384,18 @@ impl StateMap {
 
     /// Sets one key's entry, replacing what was there (loading a snapshot).
     pub(crate) fn insert(&mut self, id: &ProducerId, partition: i32, entry: &ProducerEntry) {
-        let hash = hash_key(id, partition);
+        self.insert_hashed(hash_key(id, partition), id, partition, entry);
+    }
+
+    /// [`StateMap::insert`] with the key's hash already computed.
+    #[inline]
+    pub(crate) fn insert_hashed(
+        &mut self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+        entry: &ProducerEntry,
+    ) {
         let windows = &mut self.windows;
         match id.as_numeric() {
             Some(pid) => {
@@ -472,7 +483,9 @@ fn replace(old: State, entry: &ProducerEntry, windows: &mut Vec<Window>) -> Stat
             }
         }
         // A window no longer referenced stays in the arena until the map is
-        // dropped; replacing entries only happens while loading.
+        // dropped. That happens only while loading: the durable store also
+        // replaces entries, with the entry an accepted append leads to, and
+        // an accepted append never turns a windowed entry plain.
         _ => State::from_entry(entry, windows),
     }
 }

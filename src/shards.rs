@@ -98,6 +98,18 @@ impl Shards {
         true
     }
 
+    /// Sets the entry of the key with hash `hash`, replacing what was there.
+    #[inline]
+    pub(crate) fn install(
+        &mut self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+        e: &ProducerEntry,
+    ) {
+        self.maps[shard_of(hash)].insert_hashed(hash, id, partition, e);
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.maps.iter().map(StateMap::len).sum()
     }

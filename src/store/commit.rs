@@ -1,0 +1,815 @@
+//! Group commit: the log queue, who leads its commits, and the flusher
+//! thread.
+//!
+//! Self-contained in the spirit of raft-engine's `write_barrier.rs`: it
+//! knows records, positions and groups, not keys. Its state, a
+//! [`LogQueue`], lives behind the same mutex as whatever the store keeps
+//! beside it (the [`Host`]), because the order in which the store
+//! classifies appends must be the order of their records in the log; the
+//! host is told when a group is durable ([`Host::apply_durable`]) and when
+//! one failed ([`Host::discard_in_flight`]).
+//!
+//! A group is everything queued when a leader takes it: one `write`, and
+//! one `fdatasync` through a handle of its own (the writer's lock is not
+//! held meanwhile, so the next group can form). One group is written at a
+//! time, so only the group being written is ever unsynced. Appenders of a
+//! group sleep on one futex word of [`Signal`] and read the outcome from
+//! atomics, so a commit costs the leader one wake-up call whatever the
+//! group's size.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, TryLockError};
+use std::thread::Thread;
+
+use crate::batch::AppendRequest;
+use crate::error::{Error, Result};
+use crate::wal::record::RecordBuf;
+use crate::wal::writer::LogWriter;
+
+/// Records buffered before a buffered policy hands them to the flusher.
+pub(super) const FLUSH_BYTES: usize = 64 << 10;
+
+/// Records buffered at which a buffered append waits for the flusher (the
+/// disk is slower than the appends): memory stays bounded.
+pub(super) const MAX_BUFFERED: usize = 8 << 20;
+
+/// Futex words that appenders waiting for a group sleep on; group `g` uses
+/// `words[g % WAIT_SLOTS]`. At most two groups are pending at a time (the
+/// one being written and the one forming), so waiters of different groups
+/// rarely share a word.
+const WAIT_SLOTS: usize = 4;
+
+/// Why the store is poisoned.
+#[derive(Clone)]
+pub(super) struct Failure {
+    op: &'static str,
+    path: PathBuf,
+    kind: io::ErrorKind,
+    message: String,
+    /// Positions of the records lost with the failed group (and queued
+    /// behind it).
+    group: (u64, u64),
+}
+
+impl Failure {
+    fn from_error(e: &Error, group: (u64, u64)) -> Failure {
+        match e {
+            Error::Io { op, path, source } => Failure {
+                op,
+                path: path.clone(),
+                kind: source.kind(),
+                message: source.to_string(),
+                group,
+            },
+            other => Failure {
+                op: "write",
+                path: PathBuf::new(),
+                kind: io::ErrorKind::Other,
+                message: other.to_string(),
+                group,
+            },
+        }
+    }
+
+    /// The error an append whose record has position `lsn` gets.
+    pub(super) fn error_for(&self, lsn: Option<u64>) -> Error {
+        match lsn {
+            Some(l) if (self.group.0..self.group.1).contains(&l) => Error::Io {
+                op: self.op,
+                path: self.path.clone(),
+                source: io::Error::new(self.kind, self.message.clone()),
+            },
+            _ => Error::Poisoned {
+                cause: format!("{} {}: {}", self.op, self.path.display(), self.message),
+            },
+        }
+    }
+}
+
+/// What appenders waiting for a group read without the state lock.
+#[derive(Default)]
+struct Signal {
+    /// Every group with a smaller id is done: durable and applied, or failed.
+    completed: AtomicU64,
+    /// Records before this position are durable.
+    durable: AtomicU64,
+    failed: AtomicBool,
+    words: [AtomicU32; WAIT_SLOTS],
+}
+
+impl Signal {
+    fn word(&self, group: u64) -> &AtomicU32 {
+        &self.words[(group % WAIT_SLOTS as u64) as usize]
+    }
+
+    /// Sleeps until group `group` is done or the store is poisoned.
+    fn await_group(&self, group: u64) {
+        let w = self.word(group);
+        loop {
+            let seen = w.load(Ordering::Acquire);
+            if self.completed.load(Ordering::Acquire) > group || self.failed.load(Ordering::Acquire)
+            {
+                return;
+            }
+            atomic_wait::wait(w, seen);
+        }
+    }
+
+    /// Wakes the waiters of `group` (every waiter after a failure). One
+    /// futex call wakes them all: the kernel does the rest, and the leader
+    /// makes no call per waiter.
+    fn wake(&self, group: u64, failed: bool) {
+        let words = if failed {
+            &self.words[..]
+        } else {
+            std::slice::from_ref(self.word(group))
+        };
+        for w in words {
+            w.fetch_add(1, Ordering::Release);
+            atomic_wait::wake_all(w);
+        }
+    }
+}
+
+/// Who leads group commits: the one state machine of the flusher hand-off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Leader {
+    /// Nobody. Under `Always`, nothing is queued then: whoever queues a
+    /// record next leads.
+    Idle,
+    /// A caller (an appender, or `sync`) leads.
+    Caller,
+    /// The flusher thread has been told to lead and has not started yet.
+    FlusherCalled,
+    /// The flusher thread leads.
+    Flusher,
+    /// The store is closing and nobody leads again: the flusher thread
+    /// exits.
+    Stopped,
+}
+
+/// The log's counters since the store was opened.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct LogStats {
+    pub(super) records_written: u64,
+    pub(super) groups_written: u64,
+    pub(super) log_fsyncs: u64,
+    pub(super) peak_buffered_bytes: u64,
+}
+
+/// Records on their way to the log: the forming group, its positions and
+/// group ids, what is durable, and who leads. `T` is what the host wants
+/// back, in log order, once a group is durable (`Always`).
+pub(super) struct LogQueue<T> {
+    /// Encoded records not yet written (the forming group).
+    buf: RecordBuf,
+    /// What the forming group's records apply, once durable (`Always`).
+    queued: Vec<T>,
+    /// The buffer of the last group written, kept for the next one: a
+    /// fresh buffer would grow (and fault in its pages) all over again.
+    spare: Vec<u8>,
+    /// Position of `buf`'s first record.
+    buf_first: u64,
+    next_lsn: u64,
+    /// Id of the group forming in `buf`; groups are written in id order.
+    group: u64,
+    /// The group being written, if one is.
+    writing: Option<u64>,
+    /// Records before `durable` are fsync'ed (and, under `Always`, applied).
+    durable: u64,
+    /// `sync` wants records before this durable: the leader fsyncs.
+    sync_to: u64,
+    /// Whenever `buf` holds records under `Always`, this is not `Idle`:
+    /// somebody will commit them.
+    leader: Leader,
+    /// The flusher thread, to wake when it is called.
+    flusher: Option<Thread>,
+    failed: Option<Failure>,
+    stats: LogStats,
+}
+
+impl<T> LogQueue<T> {
+    /// An empty queue whose next record has position `next_lsn`, every
+    /// record before it durable.
+    pub(super) fn new(next_lsn: u64) -> LogQueue<T> {
+        LogQueue {
+            buf: RecordBuf::default(),
+            queued: Vec::new(),
+            spare: Vec::new(),
+            buf_first: next_lsn,
+            next_lsn,
+            group: 0,
+            writing: None,
+            durable: next_lsn,
+            sync_to: 0,
+            leader: Leader::Idle,
+            flusher: None,
+            failed: None,
+            stats: LogStats::default(),
+        }
+    }
+
+    /// Encodes `r` into the forming group; returns its position.
+    #[inline]
+    pub(super) fn push(&mut self, r: &AppendRequest) -> u64 {
+        self.buf.push(r);
+        let lsn = self.next_lsn;
+        self.next_lsn += 1;
+        lsn
+    }
+
+    /// `Always`: what the record just pushed applies once durable.
+    #[inline]
+    pub(super) fn queue(&mut self, item: T) {
+        self.queued.push(item);
+    }
+
+    /// Bytes of encoded records not yet written.
+    #[inline]
+    pub(super) fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Position of the next record.
+    #[inline]
+    pub(super) fn next_lsn(&self) -> u64 {
+        self.next_lsn
+    }
+
+    /// Records before this position are durable.
+    pub(super) fn durable(&self) -> u64 {
+        self.durable
+    }
+
+    /// Id of the forming group.
+    #[inline]
+    pub(super) fn group(&self) -> u64 {
+        self.group
+    }
+
+    /// Why the store is poisoned, if it is.
+    #[inline]
+    pub(super) fn failed(&self) -> Option<&Failure> {
+        self.failed.as_ref()
+    }
+
+    pub(super) fn stats(&self) -> LogStats {
+        self.stats
+    }
+
+    pub(super) fn stats_mut(&mut self) -> &mut LogStats {
+        &mut self.stats
+    }
+
+    /// The flusher thread, to wake when it is called.
+    pub(super) fn set_flusher(&mut self, t: Thread) {
+        self.flusher = Some(t);
+    }
+
+    /// Tells the flusher thread to take over as leader.
+    fn call_flusher(&mut self) {
+        self.leader = Leader::FlusherCalled;
+        if let Some(f) = &self.flusher {
+            f.unpark();
+        }
+    }
+
+    /// Buffered policies: starts the flusher on the buffer unless a write
+    /// is already under way (which takes whatever is buffered next).
+    pub(super) fn hand_to_flusher(&mut self) {
+        if self.leader == Leader::Idle {
+            self.call_flusher();
+        }
+    }
+}
+
+/// What the group commit needs of the state kept beside its queue, under
+/// the same lock.
+pub(super) trait Host {
+    /// What a record brings back once durable.
+    type Item;
+    fn log(&mut self) -> &mut LogQueue<Self::Item>;
+    /// `Always`: a group is durable; `items` are its records', in log order.
+    fn apply_durable(&mut self, items: Vec<Self::Item>);
+    /// A group failed: every record in flight is lost.
+    fn discard_in_flight(&mut self);
+    /// `Always`, after each group: true if the host has work to do once the
+    /// lock is let go (the store: a snapshot threshold was crossed). The
+    /// leader passes it on through the `on_due` its caller gave.
+    fn after_group(&mut self) -> bool;
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The store never panics while holding a lock except on a bug; after
+    // one, the state is still consistent at the granularity of the lock.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The group commit: the lock over the queue and its host, the log writer
+/// and the signals appenders wait on.
+pub(super) struct GroupCommit<S> {
+    /// `FsyncPolicy::Always`: every group is fsync'ed and applied when
+    /// durable; otherwise records are applied when queued and fsync'ed
+    /// only on `sync`.
+    always: bool,
+    state: Mutex<S>,
+    /// Threads waiting for `state` (see [`GroupCommit::lock_state`]).
+    state_waiters: AtomicU32,
+    signal: Signal,
+    /// Notified after every group (for `sync`, which is not a hot path).
+    group_done: Condvar,
+    writer: Mutex<LogWriter>,
+}
+
+impl<S: Host> GroupCommit<S> {
+    pub(super) fn new(always: bool, mut state: S, writer: LogWriter) -> GroupCommit<S> {
+        let signal = Signal::default();
+        signal.durable.store(state.log().durable, Ordering::Relaxed);
+        GroupCommit {
+            always,
+            state: Mutex::new(state),
+            state_waiters: AtomicU32::new(0),
+            signal,
+            group_done: Condvar::new(),
+            writer: Mutex::new(writer),
+        }
+    }
+
+    pub(super) fn is_always(&self) -> bool {
+        self.always
+    }
+
+    /// Takes the state lock. A thread that has to wait for it says so, so
+    /// that a snapshot, which takes the lock once per shard, lets it in
+    /// between two shards instead of taking the lock straight back (the
+    /// lock is not fair: a woken waiter loses to a thread already running).
+    #[inline]
+    pub(super) fn lock_state(&self) -> MutexGuard<'_, S> {
+        match self.state.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                self.state_waiters.fetch_add(1, Ordering::Relaxed);
+                let g = lock(&self.state);
+                self.state_waiters.fetch_sub(1, Ordering::Relaxed);
+                g
+            }
+        }
+    }
+
+    /// Takes the state lock without saying so if it has to wait: for the
+    /// snapshot, which is what lets the others in.
+    pub(super) fn lock_state_quietly(&self) -> MutexGuard<'_, S> {
+        lock(&self.state)
+    }
+
+    /// True while a thread waits for the state lock.
+    pub(super) fn has_waiters(&self) -> bool {
+        self.state_waiters.load(Ordering::Relaxed) > 0
+    }
+
+    /// The log writer (for retention, which detaches old segments).
+    pub(super) fn writer(&self) -> MutexGuard<'_, LogWriter> {
+        lock(&self.writer)
+    }
+
+    /// `Always`, after queueing: leads a group commit if nobody does (the
+    /// caller's record is then in it), else leaves the records to the leader.
+    #[inline]
+    pub(super) fn commit(&self, mut st: MutexGuard<'_, S>, on_due: impl Fn()) {
+        let log = st.log();
+        if log.leader != Leader::Idle {
+            return;
+        }
+        log.leader = Leader::Caller;
+        if self.lead(st, false) {
+            on_due();
+        }
+    }
+
+    /// Buffered policies, before an append: waits while [`MAX_BUFFERED`]
+    /// bytes of records are pending (the disk is behind) for the write in
+    /// progress, after which the flusher takes the whole buffer. So the
+    /// buffer never holds more than that plus one call's records.
+    #[inline]
+    pub(super) fn room<'a>(&'a self, mut st: MutexGuard<'a, S>) -> MutexGuard<'a, S> {
+        loop {
+            let log = st.log();
+            if log.buf.len() < MAX_BUFFERED || log.failed.is_some() {
+                return st;
+            }
+            log.hand_to_flusher();
+            let group = log.writing.unwrap_or(log.group);
+            drop(st);
+            self.signal.await_group(group);
+            st = self.lock_state();
+        }
+    }
+
+    /// Waits until the record at `lsn`, in group `group`, is durable.
+    pub(super) fn await_durable(&self, group: u64, lsn: u64) -> Result<()> {
+        self.signal.await_group(group);
+        if self.signal.durable.load(Ordering::Acquire) > lsn {
+            return Ok(());
+        }
+        let mut st = self.lock_state();
+        let log = st.log();
+        if log.durable > lsn {
+            return Ok(());
+        }
+        Err(match &log.failed {
+            Some(f) => f.error_for(Some(lsn)),
+            None => Error::Poisoned {
+                cause: format!("internal error: group {group} done without record {lsn}"),
+            },
+        })
+    }
+
+    /// Leads group commits: takes the forming group (every record queued),
+    /// writes it with one `write` (in log order: the writer lock is taken
+    /// before the state lock is let go), fsyncs it through a handle of its
+    /// own if the policy or a `sync` call asks, applies it (`Always`) and
+    /// wakes its waiters with one futex call. Then, if records were queued
+    /// meanwhile, a caller (`flusher` false) hands the next group to the
+    /// flusher thread and returns, while the flusher goes on until nothing
+    /// is queued. The check for more comes after the wake-up, so that
+    /// appenders woken by it can join the next group. Returns true if the
+    /// host asked for work after a group ([`Host::after_group`]).
+    fn lead<'a>(&'a self, mut st: MutexGuard<'a, S>, flusher: bool) -> bool {
+        let mut due = false;
+        loop {
+            let log = st.log();
+            let group = log.group;
+            log.group += 1;
+            log.writing = Some(group);
+            let first = log.buf_first;
+            let end = log.next_lsn;
+            let spare = std::mem::take(&mut log.spare);
+            let mut buf = log.buf.take(spare);
+            let queued = std::mem::take(&mut log.queued);
+            log.buf_first = end;
+            let needs_sync = (self.always || log.sync_to > log.durable) && log.durable < end;
+            let mut w = lock(&self.writer);
+            drop(st);
+
+            let result = (|| {
+                if !buf.is_empty() {
+                    w.write(&mut buf, first, end - first)?;
+                }
+                let handle = if needs_sync {
+                    Some(w.sync_handle()?)
+                } else {
+                    None
+                };
+                drop(w);
+                if let Some((mut h, token)) = handle {
+                    h.sync_data()
+                        .map_err(|e| Error::io("fsync", &token.path, e))?;
+                    lock(&self.writer).synced(&token);
+                }
+                Ok::<(), Error>(())
+            })();
+
+            st = self.lock_state();
+            let log = st.log();
+            let result = result.and_then(|()| {
+                if let Some(f) = &log.failed {
+                    return Err(f.error_for(None));
+                }
+                if !buf.is_empty() {
+                    log.stats.groups_written += 1;
+                    log.stats.records_written += end - first;
+                }
+                if needs_sync {
+                    log.stats.log_fsyncs += 1;
+                    log.durable = end;
+                }
+                Ok(())
+            });
+            match &result {
+                Ok(()) if needs_sync => st.apply_durable(queued),
+                Ok(()) => {}
+                Err(e) => {
+                    let log = st.log();
+                    if log.failed.is_none() {
+                        // Everything not yet durable is lost to the appends
+                        // waiting on it.
+                        let range = (log.durable, log.next_lsn);
+                        log.failed = Some(Failure::from_error(e, range));
+                        log.queued.clear();
+                        log.buf.clear();
+                        self.signal.failed.store(true, Ordering::Release);
+                        st.discard_in_flight();
+                    }
+                }
+            }
+            let log = st.log();
+            buf.clear();
+            if log.spare.capacity() < buf.capacity() {
+                log.spare = buf;
+            }
+            log.writing = None;
+            self.signal.durable.store(log.durable, Ordering::Release);
+            self.signal.completed.store(group + 1, Ordering::Release);
+            let failed = log.failed.is_some();
+            due |= self.always && st.after_group();
+            drop(st);
+            self.signal.wake(group, failed);
+            self.group_done.notify_all();
+
+            st = self.lock_state();
+            let log = st.log();
+            // Under the buffered policies a short buffer waits for the
+            // next append to fill it to FLUSH_BYTES (or for a sync): taking
+            // every few records as they come would make the appenders and
+            // the flusher fight over the lock for each.
+            let short = !self.always && log.buf.len() < FLUSH_BYTES && log.sync_to <= log.durable;
+            if log.buf.is_empty() || log.failed.is_some() || short {
+                log.leader = Leader::Idle;
+                break;
+            }
+            if !flusher {
+                log.call_flusher();
+                break;
+            }
+        }
+        drop(st);
+        // `sync`, and `stop`, may be waiting for the lead to end.
+        self.group_done.notify_all();
+        due
+    }
+
+    /// The flusher thread: takes over group commits from an appender when
+    /// records keep arriving (so that the appender returns to its caller)
+    /// and writes the buffered policies' records in the background. Returns
+    /// once [`GroupCommit::stop`] was called.
+    pub(super) fn flush_loop(&self, on_due: impl Fn()) {
+        loop {
+            let mut st = self.lock_state();
+            loop {
+                let log = st.log();
+                match log.leader {
+                    Leader::FlusherCalled => break,
+                    Leader::Stopped => return,
+                    Leader::Idle | Leader::Caller | Leader::Flusher => {}
+                }
+                drop(st);
+                std::thread::park();
+                st = self.lock_state();
+            }
+            st.log().leader = Leader::Flusher;
+            if self.lead(st, true) {
+                on_due();
+            }
+        }
+    }
+
+    /// Makes every record queued so far durable: leads a commit if nobody
+    /// does, else waits for the leader's groups.
+    pub(super) fn sync(&self, on_due: impl Fn()) -> Result<()> {
+        let mut st = self.lock_state();
+        let log = st.log();
+        if let Some(f) = &log.failed {
+            return Err(f.error_for(None));
+        }
+        let target = log.next_lsn;
+        log.sync_to = log.sync_to.max(target);
+        loop {
+            let log = st.log();
+            // Durable first: a later group's failure does not undo it.
+            if log.durable >= target {
+                return Ok(());
+            }
+            if let Some(f) = &log.failed {
+                // A failure during this call: the IO error itself if it
+                // lost records the call covers.
+                return Err(f.error_for(target.checked_sub(1)));
+            }
+            if log.leader == Leader::Idle {
+                log.leader = Leader::Caller;
+                if self.lead(st, false) {
+                    on_due();
+                }
+                st = self.lock_state();
+            } else {
+                st = self.group_done.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+    }
+
+    /// Closing: waits until nobody leads, then stops the flusher thread
+    /// (its [`GroupCommit::flush_loop`] returns). Nobody may queue records
+    /// afterwards.
+    pub(super) fn stop(&self) {
+        let mut st = self.lock_state();
+        while !matches!(st.log().leader, Leader::Idle | Leader::Stopped) {
+            st = self.group_done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        let log = st.log();
+        log.leader = Leader::Stopped;
+        if let Some(f) = &log.flusher {
+            f.unpark();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The group commit alone, over `SimFs`, with a host that only records
+    //! what it is told: no keys, no rules.
+
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::fs::{Fault, FileSystem, SimFs, Unsynced};
+
+    /// Items are the records' positions.
+    struct Recorder {
+        log: LogQueue<u64>,
+        applied: Vec<u64>,
+        discarded: usize,
+        /// `after_group` answers true this many more times.
+        due: usize,
+    }
+
+    impl Host for Recorder {
+        type Item = u64;
+        fn log(&mut self) -> &mut LogQueue<u64> {
+            &mut self.log
+        }
+        fn apply_durable(&mut self, items: Vec<u64>) {
+            self.applied.extend(items);
+        }
+        fn discard_in_flight(&mut self) {
+            self.discarded += 1;
+        }
+        fn after_group(&mut self) -> bool {
+            let due = self.due > 0;
+            self.due = self.due.saturating_sub(1);
+            due
+        }
+    }
+
+    fn open(fs: &Arc<SimFs>, always: bool) -> GroupCommit<Recorder> {
+        let dir = Path::new("/store");
+        fs.create_dir_all(dir).unwrap();
+        let writer = LogWriter::create(fs.clone(), dir, 0, 1 << 20, Vec::new()).unwrap();
+        let host = Recorder {
+            log: LogQueue::new(0),
+            applied: Vec::new(),
+            discarded: 0,
+            due: 0,
+        };
+        GroupCommit::new(always, host, writer)
+    }
+
+    /// Runs the flusher thread of `gc` until `stop`.
+    fn flusher(gc: &Arc<GroupCommit<Recorder>>) -> std::thread::JoinHandle<()> {
+        let g = gc.clone();
+        let h = std::thread::spawn(move || g.flush_loop(|| {}));
+        gc.lock_state().log.set_flusher(h.thread().clone());
+        h
+    }
+
+    fn request(seq: i32) -> AppendRequest {
+        AppendRequest::single("p", 0, 0, seq)
+    }
+
+    /// What an appender under `Always` does: queue, commit, wait.
+    fn append(gc: &GroupCommit<Recorder>, seq: i32, on_due: impl Fn()) -> Result<u64> {
+        let mut st = gc.lock_state();
+        if let Some(f) = st.log.failed() {
+            return Err(f.error_for(None));
+        }
+        let lsn = st.log.push(&request(seq));
+        st.log.queue(lsn);
+        let group = st.log.group();
+        gc.commit(st, on_due);
+        gc.await_durable(group, lsn).map(|()| lsn)
+    }
+
+    fn durable_bytes(fs: &SimFs) -> usize {
+        let image = fs.crash_image(Unsynced::Drop);
+        image.files().iter().map(|(_, len)| len).sum()
+    }
+
+    #[test]
+    fn a_lone_appender_pays_one_write_and_one_fsync() {
+        let fs = Arc::new(SimFs::new());
+        let gc = open(&fs, true);
+        let before = durable_bytes(&fs);
+        assert_eq!(append(&gc, 0, || {}).unwrap(), 0);
+        assert!(durable_bytes(&fs) > before, "the record is durable");
+        let st = gc.lock_state();
+        let s = st.log.stats();
+        assert_eq!(
+            (s.records_written, s.groups_written, s.log_fsyncs),
+            (1, 1, 1)
+        );
+        assert_eq!(st.applied, [0]);
+        assert_eq!(st.log.durable(), 1);
+        assert_eq!(st.log.leader, Leader::Idle);
+    }
+
+    #[test]
+    fn concurrent_appenders_share_fsyncs_and_come_back_in_log_order() {
+        let fs = Arc::new(SimFs::new());
+        fs.set_sync_delay(Duration::from_millis(2));
+        let gc = Arc::new(open(&fs, true));
+        let flusher = flusher(&gc);
+        let (threads, each) = (16, 20);
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let gc = gc.clone();
+                std::thread::spawn(move || {
+                    (0..each)
+                        .map(|i| append(&gc, t * each + i, || {}).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut lsns: Vec<u64> = workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect();
+        lsns.sort_unstable();
+        let n = (threads * each) as u64;
+        assert_eq!(lsns, (0..n).collect::<Vec<_>>(), "one position each");
+        gc.stop();
+        flusher.join().unwrap();
+        let st = gc.lock_state();
+        assert_eq!(
+            st.applied,
+            (0..n).collect::<Vec<_>>(),
+            "applied in log order"
+        );
+        let s = st.log.stats();
+        assert_eq!(s.records_written, n);
+        assert!(
+            s.log_fsyncs < n / 2,
+            "{} fsyncs for {n} records",
+            s.log_fsyncs
+        );
+        assert_eq!(st.log.leader, Leader::Stopped);
+    }
+
+    #[test]
+    fn a_failed_fsync_fails_its_group_and_poisons_the_queue() {
+        let fs = Arc::new(SimFs::new());
+        let gc = open(&fs, true);
+        append(&gc, 0, || {}).unwrap();
+        // The next group's write, then its fsync.
+        fs.set_fault(fs.ops() + 1, Fault::Error(io::ErrorKind::Other));
+        assert!(matches!(append(&gc, 1, || {}), Err(Error::Io { .. })));
+        assert!(matches!(append(&gc, 2, || {}), Err(Error::Poisoned { .. })));
+        let mut st = gc.lock_state();
+        assert_eq!(st.applied, [0], "the failed group is not applied");
+        assert_eq!(st.discarded, 1);
+        assert_eq!(st.log.durable(), 1);
+        assert!(st.log().failed().is_some());
+        drop(st);
+        // No fsync is retried: a sync reports the failure.
+        assert!(gc.sync(|| {}).is_err());
+    }
+
+    #[test]
+    fn buffered_records_are_written_and_fsynced_by_sync_and_not_applied() {
+        let fs = Arc::new(SimFs::new());
+        let gc = open(&fs, false);
+        {
+            let mut st = gc.lock_state();
+            for seq in 0..3 {
+                st.log.push(&request(seq));
+            }
+        }
+        let before = durable_bytes(&fs);
+        gc.sync(|| {}).unwrap();
+        assert!(durable_bytes(&fs) > before);
+        let st = gc.lock_state();
+        assert_eq!(st.log.durable(), 3);
+        assert_eq!(st.log.stats().log_fsyncs, 1);
+        assert!(
+            st.applied.is_empty(),
+            "buffered records are applied when queued"
+        );
+    }
+
+    #[test]
+    fn the_leader_reports_what_the_host_asked_for_after_its_group() {
+        let fs = Arc::new(SimFs::new());
+        let gc = open(&fs, true);
+        gc.lock_state().due = 1;
+        let calls = AtomicUsize::new(0);
+        let count = || {
+            calls.fetch_add(1, Ordering::Relaxed);
+        };
+        append(&gc, 0, count).unwrap();
+        append(&gc, 1, count).unwrap();
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+}

@@ -1,0 +1,690 @@
+//! The durable store: the engine's rules over a write-ahead log and
+//! checksummed snapshots.
+//!
+//! # The write path
+//!
+//! validate -> (only if ACCEPTED) write the log record -> fsync per policy
+//! -> apply to memory -> return. Duplicates and rejections write nothing.
+//!
+//! With [`FsyncPolicy::Always`] an accepted append is first held as
+//! *in flight*: its record is queued in the forming *group* and the key's
+//! speculative state is kept beside the committed state. If no group commit
+//! is running, the appender leads one itself: it takes the group, writes it
+//! with one `write` and one `fdatasync`, applies it to the committed state
+//! and wakes the group's other appenders. A lone appender therefore pays
+//! exactly one fsync, with no timer, sleep or thread hand-off in the way.
+//! Appenders that arrive while a group commit runs queue into the next
+//! group and sleep; if records are queued when the leader's group is done,
+//! the leader hands the next group to a flusher thread and returns, and the
+//! flusher runs group commits back to back for as long as records keep
+//! arriving. One group is written at a time, so only the group being
+//! written is ever unsynced.
+//!
+//! Waiting is cheap because it matters: with dozens of appenders on two
+//! cores, the CPU spent parking and waking threads, not the disk, bounded
+//! throughput. Appenders of a group sleep on one futex word and read the
+//! outcome from atomics, so a group commit costs the leader one wake-up
+//! call whatever the group's size, and a woken appender returns without
+//! taking the store's lock again.
+//!
+//! Under the buffered policies an append is classified, applied and
+//! encoded under the lock and returns; the flusher thread checksums and
+//! writes the buffer in the background once it holds 64 KiB (an appender
+//! waits only when 8 MiB are pending: the disk is behind).
+//!
+//! Validation and the update it implies are atomic per key: a request that
+//! continues a key's in-flight state is queued after it (a producer may
+//! pipeline), and any other request for a key with records in flight (a
+//! retry, a zombie, a gap) waits until they are durable and is then
+//! classified against the committed state. So a retry that races its
+//! original is never accepted twice: it answers `DUPLICATE`, with the
+//! original's metadata, once the original is durable, or the original's
+//! error if its write failed.
+//!
+//! If a write or fsync fails, every append waiting on that group gets the
+//! error, none of them is applied, and the store is poisoned: it refuses
+//! further appends until reopened. A failed fsync is never retried.
+//!
+//! # Snapshots
+//!
+//! A snapshot is the state at one log position P, written without stopping
+//! appenders and without a second copy of the state: the state is split
+//! into 256 shards and the snapshot encodes one shard at a time under the
+//! store's lock. An append applied after P to a shard not yet encoded first
+//! saves the key's entry as it was at P (a pre-image), and the encoder uses
+//! those. Appenders wait at most for one shard's encoding.
+
+mod commit;
+mod keys;
+mod options;
+mod snapshots;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::batch::{AppendRequest, Batch};
+use crate::entry::ProducerEntry;
+use crate::error::{Error, Result};
+use crate::fs::LockGuard;
+use crate::id::ProducerId;
+use crate::map::hash_key;
+use crate::outcome::{AppendOutcome, BatchOutcome};
+use crate::recovery::{self, RecoveryReport};
+use crate::shards::{SHARDS, warm};
+use crate::wal::record::MAX_NAME;
+use crate::wal::writer::LogWriter;
+
+use commit::{FLUSH_BYTES, GroupCommit, LogQueue, lock};
+use keys::{Keys, State, Submit};
+pub use options::{FsyncPolicy, StoreOptions};
+use snapshots::{Book, Snapshots};
+
+/// Requests [`ProducerStateStore::append_all`] looks up ahead of applying
+/// them under a buffered policy (see [`warm`]): few enough that their slots
+/// stay in the first-level cache.
+const WARM: usize = 32;
+
+/// Counters of the store's IO since it was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Accepted appends written to the log.
+    pub records_written: u64,
+    /// Writes of record groups (one per group commit).
+    pub groups_written: u64,
+    /// fsyncs of the log.
+    pub log_fsyncs: u64,
+    /// Snapshots written.
+    pub snapshots_written: u64,
+    /// The most bytes of records held in memory, not yet handed to the OS
+    /// (buffered policies: bounded near 8 MiB plus one `append_all` call).
+    pub peak_buffered_bytes: u64,
+}
+
+struct Bg {
+    stop: bool,
+    snapshot_wanted: bool,
+}
+
+struct Shared {
+    dir: PathBuf,
+    opts: StoreOptions,
+    /// The group commit, and behind its lock the store's [`State`].
+    log: GroupCommit<State>,
+    snapshots: Snapshots,
+    bg: Mutex<Bg>,
+    bg_cv: Condvar,
+    _lock: Box<dyn LockGuard>,
+}
+
+/// The durable producer-state store. `Send + Sync`: share it between
+/// threads (for example in an `Arc`) and append from all of them.
+///
+/// ```
+/// use producer_state::{AppendOutcome, ProducerStateStore};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = ProducerStateStore::open(dir.path())?;
+/// assert_eq!(store.append("p1", 0, 0, 0)?, AppendOutcome::Accepted);
+/// assert_eq!(store.append("p1", 0, 0, 1)?, AppendOutcome::Accepted);
+/// store.close()?;
+///
+/// // Reopened: the state was recovered from the log.
+/// let store = ProducerStateStore::open(dir.path())?;
+/// assert_eq!(store.recovery_report().records_replayed, 2);
+/// assert_eq!(store.append("p1", 0, 0, 1)?, AppendOutcome::Duplicate);
+/// assert_eq!(store.append("p1", 0, 1, 0)?, AppendOutcome::Accepted);
+/// assert_eq!(store.append("p1", 0, 0, 2)?, AppendOutcome::FencedEpoch);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct ProducerStateStore {
+    shared: Arc<Shared>,
+    /// The snapshot thread and the interval's fsync thread, if any.
+    background: Vec<JoinHandle<()>>,
+    flusher: Option<JoinHandle<()>>,
+    report: RecoveryReport,
+    closed: bool,
+}
+
+impl fmt::Debug for ProducerStateStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProducerStateStore")
+            .field("dir", &self.shared.dir)
+            .field("options", &self.shared.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProducerStateStore {
+    /// Opens the store in `dir` with default options: creates the directory
+    /// if missing, otherwise recovers it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Locked`] if another open store holds the directory (the
+    /// lock is on the directory itself: deleting its `LOCK` file does not
+    /// release it); [`Error::InvalidPath`] if `dir` is empty;
+    /// [`Error::NotADirectory`] if `dir` is a file; [`Error::Corrupt`] if
+    /// recovery finds damage other than a torn tail; [`Error::Io`] if the
+    /// file system fails.
+    pub fn open(dir: impl AsRef<Path>) -> Result<ProducerStateStore> {
+        ProducerStateStore::open_with(dir, StoreOptions::default())
+    }
+
+    /// Opens the store in `dir` with `opts`. Errors as [`ProducerStateStore::open`],
+    /// and [`Error::InvalidOptions`].
+    pub fn open_with(dir: impl AsRef<Path>, opts: StoreOptions) -> Result<ProducerStateStore> {
+        opts.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        let fs = opts.fs.clone();
+        let guard = crate::directory::lock(fs.as_ref(), &dir)?;
+
+        let rec = recovery::recover(fs.as_ref(), &dir, opts.recovery)?;
+        let writer = match rec.active {
+            Some((len, records)) => LogWriter::resume(
+                fs.clone(),
+                &dir,
+                rec.segments,
+                len,
+                records,
+                opts.segment_size,
+            )?,
+            None => LogWriter::create(
+                fs.clone(),
+                &dir,
+                rec.next_lsn,
+                opts.segment_size,
+                rec.segments,
+            )?,
+        };
+        debug_assert_eq!(writer.next_lsn(), rec.next_lsn);
+        let state = State {
+            keys: Keys::new(rec.shards),
+            log: LogQueue::new(rec.next_lsn),
+            since_snapshot: (rec.report.records_replayed, 0),
+            snapshot_every: (opts.snapshot_every_records, opts.snapshot_every_bytes),
+            snapshot_requested: false,
+            snapshots_written: 0,
+        };
+        let always = opts.fsync == FsyncPolicy::Always;
+        let book = Book {
+            files: rec.snapshot_files,
+            valid: rec.snapshots,
+            orphans: Vec::new(),
+        };
+        let shared = Arc::new(Shared {
+            snapshots: Snapshots::new(dir.clone(), fs.clone(), opts.keep_snapshots, book),
+            dir,
+            log: GroupCommit::new(always, state, writer),
+            bg: Mutex::new(Bg {
+                stop: false,
+                snapshot_wanted: false,
+            }),
+            bg_cv: Condvar::new(),
+            _lock: guard,
+            opts,
+        });
+        // Snapshots and the interval's fsyncs run on threads of their own:
+        // a snapshot of a large state on a slow disk takes seconds, and the
+        // interval's loss window must not grow by that much.
+        let mut background = Vec::new();
+        let spawn = |name: &str, f: fn(&Shared)| {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || f(&s))
+                .map_err(|e| Error::io("spawn background thread", &shared.dir, e))
+        };
+        if shared.opts.background_snapshots {
+            background.push(spawn("producer-state-snap", Shared::background)?);
+        }
+        if matches!(shared.opts.fsync, FsyncPolicy::Interval(_)) {
+            background.push(spawn("producer-state-tick", Shared::tick)?);
+        }
+        let s = shared.clone();
+        let flusher = std::thread::Builder::new()
+            .name("producer-state-flush".into())
+            .spawn(move || s.log.flush_loop(|| s.snapshot_due()))
+            .map_err(|e| Error::io("spawn flusher thread", &shared.dir, e))?;
+        shared
+            .log
+            .lock_state()
+            .log
+            .set_flusher(flusher.thread().clone());
+        Ok(ProducerStateStore {
+            shared,
+            background,
+            flusher: Some(flusher),
+            report: rec.report,
+            closed: false,
+        })
+    }
+
+    /// Classifies a single-sequence append and, if accepted, makes it durable
+    /// (per the fsync policy) before returning.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if writing or fsyncing its record failed (the store is
+    /// then poisoned), [`Error::Poisoned`] after an earlier failure,
+    /// [`Error::ProducerIdTooLong`] for a name over 65,535 bytes. Outcomes
+    /// such as `DUPLICATE` are not errors.
+    pub fn append(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        sequence: i32,
+    ) -> Result<AppendOutcome> {
+        self.append_request(&AppendRequest::single(
+            producer_id,
+            partition,
+            epoch,
+            sequence,
+        ))
+        .map(|o| o.outcome())
+    }
+
+    /// Classifies a batch and, if accepted, makes it durable before
+    /// returning. Errors as [`ProducerStateStore::append`].
+    pub fn append_batch(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        batch: Batch,
+    ) -> Result<BatchOutcome> {
+        self.append_request(&AppendRequest::batch(producer_id, partition, epoch, batch))
+    }
+
+    /// Classifies one request and, if accepted, makes it durable before
+    /// returning. Errors as [`ProducerStateStore::append`].
+    pub fn append_request(&self, request: &AppendRequest) -> Result<BatchOutcome> {
+        check_name(request)?;
+        let shared = &*self.shared;
+        let hash = hash_key(&request.producer_id, request.partition);
+        let mut st = shared.lock_state();
+        if !shared.is_always() {
+            st = shared.room(st);
+        }
+        if let Some(f) = st.log.failed() {
+            return Err(f.error_for(None));
+        }
+        if !shared.is_always() {
+            let o = st.submit_buffered(hash, request);
+            if o.is_accepted() {
+                shared.after_buffered(st);
+            }
+            return Ok(o);
+        }
+        loop {
+            match st.submit_durable(hash, request) {
+                Submit::Done(o) => return Ok(o),
+                Submit::Queued { group, lsn } => {
+                    shared.commit(st);
+                    return shared
+                        .await_durable(group, lsn)
+                        .map(|()| BatchOutcome::Accepted);
+                }
+                Submit::Wait { group, lsn } => {
+                    drop(st);
+                    shared.await_durable(group, lsn)?;
+                    st = shared.lock_state();
+                    if let Some(f) = st.log.failed() {
+                        return Err(f.error_for(None));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Appends many requests, for example one produce request covering many
+    /// partitions: the same outcomes as appending them one by one in this
+    /// order, but under one lock, and all accepted records share one write
+    /// and one fsync (unless a request retries an earlier one of the same
+    /// call, which then waits for it to be durable). Outcomes are in input
+    /// order.
+    pub fn append_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
+        let shared = &*self.shared;
+        let mut st = shared.lock_state();
+        if !shared.is_always() {
+            st = shared.room(st);
+            return shared.append_all_buffered(st, requests);
+        }
+        let mut out: Vec<Result<BatchOutcome>> = Vec::with_capacity(requests.len());
+        // Accepted: (index, group, position), to settle once durable.
+        let mut queued: Vec<(usize, u64, u64)> = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            if let Err(e) = check_name(r) {
+                out.push(Err(e));
+                continue;
+            }
+            let hash = hash_key(&r.producer_id, r.partition);
+            out.push(loop {
+                if let Some(f) = st.log.failed() {
+                    break Err(f.error_for(None));
+                }
+                match st.submit_durable(hash, r) {
+                    Submit::Done(o) => break Ok(o),
+                    Submit::Queued { group, lsn } => {
+                        queued.push((i, group, lsn));
+                        break Ok(BatchOutcome::Accepted);
+                    }
+                    Submit::Wait { group, lsn } => {
+                        // Our own queued records may be what it waits for:
+                        // make sure somebody commits them.
+                        shared.commit(st);
+                        let waited = shared.await_durable(group, lsn);
+                        st = shared.lock_state();
+                        if let Err(e) = waited {
+                            break Err(e);
+                        }
+                    }
+                }
+            });
+        }
+        if let Some(&(_, group, lsn)) = queued.last() {
+            shared.commit(st);
+            if shared.await_durable(group, lsn).is_err() {
+                let st = shared.lock_state();
+                for &(i, _, lsn) in &queued {
+                    if let Some(f) = st.log.failed()
+                        && st.log.durable() <= lsn
+                    {
+                        out[i] = Err(f.error_for(Some(lsn)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The entry of one key, if it has state. Under `Always` that is the
+    /// state of the durable appends; under the buffered policies, of every
+    /// accepted append, including those not yet durable (and, after a
+    /// failed write has poisoned the store, those the log lost: reopen to
+    /// see what survived).
+    pub fn get(&self, producer_id: impl Into<ProducerId>, partition: i32) -> Option<ProducerEntry> {
+        let id = producer_id.into();
+        let st = self.shared.lock_state();
+        st.keys.shards.get(hash_key(&id, partition), &id, partition)
+    }
+
+    /// Number of keys with state (as [`ProducerStateStore::get`] sees it).
+    pub fn len(&self) -> usize {
+        self.shared.lock_state().keys.shards.len()
+    }
+
+    /// True when no key has state.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every key with its entry (as [`ProducerStateStore::get`] sees it),
+    /// in no particular order. The
+    /// iterator copies one shard (a 256th of the state) at a time under the
+    /// store's lock, so it is consistent within a shard, not across shards
+    /// while appends run.
+    pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
+        (0..SHARDS).flat_map(move |i| {
+            let st = self.shared.lock_state();
+            st.keys.shards.shard(i).iter().collect::<Vec<_>>()
+        })
+    }
+
+    /// Takes a snapshot now and waits until it is durable. Returns its path,
+    /// or `None` if nothing was appended since the last snapshot.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if writing it failed (the log is unaffected and the
+    /// store keeps accepting appends), [`Error::Poisoned`] if the store is.
+    pub fn snapshot(&self) -> Result<Option<PathBuf>> {
+        self.shared.take_snapshot()
+    }
+
+    /// Makes every accepted append durable now (writes and fsyncs whatever
+    /// a buffered policy holds; under `Always` everything acknowledged
+    /// already is).
+    pub fn sync(&self) -> Result<()> {
+        self.shared.sync()
+    }
+
+    /// What recovery found when the store was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// Counters of the store's IO since it was opened.
+    pub fn stats(&self) -> StoreStats {
+        let st = self.shared.lock_state();
+        let log = st.log.stats();
+        StoreStats {
+            records_written: log.records_written,
+            groups_written: log.groups_written,
+            log_fsyncs: log.log_fsyncs,
+            snapshots_written: st.snapshots_written,
+            peak_buffered_bytes: log.peak_buffered_bytes,
+        }
+    }
+
+    /// The error of the last automatic snapshot, if it failed (the log is
+    /// unaffected; the next threshold tries again).
+    pub fn last_snapshot_error(&self) -> Option<String> {
+        self.shared.snapshots.last_error()
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Stops the background threads, makes everything durable and releases
+    /// the directory. Dropping the store does the same, ignoring errors.
+    ///
+    /// # Errors
+    ///
+    /// The error of the final sync, if any, or [`Error::Poisoned`].
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        {
+            let mut bg = lock(&self.shared.bg);
+            bg.stop = true;
+            self.shared.bg_cv.notify_all();
+        }
+        for h in self.background.drain(..) {
+            let _ = h.join();
+        }
+        let result = self.shared.sync();
+        self.shared.log.stop();
+        if let Some(h) = self.flusher.take() {
+            let _ = h.join();
+        }
+        result
+    }
+}
+
+impl Drop for ProducerStateStore {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// Refuses a producer name the log cannot hold, before anything happens.
+fn check_name(r: &AppendRequest) -> Result<()> {
+    match r.producer_id.name_bytes() {
+        Some(name) if name.len() > MAX_NAME => Err(Error::ProducerIdTooLong {
+            len: name.len(),
+            max: MAX_NAME,
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl Shared {
+    fn is_always(&self) -> bool {
+        self.log.is_always()
+    }
+
+    #[inline]
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.log.lock_state()
+    }
+
+    /// See [`GroupCommit::room`].
+    #[inline]
+    fn room<'a>(&'a self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.log.room(st)
+    }
+
+    /// `Always`, after queueing: see [`GroupCommit::commit`].
+    #[inline]
+    fn commit(&self, st: MutexGuard<'_, State>) {
+        self.log.commit(st, || self.snapshot_due());
+    }
+
+    fn await_durable(&self, group: u64, lsn: u64) -> Result<()> {
+        self.log.await_durable(group, lsn)
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.log.sync(|| self.snapshot_due())
+    }
+
+    fn take_snapshot(&self) -> Result<Option<PathBuf>> {
+        self.snapshots.take(&self.log, || self.sync())
+    }
+
+    /// Buffered policies, after an accepted append: hands a full buffer to
+    /// the flusher and starts a snapshot if a threshold was crossed.
+    fn after_buffered(&self, mut st: MutexGuard<'_, State>) {
+        let len = st.log.buffered();
+        let stats = st.log.stats_mut();
+        stats.peak_buffered_bytes = stats.peak_buffered_bytes.max(len as u64);
+        if len >= FLUSH_BYTES {
+            st.log.hand_to_flusher();
+        }
+        let due = st.note_snapshot_due();
+        drop(st);
+        if due {
+            self.snapshot_due();
+        }
+    }
+
+    /// [`ProducerStateStore::append_all`] under a buffered policy: classify,
+    /// apply and encode every request under one lock.
+    fn append_all_buffered(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        requests: &[AppendRequest],
+    ) -> Vec<Result<BatchOutcome>> {
+        if let Some(f) = st.log.failed() {
+            return requests
+                .iter()
+                .map(|r| check_name(r).and(Err(f.error_for(None))))
+                .collect();
+        }
+        let mut accepted = false;
+        let mut out = Vec::with_capacity(requests.len());
+        let mut hashes = [0u64; WARM];
+        for chunk in requests.chunks(WARM) {
+            for (h, r) in hashes.iter_mut().zip(chunk) {
+                *h = hash_key(&r.producer_id, r.partition);
+            }
+            let shards = &st.keys.shards;
+            warm(hashes.iter().copied().zip(chunk), |hash, r| {
+                shards.contains(hash, &r.producer_id, r.partition)
+            });
+            for (&hash, r) in hashes.iter().zip(chunk) {
+                out.push(check_name(r).map(|()| {
+                    let o = st.submit_buffered(hash, r);
+                    accepted |= o.is_accepted();
+                    o
+                }));
+            }
+        }
+        if accepted {
+            self.after_buffered(st);
+        }
+        out
+    }
+
+    /// Starts (or, without a background thread, takes) a due snapshot.
+    fn snapshot_due(&self) {
+        if self.opts.background_snapshots {
+            let mut bg = lock(&self.bg);
+            bg.snapshot_wanted = true;
+            self.bg_cv.notify_all();
+        } else if let Err(e) = self.take_snapshot() {
+            self.snapshots.set_error(&e);
+        }
+    }
+
+    /// The snapshot thread: takes the snapshots a threshold asked for.
+    fn background(&self) {
+        loop {
+            let mut bg = lock(&self.bg);
+            while !bg.stop && !bg.snapshot_wanted {
+                bg = self.bg_cv.wait(bg).unwrap_or_else(|e| e.into_inner());
+            }
+            if bg.stop {
+                return;
+            }
+            bg.snapshot_wanted = false;
+            drop(bg);
+            if let Err(e) = self.take_snapshot() {
+                self.snapshots.set_error(&e);
+            }
+        }
+    }
+
+    /// `Interval(d)`: writes and fsyncs the buffered records every `d`.
+    fn tick(&self) {
+        let FsyncPolicy::Interval(every) = self.opts.fsync else {
+            return;
+        };
+        let mut next = Instant::now() + every;
+        loop {
+            let mut bg = lock(&self.bg);
+            loop {
+                if bg.stop {
+                    return;
+                }
+                let now = Instant::now();
+                if now >= next {
+                    break;
+                }
+                bg = self
+                    .bg_cv
+                    .wait_timeout(bg, next - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            drop(bg);
+            // A failure poisons the store; appends report it.
+            let _ = self.sync();
+            next = Instant::now() + every;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn the_store_is_send_and_sync() {
+        assert_send_sync::<ProducerStateStore>();
+    }
+}

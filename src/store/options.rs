@@ -1,0 +1,191 @@
+//! Options of the durable store: when the log is fsync'ed, when snapshots
+//! are taken, how recovery treats damage.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::fs::{FileSystem, StdFs};
+use crate::recovery::RecoveryMode;
+
+/// When the log is fsync'ed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Every accepted append is on disk (written and fsync'ed) before
+    /// `append` returns; concurrent appends share fsyncs. Nothing
+    /// acknowledged is ever lost. The default.
+    Always,
+    /// Records are buffered in the process, written when 64 KiB are
+    /// buffered, and written and fsync'ed every interval by a thread of
+    /// their own (and on [`sync`](crate::ProducerStateStore::sync),
+    /// snapshots and close). A crash, of the process or of the machine,
+    /// loses at most the appends acknowledged during the last interval
+    /// (plus the time one write and fsync take; a snapshot running
+    /// meanwhile does not delay them). A failed write or fsync poisons the
+    /// store; appends already acknowledged may then be lost, as in a crash.
+    Interval(Duration),
+    /// Records are buffered in the process (64 KiB) and handed to the OS,
+    /// never fsync'ed except on
+    /// [`sync`](crate::ProducerStateStore::sync), snapshots, segment rolls
+    /// and close. Not crash-safe: a process crash loses the buffer, a
+    /// machine crash whatever the OS had not written. For tests and bulk
+    /// loads.
+    Never,
+}
+
+/// How a [`ProducerStateStore`] is opened. Every setter documents its
+/// default.
+///
+/// [`ProducerStateStore`]: crate::ProducerStateStore
+#[derive(Clone)]
+pub struct StoreOptions {
+    pub(super) fsync: FsyncPolicy,
+    pub(super) snapshot_every_records: Option<u64>,
+    pub(super) snapshot_every_bytes: Option<u64>,
+    pub(super) segment_size: u64,
+    pub(super) keep_snapshots: usize,
+    pub(super) recovery: RecoveryMode,
+    pub(super) background_snapshots: bool,
+    pub(super) fs: Arc<dyn FileSystem>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            fsync: FsyncPolicy::Always,
+            snapshot_every_records: Some(1_000_000),
+            snapshot_every_bytes: Some(64 << 20),
+            segment_size: 64 << 20,
+            keep_snapshots: 2,
+            recovery: RecoveryMode::Strict,
+            background_snapshots: true,
+            fs: Arc::new(StdFs),
+        }
+    }
+}
+
+impl fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreOptions")
+            .field("fsync", &self.fsync)
+            .field("snapshot_every_records", &self.snapshot_every_records)
+            .field("snapshot_every_bytes", &self.snapshot_every_bytes)
+            .field("segment_size", &self.segment_size)
+            .field("keep_snapshots", &self.keep_snapshots)
+            .field("recovery", &self.recovery)
+            .field("background_snapshots", &self.background_snapshots)
+            .field("fs", &self.fs)
+            .finish()
+    }
+}
+
+impl StoreOptions {
+    /// When the log is fsync'ed. Default [`FsyncPolicy::Always`].
+    pub fn fsync(mut self, policy: FsyncPolicy) -> Self {
+        self.fsync = policy;
+        self
+    }
+
+    /// Take a snapshot after this many accepted appends (`None`: never by
+    /// count). Default 1,000,000. Recovery replays at most about this many
+    /// records; a snapshot costs one pass over the state.
+    pub fn snapshot_every_records(mut self, n: Option<u64>) -> Self {
+        self.snapshot_every_records = n;
+        self
+    }
+
+    /// Take a snapshot after this many bytes of log (`None`: never by size).
+    /// Default 64 MiB.
+    pub fn snapshot_every_bytes(mut self, n: Option<u64>) -> Self {
+        self.snapshot_every_bytes = n;
+        self
+    }
+
+    /// Roll to a new log segment once the active one holds this many bytes
+    /// (a soft limit: one group of records never spans two segments).
+    /// Default 64 MiB; at least 1 KiB and at most 1 GiB (a segment never
+    /// grows past 4 GiB, the most its records' offsets can describe).
+    pub fn segment_size(mut self, bytes: u64) -> Self {
+        self.segment_size = bytes;
+        self
+    }
+
+    /// How many snapshots to keep (at least 2, so that recovery can fall
+    /// back to an older one; the log is kept back to the oldest). Default 2.
+    pub fn keep_snapshots(mut self, n: usize) -> Self {
+        self.keep_snapshots = n;
+        self
+    }
+
+    /// What recovery does with damage other than a torn tail. Default
+    /// [`RecoveryMode::Strict`].
+    pub fn recovery(mut self, mode: RecoveryMode) -> Self {
+        self.recovery = mode;
+        self
+    }
+
+    /// Run automatic snapshots on a background thread (default `true`). With
+    /// `false` the append that crosses a threshold takes the snapshot before
+    /// it returns: slower for that append, but deterministic, which tests
+    /// under a simulated file system want.
+    pub fn background_snapshots(mut self, on: bool) -> Self {
+        self.background_snapshots = on;
+        self
+    }
+
+    /// The file system to use. Default [`StdFs`]; tests use [`crate::fs::SimFs`].
+    pub fn file_system(mut self, fs: Arc<dyn FileSystem>) -> Self {
+        self.fs = fs;
+        self
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        if self.keep_snapshots < 2 {
+            return Err(Error::InvalidOptions(format!(
+                "keep_snapshots must be at least 2, not {}",
+                self.keep_snapshots
+            )));
+        }
+        if !(1024..=1 << 30).contains(&self.segment_size) {
+            return Err(Error::InvalidOptions(format!(
+                "segment_size must be between 1 KiB and 1 GiB, not {}",
+                self.segment_size
+            )));
+        }
+        if self.fsync == FsyncPolicy::Interval(Duration::ZERO) {
+            return Err(Error::InvalidOptions(
+                "the fsync interval must be above zero".into(),
+            ));
+        }
+        if self.snapshot_every_records == Some(0) || self.snapshot_every_bytes == Some(0) {
+            return Err(Error::InvalidOptions(
+                "snapshot thresholds must be above zero (or None)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_validated() {
+        let bad = [
+            StoreOptions::default().keep_snapshots(1),
+            StoreOptions::default().segment_size(10),
+            StoreOptions::default().segment_size((1 << 30) + 1),
+            StoreOptions::default().fsync(FsyncPolicy::Interval(Duration::ZERO)),
+            StoreOptions::default().snapshot_every_records(Some(0)),
+        ];
+        for o in bad {
+            assert!(
+                matches!(o.validate(), Err(Error::InvalidOptions(_))),
+                "{o:?}"
+            );
+        }
+        assert!(StoreOptions::default().validate().is_ok());
+    }
+}

@@ -1,0 +1,215 @@
+//! Online snapshots and retention.
+//!
+//! A snapshot is the state at one log position P, written without stopping
+//! appenders and without a second copy of the state: the state is split
+//! into 256 shards and the snapshot encodes one shard at a time under the
+//! store's lock. An append applied after P to a shard not yet encoded first
+//! saves the key's entry as it was at P (a pre-image, see
+//! [`super::keys::Capture`]), and the encoder uses those. Appenders wait at
+//! most for one shard's encoding.
+//!
+//! Once a snapshot is durable, retention deletes the snapshots beyond the
+//! newest `keep_snapshots` and the log segments older than the oldest kept.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::commit::{GroupCommit, lock};
+use super::keys::{Capture, State};
+use crate::error::{Error, Result};
+use crate::fs::{FileSystem, remove_gradually};
+use crate::shards::SHARDS;
+use crate::snapshot;
+
+/// The snapshot files on disk.
+pub(super) struct Book {
+    /// Positions of every snapshot file on disk.
+    pub(super) files: BTreeSet<u64>,
+    /// Positions of snapshots not known to be damaged, oldest first.
+    pub(super) valid: Vec<u64>,
+    /// Segments detached from the writer whose removal failed: retention
+    /// tries them again next time.
+    pub(super) orphans: Vec<PathBuf>,
+}
+
+/// Takes snapshots and keeps the newest few.
+pub(super) struct Snapshots {
+    dir: PathBuf,
+    fs: Arc<dyn FileSystem>,
+    keep: usize,
+    /// Held by a snapshot while it runs: one at a time.
+    book: Mutex<Book>,
+    /// The last automatic snapshot's error (apart from `book`, which a
+    /// snapshot holds while it runs).
+    last_error: Mutex<Option<String>>,
+}
+
+impl Snapshots {
+    pub(super) fn new(dir: PathBuf, fs: Arc<dyn FileSystem>, keep: usize, book: Book) -> Snapshots {
+        Snapshots {
+            dir,
+            fs,
+            keep,
+            book: Mutex::new(book),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    /// The error of the last automatic snapshot, if it failed.
+    pub(super) fn last_error(&self) -> Option<String> {
+        lock(&self.last_error).clone()
+    }
+
+    /// Notes an automatic snapshot's failure.
+    pub(super) fn set_error(&self, e: &Error) {
+        *lock(&self.last_error) = Some(e.to_string());
+    }
+
+    /// Takes a snapshot of the state behind `log`'s lock now; `sync` makes
+    /// the log durable (buffered policies: a snapshot must not be ahead of
+    /// its log).
+    pub(super) fn take(
+        &self,
+        log: &GroupCommit<State>,
+        sync: impl Fn() -> Result<()>,
+    ) -> Result<Option<PathBuf>> {
+        let mut book = lock(&self.book);
+        let fs = self.fs.as_ref();
+        let position = {
+            let mut st = log.lock_state();
+            st.snapshot_requested = false;
+            if let Some(f) = st.log.failed() {
+                return Err(f.error_for(None));
+            }
+            // Under `Always` the committed state is exactly the durable
+            // records; under buffered policies every record is applied.
+            let p = if log.is_always() {
+                st.log.durable()
+            } else {
+                st.log.next_lsn()
+            };
+            if book.valid.last() == Some(&p) {
+                st.since_snapshot = (0, 0);
+                return Ok(None);
+            }
+            st.keys.capture = Some(Capture::new(p));
+            st.since_snapshot = (0, 0);
+            p
+        };
+        let written = self.write(fs, log, position, sync);
+        log.lock_state().keys.capture = None;
+        let path = match written {
+            Ok(p) => p,
+            Err(e) => {
+                let tmp = self.dir.join(format!(
+                    "{}{}",
+                    snapshot::file_name(position),
+                    snapshot::TMP_SUFFIX
+                ));
+                let _ = fs.remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        log.lock_state().snapshots_written += 1;
+        book.files.insert(position);
+        book.valid.retain(|&p| p != position);
+        book.valid.push(position);
+        *lock(&self.last_error) = None;
+        self.retain(&mut book, log)?;
+        Ok(Some(path))
+    }
+
+    fn write(
+        &self,
+        fs: &dyn FileSystem,
+        log: &GroupCommit<State>,
+        position: u64,
+        sync: impl Fn() -> Result<()>,
+    ) -> Result<PathBuf> {
+        let mut w = snapshot::Writer::create(fs, &self.dir, position)?;
+        let mut chunk = Vec::new();
+        let mut n = 0u64;
+        for i in 0..SHARDS {
+            {
+                let mut st = log.lock_state_quietly();
+                let keys = &mut st.keys;
+                let Some(c) = &mut keys.capture else {
+                    return Err(Error::Poisoned {
+                        cause: "snapshot capture lost".into(),
+                    });
+                };
+                let pre = std::mem::take(&mut c.pre[i]);
+                for (id, partition, entry) in keys.shards.shard(i).iter() {
+                    let e = match pre.get(&(id.clone(), partition)) {
+                        Some(Some(old)) => *old,
+                        Some(None) => continue,
+                        None => entry,
+                    };
+                    snapshot::encode_entry(&mut chunk, &id, partition, &e);
+                    n += 1;
+                }
+                c.done[i] = true;
+            }
+            // Let appenders that queued for the lock meanwhile take it
+            // before the next shard (bounded, should one never get there).
+            let waited = Instant::now();
+            while log.has_waiters() && waited.elapsed() < Duration::from_millis(1) {
+                std::thread::yield_now();
+            }
+            // Write in pieces of about 1 MiB: few IO calls, bounded memory.
+            if chunk.len() >= 1 << 20 || i == SHARDS - 1 {
+                w.write(&chunk, n)?;
+                chunk.clear();
+                n = 0;
+            }
+        }
+        if !log.is_always() {
+            // The snapshot covers records the log may not hold durably yet:
+            // make the log durable first, or a crash could leave a snapshot
+            // ahead of its log.
+            sync()?;
+        }
+        w.finish(fs, &self.dir)
+    }
+
+    /// Deletes snapshots beyond the newest `keep_snapshots`, and the log
+    /// segments whose records all lie before the oldest one kept.
+    fn retain(&self, book: &mut Book, log: &GroupCommit<State>) -> Result<()> {
+        let keep = self.keep;
+        if book.valid.len() <= keep {
+            return Ok(());
+        }
+        let oldest_kept = book.valid[book.valid.len() - keep];
+        let fs = self.fs.as_ref();
+        let doomed: Vec<u64> = book
+            .files
+            .iter()
+            .copied()
+            .filter(|&p| p < oldest_kept)
+            .collect();
+        // A file already gone (removed by hand, say) is what we wanted.
+        let remove = |path: &Path| match remove_gradually(fs, path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("remove", path, e)),
+            _ => Ok(()),
+        };
+        for p in &doomed {
+            remove(&self.dir.join(snapshot::file_name(*p)))?;
+            book.files.remove(p);
+        }
+        book.valid.retain(|&p| p >= oldest_kept);
+        let mut segments = std::mem::take(&mut book.orphans);
+        segments.extend(log.writer().detach_before(oldest_kept));
+        let mut left = segments.into_iter();
+        while let Some(path) = left.next() {
+            if let Err(e) = remove(&path) {
+                book.orphans.push(path);
+                book.orphans.extend(left);
+                return Err(e);
+            }
+        }
+        fs.sync_dir(&self.dir)
+            .map_err(|e| Error::io("fsync directory", &self.dir, e))
+    }
+}
