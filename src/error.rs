@@ -58,12 +58,22 @@ pub enum Error {
     /// until it is reopened (a failed fsync must never be retried: the kernel
     /// may already have dropped the dirty pages).
     #[error(
-        "the store refuses appends after an earlier failure ({cause}); reopen it to recover from what is on disk"
+        "the store refuses appends after an earlier failure ({op} {}: {kind}); reopen it to recover from what is on disk",
+        path.display()
     )]
     Poisoned {
-        /// The earlier failure.
-        cause: String,
+        /// The operation that failed first (`write`, `fsync`, ...).
+        op: &'static str,
+        /// The file it was applied to.
+        path: PathBuf,
+        /// What the operating system said, as a kind (the full error went
+        /// to the calls that were waiting on that operation).
+        kind: io::ErrorKind,
     },
+    /// A bug in this crate: an invariant it relies on did not hold. Nothing
+    /// on disk is the cause; please report it with the message.
+    #[error("internal error in producer-state (a bug; please report it): {0}")]
+    Internal(&'static str),
     /// The store path exists and is not a directory.
     #[error("{} exists and is not a directory", path.display())]
     NotADirectory {

@@ -182,6 +182,33 @@ impl From<u64> for ProducerId {
     }
 }
 
+/// Kafka's wire type for a producer id is `INT64`, with `-1`
+/// (`NO_PRODUCER_ID`) meaning "none": a broker passes the request's field
+/// straight in, and a negative id is refused rather than turned into a
+/// huge unsigned one.
+///
+/// ```
+/// use producer_state::ProducerId;
+/// assert_eq!(ProducerId::try_from(4000i64), Ok(ProducerId::from(4000u64)));
+/// assert!(ProducerId::try_from(-1i64).is_err());
+/// ```
+impl TryFrom<i64> for ProducerId {
+    type Error = NegativeProducerId;
+
+    #[inline]
+    fn try_from(id: i64) -> Result<Self, NegativeProducerId> {
+        u64::try_from(id)
+            .map(ProducerId::numeric)
+            .map_err(|_| NegativeProducerId(id))
+    }
+}
+
+/// A Kafka producer id below zero (`-1` is Kafka's "no producer id"): it
+/// names no producer, so it has no state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("producer id {0} is negative: Kafka uses -1 for \"no producer id\", which has no state")]
+pub struct NegativeProducerId(pub i64);
+
 impl From<&str> for ProducerId {
     #[inline(always)]
     fn from(name: &str) -> Self {

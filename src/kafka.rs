@@ -243,6 +243,11 @@ pub fn read(
 }
 
 /// Decodes a whole Kafka snapshot held in memory (see [`read`]).
+///
+/// # Errors
+///
+/// As [`read`]: [`Error::Corrupt`] naming the byte offset of the damage,
+/// [`Error::UnsupportedVersion`] for a version other than 1.
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<Vec<KafkaProducerEntry>> {
     let mut out = Vec::new();
     read(path, bytes, bytes.len() as u64, |e| {
@@ -254,6 +259,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Vec<KafkaProducerEntry>> {
 
 /// Why a Kafka entry has no equivalent in this crate's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Unrepresentable {
     /// A negative producer id (Kafka's `NO_PRODUCER_ID` is -1).
     NegativeProducerId,
@@ -281,6 +287,11 @@ impl fmt::Display for Unrepresentable {
 /// batch whose sequences would wrap past `2^31 - 1`, or that has no offset,
 /// is not retained; the last sequence is. Transaction state is not modelled
 /// (the coordinator epoch and an open transaction's offset are dropped).
+///
+/// # Errors
+///
+/// [`Unrepresentable`] for an entry this crate cannot hold (a negative
+/// producer id, an epoch or sequence out of range).
 pub fn to_entry(
     e: &KafkaProducerEntry,
 ) -> std::result::Result<(ProducerId, ProducerEntry), Unrepresentable> {
@@ -338,6 +349,7 @@ pub fn from_entry(id: &ProducerId, e: &ProducerEntry) -> Option<KafkaProducerEnt
 
 /// What [`seed_store`] imported and what it could not.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SeedReport {
     /// Entries imported.
     pub imported: u64,

@@ -147,7 +147,7 @@ mod wal;
 pub use batch::{AppendRequest, Batch, BatchMetadata, RetainedBatch};
 pub use entry::{Batches, ProducerEntry, RETAINED_BATCHES};
 pub use error::{Corruption, Error, Result};
-pub use id::{INLINE_NAME_LEN, ProducerId};
+pub use id::{INLINE_NAME_LEN, NegativeProducerId, ProducerId};
 pub use manager::ProducerStateManager;
 pub use outcome::{AppendOutcome, BatchOutcome, OutOfOrderReason, ParseOutcomeError};
 pub use recovery::{
@@ -155,11 +155,17 @@ pub use recovery::{
 };
 pub use store::{FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
 
-// Brokers share one store between their request threads: a change that
-// made it lose `Send` or `Sync` must not compile.
+// Brokers share one store between their request threads, and move errors
+// into `Box<dyn Error + Send + Sync>` or `anyhow`: a change that made one
+// of these lose `Send` or `Sync` must not compile.
 const _: () = {
-    const fn assert_send_sync<T: Send + Sync>() {}
+    const fn assert_send_sync<T: Send + Sync + 'static>() {}
     assert_send_sync::<ProducerStateStore>();
+    assert_send_sync::<Error>();
+    assert_send_sync::<ProducerStateManager>();
+    assert_send_sync::<ProducerId>();
+    assert_send_sync::<fs::SimFs>();
+    assert_send_sync::<StoreOptions>();
 };
 
 /// The README's examples, compiled and run as doc tests so they stay true.

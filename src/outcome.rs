@@ -82,6 +82,7 @@ impl FromStr for AppendOutcome {
 /// The classification of a batch-level append, with the details a broker
 /// needs to answer the client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BatchOutcome {
     /// The batch continues the sequence (or starts a session at 0).
     Accepted,
@@ -143,6 +144,7 @@ impl fmt::Display for BatchOutcome {
 
 /// Why a batch was rejected as out of order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OutOfOrderReason {
     /// No state for the key, and the batch does not start at sequence 0.
     UnknownProducer {

@@ -439,9 +439,7 @@ fn recover_inner(
     let replayed = match result {
         Ok(r) => r,
         Err(Stop::Retry) | Err(Stop::RetryBefore(..)) => {
-            return Err(Error::Poisoned {
-                cause: "internal error: a sequential replay asked to be retried".into(),
-            });
+            return Err(Error::Internal("a sequential replay asked to be retried"));
         }
         Err(Stop::Io(e)) => return Err(e),
         Err(Stop::Damage(cut)) => match mode {

@@ -9,8 +9,8 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use producer_state::{AppendOutcome, Error, ProducerStateStore, inspect, kafka};
 use producer_state::fs::{ReadOnlyFs, StdFs};
+use producer_state::{AppendOutcome, Error, ProducerStateStore, inspect, kafka};
 
 const CHILD: &str = "PRODUCER_STATE_TEST_EMPTY_PATH";
 
@@ -32,7 +32,10 @@ fn child_process() {
     let empty = Path::new("");
     println!("open {}", word(ProducerStateStore::open(empty).map(|_| ())));
     println!("seed {}", word(kafka::seed_store(empty, &[]).map(|_| ())));
-    println!("dry_run {}", word(inspect::dry_run(&ReadOnlyFs(StdFs), empty).map(|_| ())));
+    println!(
+        "dry_run {}",
+        word(inspect::dry_run(&ReadOnlyFs(StdFs), empty).map(|_| ()))
+    );
 }
 
 #[test]

@@ -82,6 +82,15 @@ pub struct DirEntry {
 }
 
 /// The operations the store needs from a file system.
+///
+/// # Errors
+///
+/// Every method returns the operating system's error for its call as it
+/// is; the store adds the operation and the path when it passes one on
+/// ([`Error::Io`](crate::Error::Io)). An implementation must not retry a
+/// failed `sync_data` or `sync_dir` and then report success: the store
+/// treats a failed fsync as losing whatever it covered.
+#[allow(clippy::missing_errors_doc)] // the section above covers every method
 pub trait FileSystem: Send + Sync + fmt::Debug {
     /// Creates a directory and its parents if missing.
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
@@ -120,7 +129,8 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>>;
 }
 
-/// A file opened for reading.
+/// A file opened for reading. Errors as [`FileSystem`]'s.
+#[allow(clippy::missing_errors_doc)] // the OS error of each call
 pub trait ReadFile: io::Read + Send {
     /// The file's length in bytes.
     fn len(&self) -> io::Result<u64>;
@@ -130,7 +140,8 @@ pub trait ReadFile: io::Read + Send {
     }
 }
 
-/// A file opened for writing.
+/// A file opened for writing. Errors as [`FileSystem`]'s.
+#[allow(clippy::missing_errors_doc)] // the OS error of each call
 pub trait WriteFile: Send {
     /// Writes all of `buf` at the current end of the file.
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;

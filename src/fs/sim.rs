@@ -23,6 +23,7 @@ use super::{DirEntry, EntryKind, FileSystem, LockGuard, ReadFile, WriteFile};
 
 /// What happens at the chosen operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fault {
     /// The operation fails with this error kind and has no effect; later
     /// operations work.
@@ -37,6 +38,7 @@ pub enum Fault {
 
 /// What a crash image keeps of the bytes written but not yet synced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Unsynced {
     /// Nothing: only synced bytes survive.
     Drop,

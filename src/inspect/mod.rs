@@ -63,6 +63,7 @@ impl<'a> Ticker<'a> {
 
 /// What a file is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FileKind {
     /// A snapshot of this crate (`<position>.snap`, magic `PSTATSNP`).
     Snapshot,
@@ -140,6 +141,7 @@ pub fn detect(fs: &dyn FileSystem, path: &Path) -> Result<Option<FileKind>> {
 
 /// A snapshot's header, once every byte verified.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SnapshotSummary {
     /// The log position it covers.
     pub position: u64,
@@ -232,6 +234,7 @@ impl SegmentEnd {
 
 /// What a segment holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SegmentSummary {
     /// Position of its first record.
     pub first_position: u64,

@@ -82,7 +82,9 @@ impl Failure {
                 source: io::Error::new(self.kind, self.message.clone()),
             },
             _ => Error::Poisoned {
-                cause: format!("{} {}: {}", self.op, self.path.display(), self.message),
+                op: self.op,
+                path: self.path.clone(),
+                kind: self.kind,
             },
         }
     }
@@ -421,9 +423,7 @@ impl<S: Host> GroupCommit<S> {
         }
         Err(match &log.failed {
             Some(f) => f.error_for(Some(lsn)),
-            None => Error::Poisoned {
-                cause: format!("internal error: group {group} done without record {lsn}"),
-            },
+            None => Error::Internal("a group was done without one of its records"),
         })
     }
 

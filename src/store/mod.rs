@@ -89,6 +89,7 @@ const WARM: usize = 32;
 
 /// Counters of the store's IO since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreStats {
     /// Accepted appends written to the log.
     pub records_written: u64,
@@ -173,8 +174,12 @@ impl ProducerStateStore {
         ProducerStateStore::open_with(dir, StoreOptions::default())
     }
 
-    /// Opens the store in `dir` with `opts`. Errors as [`ProducerStateStore::open`],
-    /// and [`Error::InvalidOptions`].
+    /// Opens the store in `dir` with `opts`.
+    ///
+    /// # Errors
+    ///
+    /// As [`ProducerStateStore::open`], and [`Error::InvalidOptions`] if
+    /// the options cannot work together.
     pub fn open_with(dir: impl AsRef<Path>, opts: StoreOptions) -> Result<ProducerStateStore> {
         opts.validate()?;
         let dir = dir.as_ref().to_path_buf();
@@ -288,7 +293,11 @@ impl ProducerStateStore {
     }
 
     /// Classifies a batch and, if accepted, makes it durable before
-    /// returning. Errors as [`ProducerStateStore::append`].
+    /// returning.
+    ///
+    /// # Errors
+    ///
+    /// As [`ProducerStateStore::append`].
     pub fn append_batch(
         &self,
         producer_id: impl Into<ProducerId>,
@@ -300,7 +309,11 @@ impl ProducerStateStore {
     }
 
     /// Classifies one request and, if accepted, makes it durable before
-    /// returning. Errors as [`ProducerStateStore::append`].
+    /// returning.
+    ///
+    /// # Errors
+    ///
+    /// As [`ProducerStateStore::append`].
     pub fn append_request(&self, request: &AppendRequest) -> Result<BatchOutcome> {
         check_name(request)?;
         let shared = &*self.shared;
@@ -448,6 +461,11 @@ impl ProducerStateStore {
     /// Makes every accepted append durable now (writes and fsyncs whatever
     /// a buffered policy holds; under `Always` everything acknowledged
     /// already is).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if the write or fsync failed (the store is poisoned
+    /// from then on), [`Error::Poisoned`] after an earlier failure.
     pub fn sync(&self) -> Result<()> {
         self.shared.sync()
     }
@@ -472,7 +490,7 @@ impl ProducerStateStore {
 
     /// The error of the last automatic snapshot, if it failed (the log is
     /// unaffected; the next threshold tries again).
-    pub fn last_snapshot_error(&self) -> Option<String> {
+    pub fn last_snapshot_error(&self) -> Option<Arc<Error>> {
         self.shared.snapshots.last_error()
     }
 
@@ -625,7 +643,7 @@ impl Shared {
             bg.snapshot_wanted = true;
             self.bg_cv.notify_all();
         } else if let Err(e) = self.take_snapshot() {
-            self.snapshots.set_error(&e);
+            self.snapshots.set_error(e);
         }
     }
 
@@ -642,7 +660,7 @@ impl Shared {
             bg.snapshot_wanted = false;
             drop(bg);
             if let Err(e) = self.take_snapshot() {
-                self.snapshots.set_error(&e);
+                self.snapshots.set_error(e);
             }
         }
     }

@@ -9,12 +9,14 @@ use crate::error::{Error, Result};
 use crate::fs::{FileSystem, StdFs};
 use crate::recovery::RecoveryMode;
 
-/// When the log is fsync'ed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// When the log is fsync'ed. The default is [`FsyncPolicy::Always`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FsyncPolicy {
     /// Every accepted append is on disk (written and fsync'ed) before
     /// `append` returns; concurrent appends share fsyncs. Nothing
     /// acknowledged is ever lost. The default.
+    #[default]
     Always,
     /// Records are buffered in the process, written when 64 KiB are
     /// buffered, and written and fsync'ed every interval by a thread of
@@ -37,8 +39,12 @@ pub enum FsyncPolicy {
 /// How a [`ProducerStateStore`] is opened. Every setter documents its
 /// default.
 ///
+/// The setters take and return the options by value, so a setter whose
+/// result is dropped changes nothing: the type is `#[must_use]`.
+///
 /// [`ProducerStateStore`]: crate::ProducerStateStore
 #[derive(Clone)]
+#[must_use = "StoreOptions setters return the changed options; pass them to open_with"]
 pub struct StoreOptions {
     pub(super) fsync: FsyncPolicy,
     pub(super) snapshot_every_records: Option<u64>,
@@ -53,7 +59,7 @@ pub struct StoreOptions {
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
-            fsync: FsyncPolicy::Always,
+            fsync: FsyncPolicy::default(),
             snapshot_every_records: Some(1_000_000),
             snapshot_every_bytes: Some(64 << 20),
             segment_size: 64 << 20,

@@ -43,7 +43,7 @@ pub(super) struct Snapshots {
     book: Mutex<Book>,
     /// The last automatic snapshot's error (apart from `book`, which a
     /// snapshot holds while it runs).
-    last_error: Mutex<Option<String>>,
+    last_error: Mutex<Option<Arc<Error>>>,
 }
 
 impl Snapshots {
@@ -58,13 +58,13 @@ impl Snapshots {
     }
 
     /// The error of the last automatic snapshot, if it failed.
-    pub(super) fn last_error(&self) -> Option<String> {
+    pub(super) fn last_error(&self) -> Option<Arc<Error>> {
         lock(&self.last_error).clone()
     }
 
     /// Notes an automatic snapshot's failure.
-    pub(super) fn set_error(&self, e: &Error) {
-        *lock(&self.last_error) = Some(e.to_string());
+    pub(super) fn set_error(&self, e: Error) {
+        *lock(&self.last_error) = Some(Arc::new(e));
     }
 
     /// Takes a snapshot of the state behind `log`'s lock now; `sync` makes
@@ -136,9 +136,9 @@ impl Snapshots {
                 let mut st = log.lock_state_quietly();
                 let keys = &mut st.keys;
                 let Some(c) = &mut keys.capture else {
-                    return Err(Error::Poisoned {
-                        cause: "snapshot capture lost".into(),
-                    });
+                    return Err(Error::Internal(
+                        "a snapshot's capture of the state was lost",
+                    ));
                 };
                 let pre = std::mem::take(&mut c.pre[i]);
                 for (id, partition, entry) in keys.shards.shard(i).iter() {

@@ -7,6 +7,7 @@
 //! into it; the segment it replaces is fsync'ed first, so every segment but
 //! the last is complete on disk.
 
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -47,8 +48,9 @@ pub(crate) struct LogWriter {
     segment_size: u64,
     /// Every live segment, oldest first; the last is the active one.
     segments: Vec<SegmentInfo>,
-    /// A write failed: the file's end is unknown, nothing more is written.
-    broken: bool,
+    /// A write failed (its operation and kind): the file's end is
+    /// unknown, nothing more is written.
+    broken: Option<(&'static str, io::ErrorKind)>,
     /// The active segment has an older format version: roll before writing.
     roll_first: bool,
 }
@@ -75,7 +77,7 @@ impl LogWriter {
             records: 0,
             segment_size,
             segments,
-            broken: false,
+            broken: None,
             roll_first: false,
         })
     }
@@ -122,7 +124,7 @@ impl LogWriter {
             records,
             segment_size,
             segments,
-            broken: false,
+            broken: None,
             roll_first: version != segment::VERSION,
         })
     }
@@ -138,16 +140,25 @@ impl LogWriter {
     pub(crate) fn write(&mut self, buf: &mut [u8], lsn: u64, count: u64) -> Result<()> {
         // A group that does not continue the log exactly (an earlier write
         // failed) must not be written: its records would get wrong positions.
-        if self.broken || lsn != self.next_lsn() {
+        if let Some((op, kind)) = self.broken {
             return Err(Error::Poisoned {
-                cause: format!(
-                    "an earlier write to {} failed; records from position {lsn} were not written",
-                    self.path.display()
-                ),
+                op,
+                path: self.path.clone(),
+                kind,
             });
         }
+        if lsn != self.next_lsn() {
+            return Err(Error::Internal(
+                "a group of records does not continue the log",
+            ));
+        }
         let result = self.write_group(buf, lsn, count);
-        self.broken |= result.is_err();
+        if let Err(e) = &result {
+            self.broken = Some(match e {
+                Error::Io { op, source, .. } => (*op, source.kind()),
+                _ => ("write", io::ErrorKind::Other),
+            });
+        }
         result
     }
 
