@@ -137,10 +137,11 @@ def produce(args, bootstrap, topic, n, idempotent, broker, deadline, kills):
     args.rate messages/s, killing the broker `kills` times along the way.
     Returns (sent per partition in order, delivered {value: (partition, offset)},
     failed count, librdkafka retries)."""
-    retries = {"tx": 0}
+    retries = {"tx": 0, "last": None}
 
     def on_stats(js):
         s = json.loads(js)
+        retries["last"] = js
         retries["tx"] = max(retries["tx"], sum(b.get("txretries", 0) for b in s.get("brokers", {}).values()))
 
     conf = {
@@ -156,6 +157,7 @@ def produce(args, bootstrap, topic, n, idempotent, broker, deadline, kills):
         "socket.timeout.ms": 10000,
         "statistics.interval.ms": 500,
         "stats_cb": on_stats,
+        "log.connection.close": False,  # the proxy closes many; it counts them
     }
     if not idempotent:
         conf["max.in.flight.requests.per.connection"] = 5
@@ -192,7 +194,7 @@ def produce(args, bootstrap, topic, n, idempotent, broker, deadline, kills):
             broker.kill9()
             time.sleep(random.uniform(0.05, 0.8))
             broker.start()
-        if i % 200 == 0:
+        if i % 20 == 0:
             p.poll(0)
             ahead = i / args.rate - (time.monotonic() - start)
             if ahead > 0:
@@ -202,6 +204,9 @@ def produce(args, bootstrap, topic, n, idempotent, broker, deadline, kills):
         p.flush(min(5, deadline.left()))
         deadline.check(f"waiting for {len(p)} deliveries")
     p.poll(1)  # one more statistics callback
+    if retries["last"]:
+        with open(os.path.join(args.work, f"stats-{topic}.json"), "w") as f:
+            f.write(retries["last"])
     if errors:
         print(f"  delivery errors: {errors}")
     return sent, delivered, failed[0], retries["tx"]
@@ -300,14 +305,19 @@ def run(args, name, idempotent, n, kills, deadline):
               f"partitions={args.partitions} in {elapsed:.1f}s")
         print(f"  delivered={len(delivered)} failed_deliveries={failed} "
               f"in_log={sum(len(l) for l in logs)}")
-        print(f"  retries={retries} duplicates_answered={broker.duplicates_answered()} "
+        resent = int(ps.get("resent_batches", 0))
+        # Without idempotence librdkafka rebuilds a retried batch, so the
+        # proxy cannot match it to its first attempt: the log shows them.
+        shown = resent if idempotent else "n/a"
+        print(f"  retries={shown} (batches sent again, of {ps.get('produce_batches', 0)} sent; "
+              f"librdkafka txretries={retries}) duplicates_answered={broker.duplicates_answered()} "
               f"dropped_connections={drops} (after_produce={ps.get('produce_drops', 0)}, "
               f"random={ps.get('random_drops', 0)}) split_writes={ps.get('splits', 0)} "
               f"delays={ps.get('delays', 0)} kills={broker.kills} "
               f"torn_tails_cut={broker.log_lines(b'cut a torn tail')} "
               f"state_rebuilds={broker.log_lines(b'rebuilding the producer state')}")
         print(f"  duplicates_in_log={dups} out_of_order_records={order}")
-        return problems, retries, drops, broker.kills
+        return problems, resent, drops, broker.kills
     finally:
         if proxy:
             proxy.kill()

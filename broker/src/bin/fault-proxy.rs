@@ -15,14 +15,23 @@
 //!   separately, so the broker sees requests arrive in fragments.
 //!
 //! It counts what it did in `--stats FILE` (rewritten after every event:
-//! `connections=.. produce_drops=.. random_drops=.. splits=.. delays=..`).
+//! `connections=.. produce_drops=.. random_drops=.. splits=.. delays=..
+//! produce_batches=.. resent_batches=..`). A resent batch is one the client
+//! sent again: the same (topic, partition, producer id, epoch, base
+//! sequence) for an idempotent producer, the same CRC-32C otherwise; that is
+//! the retry count of the proof, seen on the wire.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
+use kafka_protocol::messages::{ApiKey, ProduceRequest, RequestHeader};
+use kafka_protocol::protocol::Decodable;
+use producer_state_broker::batch;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -34,6 +43,39 @@ struct Stats {
     random_drops: AtomicU64,
     splits: AtomicU64,
     delays: AtomicU64,
+    produce_batches: AtomicU64,
+    resent_batches: AtomicU64,
+    seen: std::sync::Mutex<HashSet<(String, i32, i64, i16, i64)>>,
+}
+
+/// Counts the batches of a Produce request frame (without its size
+/// prefix), and those seen before.
+fn count_batches(frame: &[u8], stats: &Stats) {
+    let mut buf = Bytes::copy_from_slice(frame);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let Ok(header) = RequestHeader::decode(&mut buf, ApiKey::Produce.request_header_version(version)) else {
+        return;
+    };
+    let Ok(req) = ProduceRequest::decode(&mut buf, header.request_api_version) else {
+        return;
+    };
+    let mut seen = stats.seen.lock().unwrap_or_else(|p| p.into_inner());
+    for t in req.topic_data {
+        for p in t.partition_data {
+            let Some(records) = p.records else { continue };
+            let Ok(h) = batch::parse(&records) else { continue };
+            let key = if h.is_idempotent() {
+                (t.name.0.to_string(), p.index, h.producer_id, h.producer_epoch, i64::from(h.base_sequence))
+            } else {
+                let crc = u32::from_be_bytes([records[17], records[18], records[19], records[20]]);
+                (t.name.0.to_string(), p.index, -1, -1, i64::from(crc))
+            };
+            stats.produce_batches.fetch_add(1, Ordering::Relaxed);
+            if !seen.insert(key) {
+                stats.resent_batches.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 struct Config {
@@ -65,12 +107,15 @@ fn write_stats(cfg: &Config, s: &Stats) {
     let Some(path) = &cfg.stats_file else { return };
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let line = format!(
-        "connections={} produce_drops={} random_drops={} splits={} delays={}\n",
+        "connections={} produce_drops={} random_drops={} splits={} delays={} \
+         produce_batches={} resent_batches={}\n",
         g(&s.connections),
         g(&s.produce_drops),
         g(&s.random_drops),
         g(&s.splits),
-        g(&s.delays)
+        g(&s.delays),
+        g(&s.produce_batches),
+        g(&s.resent_batches)
     );
     let tmp = path.with_extension("tmp");
     if std::fs::write(&tmp, line).is_ok() {
@@ -132,7 +177,10 @@ async fn upstream_dir(
                 break;
             }
             let frame: Vec<u8> = pending.drain(..4 + len).collect();
-            let is_produce = len >= 2 && frame[4] == 0 && frame[5] == 0;
+            let is_produce = len >= 4 && frame[4] == 0 && frame[5] == 0;
+            if is_produce {
+                count_batches(&frame[4..], &stats);
+            }
             if rng.chance(cfg.random_drop) {
                 stats.random_drops.fetch_add(1, Ordering::Relaxed);
                 write_stats(&cfg, &stats);
@@ -291,6 +339,13 @@ async fn main() {
     write_stats(&cfg, &stats);
     println!("proxy listening on {listen}");
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("fault-proxy: SIGTERM handler: {e}");
+            std::process::exit(1);
+        }
+    };
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -301,6 +356,7 @@ async fn main() {
                 }
             }
             _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
         }
     }
     write_stats(&cfg, &stats);
