@@ -670,10 +670,8 @@ async fn fetch(broker: &Arc<Broker>, req: FetchRequest) -> FetchResponse {
             .unwrap_or_default()
     };
     let (mut topics, total) = read(broker.clone(), req.clone()).await;
-    if total == 0 && !wait.is_zero() {
-        if tokio::time::timeout(wait, notified).await.is_ok() {
-            topics = read(broker.clone(), req.clone()).await.0;
-        }
+    if total == 0 && !wait.is_zero() && tokio::time::timeout(wait, notified).await.is_ok() {
+        topics = read(broker.clone(), req.clone()).await.0;
     }
     let mut r = FetchResponse::default();
     r.responses = topics;

@@ -36,6 +36,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
+/// (topic, partition, producer id, epoch, base sequence or CRC-32C).
+type BatchKey = (String, i32, i64, i16, i64);
+
 #[derive(Default)]
 struct Stats {
     connections: AtomicU64,
@@ -45,7 +48,7 @@ struct Stats {
     delays: AtomicU64,
     produce_batches: AtomicU64,
     resent_batches: AtomicU64,
-    seen: std::sync::Mutex<HashSet<(String, i32, i64, i16, i64)>>,
+    seen: std::sync::Mutex<HashSet<BatchKey>>,
 }
 
 /// Counts the batches of a Produce request frame (without its size
@@ -53,7 +56,9 @@ struct Stats {
 fn count_batches(frame: &[u8], stats: &Stats) {
     let mut buf = Bytes::copy_from_slice(frame);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
-    let Ok(header) = RequestHeader::decode(&mut buf, ApiKey::Produce.request_header_version(version)) else {
+    let Ok(header) =
+        RequestHeader::decode(&mut buf, ApiKey::Produce.request_header_version(version))
+    else {
         return;
     };
     let Ok(req) = ProduceRequest::decode(&mut buf, header.request_api_version) else {
@@ -63,9 +68,17 @@ fn count_batches(frame: &[u8], stats: &Stats) {
     for t in req.topic_data {
         for p in t.partition_data {
             let Some(records) = p.records else { continue };
-            let Ok(h) = batch::parse(&records) else { continue };
+            let Ok(h) = batch::parse(&records) else {
+                continue;
+            };
             let key = if h.is_idempotent() {
-                (t.name.0.to_string(), p.index, h.producer_id, h.producer_epoch, i64::from(h.base_sequence))
+                (
+                    t.name.0.to_string(),
+                    p.index,
+                    h.producer_id,
+                    h.producer_epoch,
+                    i64::from(h.base_sequence),
+                )
             } else {
                 let crc = u32::from_be_bytes([records[17], records[18], records[19], records[20]]);
                 (t.name.0.to_string(), p.index, -1, -1, i64::from(crc))
