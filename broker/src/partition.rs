@@ -474,3 +474,113 @@ impl Partition {
 pub fn partition_dir(topics_dir: &Path, topic: &str, index: i32) -> PathBuf {
     topics_dir.join(format!("{topic}-{index}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(pid: i64, epoch: i16, seq: i32, count: i32) -> Vec<u8> {
+        let mut b = vec![0u8; batch::HEADER_LEN];
+        b.extend_from_slice(&[5u8; 8]);
+        let len = (b.len() - batch::LOG_OVERHEAD) as i32;
+        b[8..12].copy_from_slice(&len.to_be_bytes());
+        b[16] = 2;
+        b[23..27].copy_from_slice(&(count - 1).to_be_bytes());
+        b[43..51].copy_from_slice(&pid.to_be_bytes());
+        b[51..53].copy_from_slice(&epoch.to_be_bytes());
+        b[53..57].copy_from_slice(&seq.to_be_bytes());
+        b[57..61].copy_from_slice(&count.to_be_bytes());
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        b
+    }
+
+    fn open(dir: &Path) -> (Partition, OpenReport) {
+        Partition::open(dir, "t", 0).unwrap()
+    }
+
+    #[test]
+    fn a_lost_state_directory_is_rebuilt_so_retries_stay_duplicates() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t-0");
+        let (p, _) = open(&dir);
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 0, 2)),
+            Produced::Appended { base_offset: 0 }
+        );
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 2, 3)),
+            Produced::Appended { base_offset: 2 }
+        );
+        p.close().unwrap();
+        fs::remove_dir_all(dir.join(STATE)).unwrap();
+
+        let (p, report) = open(&dir);
+        assert!(report.rebuilt.is_some(), "{report:?}");
+        assert_eq!(report.max_producer_id, 7);
+        // Without the rebuild a fresh state would accept the retry of the
+        // first batch a second time.
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 0, 2)),
+            Produced::Duplicate { base_offset: 0 }
+        );
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 5, 1)),
+            Produced::Appended { base_offset: 5 }
+        );
+        p.close().unwrap();
+    }
+
+    #[test]
+    fn a_swap_interrupted_between_its_renames_is_settled() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t-0");
+        let (p, _) = open(&dir);
+        p.produce(&mut batch(3, 0, 0, 1));
+        p.close().unwrap();
+        // Crash after `state` -> `state.old`, with a half-built rebuild.
+        fs::rename(dir.join(STATE), dir.join(STATE_OLD)).unwrap();
+        fs::create_dir(dir.join(STATE_REBUILD)).unwrap();
+        fs::write(dir.join(STATE_REBUILD).join("junk"), b"x").unwrap();
+
+        let (p, report) = open(&dir);
+        assert!(
+            report.rebuilt.is_none(),
+            "the old state was put back and agrees"
+        );
+        assert!(!dir.join(STATE_OLD).exists() && !dir.join(STATE_REBUILD).exists());
+        assert_eq!(
+            p.produce(&mut batch(3, 0, 0, 1)),
+            Produced::Duplicate { base_offset: 0 }
+        );
+        p.close().unwrap();
+    }
+
+    #[test]
+    fn rejections_map_to_kafka_error_codes_and_write_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (p, _) = open(&tmp.path().join("t-0"));
+        p.produce(&mut batch(1, 2, 0, 1));
+        let code = |o: Produced| match o {
+            Produced::Refused { code, .. } => code,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(code(p.produce(&mut batch(1, 2, 5, 1))), 45);
+        assert_eq!(code(p.produce(&mut batch(1, 1, 1, 1))), 47);
+        let mut two = batch(1, 2, 1, 1);
+        two.extend(batch(1, 2, 2, 1));
+        assert_eq!(code(p.produce(&mut two)), 87);
+        assert_eq!(p.high_watermark(), 1);
+        // Without a producer id the broker cannot deduplicate: appended twice.
+        let b = batch(-1, -1, -1, 1);
+        assert_eq!(
+            p.produce(&mut b.clone()),
+            Produced::Appended { base_offset: 1 }
+        );
+        assert_eq!(
+            p.produce(&mut b.clone()),
+            Produced::Appended { base_offset: 2 }
+        );
+        p.close().unwrap();
+    }
+}
