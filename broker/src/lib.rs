@@ -200,6 +200,34 @@ impl Broker {
         Ok(topic)
     }
 
+    /// Where the produce path's time went, over all partitions:
+    /// `batches=.. state_ms=.. log_ms=.. produce_ms=.. state_share=..%`
+    /// (the share of the produce path spent in `producer-state`).
+    pub fn timing_summary(&self) -> String {
+        let (mut batches, mut state, mut log, mut total) = (0u64, 0u64, 0u64, 0u64);
+        for (_, t) in self.topics() {
+            for p in &t.partitions {
+                let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                let tm = p.timings();
+                batches += g(&tm.batches);
+                state += g(&tm.state_ns);
+                log += g(&tm.log_ns);
+                total += g(&tm.total_ns);
+            }
+        }
+        format!(
+            "batches={batches} state_ms={:.1} log_ms={:.1} produce_ms={:.1} state_share={:.1}%",
+            state as f64 / 1e6,
+            log as f64 / 1e6,
+            total as f64 / 1e6,
+            if total == 0 {
+                0.0
+            } else {
+                100.0 * state as f64 / total as f64
+            }
+        )
+    }
+
     /// Hands out a new producer id, durably (blocking IO).
     pub fn allocate_producer_id(&self) -> Result<i64> {
         let id = self

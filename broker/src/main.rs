@@ -140,7 +140,7 @@ async fn run(args: Args) -> Result<(), String> {
     println!("listening on {local}");
     let _ = std::io::stdout().flush();
     server::serve(broker.clone(), listener, stop_rx).await;
-    tracing::info!(stats = %broker.stats.summary(), "stopped");
+    tracing::info!(stats = %broker.stats.summary(), timings = %broker.timing_summary(), "stopped");
     let broker =
         Arc::try_unwrap(broker).map_err(|_| "broker still in use at shutdown".to_string())?;
     tokio::task::spawn_blocking(move || broker.close())

@@ -41,7 +41,9 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
 use kafka_protocol::ResponseError;
 use producer_state::{Batch, BatchOutcome, FsyncPolicy, ProducerStateStore, StoreOptions};
@@ -97,6 +99,24 @@ pub struct Partition {
     name: String,
     index: i32,
     inner: Mutex<Inner>,
+    timings: Timings,
+}
+
+/// Where the produce path's time goes, summed over batches (nanoseconds).
+#[derive(Debug, Default)]
+pub struct Timings {
+    /// Batches through [`Partition::produce`].
+    pub batches: AtomicU64,
+    /// In `append_batch` (classification and the state's durable write).
+    pub state_ns: AtomicU64,
+    /// In the partition log's write and fdatasync.
+    pub log_ns: AtomicU64,
+    /// In [`Partition::produce`] in all (parsing, the lock, both writes).
+    pub total_ns: AtomicU64,
+}
+
+fn add_elapsed(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
 }
 
 impl std::fmt::Debug for Partition {
@@ -336,6 +356,7 @@ impl Partition {
                     store,
                     failed: None,
                 }),
+                timings: Timings::default(),
             },
             report,
         ))
@@ -355,6 +376,19 @@ impl Partition {
     /// state and then to the log. Blocks on fsyncs: call it off the async
     /// runtime's worker threads.
     pub fn produce(&self, bytes: &mut [u8]) -> Produced {
+        let start = Instant::now();
+        let produced = self.produce_timed(bytes);
+        self.timings.batches.fetch_add(1, Ordering::Relaxed);
+        add_elapsed(&self.timings.total_ns, start);
+        produced
+    }
+
+    /// Where this partition's produce time went.
+    pub fn timings(&self) -> &Timings {
+        &self.timings
+    }
+
+    fn produce_timed(&self, bytes: &mut [u8]) -> Produced {
         let refuse = |e: ResponseError, message: String| Produced::Refused {
             code: e.code(),
             message,
@@ -381,12 +415,14 @@ impl Partition {
         }
         if h.is_idempotent() {
             let offset = inner.log.next_offset();
+            let t = Instant::now();
             let outcome = inner.store.append_batch(
                 h.producer_id as u64,
                 self.index,
                 h.producer_epoch,
                 to_batch(&h, offset),
             );
+            add_elapsed(&self.timings.state_ns, t);
             match outcome {
                 Ok(BatchOutcome::Accepted) => {}
                 Ok(BatchOutcome::Duplicate {
@@ -413,7 +449,10 @@ impl Partition {
                 }
             }
         }
-        match inner.log.append(bytes, &h) {
+        let t = Instant::now();
+        let appended = inner.log.append(bytes, &h);
+        add_elapsed(&self.timings.log_ns, t);
+        match appended {
             Ok(base_offset) => Produced::Appended { base_offset },
             Err(e) => {
                 let msg = format!("partition log {}: {e}", inner.log.path().display());
