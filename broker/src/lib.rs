@@ -1,0 +1,261 @@
+//! A small Kafka-protocol broker built on `producer-state`: exactly-once
+//! (idempotent) produce for real Kafka clients.
+//!
+//! It speaks the Kafka wire protocol through the `kafka-protocol` crate
+//! (ApiVersions, Metadata with topic auto-creation, InitProducerId,
+//! Produce, ListOffsets and Fetch), keeps one log file per partition and
+//! one [`producer_state::ProducerStateStore`] per partition, and is the
+//! reference for `docs/broker.md`: how a broker embeds the crate, the order
+//! of its durable writes and what recovery does when the two logs disagree.
+//! [`partition`] holds the produce path and recovery; [`server`] the
+//! protocol.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![warn(clippy::unwrap_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod batch;
+pub mod error;
+pub mod partition;
+pub mod pids;
+pub mod plog;
+pub mod server;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+pub use error::{Error, Result};
+use partition::{Partition, partition_dir};
+use pids::ProducerIds;
+
+/// How the broker runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The data directory.
+    pub dir: PathBuf,
+    /// Host Metadata hands out for this broker.
+    pub advertised_host: String,
+    /// Port Metadata hands out for this broker.
+    pub advertised_port: i32,
+    /// Partitions of an auto-created topic.
+    pub partitions: i32,
+}
+
+/// A topic: its partitions, numbered from 0.
+#[derive(Debug)]
+pub struct Topic {
+    /// The partitions, index = partition number.
+    pub partitions: Vec<Arc<Partition>>,
+}
+
+/// Counters since the broker started (printed on shutdown; duplicates are
+/// also logged one by one).
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Batches written to a partition log.
+    pub batches_appended: AtomicU64,
+    /// Produce retries answered as duplicates with the original offset.
+    pub duplicates: AtomicU64,
+    /// Batches refused (out of order, fenced, corrupt, storage error).
+    pub refused: AtomicU64,
+    /// Producer ids handed out.
+    pub producer_ids: AtomicU64,
+    /// Connections accepted.
+    pub connections: AtomicU64,
+}
+
+impl Stats {
+    /// One line of `name=value` pairs.
+    pub fn summary(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "batches_appended={} duplicates={} refused={} producer_ids={} connections={}",
+            g(&self.batches_appended),
+            g(&self.duplicates),
+            g(&self.refused),
+            g(&self.producer_ids),
+            g(&self.connections)
+        )
+    }
+}
+
+/// The broker's state: topics, producer ids, counters.
+#[derive(Debug)]
+pub struct Broker {
+    config: Config,
+    topics_dir: PathBuf,
+    topics: RwLock<BTreeMap<String, Arc<Topic>>>,
+    pids: Mutex<ProducerIds>,
+    /// Counters.
+    pub stats: Stats,
+    /// Woken whenever a batch is appended (long-polling fetches wait on it).
+    pub(crate) data: tokio::sync::Notify,
+}
+
+/// Kafka's rule for topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.`
+/// or `..`. It also keeps a name safe as a directory name.
+pub fn valid_topic_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 249
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+fn open_topic(topics_dir: &Path, name: &str, count: i32) -> Result<(Topic, i64)> {
+    let mut partitions = Vec::with_capacity(count as usize);
+    let mut max_pid = -1;
+    for i in 0..count {
+        let (p, report) = Partition::open(&partition_dir(topics_dir, name, i), name, i)?;
+        max_pid = max_pid.max(report.max_producer_id);
+        partitions.push(Arc::new(p));
+    }
+    Ok((Topic { partitions }, max_pid))
+}
+
+impl Broker {
+    /// Opens the broker's data directory (created if missing) and recovers
+    /// every partition found in it.
+    pub fn open(config: Config) -> Result<Broker> {
+        let topics_dir = config.dir.join("topics");
+        fs::create_dir_all(&topics_dir)
+            .map_err(|e| Error::io("create directory", &topics_dir, e))?;
+        let mut counts: BTreeMap<String, i32> = BTreeMap::new();
+        let entries = fs::read_dir(&topics_dir).map_err(|e| Error::io("list", &topics_dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("list", &topics_dir, e))?;
+            let name = entry.file_name();
+            let Some((topic, index)) = name.to_str().and_then(|n| n.rsplit_once('-')) else {
+                continue;
+            };
+            let Ok(index) = index.parse::<i32>() else {
+                continue;
+            };
+            if valid_topic_name(topic) && index >= 0 {
+                let c = counts.entry(topic.to_string()).or_default();
+                *c = (*c).max(index + 1);
+            }
+        }
+        let mut pids = ProducerIds::open(&config.dir)?;
+        let mut topics = BTreeMap::new();
+        for (name, count) in counts {
+            let (topic, max_pid) = open_topic(&topics_dir, &name, count)?;
+            pids.at_least_above(max_pid);
+            topics.insert(name, Arc::new(topic));
+        }
+        Ok(Broker {
+            config,
+            topics_dir,
+            topics: RwLock::new(topics),
+            pids: Mutex::new(pids),
+            stats: Stats::default(),
+            data: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The topic, if it exists.
+    pub fn topic(&self, name: &str) -> Option<Arc<Topic>> {
+        self.topics
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Every topic, by name.
+    pub fn topics(&self) -> Vec<(String, Arc<Topic>)> {
+        let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
+        t.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// The topic, created with the configured partition count if missing
+    /// (blocking IO: creating opens a store per partition).
+    pub fn topic_or_create(&self, name: &str) -> Result<Arc<Topic>> {
+        if let Some(t) = self.topic(name) {
+            return Ok(t);
+        }
+        let mut topics = self.topics.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = topics.get(name) {
+            return Ok(t.clone());
+        }
+        let (topic, _) = open_topic(&self.topics_dir, name, self.config.partitions)?;
+        tracing::info!(
+            topic = name,
+            partitions = self.config.partitions,
+            "created topic"
+        );
+        let topic = Arc::new(topic);
+        topics.insert(name.to_string(), topic.clone());
+        Ok(topic)
+    }
+
+    /// Where the produce path's time went, over all partitions:
+    /// `batches=.. state_ms=.. log_ms=.. produce_ms=.. state_share=..%`
+    /// (the share of the produce path spent in `producer-state`).
+    pub fn timing_summary(&self) -> String {
+        let (mut batches, mut state, mut log, mut total) = (0u64, 0u64, 0u64, 0u64);
+        for (_, t) in self.topics() {
+            for p in &t.partitions {
+                let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                let tm = p.timings();
+                batches += g(&tm.batches);
+                state += g(&tm.state_ns);
+                log += g(&tm.log_ns);
+                total += g(&tm.total_ns);
+            }
+        }
+        format!(
+            "batches={batches} state_ms={:.1} log_ms={:.1} produce_ms={:.1} state_share={:.1}%",
+            state as f64 / 1e6,
+            log as f64 / 1e6,
+            total as f64 / 1e6,
+            if total == 0 {
+                0.0
+            } else {
+                100.0 * state as f64 / total as f64
+            }
+        )
+    }
+
+    /// Hands out a new producer id, durably (blocking IO).
+    pub fn allocate_producer_id(&self) -> Result<i64> {
+        let id = self
+            .pids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allocate()?;
+        self.stats.producer_ids.fetch_add(1, Ordering::Relaxed);
+        Ok(id)
+    }
+
+    /// Closes every partition's producer state. Partitions still shared
+    /// (a request in flight) are closed when their last user drops them.
+    pub fn close(self) -> Result<()> {
+        let topics = self.topics.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut first_err = None;
+        for (_, topic) in topics {
+            let Ok(topic) = Arc::try_unwrap(topic) else {
+                continue;
+            };
+            for p in topic.partitions {
+                if let Ok(p) = Arc::try_unwrap(p)
+                    && let Err(e) = p.close()
+                {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,625 @@
+//! One partition: its log, its producer state, and the produce path that
+//! keeps the two in agreement.
+//!
+//! # One store per partition
+//!
+//! Each partition has its own [`ProducerStateStore`] in `state/` beside its
+//! log. The log and the state that must agree with it live and recover
+//! together: recovery compares one log with one store, and rebuilding a
+//! store reads only its own partition's log. One store for all partitions
+//! (keyed by a global partition number) would share fsyncs across
+//! partitions, but a torn tail in any partition's log would then force
+//! rebuilding the state of every partition from every log. The cost is two
+//! threads per partition (the store's flusher and snapshot threads), fine
+//! for the tens of partitions this broker serves.
+//!
+//! # The produce path and the order of durable writes
+//!
+//! Under the partition's lock, so batches of one partition are classified
+//! and written one at a time:
+//!
+//! 1. the offset the batch would get is the log's next offset;
+//! 2. `append_batch` classifies it; if `ACCEPTED`, the store has written and
+//!    fsync'ed its record (the state now knows the batch at that offset);
+//! 3. only then is the batch written to the partition log and `fdatasync`'ed;
+//! 4. only then is the client answered.
+//!
+//! The state is written first because it decides: a batch must not reach
+//! the log before it is known to be no duplicate. So after a crash the
+//! state can be *ahead* of the log (step 2 done, step 3 not), never behind
+//! it. Recovery checks this on open: the newest batch each producer has in
+//! the log must be exactly what the state holds as that producer's newest
+//! (epoch, last sequence, offset), and the state must know no producer the
+//! log lacks. If not, the state is rebuilt from the log; a state left ahead
+//! would answer the client's retry of the lost batch with `DUPLICATE` and an
+//! offset the log never had, losing an acknowledged message.
+//!
+//! A write or fsync failure of either file poisons the partition: it answers
+//! `KAFKA_STORAGE_ERROR` until the broker restarts and recovery makes the
+//! two agree again (a failed fsync is never retried).
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use kafka_protocol::ResponseError;
+use producer_state::{Batch, BatchOutcome, FsyncPolicy, ProducerStateStore, StoreOptions};
+
+use crate::batch::{self, BatchHeader};
+use crate::error::{Error, Result};
+use crate::plog::{PartitionLog, sync_dir};
+
+/// The log's file name inside the partition directory.
+pub const LOG_FILE: &str = "00000000000000000000.log";
+const STATE: &str = "state";
+const STATE_REBUILD: &str = "state.rebuild";
+const STATE_OLD: &str = "state.old";
+
+/// What a produce of one batch came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Produced {
+    /// Written to the log at this base offset.
+    Appended {
+        /// Offset of the batch's first record.
+        base_offset: i64,
+    },
+    /// A retry of a batch already in the log: answered with its offset.
+    Duplicate {
+        /// The original batch's base offset.
+        base_offset: i64,
+    },
+    /// Refused with a Kafka error code.
+    Refused {
+        /// The Kafka error code.
+        code: i16,
+        /// Why, for the log and the response's error message.
+        message: String,
+    },
+}
+
+/// The newest batch of one producer in a log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LastBatch {
+    epoch: i16,
+    last_sequence: i32,
+    offset: i64,
+}
+
+struct Inner {
+    log: PartitionLog,
+    store: ProducerStateStore,
+    failed: Option<String>,
+}
+
+/// One partition of a topic.
+pub struct Partition {
+    name: String,
+    index: i32,
+    inner: Mutex<Inner>,
+    timings: Timings,
+}
+
+/// Where the produce path's time goes, summed over batches (nanoseconds).
+#[derive(Debug, Default)]
+pub struct Timings {
+    /// Batches through [`Partition::produce`].
+    pub batches: AtomicU64,
+    /// In `append_batch` (classification and the state's durable write).
+    pub state_ns: AtomicU64,
+    /// In the partition log's write and fdatasync.
+    pub log_ns: AtomicU64,
+    /// In [`Partition::produce`] in all (parsing, the lock, both writes).
+    pub total_ns: AtomicU64,
+}
+
+fn add_elapsed(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
+impl std::fmt::Debug for Partition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Partition")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// What opening a partition found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Bytes cut from a torn log tail.
+    pub torn_bytes: u64,
+    /// Why the producer state was rebuilt from the log, if it was.
+    pub rebuilt: Option<String>,
+    /// The highest producer id in the log (-1: none).
+    pub max_producer_id: i64,
+}
+
+fn state_options() -> StoreOptions {
+    StoreOptions::default()
+}
+
+fn remove_dir_if_exists(dir: &Path) -> Result<()> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove", dir, e)),
+    }
+}
+
+/// Finishes or undoes a state swap interrupted by a crash (see [`rebuild`]).
+fn settle_state_dirs(dir: &Path) -> Result<()> {
+    // An unfinished rebuild: derived data, made again if needed.
+    remove_dir_if_exists(&dir.join(STATE_REBUILD))?;
+    let state = dir.join(STATE);
+    let old = dir.join(STATE_OLD);
+    if old.exists() {
+        if state.exists() {
+            // The swap completed; the old state is no longer needed.
+            remove_dir_if_exists(&old)?;
+        } else {
+            // Crashed between the two renames: put the old state back; the
+            // agreement check below finds it ahead again and rebuilds.
+            fs::rename(&old, &state).map_err(|e| Error::io("rename", &old, e))?;
+        }
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// Why the store and the log disagree, or `None` if they agree.
+fn disagreement(
+    store: &ProducerStateStore,
+    log_last: &HashMap<i64, LastBatch>,
+    log_end: i64,
+) -> Option<String> {
+    let mut known = 0usize;
+    for (id, _, entry) in store.iter() {
+        let Some(pid) = id.as_numeric().and_then(|p| i64::try_from(p).ok()) else {
+            return Some(format!(
+                "the state holds producer {id}, which no Kafka client has"
+            ));
+        };
+        let newest = entry
+            .retained_batches()
+            .filter_map(|b| b.metadata)
+            .map(|m| m.offset)
+            .max();
+        if let Some(offset) = newest
+            && offset >= log_end
+        {
+            return Some(format!(
+                "the state is ahead of the log: producer {pid} has a batch at offset {offset}, \
+                 the log ends at {log_end}"
+            ));
+        }
+        let held = LastBatch {
+            epoch: entry.epoch(),
+            last_sequence: entry.last_sequence(),
+            offset: newest.unwrap_or(-1),
+        };
+        match log_last.get(&pid) {
+            Some(l) if *l == held => known += 1,
+            Some(l) => {
+                return Some(format!(
+                    "producer {pid}: the state's newest batch is {held:?}, the log's {l:?}"
+                ));
+            }
+            None => return Some(format!("the state knows producer {pid}, the log does not")),
+        }
+    }
+    (known != log_last.len()).then(|| {
+        format!(
+            "the log has {} producers, the state knows {known} of them",
+            log_last.len()
+        )
+    })
+}
+
+fn to_batch(h: &BatchHeader, offset: i64) -> Batch {
+    Batch::new(h.base_sequence, h.last_sequence(), offset, h.max_timestamp)
+}
+
+/// Rebuilds the producer state from the log's batches: appends every
+/// batch of the log, in order, to a fresh store in `state.rebuild`, makes it
+/// durable, then swaps it in: rename `state` to `state.old`, rename
+/// `state.rebuild` to `state`, remove `state.old` (each step fsync'ed; a
+/// crash anywhere in between is settled by [`settle_state_dirs`]). O(log).
+fn rebuild(dir: &Path, log_path: &Path, name: &str, index: i32) -> Result<()> {
+    let tmp = dir.join(STATE_REBUILD);
+    remove_dir_if_exists(&tmp)?;
+    let state_err = |source| Error::State {
+        partition: name.to_string(),
+        source,
+    };
+    // Buffered: the rebuild is made durable once, by close, before the swap.
+    let store = ProducerStateStore::open_with(&tmp, state_options().fsync(FsyncPolicy::Never))
+        .map_err(state_err)?;
+    PartitionLog::for_each_batch(log_path, |h| {
+        if !h.is_idempotent() {
+            return Ok(());
+        }
+        let outcome = store
+            .append_batch(
+                h.producer_id as u64,
+                index,
+                h.producer_epoch,
+                to_batch(h, h.base_offset),
+            )
+            .map_err(state_err)?;
+        if outcome.is_accepted() {
+            Ok(())
+        } else {
+            Err(Error::Rebuild {
+                partition: name.to_string(),
+                offset: h.base_offset,
+                outcome: outcome.to_string(),
+            })
+        }
+    })?;
+    store.close().map_err(state_err)?;
+    sync_dir(&tmp)?;
+    sync_dir(dir)?;
+    let state = dir.join(STATE);
+    let old = dir.join(STATE_OLD);
+    if state.exists() {
+        fs::rename(&state, &old).map_err(|e| Error::io("rename", &state, e))?;
+        sync_dir(dir)?;
+    }
+    fs::rename(&tmp, &state).map_err(|e| Error::io("rename", &tmp, e))?;
+    sync_dir(dir)?;
+    remove_dir_if_exists(&old)?;
+    sync_dir(dir)
+}
+
+impl Partition {
+    /// Opens partition `index` of `topic` in `dir` (created if missing):
+    /// recovers the log, then makes the producer state agree with it.
+    pub fn open(dir: &Path, topic: &str, index: i32) -> Result<(Partition, OpenReport)> {
+        let name = format!("{topic}-{index}");
+        if !dir.exists() {
+            fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent)?;
+            }
+        }
+        let log_path = dir.join(LOG_FILE);
+        let mut report = OpenReport {
+            max_producer_id: -1,
+            ..OpenReport::default()
+        };
+        let mut log_last: HashMap<i64, LastBatch> = HashMap::new();
+        let (log, torn) = PartitionLog::open(&log_path, |h| {
+            if h.is_idempotent() {
+                log_last.insert(
+                    h.producer_id,
+                    LastBatch {
+                        epoch: h.producer_epoch,
+                        last_sequence: h.last_sequence(),
+                        offset: h.base_offset,
+                    },
+                );
+                report.max_producer_id = report.max_producer_id.max(h.producer_id);
+            }
+            Ok(())
+        })?;
+        if let Some(t) = &torn {
+            tracing::warn!(
+                partition = %name, pos = t.pos, bytes = t.bytes, saved_to = %t.saved_to.display(),
+                reason = %t.reason, "cut a torn tail from the partition log"
+            );
+            report.torn_bytes = t.bytes;
+        }
+        settle_state_dirs(dir)?;
+        let state_err = |source| Error::State {
+            partition: name.clone(),
+            source,
+        };
+        let open_state =
+            || ProducerStateStore::open_with(dir.join(STATE), state_options()).map_err(state_err);
+        let mut store = open_state()?;
+        if let Some(torn) = store.recovery_report().torn_tail.as_ref() {
+            tracing::warn!(partition = %name, ?torn, "the producer state's log had a torn tail");
+        }
+        if let Some(why) = disagreement(&store, &log_last, log.next_offset()) {
+            // truncate_to: once `ProducerStateStore::truncate_to(offset)`
+            // exists, the state-ahead case (the only one the write order
+            // allows) becomes `store.truncate_to(log.next_offset())` here,
+            // O(state) instead of this O(log) rebuild; keep the rebuild for
+            // the other disagreements (a state directory lost or replaced).
+            tracing::warn!(partition = %name, reason = %why, "rebuilding the producer state from the partition log");
+            store.close().map_err(state_err)?;
+            rebuild(dir, &log_path, &name, index)?;
+            store = open_state()?;
+            if let Some(still) = disagreement(&store, &log_last, log.next_offset()) {
+                return Err(Error::Rebuild {
+                    partition: name,
+                    offset: log.next_offset(),
+                    outcome: format!("a rebuilt state that still disagrees: {still}"),
+                });
+            }
+            report.rebuilt = Some(why);
+        }
+        tracing::info!(
+            partition = %name, next_offset = log.next_offset(), producers = log_last.len(),
+            "partition open"
+        );
+        Ok((
+            Partition {
+                name,
+                index,
+                inner: Mutex::new(Inner {
+                    log,
+                    store,
+                    failed: None,
+                }),
+                timings: Timings::default(),
+            },
+            report,
+        ))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `topic-index`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Produces one record batch (the bytes of one partition of a produce
+    /// request): classifies it, and if accepted writes it durably to the
+    /// state and then to the log. Blocks on fsyncs: call it off the async
+    /// runtime's worker threads.
+    pub fn produce(&self, bytes: &mut [u8]) -> Produced {
+        let start = Instant::now();
+        let produced = self.produce_timed(bytes);
+        self.timings.batches.fetch_add(1, Ordering::Relaxed);
+        add_elapsed(&self.timings.total_ns, start);
+        produced
+    }
+
+    /// Where this partition's produce time went.
+    pub fn timings(&self) -> &Timings {
+        &self.timings
+    }
+
+    fn produce_timed(&self, bytes: &mut [u8]) -> Produced {
+        let refuse = |e: ResponseError, message: String| Produced::Refused {
+            code: e.code(),
+            message,
+        };
+        let h = match batch::parse(bytes) {
+            Ok(h) => h,
+            Err(e) => return refuse(ResponseError::CorruptMessage, e.to_string()),
+        };
+        if h.size != bytes.len() {
+            return refuse(
+                ResponseError::InvalidRecord,
+                "a produce request must hold exactly one record batch per partition".into(),
+            );
+        }
+        if h.is_transactional() || h.is_control() {
+            return refuse(
+                ResponseError::InvalidRecord,
+                "transactions are not supported by this broker".into(),
+            );
+        }
+        let mut inner = self.lock();
+        if let Some(f) = &inner.failed {
+            return refuse(ResponseError::KafkaStorageError, f.clone());
+        }
+        if h.is_idempotent() {
+            let offset = inner.log.next_offset();
+            let t = Instant::now();
+            let outcome = inner.store.append_batch(
+                h.producer_id as u64,
+                self.index,
+                h.producer_epoch,
+                to_batch(&h, offset),
+            );
+            add_elapsed(&self.timings.state_ns, t);
+            match outcome {
+                Ok(BatchOutcome::Accepted) => {}
+                Ok(BatchOutcome::Duplicate {
+                    original: Some(original),
+                }) => {
+                    return Produced::Duplicate {
+                        base_offset: original.offset,
+                    };
+                }
+                Ok(o @ BatchOutcome::Duplicate { original: None }) => {
+                    return refuse(ResponseError::DuplicateSequenceNumber, o.to_string());
+                }
+                Ok(o @ BatchOutcome::OutOfOrder { .. }) => {
+                    return refuse(ResponseError::OutOfOrderSequenceNumber, o.to_string());
+                }
+                Ok(o @ BatchOutcome::FencedEpoch { .. }) => {
+                    return refuse(ResponseError::InvalidProducerEpoch, o.to_string());
+                }
+                Err(e) => {
+                    let msg = format!("producer state of {}: {e}", self.name);
+                    tracing::error!(partition = %self.name, error = %e, "producer state write failed; partition refuses produce until restart");
+                    inner.failed = Some(msg.clone());
+                    return refuse(ResponseError::KafkaStorageError, msg);
+                }
+            }
+        }
+        let t = Instant::now();
+        let appended = inner.log.append(bytes, &h);
+        add_elapsed(&self.timings.log_ns, t);
+        match appended {
+            Ok(base_offset) => Produced::Appended { base_offset },
+            Err(e) => {
+                let msg = format!("partition log {}: {e}", inner.log.path().display());
+                tracing::error!(partition = %self.name, error = %e, "partition log write failed; partition refuses produce until restart");
+                inner.failed = Some(msg.clone());
+                refuse(ResponseError::KafkaStorageError, msg)
+            }
+        }
+    }
+
+    /// The offset the next batch gets (the high watermark: everything below
+    /// it is durable).
+    pub fn high_watermark(&self) -> i64 {
+        self.lock().log.next_offset()
+    }
+
+    /// Batches from `offset` up to about `max_bytes`, and the high
+    /// watermark; `Err` with OFFSET_OUT_OF_RANGE outside `0..=hw`.
+    pub fn read(&self, offset: i64, max_bytes: usize) -> std::result::Result<(Vec<u8>, i64), i16> {
+        let inner = self.lock();
+        let hw = inner.log.next_offset();
+        if offset < 0 || offset > hw {
+            return Err(ResponseError::OffsetOutOfRange.code());
+        }
+        match inner.log.read(offset, max_bytes) {
+            Ok(bytes) => Ok((bytes, hw)),
+            Err(e) => {
+                tracing::error!(partition = %self.name, error = %e, "reading the partition log failed");
+                Err(ResponseError::KafkaStorageError.code())
+            }
+        }
+    }
+
+    /// ListOffsets: `-1` latest, `-2` earliest, `-3` max timestamp, else the
+    /// first batch with a timestamp at or after it. `(offset, timestamp)`,
+    /// `(-1, -1)` when there is none.
+    pub fn list_offset(&self, timestamp: i64) -> (i64, i64) {
+        let inner = self.lock();
+        match timestamp {
+            -1 => (inner.log.next_offset(), -1),
+            -2 => (0, -1),
+            -3 => inner.log.max_timestamp().unwrap_or((-1, -1)),
+            ts => inner.log.offset_for_timestamp(ts).unwrap_or((-1, -1)),
+        }
+    }
+
+    /// Closes the producer state (makes it durable, releases its lock).
+    pub fn close(self) -> Result<()> {
+        let inner = self.inner.into_inner().unwrap_or_else(|p| p.into_inner());
+        inner.store.close().map_err(|source| Error::State {
+            partition: self.name,
+            source,
+        })
+    }
+}
+
+/// The directory of partition `index` of `topic` under `topics_dir`.
+pub fn partition_dir(topics_dir: &Path, topic: &str, index: i32) -> PathBuf {
+    topics_dir.join(format!("{topic}-{index}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(pid: i64, epoch: i16, seq: i32, count: i32) -> Vec<u8> {
+        let mut b = vec![0u8; batch::HEADER_LEN];
+        b.extend_from_slice(&[5u8; 8]);
+        let len = (b.len() - batch::LOG_OVERHEAD) as i32;
+        b[8..12].copy_from_slice(&len.to_be_bytes());
+        b[16] = 2;
+        b[23..27].copy_from_slice(&(count - 1).to_be_bytes());
+        b[43..51].copy_from_slice(&pid.to_be_bytes());
+        b[51..53].copy_from_slice(&epoch.to_be_bytes());
+        b[53..57].copy_from_slice(&seq.to_be_bytes());
+        b[57..61].copy_from_slice(&count.to_be_bytes());
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        b
+    }
+
+    fn open(dir: &Path) -> (Partition, OpenReport) {
+        Partition::open(dir, "t", 0).unwrap()
+    }
+
+    #[test]
+    fn a_lost_state_directory_is_rebuilt_so_retries_stay_duplicates() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t-0");
+        let (p, _) = open(&dir);
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 0, 2)),
+            Produced::Appended { base_offset: 0 }
+        );
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 2, 3)),
+            Produced::Appended { base_offset: 2 }
+        );
+        p.close().unwrap();
+        fs::remove_dir_all(dir.join(STATE)).unwrap();
+
+        let (p, report) = open(&dir);
+        assert!(report.rebuilt.is_some(), "{report:?}");
+        assert_eq!(report.max_producer_id, 7);
+        // Without the rebuild a fresh state would accept the retry of the
+        // first batch a second time.
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 0, 2)),
+            Produced::Duplicate { base_offset: 0 }
+        );
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 5, 1)),
+            Produced::Appended { base_offset: 5 }
+        );
+        p.close().unwrap();
+    }
+
+    #[test]
+    fn a_swap_interrupted_between_its_renames_is_settled() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t-0");
+        let (p, _) = open(&dir);
+        p.produce(&mut batch(3, 0, 0, 1));
+        p.close().unwrap();
+        // Crash after `state` -> `state.old`, with a half-built rebuild.
+        fs::rename(dir.join(STATE), dir.join(STATE_OLD)).unwrap();
+        fs::create_dir(dir.join(STATE_REBUILD)).unwrap();
+        fs::write(dir.join(STATE_REBUILD).join("junk"), b"x").unwrap();
+
+        let (p, report) = open(&dir);
+        assert!(
+            report.rebuilt.is_none(),
+            "the old state was put back and agrees"
+        );
+        assert!(!dir.join(STATE_OLD).exists() && !dir.join(STATE_REBUILD).exists());
+        assert_eq!(
+            p.produce(&mut batch(3, 0, 0, 1)),
+            Produced::Duplicate { base_offset: 0 }
+        );
+        p.close().unwrap();
+    }
+
+    #[test]
+    fn rejections_map_to_kafka_error_codes_and_write_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (p, _) = open(&tmp.path().join("t-0"));
+        p.produce(&mut batch(1, 2, 0, 1));
+        let code = |o: Produced| match o {
+            Produced::Refused { code, .. } => code,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(code(p.produce(&mut batch(1, 2, 5, 1))), 45);
+        assert_eq!(code(p.produce(&mut batch(1, 1, 1, 1))), 47);
+        let mut two = batch(1, 2, 1, 1);
+        two.extend(batch(1, 2, 2, 1));
+        assert_eq!(code(p.produce(&mut two)), 87);
+        assert_eq!(p.high_watermark(), 1);
+        // Without a producer id the broker cannot deduplicate: appended twice.
+        let b = batch(-1, -1, -1, 1);
+        assert_eq!(
+            p.produce(&mut b.clone()),
+            Produced::Appended { base_offset: 1 }
+        );
+        assert_eq!(
+            p.produce(&mut b.clone()),
+            Produced::Appended { base_offset: 2 }
+        );
+        p.close().unwrap();
+    }
+}

@@ -1,0 +1,389 @@
+//! The broker over TCP, driven with kafka-protocol's own client-side
+//! encoders: ApiVersions, unsupported requests, the produce path's four
+//! outcomes, Fetch, ListOffsets, and recovery when a crash left the producer
+//! state ahead of the partition log.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{
+    Decodable, HeaderVersion, Request, StrBytes, encode_request_header_into_buffer,
+};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use producer_state_broker::{Broker, Config, server};
+
+struct Running {
+    addr: SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: JoinHandle<()>,
+}
+
+fn start(dir: &Path, partitions: i32) -> Running {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_max_level(tracing::Level::DEBUG)
+        .try_init();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let broker = Broker::open(Config {
+        dir: dir.to_path_buf(),
+        advertised_host: addr.ip().to_string(),
+        advertised_port: i32::from(addr.port()),
+        partitions,
+    })
+    .unwrap();
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let broker = Arc::new(broker);
+        rt.block_on(async {
+            listener.set_nonblocking(true).unwrap();
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            server::serve(broker.clone(), listener, rx).await;
+        });
+        Arc::try_unwrap(broker).unwrap().close().unwrap();
+    });
+    Running { addr, stop, thread }
+}
+
+impl Running {
+    fn stop(self) {
+        self.stop.send(true).unwrap();
+        self.thread.join().unwrap();
+    }
+}
+
+struct Client {
+    stream: TcpStream,
+    correlation: i32,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        Client {
+            stream,
+            correlation: 0,
+        }
+    }
+
+    fn send_raw(&mut self, body: &[u8]) {
+        let mut frame = (body.len() as i32).to_be_bytes().to_vec();
+        frame.extend_from_slice(body);
+        self.stream.write_all(&frame).unwrap();
+    }
+
+    fn recv_raw(&mut self) -> Bytes {
+        let mut len = [0u8; 4];
+        self.stream.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+        self.stream.read_exact(&mut body).unwrap();
+        Bytes::from(body)
+    }
+
+    fn call<R: Request>(&mut self, req: &R, version: i16) -> R::Response {
+        self.correlation += 1;
+        let header = RequestHeader::default()
+            .with_request_api_key(R::KEY)
+            .with_request_api_version(version)
+            .with_correlation_id(self.correlation)
+            .with_client_id(Some(StrBytes::from_static_str("wire-test")));
+        let mut buf = BytesMut::new();
+        encode_request_header_into_buffer(&mut buf, &header).unwrap();
+        req.encode(&mut buf, version).unwrap();
+        self.send_raw(&buf);
+        let mut body = self.recv_raw();
+        let h = ResponseHeader::decode(&mut body, R::Response::header_version(version)).unwrap();
+        assert_eq!(h.correlation_id, self.correlation);
+        R::Response::decode(&mut body, version).unwrap()
+    }
+}
+
+fn batch(pid: i64, epoch: i16, first_seq: i32, values: &[&str]) -> Bytes {
+    let records: Vec<Record> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: pid,
+            producer_epoch: epoch,
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            sequence: first_seq + i as i32,
+            timestamp: 1_700_000_000_000 + i as i64,
+            key: None,
+            value: Some(Bytes::copy_from_slice(v.as_bytes())),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        &records,
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .unwrap();
+    buf.freeze()
+}
+
+/// Produces one batch to `topic`/`partition`: (error code, base offset).
+fn produce(c: &mut Client, topic: &str, partition: i32, records: Bytes) -> (i16, i64) {
+    let mut req = ProduceRequest::default();
+    req.acks = -1;
+    req.timeout_ms = 5000;
+    req.topic_data = vec![
+        TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_string(topic.into())))
+            .with_partition_data(vec![
+                PartitionProduceData::default()
+                    .with_index(partition)
+                    .with_records(Some(records)),
+            ]),
+    ];
+    let resp = c.call(&req, 9);
+    let p = &resp.responses[0].partition_responses[0];
+    assert_eq!(p.index, partition);
+    (p.error_code, p.base_offset)
+}
+
+fn create_topic(c: &mut Client, topic: &str) -> usize {
+    let mut req = MetadataRequest::default();
+    req.topics =
+        Some(vec![MetadataRequestTopic::default().with_name(Some(
+            TopicName(StrBytes::from_string(topic.into())),
+        ))]);
+    req.allow_auto_topic_creation = true;
+    let resp = c.call(&req, 9);
+    assert_eq!(resp.topics[0].error_code, 0);
+    resp.topics[0].partitions.len()
+}
+
+fn producer_id(c: &mut Client) -> i64 {
+    let mut req = InitProducerIdRequest::default();
+    req.transactional_id = None;
+    req.transaction_timeout_ms = 60_000;
+    let resp = c.call(&req, 4);
+    assert_eq!(resp.error_code, 0);
+    assert_eq!(resp.producer_epoch, 0);
+    resp.producer_id.0
+}
+
+/// Every (offset, value) of the partition, read back with Fetch.
+fn fetch_all(c: &mut Client, topic: &str, partition: i32) -> Vec<(i64, String)> {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    let mut out = Vec::new();
+    loop {
+        let mut req = FetchRequest::default();
+        req.replica_id = BrokerId(-1);
+        req.max_wait_ms = 0;
+        req.max_bytes = 1 << 20;
+        req.session_epoch = -1;
+        req.topics = vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_string(topic.into())))
+                .with_partitions(vec![
+                    FetchPartition::default()
+                        .with_partition(partition)
+                        .with_fetch_offset(out.last().map_or(0, |(o, _): &(i64, String)| o + 1))
+                        .with_partition_max_bytes(1 << 20),
+                ]),
+        ];
+        let resp = c.call(&req, 11);
+        let p = &resp.responses[0].partitions[0];
+        assert_eq!(p.error_code, 0);
+        let mut records = p.records.clone().unwrap_or_default();
+        if records.is_empty() {
+            return out;
+        }
+        let before = out.len();
+        for set in RecordBatchDecoder::decode_all(&mut records).unwrap() {
+            for r in set.records {
+                if r.offset > out.last().map_or(-1, |(o, _)| *o) {
+                    let v = String::from_utf8(r.value.unwrap().to_vec()).unwrap();
+                    out.push((r.offset, v));
+                }
+            }
+        }
+        assert!(out.len() > before, "fetch made no progress");
+    }
+}
+
+fn latest_offset(c: &mut Client, topic: &str, partition: i32) -> i64 {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    let mut req = ListOffsetsRequest::default();
+    req.replica_id = BrokerId(-1);
+    req.topics = vec![
+        ListOffsetsTopic::default()
+            .with_name(TopicName(StrBytes::from_string(topic.into())))
+            .with_partitions(vec![
+                ListOffsetsPartition::default()
+                    .with_partition_index(partition)
+                    .with_timestamp(-1),
+            ]),
+    ];
+    let resp = c.call(&req, 7);
+    let p = &resp.topics[0].partitions[0];
+    assert_eq!(p.error_code, 0);
+    p.offset
+}
+
+#[test]
+fn api_versions_and_unsupported_requests_are_answered_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path(), 2);
+    let mut c = Client::connect(b.addr);
+    let resp = c.call(&ApiVersionsRequest::default(), 3);
+    assert_eq!(resp.error_code, 0);
+    let produce = resp
+        .api_keys
+        .iter()
+        .find(|k| k.api_key == ApiKey::Produce as i16)
+        .expect("Produce advertised");
+    assert!(produce.min_version <= 3 && produce.max_version >= 9);
+    assert!(
+        resp.api_keys
+            .iter()
+            .all(|k| k.api_key != ApiKey::JoinGroup as i16)
+    );
+
+    // A known API the broker does not serve: its response, UNSUPPORTED_VERSION.
+    let mut join = JoinGroupRequest::default();
+    join.group_id = GroupId(StrBytes::from_static_str("g"));
+    join.protocol_type = StrBytes::from_static_str("consumer");
+    let resp = c.call(&join, 5);
+    assert_eq!(resp.error_code, 35);
+
+    // FindCoordinator v4 answers per key.
+    let mut find = FindCoordinatorRequest::default();
+    find.coordinator_keys = vec![StrBytes::from_static_str("g")];
+    let resp = c.call(&find, 4);
+    assert_eq!(resp.coordinators.len(), 1);
+    assert_eq!(resp.coordinators[0].error_code, 35);
+
+    // An ApiVersions version from the future: a version 0 answer listing
+    // what is supported, as Kafka does.
+    let mut raw = Vec::new();
+    raw.extend_from_slice(&(ApiKey::ApiVersions as i16).to_be_bytes());
+    raw.extend_from_slice(&99i16.to_be_bytes());
+    raw.extend_from_slice(&77i32.to_be_bytes());
+    raw.extend_from_slice(&(-1i16).to_be_bytes()); // null client id
+    raw.push(0); // tagged fields
+    c.send_raw(&raw);
+    let mut body = c.recv_raw();
+    let h = ResponseHeader::decode(&mut body, 0).unwrap();
+    assert_eq!(h.correlation_id, 77);
+    let resp = ApiVersionsResponse::decode(&mut body, 0).unwrap();
+    assert_eq!(resp.error_code, 35);
+    assert!(!resp.api_keys.is_empty());
+
+    // The connection is still good.
+    assert_eq!(c.call(&ApiVersionsRequest::default(), 3).error_code, 0);
+    b.stop();
+}
+
+#[test]
+fn produce_answers_duplicates_with_the_original_offset_and_maps_rejections() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path(), 2);
+    let mut c = Client::connect(b.addr);
+    assert_eq!(create_topic(&mut c, "orders"), 2);
+    let pid = producer_id(&mut c);
+
+    let first = batch(pid, 0, 0, &["a", "b", "c"]);
+    assert_eq!(produce(&mut c, "orders", 0, first.clone()), (0, 0));
+    // The retry: success with the original offset, nothing written.
+    assert_eq!(produce(&mut c, "orders", 0, first), (0, 0));
+    assert_eq!(
+        produce(&mut c, "orders", 0, batch(pid, 0, 3, &["d"])),
+        (0, 3)
+    );
+    // A gap: OUT_OF_ORDER_SEQUENCE_NUMBER.
+    assert_eq!(produce(&mut c, "orders", 0, batch(pid, 0, 9, &["z"])).0, 45);
+    // A new epoch starts at 0; the old epoch is then fenced.
+    assert_eq!(
+        produce(&mut c, "orders", 0, batch(pid, 1, 0, &["e"])),
+        (0, 4)
+    );
+    assert_eq!(produce(&mut c, "orders", 0, batch(pid, 0, 4, &["y"])).0, 47);
+    // Another partition is independent; an unknown one is refused.
+    assert_eq!(
+        produce(&mut c, "orders", 1, batch(pid, 0, 0, &["p1"])),
+        (0, 0)
+    );
+    assert_eq!(produce(&mut c, "orders", 7, batch(pid, 0, 0, &["x"])).0, 3);
+    // A damaged batch: CORRUPT_MESSAGE.
+    let mut bad = batch(pid, 1, 1, &["f"]).to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 0xff;
+    assert_eq!(produce(&mut c, "orders", 0, Bytes::from(bad)).0, 2);
+
+    let got = fetch_all(&mut c, "orders", 0);
+    let want: Vec<(i64, String)> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (i as i64, v.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(latest_offset(&mut c, "orders", 0), 5);
+    b.stop();
+}
+
+#[test]
+fn a_crash_between_the_state_write_and_the_log_write_is_repaired_on_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path(), 1);
+    let mut c = Client::connect(b.addr);
+    create_topic(&mut c, "t");
+    let pid = producer_id(&mut c);
+    let b0 = batch(pid, 0, 0, &["m0", "m1"]);
+    let b1 = batch(pid, 0, 2, &["m2", "m3"]);
+    assert_eq!(produce(&mut c, "t", 0, b0.clone()), (0, 0));
+    assert_eq!(produce(&mut c, "t", 0, b1.clone()), (0, 2));
+    drop(c);
+    b.stop();
+
+    // What a crash after step 2 (state durable) and during step 3 (log
+    // write) leaves: the state knows b1, the log holds b0 and half of b1.
+    let log = dir.path().join("topics/t-0/00000000000000000000.log");
+    let f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
+    f.set_len(b0.len() as u64 + 20).unwrap();
+    drop(f);
+
+    let b = start(dir.path(), 1);
+    let mut c = Client::connect(b.addr);
+    assert_eq!(latest_offset(&mut c, "t", 0), 2, "the torn batch was cut");
+    // The client never heard about b1 and retries it: it must be written
+    // again (a state left ahead would answer DUPLICATE for data not there).
+    assert_eq!(produce(&mut c, "t", 0, b1.clone()), (0, 2));
+    assert_eq!(produce(&mut c, "t", 0, b1), (0, 2), "now a duplicate");
+    let values: Vec<String> = fetch_all(&mut c, "t", 0)
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(values, ["m0", "m1", "m2", "m3"]);
+    // Producer ids survive the restart: the next one is new.
+    assert!(producer_id(&mut c) > pid);
+    b.stop();
+}
