@@ -46,7 +46,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use kafka_protocol::ResponseError;
-use producer_state::{Batch, BatchOutcome, FsyncPolicy, ProducerStateStore, StoreOptions};
+use producer_state::{
+    Batch, BatchOutcome, FsyncPolicy, ProducerId, ProducerStateStore, StoreOptions,
+};
 
 use crate::batch::{self, BatchHeader};
 use crate::error::{Error, Result};
@@ -242,9 +244,14 @@ fn rebuild(dir: &Path, log_path: &Path, name: &str, index: i32) -> Result<()> {
         if !h.is_idempotent() {
             return Ok(());
         }
+        // An idempotent batch has a producer id >= 0 (checked when it was
+        // produced); anything else in the log is not producer state.
+        let Ok(producer_id) = ProducerId::try_from(h.producer_id) else {
+            return Ok(());
+        };
         let outcome = store
             .append_batch(
-                h.producer_id as u64,
+                producer_id,
                 index,
                 h.producer_epoch,
                 to_batch(h, h.base_offset),
@@ -416,8 +423,14 @@ impl Partition {
         if h.is_idempotent() {
             let offset = inner.log.next_offset();
             let t = Instant::now();
+            let Ok(producer_id) = ProducerId::try_from(h.producer_id) else {
+                return refuse(
+                    ResponseError::InvalidRecord,
+                    format!("producer id {} is negative", h.producer_id),
+                );
+            };
             let outcome = inner.store.append_batch(
-                h.producer_id as u64,
+                producer_id,
                 self.index,
                 h.producer_epoch,
                 to_batch(&h, offset),
@@ -441,6 +454,9 @@ impl Partition {
                 Ok(o @ BatchOutcome::FencedEpoch { .. }) => {
                     return refuse(ResponseError::InvalidProducerEpoch, o.to_string());
                 }
+                // An outcome a newer producer-state may add: refuse it
+                // rather than guess what it means for the log.
+                Ok(o) => return refuse(ResponseError::UnknownServerError, o.to_string()),
                 Err(e) => {
                     let msg = format!("producer state of {}: {e}", self.name);
                     tracing::error!(partition = %self.name, error = %e, "producer state write failed; partition refuses produce until restart");
