@@ -77,7 +77,7 @@ use crate::rules;
 use crate::shards::{SHARDS, Shards, shard_of, warm};
 use crate::snapshot;
 use crate::wal::record::{MAX_NAME, RecordBuf};
-use crate::wal::writer::LogWriter;
+use crate::wal::writer::{IdSource, LogWriter};
 
 /// When the log is fsync'ed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +114,7 @@ pub struct StoreOptions {
     recovery: RecoveryMode,
     background_snapshots: bool,
     fs: Arc<dyn FileSystem>,
+    ids: IdSource,
 }
 
 impl Default for StoreOptions {
@@ -127,6 +128,7 @@ impl Default for StoreOptions {
             recovery: RecoveryMode::Strict,
             background_snapshots: true,
             fs: Arc::new(StdFs),
+            ids: IdSource::Random,
         }
     }
 }
@@ -174,6 +176,16 @@ impl StoreOptions {
     /// grows past 4 GiB, the most its records' offsets can describe).
     pub fn segment_size(mut self, bytes: u64) -> Self {
         self.segment_size = bytes;
+        self
+    }
+
+    /// Derives the store id and every segment's salt from `seed` instead
+    /// of drawing them at random, so that a fixed history writes fixed
+    /// bytes: for the golden-file tests only. Two stores given one seed
+    /// cannot tell each other's segments apart (docs/format.md).
+    #[doc(hidden)]
+    pub fn fixed_ids_for_tests(mut self, seed: u64) -> Self {
+        self.ids = IdSource::Fixed(seed);
         self
     }
 
@@ -697,6 +709,7 @@ impl ProducerStateStore {
                 len,
                 records,
                 opts.segment_size,
+                opts.ids,
             )?,
             None => LogWriter::create(
                 fs.clone(),
@@ -704,6 +717,8 @@ impl ProducerStateStore {
                 rec.next_lsn,
                 opts.segment_size,
                 rec.segments,
+                rec.store_id,
+                opts.ids,
             )?,
         };
         debug_assert_eq!(writer.next_lsn(), rec.next_lsn);
@@ -1029,7 +1044,13 @@ impl ProducerStateStore {
         if let Some(h) = self.flusher.take() {
             let _ = h.join();
         }
-        result
+        // Everything is durable and nothing more is written: mark the log
+        // closed cleanly, unless something failed.
+        result?;
+        if self.shared.lock_state().failed.is_some() {
+            return Ok(());
+        }
+        lock(&self.shared.writer).close()
     }
 }
 
