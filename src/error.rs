@@ -225,6 +225,21 @@ pub enum Corruption {
         /// The value in the header.
         header: u64,
     },
+    /// A valid record of the segment that was written at another offset:
+    /// records before it are missing, or it was moved or repeated. A crash
+    /// never moves bytes, so this is damage wherever it is found.
+    MisplacedRecord {
+        /// The offset the record was written at (it states it).
+        written_at: u64,
+    },
+    /// A segment belongs to another store: its store id differs from that
+    /// of the segments replayed before it.
+    ForeignSegment {
+        /// The store id of the log so far.
+        expected: u64,
+        /// The store id in this segment's header.
+        found: u64,
+    },
 }
 
 impl fmt::Display for Corruption {
@@ -284,6 +299,14 @@ impl fmt::Display for Corruption {
             Corruption::NameMismatch { named, header } => write!(
                 f,
                 "file name says {named} but the header says {header}"
+            ),
+            Corruption::MisplacedRecord { written_at } => write!(
+                f,
+                "a valid record written at offset {written_at} is found elsewhere (records before it are missing, or it was moved or repeated)"
+            ),
+            Corruption::ForeignSegment { expected, found } => write!(
+                f,
+                "the segment belongs to store {found:#018x}, not to this log's store {expected:#018x}"
             ),
         }
     }

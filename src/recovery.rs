@@ -128,6 +128,13 @@ pub struct RecoveryReport {
     pub replay_threads: usize,
     /// The torn tail cut off the last segment, if there was one.
     pub torn_tail: Option<TornTail>,
+    /// How the store was last shut down: `Some(true)` if the log ends with
+    /// the close marker a clean close writes, `Some(false)` if it does not
+    /// (a crash, a kill, or a process that never closed the store),
+    /// `None` if it cannot tell (a new store, or a log whose last segment
+    /// is of a version before 3, which has no markers). What a marker can
+    /// and cannot prove is in docs/format.md.
+    pub clean_shutdown: Option<bool>,
     /// Files removed: leftover temporary snapshots, a segment whose
     /// creation was cut off before its header was complete.
     pub files_removed: Vec<PathBuf>,
@@ -183,6 +190,12 @@ impl fmt::Display for RecoveryReport {
             )?,
             None => writeln!(f, "torn tail: none")?,
         }
+        let shutdown = match self.clean_shutdown {
+            Some(true) => "clean",
+            Some(false) => "unclean",
+            None => "unknown",
+        };
+        writeln!(f, "previous shutdown: {shutdown}")?;
         for p in &self.files_removed {
             writeln!(f, "removed: {}", p.display())?;
         }
@@ -210,6 +223,9 @@ pub(crate) struct Recovered {
     /// The last segment to continue, as (bytes, records); `None`: start a
     /// new segment at `next_lsn`.
     pub active: Option<(u64, u64)>,
+    /// The store id of the log's segments (`None`: no segment of version
+    /// 3 or later was replayed).
+    pub store_id: Option<u64>,
     /// Positions of the snapshots on disk that were not found damaged.
     pub snapshots: Vec<u64>,
     /// Positions of every snapshot file on disk.
@@ -227,6 +243,8 @@ struct Cut {
     good_end: u64,
     /// The last segment kept whole, as (index, bytes, records).
     prev: Option<(usize, u64, u64)>,
+    /// The store id of the segments before the cut.
+    store_id: Option<u64>,
     error: Error,
 }
 
@@ -250,6 +268,7 @@ impl From<Error> for Stop {
 
 struct Replayed {
     next_lsn: u64,
+    store_id: Option<u64>,
     /// Index (into the segment list) and (bytes, records) of the segment to continue.
     active: Option<(usize, u64, u64)>,
 }
@@ -483,6 +502,7 @@ fn recover_inner(
         next_lsn: replayed.next_lsn,
         segments,
         active,
+        store_id: replayed.store_id,
         snapshots: snapshot_files
             .iter()
             .copied()
@@ -562,6 +582,7 @@ fn replay(
         if segments.is_empty() && start == 0 {
             return Ok(Replayed {
                 next_lsn: 0,
+                store_id: None,
                 active: None,
             });
         }
@@ -572,6 +593,7 @@ fn replay(
             prev: None,
             // The snapshot that needs the log; with none, the first
             // segment, whose header says where the log begins.
+            store_id: None,
             error: Error::corrupt(
                 match (&snapshot_file, segments.first()) {
                     (Some(f), _) => f.clone(),
@@ -595,6 +617,9 @@ fn replay(
     let mut active: Option<(usize, u64, u64)> = None;
     // The segment and byte the log's valid records end at, so far.
     let mut ends_in: Option<(PathBuf, u64)> = None;
+    // The store id of the first segment replayed of version 3 or later;
+    // every later one must have it.
+    let mut store_id: Option<u64> = None;
     for (idx, &named) in segments.iter().enumerate().skip(first_idx) {
         let path = dir.join(segment::file_name(named));
         let cut = |keep: Option<(u64, u64)>, error| {
@@ -604,6 +629,7 @@ fn replay(
                 keep,
                 good_end,
                 prev: active,
+                store_id,
                 error,
             })))
         };
@@ -629,18 +655,24 @@ fn replay(
         report.segments_read += 1;
         let name_mismatch =
             |header| Error::corrupt(&path, 12, Corruption::NameMismatch { named, header });
-        let mut first = true;
+        // A segment whose header disagrees with its name is not the log's,
+        // nor is one of another store: refuse it before any of its records
+        // is applied (salvage moves it aside whole).
+        let foreign = |h: &segment::Header| match (store_id, h.store) {
+            _ if h.first_lsn != named => Err(name_mismatch(h.first_lsn)),
+            (Some(expected), Some(found)) if expected != found => Err(Error::corrupt(
+                &path,
+                20,
+                Corruption::ForeignSegment { expected, found },
+            )),
+            _ => Ok(()),
+        };
         let mut scanned = segment::scan(
             &path,
             std::io::BufReader::with_capacity(1 << 20, file),
             len,
+            foreign,
             |lsn, at, nth, r| {
-                // A segment whose header disagrees with its name is not the
-                // log's: refuse it before any of its records is applied
-                // (salvage moves it aside whole).
-                if std::mem::take(&mut first) && lsn != named {
-                    return Err(name_mismatch(lsn));
-                }
                 if lsn >= start {
                     let rec = Rec {
                         lsn,
@@ -674,6 +706,7 @@ fn replay(
                         .map_err(|e| Stop::Io(Error::io("fsync directory", dir, e)))?;
                 }
                 report.files_removed.push(path);
+                report.clean_shutdown = Some(false);
                 // The log ends where the segment before it ended; the
                 // snapshot is checked against that below.
                 active = None;
@@ -698,11 +731,14 @@ fn replay(
             }
             Err(HeaderError::Bad(e)) => return Err(Stop::Io(e)),
         };
-        if scan.first_lsn != named {
-            // One that holds no record.
-            return cut(None, name_mismatch(scan.first_lsn));
-        }
         let keep = Some((scan.valid_len, scan.records));
+        if idx == last_idx {
+            report.clean_shutdown = match scan.end {
+                End::Clean if scan.version >= 3 => Some(scan.closed),
+                End::Clean => None,
+                _ => Some(false),
+            };
+        }
         match scan.end {
             End::Clean => {}
             // The snapshot covers records from the damage on: a snapshot
@@ -732,13 +768,15 @@ fn replay(
                 });
             }
             End::Torn { offset, kind } => return cut(keep, Error::corrupt(&path, offset, kind)),
-            End::MidLog { offset, .. } => {
-                return cut(
-                    keep,
-                    Error::corrupt(&path, offset, Corruption::DamagedMidLog),
-                );
+            End::MidLog { offset, kind, .. } => {
+                let kind = match kind {
+                    k @ Corruption::MisplacedRecord { .. } => k,
+                    _ => Corruption::DamagedMidLog,
+                };
+                return cut(keep, Error::corrupt(&path, offset, kind));
             }
         }
+        store_id = store_id.or(scan.store);
         expected = named + scan.records;
         active = Some((idx, scan.valid_len, scan.records));
         ends_in = Some((path, scan.valid_len));
@@ -749,11 +787,13 @@ fn replay(
             keep: None,
             good_end: start,
             prev: None,
+            store_id,
             error: beyond(expected, ends_in),
         })));
     }
     Ok(Replayed {
         next_lsn: expected,
+        store_id,
         active,
     })
 }
@@ -911,6 +951,7 @@ fn salvage(
     });
     Ok(Replayed {
         next_lsn: cut.good_end.max(start),
+        store_id: cut.store_id,
         active,
     })
 }
@@ -934,7 +975,8 @@ mod tests {
         let fs = SimFs::new();
         let dir = PathBuf::from("/s");
         fs.create_dir_all(&dir).unwrap();
-        let mut bytes = segment::header(0);
+        let mut bytes = segment::header(0, segment::Ids { store: 1, salt: 2 });
+        let seed = crate::wal::record::seed(&bytes[12..36]);
         let (mut bad_offset, mut bad_record) = (0, 0);
         let mut group = Vec::new();
         let mut open = usize::MAX;
@@ -958,8 +1000,10 @@ mod tests {
                 bad_record = record_start;
             }
             if group.len() >= 64 << 10 || i + 1 == n {
-                seal(&mut group, 0, 0);
+                seal(&mut group, seed, bytes.len() as u64, 0);
                 bytes.append(&mut group);
+                // As `RecordBuf::take`: the next group starts a record.
+                open = usize::MAX;
             }
         }
         let path = dir.join(segment::file_name(0));

@@ -67,16 +67,19 @@ fn both_builds(reqs: &[AppendRequest]) -> [(&'static str, SimFs); 2] {
 
 /// Record boundaries of a segment (the header's end, then each record's
 /// end, per its length field) and the appends before each: a kind-1
-/// record holds (length - 13) / 18 of them (docs/format.md).
+/// record holds (length - header) / 18 of them, a close marker (kind 5)
+/// none. Version 3 has a 40-byte segment header and 17-byte record
+/// headers, versions 1 and 2 24 and 13 (docs/format.md).
 fn boundaries(bytes: &[u8]) -> Vec<(usize, usize)> {
-    let mut out = vec![(24usize, 0usize)];
+    let (head, rec) = if bytes[8] >= 3 { (40, 17) } else { (24, 13) };
+    let mut out = vec![(head, 0usize)];
     while out.last().unwrap().0 < bytes.len() {
         let (at, n) = *out.last().unwrap();
         let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
-        let appends = if bytes[at + 12] == 1 {
-            (len - 13) / 18
-        } else {
-            1
+        let appends = match bytes[at + rec - 1] {
+            1 => (len - rec) / 18,
+            5 => 0,
+            _ => 1,
         };
         out.push((at + len, n + appends));
     }
@@ -160,7 +163,7 @@ fn truncate_everywhere(fs: &SimFs, history: &[Model], how: &str) {
         last = got;
         // The report says exactly what was cut.
         let r = s.recovery_report();
-        if cut < 24 {
+        if cut < 40 {
             assert_eq!(r.files_removed, vec![seg.clone()], "cut at {cut}");
         } else {
             let (kept, appends) = boundaries
@@ -321,13 +324,13 @@ fn damage_in_the_middle_of_the_log_is_corrupt_with_file_and_offset() {
     let fs = build(&reqs, opts);
     let seg = files(&fs, ".wal").remove(0);
     let mut b = fs.read_file(&seg).unwrap();
-    b[24 + 31 * 3 + 20] ^= 0xff;
+    b[40 + 35 * 3 + 20] ^= 0xff;
     fs.overwrite(&seg, &b);
     let (err, s, _) = refused_then_salvaged(&fs);
     match err {
         Error::Corrupt { file, offset, kind } => {
             assert_eq!(file, seg);
-            assert!((24..24 + 31 * 6).contains(&offset), "{offset}");
+            assert!((40..40 + 35 * 6).contains(&offset), "{offset}");
             assert_eq!(kind, Corruption::DamagedMidLog);
         }
         e => panic!("{e}"),
@@ -373,7 +376,7 @@ fn salvage_from_a_snapshot_inside_a_packed_record_loses_no_later_append() {
         matches!(
             e,
             Error::Corrupt {
-                offset: 24,
+                offset: 40,
                 kind: Corruption::RecordDoesNotApply { .. },
                 ..
             }
@@ -607,7 +610,16 @@ fn a_snapshot_beyond_a_damaged_log_end_is_named_and_nothing_is_cut() {
     let seg = files(&fs, ".wal").pop().unwrap();
     let mut bytes = fs.read_file(&seg).unwrap();
     let bounds = boundaries(&bytes);
-    let (last, before) = bounds[bounds.len() - 2];
+    // The last record that holds appends; the clean close's marker after
+    // it is cut off (as after a crash), or it would prove the damaged
+    // record durable by itself.
+    let (last, before, end) = bounds
+        .windows(2)
+        .rev()
+        .find(|w| w[1].1 > w[0].1)
+        .map(|w| (w[0].0, w[0].1, w[1].0))
+        .unwrap();
+    bytes.truncate(end);
     bytes[last + 20] ^= 0x10;
     fs.overwrite(&seg, &bytes);
     let first = segment_first(&seg);
@@ -663,4 +675,119 @@ fn refused_then_salvaged_keeping(
     let s = ProducerStateStore::open_with(dir(), opts(fs).recovery(RecoveryMode::Salvage)).unwrap();
     let salvage = s.recovery_report().salvage.clone().expect("reported");
     (err, s, salvage)
+}
+
+/// Appends of keys `keys`, one each, one record each.
+fn one_each(keys: std::ops::Range<u64>) -> Vec<AppendRequest> {
+    keys.map(|k| AppendRequest::single(k, 0, 0, 0)).collect()
+}
+
+/// Issue 11: records carried no position, so removing one from the middle
+/// of a segment (every checksum still valid) opened to a state that was
+/// never acknowledged. Each record states its offset: what follows the
+/// hole is not where it was written.
+#[test]
+fn a_record_removed_from_the_middle_of_a_segment_is_corrupt_at_its_offset() {
+    let reqs = one_each(0..30);
+    let history = prefixes(&reqs);
+    let fs = build(&reqs, opts);
+    let seg = files(&fs, ".wal").remove(0);
+    assert_eq!(files(&fs, ".wal").len(), 1, "the last segment");
+    let bytes = fs.read_file(&seg).unwrap();
+    let b = boundaries(&bytes);
+    let (from, to) = (b[10].0, b[11].0);
+    let mut cut = bytes.clone();
+    cut.drain(from..to);
+    fs.overwrite(&seg, &cut);
+    let (err, s, _) = refused_then_salvaged(&fs);
+    match err {
+        Error::Corrupt { file, offset, kind } => {
+            assert_eq!((file, offset), (seg, from as u64));
+            assert_eq!(
+                kind,
+                Corruption::MisplacedRecord {
+                    written_at: to as u64
+                }
+            );
+        }
+        e => panic!("{e}"),
+    }
+    // Salvage keeps the ten appends before the hole.
+    assert!(matches(&s, &history[10]));
+}
+
+#[test]
+fn a_repeated_record_is_corrupt_before_it_is_applied() {
+    let reqs = one_each(0..30);
+    let fs = build(&reqs, opts);
+    let seg = files(&fs, ".wal").remove(0);
+    let bytes = fs.read_file(&seg).unwrap();
+    let b = boundaries(&bytes);
+    let (from, to) = (b[10].0, b[11].0);
+    let mut twice = bytes.clone();
+    twice.splice(to..to, bytes[from..to].to_vec());
+    fs.overwrite(&seg, &twice);
+    match ProducerStateStore::open_with(dir(), opts(&fs)) {
+        Err(Error::Corrupt { file, offset, kind }) => {
+            assert_eq!((file, offset), (seg, to as u64));
+            assert_eq!(
+                kind,
+                Corruption::MisplacedRecord {
+                    written_at: from as u64
+                }
+            );
+        }
+        other => panic!("{:?}", other.map(|_| "opened")),
+    }
+}
+
+/// A segment of another store under the same name: its records verify
+/// (they are its own) but it is not this log's. Both stores wrote the same
+/// number of records of the same sizes, so the names match.
+#[test]
+fn a_segment_copied_from_another_store_under_the_same_name_is_corrupt() {
+    let small = |fs: &SimFs| opts(fs).segment_size(1024);
+    let ours = build(&one_each(0..60), small);
+    let theirs = build(&one_each(1000..1060), small);
+    let (our_logs, their_logs) = (files(&ours, "wal"), files(&theirs, "wal"));
+    assert!(our_logs.len() >= 2);
+    assert_eq!(our_logs, their_logs, "the same names");
+    let last = our_logs.last().unwrap();
+    ours.overwrite(last, &theirs.read_file(last).unwrap());
+    let (err, s, _) = refused_then_salvaged(&ours);
+    assert!(
+        matches!(&err, Error::Corrupt { file, offset: 20, kind: Corruption::ForeignSegment { .. } } if file == last),
+        "{err}"
+    );
+    let keys: Vec<u64> = s.iter().filter_map(|(id, _, _)| id.as_numeric()).collect();
+    assert!(!keys.is_empty() && keys.iter().all(|&k| k < 60), "{keys:?}");
+}
+
+#[test]
+fn the_report_tells_a_clean_shutdown_from_a_crash() {
+    let reqs = one_each(0..20);
+    let fs = build(&reqs, opts);
+    let s = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap();
+    assert_eq!(s.recovery_report().clean_shutdown, Some(true));
+    assert!(
+        s.recovery_report()
+            .to_string()
+            .contains("previous shutdown: clean")
+    );
+    s.append(99u64, 0, 0, 0).unwrap();
+    // A crash: the store is never closed.
+    let img = fs.crash_image(producer_state::fs::Unsynced::Keep);
+    drop(s);
+    let s = ProducerStateStore::open_with(dir(), opts(&img)).unwrap();
+    assert_eq!(s.recovery_report().clean_shutdown, Some(false));
+    assert!(
+        s.recovery_report()
+            .to_string()
+            .contains("previous shutdown: unclean")
+    );
+    assert!(s.get(99u64, 0).is_some());
+    s.close().unwrap();
+    // A new store cannot tell.
+    let s = ProducerStateStore::open_with(dir(), opts(&SimFs::new())).unwrap();
+    assert_eq!(s.recovery_report().clean_shutdown, None);
 }

@@ -2,12 +2,15 @@
 //! byte by byte): store directories written by a fixed history, each with
 //! three log segments and a snapshot.
 //!
-//! - `store-v2` is what this version writes: the test checks that writing
+//! - `store-v3` is what this version writes: the test checks that writing
 //!   the history today produces exactly those bytes, and that they decode
-//!   to the expected state.
+//!   to the expected state. Version 3 segments hold a random store id and
+//!   salt; the history is written with `fixed_ids_for_tests`, which derives
+//!   both from a fixed seed, so that the bytes are fixed too.
 //! - `store-v1` was written by the first format version (one append per
-//!   record). It must still open to its state, and a store continuing it
-//!   writes new segments in the current version.
+//!   record), `store-v2` by the second (no store id, salt or record
+//!   offsets). They must still open to their state, and a store continuing
+//!   them writes new segments in the current version.
 //!
 //! Regenerate (only on a deliberate format change, with a new version):
 //! `GOLDEN_REGENERATE=1 cargo test --test golden`; keep the old
@@ -24,7 +27,10 @@ use producer_state::fs::{FileSystem, SimFs};
 use producer_state::{AppendRequest, Batch, FsyncPolicy, ProducerStateStore, StoreOptions};
 
 const GOLDEN_V1: &str = "tests/golden/store-v1";
-const GOLDEN: &str = "tests/golden/store-v2";
+const GOLDEN_V2: &str = "tests/golden/store-v2";
+const GOLDEN: &str = "tests/golden/store-v3";
+/// The seed of the golden store's ids (see `fixed_ids_for_tests`).
+const IDS_SEED: u64 = 0x9013_de11;
 
 /// One step of the fixed history.
 enum Step {
@@ -88,6 +94,7 @@ fn opts(fs: &SimFs) -> StoreOptions {
         .snapshot_every_records(None)
         .snapshot_every_bytes(None)
         .background_snapshots(false)
+        .fixed_ids_for_tests(IDS_SEED)
 }
 
 fn write_history(fs: &SimFs, dir: &Path, history: &[Step]) -> Model {
@@ -199,28 +206,45 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
     assert_eq!(report.snapshot.as_ref().map(|s| s.position), Some(5));
     assert_eq!(report.records_replayed, 45);
     assert_eq!(report.torn_bytes_dropped(), 0);
+    assert_eq!(
+        report.clean_shutdown,
+        Some(true),
+        "it ends with a close marker"
+    );
 }
 
-#[test]
-fn a_version_1_store_opens_and_continues_in_the_current_version() {
+/// An older store opens to its history's state, and a store continuing it
+/// writes new segments in the current version.
+fn an_older_store_opens_and_continues(golden: &str, version: u16, history: Vec<Step>) {
     // The expected state comes from the model, not from today's encoder.
     let mut model = Model::default();
-    for step in history_v1() {
-        if let Step::One(r, _) = step {
-            model.append(&r);
+    let mut appends = 0;
+    for step in history {
+        let reqs = match step {
+            Step::One(r, _) => vec![r],
+            Step::All(reqs) => reqs,
+        };
+        for r in reqs {
+            appends += u64::from(model.append(&r).is_accepted());
         }
     }
-    let files = committed(GOLDEN_V1);
-    assert_eq!(&files[0].1[8..10], &[1, 0], "the v1 files are version 1");
+    let files = committed(golden);
+    assert_eq!(
+        &files[0].1[8..10],
+        &version.to_le_bytes(),
+        "the {golden} files are version {version}"
+    );
     let (fs, dir) = copy(&files);
     let store = ProducerStateStore::open_with(&dir, opts(&fs)).unwrap();
     assert!(matches(&store, &model), "{}", diff(&store, &model));
-    assert_eq!(store.recovery_report().records_replayed, 41);
-    assert_eq!(store.recovery_report().next_position, 46);
+    // Replay starts at the snapshot, position 5.
+    assert_eq!(store.recovery_report().records_replayed, appends - 5);
+    assert_eq!(store.recovery_report().next_position, appends);
+    assert_eq!(store.recovery_report().clean_shutdown, None, "no marker");
 
     // Appends after it go to a new segment of the current version: the
-    // last version-1 segment is left as it was.
-    let last_v1 = files.iter().rfind(|(n, _)| n.ends_with(".wal")).unwrap();
+    // last old segment is left as it was.
+    let last_old = files.iter().rfind(|(n, _)| n.ends_with(".wal")).unwrap();
     let more = [
         AppendRequest::single(9u64, 0, 0, 0),
         AppendRequest::single(9u64, 0, 0, 1),
@@ -232,32 +256,48 @@ fn a_version_1_store_opens_and_continues_in_the_current_version() {
         model.append(r);
     }
     store.close().unwrap();
-    assert_eq!(fs.read_file(&dir.join(&last_v1.0)).unwrap(), last_v1.1);
-    let new = fs.read_file(&dir.join("00000000000000000046.wal")).unwrap();
-    assert_eq!(&new[8..10], &[2, 0]);
-    assert_eq!(new.len(), 24 + 31 + 18, "one record of two appends");
+    assert_eq!(fs.read_file(&dir.join(&last_old.0)).unwrap(), last_old.1);
+    let name = format!("{appends:020}.wal");
+    let new = fs.read_file(&dir.join(&name)).unwrap();
+    assert_eq!(&new[8..10], &[3, 0]);
+    assert_eq!(
+        new.len(),
+        40 + 35 + 18 + 17,
+        "one record of two appends and a close marker"
+    );
     let store = ProducerStateStore::open_with(&dir, opts(&fs)).unwrap();
     assert!(matches(&store, &model), "{}", diff(&store, &model));
+    assert_eq!(store.recovery_report().clean_shutdown, Some(true));
     drop(store);
 
-    // A version-1 segment that holds no record yet (its creation was the
-    // last thing before a crash) is replaced by a current one.
-    let mut files = committed(GOLDEN_V1);
+    // An old segment that holds no record yet (its creation was the last
+    // thing before a crash) is replaced by a current one.
+    let mut files = committed(golden);
     let mut empty = files[0].1[..20].to_vec();
-    empty[12..20].copy_from_slice(&46u64.to_le_bytes());
+    empty[12..20].copy_from_slice(&appends.to_le_bytes());
     let crc = crc32c::crc32c(&empty);
     empty.extend_from_slice(&crc.to_le_bytes());
-    files.push(("00000000000000000046.wal".into(), empty));
+    files.push((name.clone(), empty));
     let (fs, dir) = copy(&files);
     let store = ProducerStateStore::open_with(&dir, opts(&fs)).unwrap();
-    assert_eq!(store.recovery_report().next_position, 46);
+    assert_eq!(store.recovery_report().next_position, appends);
     store.append(9u64, 0, 0, 0).unwrap();
     store.close().unwrap();
-    let new = fs.read_file(&dir.join("00000000000000000046.wal")).unwrap();
-    assert_eq!(&new[8..10], &[2, 0]);
-    assert_eq!(new.len(), 24 + 31);
+    let new = fs.read_file(&dir.join(&name)).unwrap();
+    assert_eq!(&new[8..10], &[3, 0]);
+    assert_eq!(new.len(), 40 + 35 + 17);
     let store = ProducerStateStore::open_with(&dir, opts(&fs)).unwrap();
-    assert_eq!(store.recovery_report().records_replayed, 42);
+    assert_eq!(store.recovery_report().records_replayed, appends - 5 + 1);
+}
+
+#[test]
+fn a_version_1_store_opens_and_continues_in_the_current_version() {
+    an_older_store_opens_and_continues(GOLDEN_V1, 1, history_v1());
+}
+
+#[test]
+fn a_version_2_store_opens_and_continues_in_the_current_version() {
+    an_older_store_opens_and_continues(GOLDEN_V2, 2, history_v2());
 }
 
 /// The entries of a snapshot, each as its bytes, sorted: split by an
@@ -295,19 +335,23 @@ fn the_first_bytes_are_as_documented() {
     // docs/format.md walks through these bytes.
     let seg = std::fs::read(Path::new(GOLDEN).join("00000000000000000000.wal")).unwrap();
     assert_eq!(&seg[..8], b"PSTATWAL");
-    assert_eq!(&seg[8..12], &[2, 0, 0, 0]); // version 2, flags 0
+    assert_eq!(&seg[8..12], &[3, 0, 0, 0]); // version 3, flags 0
     assert_eq!(&seg[12..20], &0u64.to_le_bytes()); // first position
-    // First record: CRC, 31 bytes, numeric single-sequence (kind 1), 42/0/0/0.
-    let seed = crc32c::crc32c(&0u64.to_le_bytes());
+    let store_id = &seg[20..28];
+    assert_eq!(&seg[36..40], &crc32c::crc32c(&seg[..36]).to_le_bytes());
+    // First record: CRC, 35 bytes, at offset 40, numeric single-sequence
+    // (kind 1), 42/0/0/0. The CRC is seeded by header bytes 12..36.
+    let seed = crc32c::crc32c(&seg[12..36]);
     assert_eq!(
-        &seg[24..28],
-        &crc32c::crc32c_append(seed, &seg[28..55]).to_le_bytes()
+        &seg[40..44],
+        &crc32c::crc32c_append(seed, &seg[44..75]).to_le_bytes()
     );
-    assert_eq!(&seg[28..32], &31u32.to_le_bytes());
-    assert_eq!(&seg[32..36], &0u32.to_le_bytes()); // offset within its write
-    assert_eq!(seg[36], 1);
-    assert_eq!(&seg[37..45], &42u64.to_le_bytes());
-    assert_eq!(&seg[45..55], &[0u8; 10]); // partition 0, epoch 0, sequence 0
+    assert_eq!(&seg[44..48], &35u32.to_le_bytes());
+    assert_eq!(&seg[48..52], &40u32.to_le_bytes()); // its offset
+    assert_eq!(&seg[52..56], &0u32.to_le_bytes()); // distance from the durable end
+    assert_eq!(seg[56], 1);
+    assert_eq!(&seg[57..65], &42u64.to_le_bytes());
+    assert_eq!(&seg[65..75], &[0u8; 10]); // partition 0, epoch 0, sequence 0
     let snap = std::fs::read(Path::new(GOLDEN).join("00000000000000000005.snap")).unwrap();
     assert_eq!(&snap[..8], b"PSTATSNP");
     assert_eq!(&snap[16..24], &5u64.to_le_bytes()); // position
@@ -315,22 +359,37 @@ fn the_first_bytes_are_as_documented() {
     let crc = crc32c::crc32c(&snap[..snap.len() - 4]);
     assert_eq!(&snap[snap.len() - 4..], &crc.to_le_bytes());
 
-    // The last record of the last segment holds the four appends of the
-    // last call: 13 header bytes and 18 per append.
+    // The last segment: the same store id, another salt; its last record
+    // is the close marker, and before it the four appends of the last
+    // call: 17 header bytes and 18 per append.
     let (name, seg) = committed(GOLDEN)
         .into_iter()
         .rfind(|(n, _)| n.ends_with(".wal"))
         .unwrap();
     let first: u64 = name[..20].parse().unwrap();
-    let at = seg.len() - (13 + 4 * 18);
-    assert_eq!(&seg[at + 4..at + 8], &85u32.to_le_bytes());
-    assert_eq!(seg[at + 12], 1);
-    let seed = crc32c::crc32c(&first.to_le_bytes());
+    assert_eq!(&seg[12..20], &first.to_le_bytes());
+    assert_eq!(&seg[20..28], store_id);
+    let seed = crc32c::crc32c(&seg[12..36]);
+    let marker = seg.len() - 17;
+    assert_eq!(&seg[marker + 4..marker + 8], &17u32.to_le_bytes());
+    assert_eq!(
+        &seg[marker + 8..marker + 12],
+        &(marker as u32).to_le_bytes()
+    );
+    assert_eq!(seg[marker + 16], 5);
+    assert_eq!(
+        &seg[marker..marker + 4],
+        &crc32c::crc32c_append(seed, &seg[marker + 4..]).to_le_bytes()
+    );
+    let at = marker - (17 + 4 * 18);
+    assert_eq!(&seg[at + 4..at + 8], &89u32.to_le_bytes());
+    assert_eq!(&seg[at + 8..at + 12], &(at as u32).to_le_bytes());
+    assert_eq!(seg[at + 16], 1);
     assert_eq!(
         &seg[at..at + 4],
-        &crc32c::crc32c_append(seed, &seg[at + 4..]).to_le_bytes()
+        &crc32c::crc32c_append(seed, &seg[at + 4..marker]).to_le_bytes()
     );
-    let entry = |i: usize| &seg[at + 13 + 18 * i..at + 13 + 18 * (i + 1)];
+    let entry = |i: usize| &seg[at + 17 + 18 * i..at + 17 + 18 * (i + 1)];
     assert_eq!(&entry(0)[..8], &7u64.to_le_bytes());
     assert_eq!(&entry(0)[8..12], &1i32.to_le_bytes()); // partition
     assert_eq!(&entry(2)[..8], &8u64.to_le_bytes());

@@ -272,6 +272,7 @@ pub fn segment(
         path,
         io::BufReader::with_capacity(1 << 20, f),
         len,
+        |_| Ok(()),
         |lsn, at, _, r| {
             each(lsn, at, r);
             t.tick(at);

@@ -26,6 +26,8 @@ use std::thread::Thread;
 use crate::batch::AppendRequest;
 use crate::error::{Error, Result};
 use crate::wal::record::RecordBuf;
+#[cfg(test)]
+use crate::wal::writer::IdSource;
 use crate::wal::writer::LogWriter;
 
 /// Records buffered before a buffered policy hands them to the flusher.
@@ -658,7 +660,16 @@ mod tests {
     fn open(fs: &Arc<SimFs>, always: bool) -> GroupCommit<Recorder> {
         let dir = Path::new("/store");
         fs.create_dir_all(dir).unwrap();
-        let writer = LogWriter::create(fs.clone(), dir, 0, 1 << 20, Vec::new()).unwrap();
+        let writer = LogWriter::create(
+            fs.clone(),
+            dir,
+            0,
+            1 << 20,
+            Vec::new(),
+            None,
+            IdSource::Fixed(1),
+        )
+        .unwrap();
         let host = Recorder {
             log: LogQueue::new(0),
             applied: Vec::new(),

@@ -195,6 +195,7 @@ impl ProducerStateStore {
                 len,
                 records,
                 opts.segment_size,
+                opts.ids,
             )?,
             None => LogWriter::create(
                 fs.clone(),
@@ -202,6 +203,8 @@ impl ProducerStateStore {
                 rec.next_lsn,
                 opts.segment_size,
                 rec.segments,
+                rec.store_id,
+                opts.ids,
             )?,
         };
         debug_assert_eq!(writer.next_lsn(), rec.next_lsn);
@@ -527,7 +530,13 @@ impl ProducerStateStore {
         if let Some(h) = self.flusher.take() {
             let _ = h.join();
         }
-        result
+        // Everything is durable and nothing more is written: mark the log
+        // closed cleanly, unless something failed.
+        result?;
+        if self.shared.log.lock_state_quietly().log.failed().is_some() {
+            return Ok(());
+        }
+        self.shared.log.writer().close()
     }
 }
 

@@ -1,8 +1,13 @@
 //! The write-ahead log: append-only segment files of self-delimiting,
 //! checksummed records, one per accepted append.
 //!
-//! Records carry no explicit position: a segment's file name and header give
+//! Records carry no log position: a segment's file name and header give
 //! the log position (LSN) of its first record and each record is the next.
+//! What ties a record to its place is its byte offset, which it states and
+//! its checksum covers (version 3), and the segment's salt and store id,
+//! which seed that checksum: a record missing, moved or repeated leaves
+//! the next one away from the offset it states, and a record of another
+//! segment, store or earlier use of the file never verifies.
 //! Every record states, besides its own length, CRC and kind, how far past
 //! the segment's durable end (the bytes known to be fsync'ed) it was
 //! written. That one field is what lets recovery tell a crash from damage:

@@ -7,25 +7,71 @@ use crate::codec::{Dec, Put, set_u32, u32_at};
 use crate::error::Corruption;
 use crate::id::ProducerId;
 
-/// Record header: CRC, length, distance from the durable end, kind.
-pub(crate) const HEADER: usize = 13;
+/// Record header of the version this crate writes (3): CRC, length,
+/// offset in the segment, distance from the durable end, kind.
+pub(crate) const HEADER: usize = 17;
+/// Where the fields of a version-3 header are.
+const AT_LEN: usize = 4;
+const AT_OFFSET: usize = 8;
+const AT_UNSYNCED: usize = 12;
+const AT_KIND: usize = 16;
 const KIND_NUMERIC_SINGLE: u8 = 1;
 const KIND_NUMERIC_BATCH: u8 = 2;
 const KIND_NAMED_SINGLE: u8 = 3;
 const KIND_NAMED_BATCH: u8 = 4;
+/// A clean close: no append, written by `close` as the last record.
+const KIND_CLOSE: u8 = 5;
 /// Payload after the id: partition, epoch, sequence (single) ...
 const SINGLE_TAIL: usize = 4 + 2 + 4;
 /// ... or partition, epoch, first, last, offset, timestamp (batch).
 const BATCH_TAIL: usize = 4 + 2 + 4 + 4 + 8 + 8;
 /// The longest name a record holds.
 pub(crate) const MAX_NAME: usize = u16::MAX as usize;
-/// The shortest and longest records.
-pub(crate) const MIN_LEN: usize = HEADER + 2 + SINGLE_TAIL;
+/// The shortest record of any version (a version-3 close marker) and the
+/// longest (a version-3 named batch append).
+pub(crate) const MIN_LEN: usize = HEADER;
 pub(crate) const MAX_LEN: usize = HEADER + 2 + MAX_NAME + BATCH_TAIL;
 
-/// Appends the record of an accepted request, with the CRC and the
-/// distance from the durable end left zero: [`seal`] fills them in once
-/// the segment is known.
+/// How the records of a segment of some format version are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Record header bytes: 13 before version 3 (no offset field), 17.
+    header: usize,
+    /// The most appends a kind-1 record holds: 1 in version 1.
+    max_packed: usize,
+}
+
+impl Layout {
+    /// The layout of a segment of `version` (1, 2 or 3).
+    pub(crate) fn of(version: u16) -> Layout {
+        Layout {
+            header: if version >= 3 { HEADER } else { HEADER - 4 },
+            max_packed: if version < 2 { 1 } else { MAX_PACKED },
+        }
+    }
+
+    /// Whether records state their own offset (and close markers exist).
+    fn positioned(self) -> bool {
+        self.header == HEADER
+    }
+
+    fn min_len(self) -> usize {
+        if self.positioned() {
+            HEADER
+        } else {
+            self.header + 2 + SINGLE_TAIL
+        }
+    }
+
+    fn max_len(self) -> usize {
+        self.header + 2 + MAX_NAME + BATCH_TAIL
+    }
+}
+
+/// Appends the record of an accepted request, in the layout of the
+/// current version, with the CRC, the offset and the distance from the
+/// durable end left zero: [`seal`] fills them in once the segment and the
+/// place in it are known.
 ///
 /// A single-sequence append of a numeric id, the common case, joins the
 /// kind-1 record that ends `buf` if there is one with room: one checksum
@@ -47,16 +93,16 @@ pub(crate) fn encode(buf: &mut Vec<u8>, open: &mut usize, r: &AppendRequest) {
         let len = buf.len().wrapping_sub(at);
         if at < buf.len()
             && len <= MAX_PACKED_LEN - PACKED_ENTRY
-            && buf.get(at + 12) == Some(&KIND_NUMERIC_SINGLE)
-            && u32_at(buf, at + 4) == Some(len as u32)
+            && buf.get(at + AT_KIND) == Some(&KIND_NUMERIC_SINGLE)
+            && u32_at(buf, at + AT_LEN) == Some(len as u32)
         {
             buf.extend_from_slice(&entry);
-            set_u32(buf, at + 4, (len + PACKED_ENTRY) as u32);
+            set_u32(buf, at + AT_LEN, (len + PACKED_ENTRY) as u32);
             return;
         }
         let mut head = [0u8; HEADER];
-        put(&mut head, 4, (NUMERIC_SINGLE_LEN as u32).to_le_bytes());
-        put(&mut head, 12, [KIND_NUMERIC_SINGLE]);
+        put(&mut head, AT_LEN, (NUMERIC_SINGLE_LEN as u32).to_le_bytes());
+        put(&mut head, AT_KIND, [KIND_NUMERIC_SINGLE]);
         *open = buf.len();
         buf.extend_from_slice(&head);
         buf.extend_from_slice(&entry);
@@ -67,6 +113,7 @@ pub(crate) fn encode(buf: &mut Vec<u8>, open: &mut usize, r: &AppendRequest) {
     let start = buf.len();
     buf.put_u32(0); // crc
     buf.put_u32(0); // length, set below
+    buf.put_u32(0); // offset in the segment
     buf.put_u32(0); // distance from the durable end
     let kind = match (r.producer_id.as_numeric(), r.metadata.is_some()) {
         (Some(_), false) => KIND_NUMERIC_SINGLE,
@@ -95,7 +142,17 @@ pub(crate) fn encode(buf: &mut Vec<u8>, open: &mut usize, r: &AppendRequest) {
         }
     }
     let len = (buf.len() - start) as u32;
-    set_u32(buf, start + 4, len);
+    set_u32(buf, start + AT_LEN, len);
+}
+
+/// Appends a close marker: a record of no append, the last thing a clean
+/// close writes, so that the next open can tell a clean shutdown from a
+/// crash. Sealed like any record.
+pub(crate) fn encode_close(buf: &mut Vec<u8>) {
+    let mut head = [0u8; HEADER];
+    put(&mut head, AT_LEN, (HEADER as u32).to_le_bytes());
+    put(&mut head, AT_KIND, [KIND_CLOSE]);
+    buf.extend_from_slice(&head);
 }
 
 /// Records encoded by [`encode`] and not yet written, with the offset of
@@ -151,9 +208,9 @@ impl RecordBuf {
 const NUMERIC_SINGLE_LEN: usize = HEADER + PACKED_ENTRY;
 /// One append in a kind-1 record: id, partition, epoch, sequence.
 const PACKED_ENTRY: usize = 8 + SINGLE_TAIL;
-/// The most appends a kind-1 record holds (version 2), ...
+/// The most appends a kind-1 record holds (versions 2 and 3), ...
 pub(crate) const MAX_PACKED: usize = 3640;
-/// ... and its longest length (65,533 bytes).
+/// ... and its longest length (65,537 bytes in version 3).
 const MAX_PACKED_LEN: usize = HEADER + MAX_PACKED * PACKED_ENTRY;
 const _: () = assert!(MAX_PACKED_LEN <= MAX_LEN);
 
@@ -166,34 +223,38 @@ fn put<const N: usize>(rec: &mut [u8], at: usize, v: [u8; N]) {
     }
 }
 
-/// The CRC seed of a segment: the CRC-32C of its salt (its first position).
-pub(crate) fn seed(salt: u64) -> u32 {
-    crc32c::crc32c(&salt.to_le_bytes())
+/// The CRC seed of a segment: the CRC-32C of its salt bytes (version 3:
+/// its first position, store id and segment salt, header bytes 12..36;
+/// before: its first position).
+pub(crate) fn seed(salt: &[u8]) -> u32 {
+    crc32c::crc32c(salt)
 }
 
 /// The CRC of a record: CRC-32C continued from the segment's seed over
-/// everything after the CRC field (length, distance, kind, payload).
+/// everything after the CRC field (length, offset, distance, kind, payload).
 fn crc(seed: u32, record: &[u8]) -> u32 {
     crc32c::crc32c_append(seed, record.get(CRC_FROM..).unwrap_or_default())
 }
 
-/// Fills in the distance from the durable end and the CRC of every record
-/// in `buf`, one write's worth of records encoded by [`encode`], for a
-/// segment with `salt`. `unsynced` is how many bytes of the segment before
-/// `buf` were not known to be durable when the write was issued: a record
-/// at `at` in `buf` is `unsynced + at` bytes past the durable end. The
-/// caller keeps that below `u32::MAX` (segments are smaller).
-pub(crate) fn seal(buf: &mut [u8], salt: u64, unsynced: u32) {
-    let seed = seed(salt);
+/// Fills in the offset, the distance from the durable end and the CRC of
+/// every record in `buf`, one write's worth of records encoded by
+/// [`encode`], for a segment whose CRC seed is `seed`, written at offset
+/// `base` of the segment. `unsynced` is how many bytes of the segment
+/// before `buf` were not known to be durable when the write was issued: a
+/// record at `at` in `buf` is `unsynced + at` bytes past the durable end.
+/// The caller keeps `base + buf.len()` below `u32::MAX` (segments are
+/// smaller).
+pub(crate) fn seal(buf: &mut [u8], seed: u32, base: u64, unsynced: u32) {
     let mut at = 0;
-    while let Some(len) = u32_at(buf, at + 4) {
+    while let Some(len) = u32_at(buf, at + AT_LEN) {
         let len = len as usize;
         // `encode` never writes a shorter record; stop rather than loop.
         debug_assert!(len >= MIN_LEN, "record of {len} bytes at {at}");
         if len < MIN_LEN {
             break;
         }
-        set_u32(buf, at + 8, unsynced.saturating_add(at as u32));
+        set_u32(buf, at + AT_OFFSET, (base + at as u64) as u32);
+        set_u32(buf, at + AT_UNSYNCED, unsynced.saturating_add(at as u32));
         let c = buf.get(at..at + len).map(|r| crc(seed, r)).unwrap_or(0);
         set_u32(buf, at, c);
         at += len;
@@ -207,6 +268,9 @@ pub(crate) enum Bad {
     Incomplete(Corruption),
     /// The bytes are not a valid record.
     Invalid(Corruption),
+    /// A valid record of this segment, written at another offset: moved,
+    /// repeated, or records before it are missing. Never a crash.
+    Misplaced(Corruption),
 }
 
 /// A decoded record.
@@ -214,6 +278,8 @@ pub(crate) enum Bad {
 pub(crate) struct Decoded<'a> {
     pub requests: Requests<'a>,
     pub len: usize,
+    /// A close marker (no append).
+    pub close: bool,
 }
 
 /// The appends of one record, in log order: one, or the entries of a
@@ -253,22 +319,17 @@ impl Iterator for Requests<'_> {
 
 impl ExactSizeIterator for Requests<'_> {}
 
-/// How many appends a kind-1 record may hold in a segment of `version`:
-/// version 1 wrote one per record.
-pub(crate) fn max_packed(version: u16) -> usize {
-    if version < 2 { 1 } else { MAX_PACKED }
-}
-
-/// Decodes the record at the start of `bytes` (which may hold more), in a
-/// segment whose CRC seed is `seed` (see [`seed`]) and whose kind-1
-/// records hold at most `max_packed` appends (see [`max_packed`]).
-pub(crate) fn decode(bytes: &[u8], seed: u32, max_packed: usize) -> Result<Decoded<'_>, Bad> {
+/// Decodes the record at the start of `bytes` (which may hold more), found
+/// at offset `at` of a segment whose CRC seed is `seed` (see [`seed`]) and
+/// whose records have `layout`.
+pub(crate) fn decode(bytes: &[u8], seed: u32, layout: Layout, at: u64) -> Result<Decoded<'_>, Bad> {
     let avail = bytes.len();
-    if avail < HEADER {
-        return Err(Bad::Incomplete(crate::codec::truncated(HEADER, avail)));
+    let header = layout.header;
+    if avail < header {
+        return Err(Bad::Incomplete(crate::codec::truncated(header, avail)));
     }
-    let len = u32_at(bytes, 4).unwrap_or(0) as usize;
-    if !(MIN_LEN..=MAX_LEN).contains(&len) {
+    let len = u32_at(bytes, AT_LEN).unwrap_or(0) as usize;
+    if !(layout.min_len()..=layout.max_len()).contains(&len) {
         return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
     }
     let Some(rec) = bytes.get(..len) else {
@@ -283,11 +344,21 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, max_packed: usize) -> Result<Decod
         }));
     }
     let mut d = Dec::new(rec);
-    // CRC, length, unsynced offset (read by `unsynced_offset`).
-    d.bytes(12);
+    d.bytes(8);
+    if layout.positioned() {
+        let written_at = d.u32().unwrap_or(0);
+        if u64::from(written_at) != at {
+            return Err(Bad::Misplaced(Corruption::MisplacedRecord {
+                written_at: u64::from(written_at),
+            }));
+        }
+    }
+    // The unsynced offset (read by `unsynced_offset`).
+    d.u32();
     let kind = d.u8().unwrap_or(0);
+    let mut close = false;
     let requests = if kind == KIND_NUMERIC_SINGLE {
-        if !packed_len_ok(len, max_packed) {
+        if !packed_len_ok(len, layout) {
             return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
         }
         Requests::Packed(
@@ -295,6 +366,12 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, max_packed: usize) -> Result<Decod
                 .unwrap_or_default()
                 .chunks_exact(PACKED_ENTRY),
         )
+    } else if kind == KIND_CLOSE && layout.positioned() {
+        if len != header {
+            return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
+        }
+        close = true;
+        Requests::One(None)
     } else {
         let request = decode_payload(kind, &mut d).map_err(Bad::Invalid)?;
         if d.remaining() != 0 {
@@ -302,14 +379,19 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, max_packed: usize) -> Result<Decod
         }
         Requests::One(Some(request))
     };
-    Ok(Decoded { requests, len })
+    Ok(Decoded {
+        requests,
+        len,
+        close,
+    })
 }
 
-/// Whether `len` is the length of a kind-1 record of 1 to `max_packed` appends.
-fn packed_len_ok(len: usize, max_packed: usize) -> bool {
-    len >= NUMERIC_SINGLE_LEN
-        && (len - HEADER).is_multiple_of(PACKED_ENTRY)
-        && (len - HEADER) / PACKED_ENTRY <= max_packed
+/// Whether `len` is the length of a kind-1 record of 1 to the layout's
+/// most appends.
+fn packed_len_ok(len: usize, layout: Layout) -> bool {
+    len >= layout.header + PACKED_ENTRY
+        && (len - layout.header).is_multiple_of(PACKED_ENTRY)
+        && (len - layout.header) / PACKED_ENTRY <= layout.max_packed
 }
 
 /// Decodes the payload of a record of kind 2, 3 or 4 (one append).
@@ -346,25 +428,28 @@ fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<AppendRequest, Corruption
 /// A cheap test of whether a valid record could start at `bytes[0]`:
 /// plausible length and kind. Used to skip most offsets when looking for
 /// valid records after damage.
-pub(crate) fn plausible(bytes: &[u8], max_packed: usize) -> bool {
-    let Some(len) = u32_at(bytes, 4) else {
+pub(crate) fn plausible(bytes: &[u8], layout: Layout) -> bool {
+    let Some(len) = u32_at(bytes, AT_LEN) else {
         return false;
     };
     let len = len as usize;
-    let kind = bytes.get(12).copied().unwrap_or(0);
+    let kind = bytes.get(layout.header - 1).copied().unwrap_or(0);
     match kind {
-        KIND_NUMERIC_SINGLE => packed_len_ok(len, max_packed),
-        KIND_NUMERIC_BATCH => len == HEADER + 8 + BATCH_TAIL,
-        KIND_NAMED_SINGLE | KIND_NAMED_BATCH => (MIN_LEN..=MAX_LEN).contains(&len),
+        KIND_NUMERIC_SINGLE => packed_len_ok(len, layout),
+        KIND_NUMERIC_BATCH => len == layout.header + 8 + BATCH_TAIL,
+        KIND_NAMED_SINGLE | KIND_NAMED_BATCH => {
+            (layout.min_len()..=layout.max_len()).contains(&len)
+        }
+        KIND_CLOSE => layout.positioned() && len == layout.header,
         _ => false,
     }
 }
 
 /// The length the record at `bytes[0]` claims, if it is [`plausible`] and
 /// `bytes` holds that many bytes.
-pub(crate) fn claimed_len(bytes: &[u8], max_packed: usize) -> Option<usize> {
-    let len = u32_at(bytes, 4)? as usize;
-    (plausible(bytes, max_packed) && len <= bytes.len()).then_some(len)
+pub(crate) fn claimed_len(bytes: &[u8], layout: Layout) -> Option<usize> {
+    let len = u32_at(bytes, AT_LEN)? as usize;
+    (plausible(bytes, layout) && len <= bytes.len()).then_some(len)
 }
 
 /// Where the bytes a record's CRC covers begin: everything after the CRC
@@ -377,9 +462,20 @@ pub(crate) fn stored_crc(bytes: &[u8]) -> Option<u32> {
 }
 
 /// The record's unsynced offset: bytes from the segment's durable end,
-/// when the record was written, to the record.
-pub(crate) fn unsynced_offset(bytes: &[u8]) -> Option<u32> {
-    u32_at(bytes, 8)
+/// when the record was written, to the record (the field just before the
+/// kind byte, in every layout).
+pub(crate) fn unsynced_offset(bytes: &[u8], layout: Layout) -> Option<u32> {
+    u32_at(bytes, layout.header - 5)
+}
+
+/// The offset a version-3 record states it was written at (`None` for
+/// the older layouts, whose records do not state it).
+pub(crate) fn stated_offset(bytes: &[u8], layout: Layout) -> Option<u32> {
+    if layout.positioned() {
+        u32_at(bytes, 8)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -387,6 +483,8 @@ pub(crate) fn unsynced_offset(bytes: &[u8]) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::batch::Batch;
+
+    const V3: fn() -> Layout = || Layout::of(3);
 
     fn samples() -> Vec<AppendRequest> {
         vec![
@@ -408,27 +506,51 @@ mod tests {
         ]
     }
 
-    /// Encodes `reqs` in order as one write, sealed for segment `salt`.
+    fn sd(salt: u64) -> u32 {
+        seed(&salt.to_le_bytes())
+    }
+
+    /// Encodes `reqs` in order as one write at offset 0 of a segment
+    /// seeded by `salt`.
     fn write(reqs: &[AppendRequest], salt: u64, unsynced: u32) -> Vec<u8> {
         let mut buf = Vec::new();
         let mut open = usize::MAX;
         for r in reqs {
             encode(&mut buf, &mut open, r);
         }
-        seal(&mut buf, salt, unsynced);
+        seal(&mut buf, sd(salt), 0, unsynced);
         buf
     }
 
-    /// Decodes every record of `buf`: (offset, appends) per record.
-    fn read(buf: &[u8], salt: u64, max: usize) -> Vec<(usize, Vec<AppendRequest>)> {
+    /// Decodes every record of `buf` (written at offset 0): (offset,
+    /// appends) per record.
+    fn read(buf: &[u8], salt: u64, layout: Layout) -> Vec<(usize, Vec<AppendRequest>)> {
         let mut out = Vec::new();
         let mut at = 0;
         while at < buf.len() {
-            let d = decode(&buf[at..], seed(salt), max).unwrap();
-            assert!(plausible(&buf[at..], max));
-            assert_eq!(unsynced_offset(&buf[at..]), Some(1000 + at as u32));
+            let d = decode(&buf[at..], sd(salt), layout, at as u64).unwrap();
+            assert!(plausible(&buf[at..], layout));
+            assert_eq!(unsynced_offset(&buf[at..], layout), Some(1000 + at as u32));
             out.push((at, d.requests.collect()));
             at += d.len;
+        }
+        out
+    }
+
+    /// The records of a version-3 write `buf` as a version 1 or 2 writer
+    /// laid them out: no offset field, the CRC seeded by `salt`.
+    fn old_layout(buf: &[u8], salt: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < buf.len() {
+            let len = u32::from_le_bytes(buf[at + 4..at + 8].try_into().unwrap()) as usize;
+            let start = out.len();
+            out.extend_from_slice(&[0; 4]);
+            out.extend_from_slice(&((len - 4) as u32).to_le_bytes());
+            out.extend_from_slice(&buf[at + 12..at + len]);
+            let c = crc32c::crc32c_append(sd(salt), &out[start + 4..]);
+            out[start..start + 4].copy_from_slice(&c.to_le_bytes());
+            at += len;
         }
         out
     }
@@ -437,48 +559,88 @@ mod tests {
     fn records_round_trip_and_know_their_distance_from_the_durable_end() {
         let reqs = samples();
         let buf = write(&reqs, 99, 1000);
-        let records = read(&buf, 99, MAX_PACKED);
+        let records = read(&buf, 99, V3());
         assert_eq!(records.len(), reqs.len());
         let all: Vec<AppendRequest> = records.into_iter().flat_map(|(_, r)| r).collect();
         assert_eq!(all, reqs);
         // The salt is part of the checksum: another segment's record fails.
         assert!(matches!(
-            decode(&buf, seed(98), MAX_PACKED),
+            decode(&buf, sd(98), V3(), 0),
             Err(Bad::Invalid(Corruption::ChecksumMismatch { .. }))
         ));
     }
 
     #[test]
+    fn a_record_found_at_another_offset_than_it_states_is_misplaced() {
+        let reqs = samples();
+        let buf = write(&reqs, 7, 0);
+        let second = decode(&buf, sd(7), V3(), 0).unwrap().len;
+        // The second record read where the first was: it verifies, but it
+        // says where it was written.
+        assert_eq!(
+            decode(&buf[second..], sd(7), V3(), 0).unwrap_err(),
+            Bad::Misplaced(Corruption::MisplacedRecord {
+                written_at: second as u64
+            })
+        );
+        // Sealed for another place, the same bytes are at home there.
+        let mut moved = buf[second..].to_vec();
+        seal(&mut moved, sd(7), 4096, 0);
+        assert!(decode(&moved, sd(7), V3(), 4096).is_ok());
+        assert!(matches!(
+            decode(&moved, sd(7), V3(), second as u64),
+            Err(Bad::Misplaced(_))
+        ));
+    }
+
+    #[test]
+    fn a_close_marker_holds_no_append() {
+        let mut buf = write(&samples()[..1], 3, 1000);
+        let at = buf.len();
+        let mut marker = Vec::new();
+        encode_close(&mut marker);
+        seal(&mut marker, sd(3), at as u64, 1000 + at as u32);
+        buf.extend_from_slice(&marker);
+        assert_eq!(marker.len(), HEADER);
+        let d = decode(&buf[at..], sd(3), V3(), at as u64).unwrap();
+        assert!(d.close && d.requests.len() == 0 && d.len == HEADER);
+        assert!(plausible(&buf[at..], V3()));
+        // Versions before 3 have none: kind 5 is unknown there.
+        assert!(!plausible(&buf[at..], Layout::of(2)));
+        assert_eq!(read(&buf, 3, V3()).len(), 2);
+    }
+
+    #[test]
     fn a_taken_buffer_forgets_where_its_open_record_was() {
-        // The first write leaves a kind-1 record open at offset 26.
+        // The first write leaves a kind-1 record open at offset 30.
         let mut p = RecordBuf::default();
         p.push(&AppendRequest::single("a", 0, 0, 0));
         p.push(&AppendRequest::single(1u64, 0, 0, 0));
-        assert_eq!(read(&sealed(p.take(Vec::new())), 5, MAX_PACKED).len(), 2);
+        assert_eq!(read(&sealed(p.take(Vec::new())), 5, V3()).len(), 2);
         // In the next write, a name whose bytes at that offset look like
-        // an open kind-1 record: length 23 (to the end of the buffer) at
-        // +4, kind 1 at +12. The numeric append must start its own record.
+        // an open kind-1 record: length 27 (to the end of the buffer) at
+        // +4, kind 1 at +16. The numeric append must start its own record.
         let mut name = b"aaaaaaaaaaaaaaa".to_vec();
-        name.extend_from_slice(&23u32.to_le_bytes());
-        name.extend_from_slice(b"bbbb\x01");
+        name.extend_from_slice(&27u32.to_le_bytes());
+        name.extend_from_slice(b"bbbbbbbb\x01");
         let named = AppendRequest::single(String::from_utf8(name).unwrap(), 0, 0, 0);
         let numeric = AppendRequest::single(1u64 << 40, 0, 0, 0);
         p.push(&named);
-        assert_eq!(p.len(), 26 + 23);
+        assert_eq!(p.len(), 30 + 27);
         p.push(&numeric);
-        let records = read(&sealed(p.take(Vec::new())), 5, MAX_PACKED);
-        assert_eq!(records, vec![(0, vec![named]), (49, vec![numeric])]);
+        let records = read(&sealed(p.take(Vec::new())), 5, V3());
+        assert_eq!(records, vec![(0, vec![named]), (57, vec![numeric])]);
         // So does a cleared one.
         p.push(&AppendRequest::single(1u64, 0, 0, 1));
         p.clear();
         p.push(&AppendRequest::single("q", 0, 0, 0));
         p.push(&AppendRequest::single(2u64, 0, 0, 0));
-        assert_eq!(read(&sealed(p.take(Vec::new())), 5, MAX_PACKED).len(), 2);
+        assert_eq!(read(&sealed(p.take(Vec::new())), 5, V3()).len(), 2);
     }
 
     /// `buf` sealed as [`read`] expects (segment 5, 1000 bytes unsynced).
     fn sealed(mut buf: Vec<u8>) -> Vec<u8> {
-        seal(&mut buf, 5, 1000);
+        seal(&mut buf, sd(5), 0, 1000);
         buf
     }
 
@@ -488,18 +650,18 @@ mod tests {
         let named = AppendRequest::single("p", 0, 0, 0);
         let reqs = vec![n(1, 0), n(2, 0), n(1, 1), named.clone(), n(3, 0)];
         let buf = write(&reqs, 5, 1000);
-        let records = read(&buf, 5, MAX_PACKED);
+        let records = read(&buf, 5, V3());
         let lens: Vec<usize> = records.iter().map(|(_, r)| r.len()).collect();
         assert_eq!(lens, vec![3, 1, 1]);
-        assert_eq!(records[1].0, 31 + 2 * 18);
-        assert_eq!(buf.len(), 31 + 2 * 18 + 26 + 31);
+        assert_eq!(records[1].0, 35 + 2 * 18);
+        assert_eq!(buf.len(), 35 + 2 * 18 + 30 + 35);
         let all: Vec<AppendRequest> = records.into_iter().flat_map(|(_, r)| r).collect();
         assert_eq!(all, reqs);
 
         // A full record is closed and a new one started.
         let many: Vec<AppendRequest> = (0..MAX_PACKED as i32 + 5).map(|s| n(9, s)).collect();
         let buf = write(&many, 5, 1000);
-        let records = read(&buf, 5, MAX_PACKED);
+        let records = read(&buf, 5, V3());
         assert_eq!(records.len(), 2);
         assert_eq!(records[0].1.len(), MAX_PACKED);
         assert_eq!(records[1].0, MAX_PACKED_LEN);
@@ -510,61 +672,87 @@ mod tests {
         encode(&mut buf, &mut open, &n(1, 0));
         encode(&mut buf, &mut open, &n(1, 1));
         assert_eq!(open, 0);
-        assert_eq!(buf.len(), 31 + 18);
+        assert_eq!(buf.len(), 35 + 18);
         buf.clear();
         encode(&mut buf, &mut open, &named);
         encode(&mut buf, &mut open, &n(1, 2));
-        assert_eq!(buf.len(), 26 + 31);
+        assert_eq!(buf.len(), 30 + 35);
     }
 
     #[test]
-    fn a_version_1_segment_holds_one_append_per_record() {
+    fn older_versions_are_read_in_their_layout() {
+        // Version 2: the same records without the offset field.
+        let reqs = samples();
+        let v2 = old_layout(&write(&reqs, 4, 0), 4);
+        let mut at = 0;
+        let mut got = Vec::new();
+        while at < v2.len() {
+            let d = decode(&v2[at..], sd(4), Layout::of(2), at as u64).unwrap();
+            assert!(plausible(&v2[at..], Layout::of(2)));
+            got.extend(d.requests);
+            at += d.len;
+        }
+        assert_eq!(got, reqs);
+        assert!(decode(&v2, sd(4), V3(), 0).is_err());
+
+        // Version 1 holds one append per record.
         let one = AppendRequest::single(1u64, 0, 0, 0);
-        let buf = write(&[one.clone(), one], 0, 0);
+        let buf = old_layout(&write(&[one.clone(), one], 0, 0), 0);
         assert_eq!(buf.len(), 49);
         assert!(matches!(
-            decode(&buf, seed(0), max_packed(1)),
+            decode(&buf, sd(0), Layout::of(1), 0),
             Err(Bad::Invalid(Corruption::BadLength(49)))
         ));
-        assert!(!plausible(&buf, max_packed(1)));
+        assert!(!plausible(&buf, Layout::of(1)));
         assert_eq!(
-            decode(&buf, seed(0), max_packed(2)).unwrap().requests.len(),
+            decode(&buf, sd(0), Layout::of(2), 0)
+                .unwrap()
+                .requests
+                .len(),
             2
         );
-        let one = write(&[AppendRequest::single(1u64, 0, 0, 0)], 0, 0);
+        let one = old_layout(&write(&[AppendRequest::single(1u64, 0, 0, 0)], 0, 0), 0);
         assert_eq!(
-            decode(&one, seed(0), max_packed(1)).unwrap().requests.len(),
+            decode(&one, sd(0), Layout::of(1), 0)
+                .unwrap()
+                .requests
+                .len(),
             1
         );
     }
 
     #[test]
     fn zeros_never_parse_and_nothing_panics() {
-        assert!(matches!(
-            decode(&[0u8; 64], 0, MAX_PACKED),
-            Err(Bad::Invalid(Corruption::BadLength(0)))
-        ));
-        assert!(matches!(
-            decode(&[0u8; 5], 0, MAX_PACKED),
-            Err(Bad::Incomplete(_))
-        ));
-        assert!(!plausible(&[0u8; 64], MAX_PACKED));
+        for layout in [Layout::of(1), Layout::of(2), V3()] {
+            assert!(matches!(
+                decode(&[0u8; 64], 0, layout, 0),
+                Err(Bad::Invalid(Corruption::BadLength(0)))
+            ));
+            assert!(matches!(
+                decode(&[0u8; 5], 0, layout, 0),
+                Err(Bad::Incomplete(_))
+            ));
+            assert!(!plausible(&[0u8; 64], layout));
+        }
         let n = |s| AppendRequest::single(3u64, 0, 0, s);
-        for reqs in [vec![samples()[1].clone()], vec![n(0), n(1), n(2)]] {
-            let buf = write(&reqs, 0, 0);
+        let mut marker = Vec::new();
+        encode_close(&mut marker);
+        seal(&mut marker, sd(0), 0, 0);
+        for buf in [
+            write(&[samples()[1].clone()], 0, 0),
+            write(&[n(0), n(1), n(2)], 0, 0),
+            marker,
+        ] {
             for cut in 0..buf.len() {
                 assert!(
-                    matches!(
-                        decode(&buf[..cut], seed(0), MAX_PACKED),
-                        Err(Bad::Incomplete(_))
-                    ),
+                    matches!(decode(&buf[..cut], sd(0), V3(), 0), Err(Bad::Incomplete(_))),
                     "cut {cut}"
                 );
             }
             for bit in 0..buf.len() * 8 {
                 let mut b = buf.clone();
                 b[bit / 8] ^= 1 << (bit % 8);
-                assert!(decode(&b, seed(0), MAX_PACKED).is_err(), "bit {bit}");
+                assert!(decode(&b, sd(0), V3(), 0).is_err(), "bit {bit}");
             }
         }
     }
@@ -572,13 +760,16 @@ mod tests {
     #[test]
     fn sizes_are_as_documented() {
         let size = |r: AppendRequest| write(&[r], 0, 0).len();
-        assert_eq!(size(AppendRequest::single(1u64, 0, 0, 0)), 31);
+        assert_eq!(size(AppendRequest::single(1u64, 0, 0, 0)), 35);
         assert_eq!(
             size(AppendRequest::batch(1u64, 0, 0, Batch::new(0, 0, 0, 0))),
-            51
+            55
         );
-        assert_eq!(size(AppendRequest::single("p1", 0, 0, 0)), 27);
-        assert_eq!(MIN_LEN, 25);
-        assert_eq!(MAX_PACKED_LEN, 65_533);
+        assert_eq!(size(AppendRequest::single("p1", 0, 0, 0)), 31);
+        assert_eq!(MIN_LEN, 17);
+        assert_eq!(MAX_LEN, 65_584);
+        assert_eq!(MAX_PACKED_LEN, 65_537);
+        assert_eq!(Layout::of(2).min_len(), 25);
+        assert_eq!(Layout::of(2).max_len(), 65_580);
     }
 }

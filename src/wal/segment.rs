@@ -14,13 +14,40 @@ use crate::error::{Corruption, Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATWAL";
 /// The version this crate writes; it reads [`OLDEST_VERSION`] on.
-pub(crate) const VERSION: u16 = 2;
-/// Version 1 differs only in holding one append per kind-1 record.
+pub(crate) const VERSION: u16 = 3;
+/// Version 1 holds one append per kind-1 record; versions 1 and 2 have a
+/// shorter header (no store id, no salt) and records without an offset.
 pub(crate) const OLDEST_VERSION: u16 = 1;
-pub(crate) const HEADER_LEN: usize = 24;
-/// Where the header stores the segment's first position.
+/// The header of the current version.
+pub(crate) const HEADER_LEN: usize = 40;
+/// The header of versions 1 and 2, and the least any segment has.
+const OLD_HEADER_LEN: usize = 24;
+/// Where the header stores the segment's first position (every version).
 pub(crate) const POSITION_AT: u64 = 12;
 pub(crate) const EXTENSION: &str = "wal";
+
+/// What makes a segment's checksums its own: the store it belongs to and
+/// a value drawn for this segment alone (version 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ids {
+    /// The same in every segment of a store.
+    pub store: u64,
+    /// Drawn afresh for each segment.
+    pub salt: u64,
+}
+
+/// A parsed segment header.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Header {
+    pub first_lsn: u64,
+    pub version: u16,
+    /// The store id (version 3 on).
+    pub store: Option<u64>,
+    /// The CRC seed of its records (see [`record::seed`]).
+    pub seed: u32,
+    /// Header bytes: where the records start.
+    pub len: usize,
+}
 
 /// The file name of the segment whose first record has position `lsn`.
 pub(crate) fn file_name(lsn: u64) -> String {
@@ -41,13 +68,16 @@ pub(crate) fn parse_numbered(name: &str, ext: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// The header of a segment with first position `lsn`.
-pub(crate) fn header(lsn: u64) -> Vec<u8> {
+/// The header of a segment of the current version with first position
+/// `lsn`.
+pub(crate) fn header(lsn: u64, ids: Ids) -> Vec<u8> {
     let mut h = Vec::with_capacity(HEADER_LEN);
     h.extend_from_slice(MAGIC);
     h.put_u16(VERSION);
     h.put_u16(0);
     h.put_u64(lsn);
+    h.put_u64(ids.store);
+    h.put_u64(ids.salt);
     let c = crc32c::crc32c(&h);
     h.put_u32(c);
     h
@@ -61,35 +91,76 @@ pub(crate) enum HeaderError {
     Bad(Error),
 }
 
-/// Parses a segment header, returning its first position and version.
-pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<(u64, u16), HeaderError> {
-    let Some(h) = bytes.get(..HEADER_LEN) else {
+/// Whether the header CRC-32C stored at `at` covers `bytes[..at]`.
+fn crc_ok(bytes: &[u8], at: usize) -> Option<(u32, u32)> {
+    let stored = crate::codec::u32_at(bytes, at)?;
+    let computed = crc32c::crc32c(bytes.get(..at)?);
+    Some((stored, computed))
+}
+
+/// Parses a segment header (`bytes` holds the first [`HEADER_LEN`] bytes
+/// of the file, or all of it if shorter).
+pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderError> {
+    if bytes.len() < OLD_HEADER_LEN {
         return Err(HeaderError::Short(bytes.len()));
-    };
+    }
     let bad = |offset, kind| HeaderError::Bad(Error::corrupt(path, offset, kind));
-    let mut d = Dec::new(h);
+    let mut d = Dec::new(bytes);
     if d.bytes(8) != Some(&MAGIC[..]) {
         return Err(bad(0, Corruption::BadMagic));
     }
     let version = d.u16().unwrap_or(0);
     let flags = d.u16().unwrap_or(0);
     let lsn = d.u64().unwrap_or(0);
-    let stored = d.u32().unwrap_or(0);
-    let computed = crc32c::crc32c(h.get(..HEADER_LEN - 4).unwrap_or_default());
-    if stored != computed {
-        return Err(bad(20, Corruption::ChecksumMismatch { stored, computed }));
+    // Versions 1 and 2 keep the header CRC at 20, version 3 (and every
+    // later version) at 36.
+    let (crc_at, len) = match version {
+        OLDEST_VERSION..=2 => (20, OLD_HEADER_LEN),
+        3 => (36, HEADER_LEN),
+        _ => {
+            // Another version is only believed if a checksum says so: a
+            // damaged version field is damage.
+            let sum = |at| crc_ok(bytes, at).filter(|(s, c)| s == c);
+            if sum(20).is_some() || sum(36).is_some() {
+                return Err(HeaderError::Bad(Error::UnsupportedVersion {
+                    file: path.to_path_buf(),
+                    found: version,
+                    supported: VERSION,
+                }));
+            }
+            let at = if bytes.len() >= HEADER_LEN { 36 } else { 20 };
+            let (stored, computed) = crc_ok(bytes, at).unwrap_or((0, 0));
+            return Err(bad(
+                at as u64,
+                Corruption::ChecksumMismatch { stored, computed },
+            ));
+        }
+    };
+    if bytes.len() < len {
+        return Err(HeaderError::Short(bytes.len()));
     }
-    if !(OLDEST_VERSION..=VERSION).contains(&version) {
-        return Err(HeaderError::Bad(Error::UnsupportedVersion {
-            file: path.to_path_buf(),
-            found: version,
-            supported: VERSION,
-        }));
+    let (stored, computed) = crc_ok(bytes, crc_at).unwrap_or((0, 0));
+    if stored != computed {
+        return Err(bad(
+            crc_at as u64,
+            Corruption::ChecksumMismatch { stored, computed },
+        ));
     }
     if flags != 0 {
         return Err(bad(10, Corruption::BadField("segment flags")));
     }
-    Ok((lsn, version))
+    let (store, seed) = if version >= 3 {
+        (d.u64(), record::seed(bytes.get(12..36).unwrap_or_default()))
+    } else {
+        (None, record::seed(&lsn.to_le_bytes()))
+    };
+    Ok(Header {
+        first_lsn: lsn,
+        version,
+        store,
+        seed,
+        len,
+    })
 }
 
 /// How a segment's records end.
@@ -119,6 +190,11 @@ pub(crate) struct Scan {
     pub valid_len: u64,
     pub file_len: u64,
     pub end: End,
+    /// The store id in the header (version 3 on).
+    pub store: Option<u64>,
+    /// The last valid record is a close marker: the store that wrote it
+    /// was closed cleanly and wrote nothing after.
+    pub closed: bool,
 }
 
 /// A reader that keeps a window of the file in memory, so a huge segment is
@@ -168,7 +244,8 @@ pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<us
     Ok(n)
 }
 
-/// Scans a segment from its first byte, calling
+/// Scans a segment from its first byte, calling `header` with its header
+/// (an error there stops the scan before any record), then
 /// `each(position, offset, nth, request)` for every append of every valid
 /// record in order (`offset` is the record's, `nth` the append's index in
 /// it), and says how the records end.
@@ -182,11 +259,14 @@ pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<us
 /// before the end of the log: a crash tore them (a write cut short, sectors
 /// persisted out of order, or several unsynced writes persisted in part),
 /// and nothing after them was ever acknowledged as durable. Otherwise
-/// durable bytes were damaged: damage in the middle of the log.
+/// durable bytes were damaged: damage in the middle of the log. A valid
+/// record found at another offset than the one it states (version 3) is
+/// damage too, wherever it is: a crash never moves bytes.
 pub(crate) fn scan(
     path: &Path,
     reader: impl Read,
     file_len: u64,
+    header: impl FnOnce(&Header) -> Result<()>,
     mut each: impl FnMut(u64, u64, u32, &AppendRequest) -> Result<()>,
 ) -> Result<Scan, HeaderError> {
     let io_err = |e| HeaderError::Bad(Error::io("read", path, e));
@@ -196,53 +276,71 @@ pub(crate) fn scan(
         base: 0,
         eof: false,
     };
-    let head = w.at(0, HEADER_LEN).map_err(io_err)?.to_vec();
-    let (first_lsn, version) = parse_header(path, &head)?;
-    let seed = record::seed(first_lsn);
-    let max_packed = record::max_packed(version);
-    let mut at = HEADER_LEN as u64;
+    let head = w.at(0, HEADER_LEN).map_err(io_err)?;
+    let h = parse_header(path, head.get(..HEADER_LEN).unwrap_or(head))?;
+    header(&h).map_err(HeaderError::Bad)?;
+    let (first_lsn, version, seed) = (h.first_lsn, h.version, h.seed);
+    let layout = record::Layout::of(version);
+    let mut at = h.len as u64;
     let mut records = 0u64;
-    let scan = |records, at, end| Scan {
+    let mut closed = false;
+    let scan = |records, at, end, closed| Scan {
         first_lsn,
         version,
         records,
         valid_len: at,
         file_len,
         end,
+        store: h.store,
+        closed,
     };
     loop {
         let bytes = w.at(at, record::MAX_LEN).map_err(io_err)?;
         if bytes.is_empty() {
-            return Ok(scan(records, at, End::Clean));
+            return Ok(scan(records, at, End::Clean, closed));
         }
-        match record::decode(bytes, seed, max_packed) {
-            Ok(Decoded { requests, len, .. }) => {
+        match record::decode(bytes, seed, layout, at) {
+            Ok(Decoded {
+                requests,
+                len,
+                close,
+                ..
+            }) => {
                 for (nth, r) in requests.enumerate() {
                     each(first_lsn + records, at, nth as u32, &r).map_err(HeaderError::Bad)?;
                     records += 1;
                 }
+                closed = close;
                 at += len as u64;
+            }
+            Err(Bad::Misplaced(kind)) => {
+                let end = End::MidLog {
+                    offset: at,
+                    kind,
+                    later: at,
+                };
+                return Ok(scan(records, at, end, false));
             }
             Err(Bad::Incomplete(kind)) | Err(Bad::Invalid(kind)) => {
                 let mut prefixes = PrefixCrc::new(record::MAX_LEN);
-                let end = match later_write(&mut w, at, seed, max_packed, &mut prefixes)
-                    .map_err(io_err)?
-                {
-                    None => End::Torn { offset: at, kind },
-                    Some(later) => End::MidLog {
-                        offset: at,
-                        kind,
-                        later,
-                    },
-                };
-                return Ok(scan(records, at, end));
+                let end =
+                    match later_write(&mut w, at, seed, layout, &mut prefixes).map_err(io_err)? {
+                        None => End::Torn { offset: at, kind },
+                        Some(later) => End::MidLog {
+                            offset: at,
+                            kind,
+                            later,
+                        },
+                    };
+                return Ok(scan(records, at, end, false));
             }
         }
     }
 }
 
 /// The offset of the first valid record after `damage` that was written
-/// when the bytes at `damage` were already durable, if any.
+/// when the bytes at `damage` were already durable, or that is not where
+/// it was written (version 3), if any.
 ///
 /// Every offset is a candidate that [`record::claimed_len`] accepts and
 /// whose checksum verifies; a candidate that verifies is stepped over
@@ -262,7 +360,7 @@ fn later_write<R: Read>(
     w: &mut Window<R>,
     damage: u64,
     seed: u32,
-    max_packed: usize,
+    layout: record::Layout,
     prefixes: &mut PrefixCrc,
 ) -> std::io::Result<Option<u64>> {
     let mut at = damage + 1;
@@ -271,7 +369,7 @@ fn later_write<R: Read>(
         if bytes.len() < record::MIN_LEN {
             return Ok(None);
         }
-        if let Some(len) = record::claimed_len(bytes, max_packed)
+        if let Some(len) = record::claimed_len(bytes, layout)
             && let Some(stored) = record::stored_crc(bytes)
             && let Some(computed) = prefixes.crc(
                 seed,
@@ -282,7 +380,13 @@ fn later_write<R: Read>(
             )
             && stored == computed
         {
-            let since_durable = record::unsynced_offset(bytes).unwrap_or(0);
+            // A valid record that is not where it states it was written
+            // was moved or repeated, or records before it are missing:
+            // never a crash.
+            if record::stated_offset(bytes, layout).is_some_and(|o| u64::from(o) != at) {
+                return Ok(Some(at));
+            }
+            let since_durable = record::unsynced_offset(bytes, layout).unwrap_or(0);
             let durable_end = at.saturating_sub(u64::from(since_durable));
             if durable_end > damage {
                 return Ok(Some(at));
@@ -302,26 +406,32 @@ mod tests {
     use crate::wal::record::{encode, seal};
     use std::io::Cursor;
 
-    /// One write of one record per request (no packing: the tests count
-    /// 31-byte records), sealed `unsynced` bytes past the durable end.
-    fn write_at(reqs: &[AppendRequest], salt: u64, unsynced: u32) -> Vec<u8> {
+    const IDS: Ids = Ids { store: 1, salt: 2 };
+    /// One record of one append.
+    const REC: usize = 35;
+
+    fn seed() -> u32 {
+        record::seed(&header(10, IDS)[12..36])
+    }
+
+    /// Appends one write of one record per request (no packing: the tests
+    /// count 35-byte records) to the segment `f`, sealed `unsynced` bytes
+    /// past the durable end; returns its length.
+    fn write_at(f: &mut Vec<u8>, reqs: &[AppendRequest], unsynced: u32) -> usize {
         let mut b = Vec::new();
         for r in reqs {
             let mut no_open_record = usize::MAX;
             encode(&mut b, &mut no_open_record, r);
         }
-        seal(&mut b, salt, unsynced);
-        b
-    }
-
-    fn write(reqs: &[AppendRequest], salt: u64) -> Vec<u8> {
-        write_at(reqs, salt, 0)
+        seal(&mut b, seed(), f.len() as u64, unsynced);
+        f.extend_from_slice(&b);
+        b.len()
     }
 
     fn segment(writes: &[Vec<AppendRequest>]) -> Vec<u8> {
-        let mut f = header(10);
+        let mut f = header(10, IDS);
         for w in writes {
-            f.extend(write(w, 10));
+            write_at(&mut f, w, 0);
         }
         f
     }
@@ -333,11 +443,17 @@ mod tests {
     }
 
     fn run(bytes: &[u8]) -> (Vec<u64>, End) {
+        let s = scanned(bytes);
+        (s.1, s.0.end)
+    }
+
+    fn scanned(bytes: &[u8]) -> (Scan, Vec<u64>) {
         let mut seen = Vec::new();
         let s = scan(
             Path::new("x.wal"),
             Cursor::new(bytes),
             bytes.len() as u64,
+            |_| Ok(()),
             |lsn, _, _, _| {
                 seen.push(lsn);
                 Ok(())
@@ -345,7 +461,7 @@ mod tests {
         )
         .ok()
         .expect("header is fine");
-        (seen, s.end)
+        (s, seen)
     }
 
     #[test]
@@ -360,25 +476,90 @@ mod tests {
     #[test]
     fn a_clean_segment_numbers_its_records_from_the_header() {
         let f = segment(&[reqs(3), reqs(2)]);
-        let (seen, end) = run(&f);
+        let (s, seen) = scanned(&f);
         assert_eq!(seen, vec![10, 11, 12, 13, 14]);
-        assert_eq!(end, End::Clean);
+        assert_eq!(s.end, End::Clean);
+        assert_eq!(s.store, Some(1));
+        assert!(!s.closed);
+    }
+
+    #[test]
+    fn a_close_marker_at_the_end_says_the_segment_was_closed() {
+        let mut f = segment(&[reqs(3)]);
+        let mut m = Vec::new();
+        record::encode_close(&mut m);
+        seal(&mut m, seed(), f.len() as u64, 0);
+        f.extend_from_slice(&m);
+        let (s, seen) = scanned(&f);
+        assert!(s.closed && s.end == End::Clean && seen.len() == 3);
+        // Records after it: closed once, but not at the end.
+        write_at(&mut f, &reqs(1), 0);
+        assert!(!scanned(&f).0.closed);
+    }
+
+    #[test]
+    fn a_record_missing_moved_or_repeated_is_damage_where_it_happened() {
+        let f = segment(&[reqs(2), reqs(3)]);
+        let second = HEADER_LEN + REC;
+        // Removed: what follows is not where it was written.
+        let mut gone = f.clone();
+        gone.drain(second..second + REC);
+        let (seen, end) = run(&gone);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            end,
+            End::MidLog {
+                offset: second as u64,
+                kind: Corruption::MisplacedRecord {
+                    written_at: (second + REC) as u64
+                },
+                later: second as u64,
+            }
+        );
+        // Repeated.
+        let mut twice = f.clone();
+        let copy = f[second..second + REC].to_vec();
+        twice.splice(second + REC..second + REC, copy);
+        let (seen, end) = run(&twice);
+        assert_eq!(seen.len(), 2);
+        assert!(
+            matches!(end, End::MidLog { offset, kind: Corruption::MisplacedRecord { written_at }, .. }
+                if offset as usize == second + REC && written_at as usize == second),
+            "{end:?}"
+        );
+        // A damaged record followed by one that moved: mid-log, even
+        // though the moved one was written before the damage was durable.
+        let mut both = gone.clone();
+        both[HEADER_LEN + 20] ^= 1;
+        let (seen, end) = run(&both);
+        assert!(seen.is_empty());
+        assert!(matches!(end, End::MidLog { offset, .. } if offset as usize == HEADER_LEN));
+    }
+
+    #[test]
+    fn a_record_of_another_segment_does_not_verify() {
+        let f = segment(&[reqs(3)]);
+        let mut other = header(10, Ids { store: 1, salt: 3 });
+        other.extend_from_slice(&f[HEADER_LEN..]);
+        let (seen, end) = run(&other);
+        assert!(seen.is_empty());
+        assert!(matches!(end, End::Torn { offset, .. } if offset as usize == HEADER_LEN));
     }
 
     #[test]
     fn a_cut_anywhere_in_the_last_write_is_a_torn_tail() {
         let f = segment(&[reqs(3), reqs(4)]);
-        let last_write = f.len() - 4 * 31;
+        let last_write = f.len() - 4 * REC;
         for cut in last_write + 1..f.len() {
             let (seen, end) = run(&f[..cut]);
             // At a record boundary only whole records remain: a clean end.
-            let boundary = (cut - last_write).is_multiple_of(31);
+            let boundary = (cut - last_write).is_multiple_of(REC);
             assert_eq!(matches!(end, End::Clean), boundary, "cut {cut}: {end:?}");
             assert!(
                 boundary || matches!(end, End::Torn { .. }),
                 "cut {cut}: {end:?}"
             );
-            assert_eq!(seen.len(), 3 + (cut - last_write) / 31);
+            assert_eq!(seen.len(), 3 + (cut - last_write) / REC);
         }
     }
 
@@ -386,19 +567,18 @@ mod tests {
     fn damage_followed_by_a_later_write_is_mid_log() {
         let f = segment(&[reqs(3), reqs(2)]);
         let mut bad = f.clone();
-        bad[HEADER_LEN + 31 + 20] ^= 1; // second record of the first write
+        bad[HEADER_LEN + REC + 20] ^= 1; // second record of the first write
         let (seen, end) = run(&bad);
         assert_eq!(seen, vec![10]);
-        assert!(
-            matches!(end, End::MidLog { offset, later, .. } if offset == 55 && later == 24 + 93)
-        );
+        assert!(matches!(end, End::MidLog { offset, later, .. }
+                if offset as usize == HEADER_LEN + REC && later as usize == HEADER_LEN + 3 * REC));
     }
 
     #[test]
     fn sectors_lost_out_of_order_inside_the_last_write_are_torn() {
         // One big last write: zero its first half, keep the second.
         let f = segment(&[reqs(2), reqs(40)]);
-        let start = HEADER_LEN + 62;
+        let start = HEADER_LEN + 2 * REC;
         let mut bad = f.clone();
         for b in &mut bad[start + 10..start + 600] {
             *b = 0;
@@ -413,56 +593,52 @@ mod tests {
         // Three writes; only the first was fsync'ed: the second and third
         // were issued before anything after the first was durable (their
         // records count their distance from the end of the first write).
-        let mut f = header(10);
+        let mut f = header(10, IDS);
         let mut unsynced = 0u32;
         for (n, fsynced) in [(2, true), (3, false), (3, false)] {
-            let b = write_at(&reqs(n), 10, unsynced);
-            unsynced = if fsynced {
-                0
-            } else {
-                unsynced + b.len() as u32
-            };
-            f.extend(b);
+            let len = write_at(&mut f, &reqs(n), unsynced);
+            unsynced = if fsynced { 0 } else { unsynced + len as u32 };
         }
         // Lose a sector of the second write while the third survives: the
         // crash left a hole in bytes never fsync'ed. Torn, cut at the hole.
-        let hole = HEADER_LEN + 62 + 40;
+        let hole = HEADER_LEN + 2 * REC + 40;
         let mut bad = f.clone();
         bad[hole] ^= 0xff;
         let (seen, end) = run(&bad);
         assert_eq!(seen.len(), 3);
-        assert!(matches!(end, End::Torn { offset, .. } if offset as usize == HEADER_LEN + 62 + 31));
+        assert!(matches!(end, End::Torn { offset, .. } if offset as usize == HEADER_LEN + 3 * REC));
         // The same hole in the first write, which the second was written
         // after it was durable: damage in the middle of the log.
         let mut bad = f.clone();
         bad[HEADER_LEN + 40] ^= 0xff;
         let (seen, end) = run(&bad);
         assert_eq!(seen.len(), 1);
-        assert!(matches!(end, End::MidLog { offset, .. } if offset as usize == HEADER_LEN + 31));
+        assert!(matches!(end, End::MidLog { offset, .. } if offset as usize == HEADER_LEN + REC));
     }
 
     #[test]
     fn a_packed_record_counts_every_append_and_tears_whole() {
         // Two writes, each one kind-1 record of several appends.
-        let packed = |n: i32| {
+        let packed = |f: &mut Vec<u8>, n: i32| {
             let mut b = Vec::new();
             let mut open = 0;
             for r in reqs(n) {
                 encode(&mut b, &mut open, &r);
             }
-            seal(&mut b, 10, 0);
-            b
+            seal(&mut b, seed(), f.len() as u64, 0);
+            f.extend_from_slice(&b);
         };
-        let mut f = header(10);
-        f.extend(packed(3));
+        let mut f = header(10, IDS);
+        packed(&mut f, 3);
         let last = f.len();
-        f.extend(packed(5));
-        assert_eq!(f.len(), last + 31 + 4 * 18);
+        packed(&mut f, 5);
+        assert_eq!(f.len(), last + REC + 4 * 18);
         let mut at = Vec::new();
         let s = scan(
             Path::new("x"),
             Cursor::new(&f),
             f.len() as u64,
+            |_| Ok(()),
             |lsn, off, nth, _| {
                 at.push((lsn, off, nth));
                 Ok(())
@@ -472,7 +648,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.records, 8);
         assert_eq!(s.version, VERSION);
-        assert_eq!(at[2], (12, 24, 2));
+        assert_eq!(at[2], (12, HEADER_LEN as u64, 2));
         assert_eq!(at[3], (13, last as u64, 0));
         // A cut anywhere in the last record loses all of its appends.
         for cut in last + 1..f.len() {
@@ -480,31 +656,55 @@ mod tests {
             assert_eq!(seen.len(), 3, "cut {cut}");
             assert!(matches!(end, End::Torn { offset, .. } if offset as usize == last));
         }
-        // A version-1 segment may not hold it.
-        let mut v1 = f.clone();
-        v1[8] = 1;
-        let c = crc32c::crc32c(&v1[..20]);
-        v1[20..24].copy_from_slice(&c.to_le_bytes());
-        let (seen, end) = run(&v1);
-        assert!(seen.is_empty());
-        assert!(matches!(end, End::Torn { offset: 24, .. }), "{end:?}");
+    }
+
+    #[test]
+    fn a_version_2_segment_is_read_in_its_layout() {
+        // Header: magic, version 2, flags, first position, CRC of 0..20.
+        let mut f = MAGIC.to_vec();
+        f.extend_from_slice(&2u16.to_le_bytes());
+        f.extend_from_slice(&0u16.to_le_bytes());
+        f.extend_from_slice(&10u64.to_le_bytes());
+        let c = crc32c::crc32c(&f);
+        f.extend_from_slice(&c.to_le_bytes());
+        // A kind-1 record of two appends: CRC, length 49, unsynced 0, kind.
+        let mut r = Vec::new();
+        r.extend_from_slice(&49u32.to_le_bytes());
+        r.extend_from_slice(&0u32.to_le_bytes());
+        r.push(1);
+        for seq in 0..2i32 {
+            r.extend_from_slice(&1u64.to_le_bytes());
+            r.extend_from_slice(&[0; 6]);
+            r.extend_from_slice(&seq.to_le_bytes());
+        }
+        let c = crc32c::crc32c_append(crc32c::crc32c(&10u64.to_le_bytes()), &r);
+        f.extend_from_slice(&c.to_le_bytes());
+        f.extend_from_slice(&r);
+        let (s, seen) = scanned(&f);
+        assert_eq!((s.version, s.store, s.end), (2, None, End::Clean));
+        assert_eq!(seen, vec![10, 11]);
     }
 
     /// The search after damage as it was first written: every plausible
     /// offset decoded in full, its checksum computed over its bytes.
     fn reference_later_write(f: &[u8], damage: usize, seed: u32) -> Option<u64> {
+        let layout = record::Layout::of(VERSION);
         let mut at = damage + 1;
         while f.len() - at >= record::MIN_LEN {
             let b = &f[at..];
-            if record::plausible(b, record::MAX_PACKED)
-                && let Ok(d) = record::decode(b, seed, record::MAX_PACKED)
-            {
-                let since = record::unsynced_offset(b).unwrap() as usize;
-                if at.saturating_sub(since) > damage {
-                    return Some(at as u64);
+            if record::plausible(b, layout) {
+                match record::decode(b, seed, layout, at as u64) {
+                    Ok(d) => {
+                        let since = record::unsynced_offset(b, layout).unwrap() as usize;
+                        if at.saturating_sub(since) > damage {
+                            return Some(at as u64);
+                        }
+                        at += d.len;
+                        continue;
+                    }
+                    Err(Bad::Misplaced(_)) => return Some(at as u64),
+                    Err(_) => {}
                 }
-                at += d.len;
-                continue;
             }
             at += 1;
         }
@@ -514,11 +714,13 @@ mod tests {
     /// The end the reference search gives `f`: where the first bad record
     /// is and how it ends.
     fn reference_end(f: &[u8]) -> Option<(u64, Option<u64>)> {
-        let seed = record::seed(10);
+        let layout = record::Layout::of(VERSION);
+        let seed = seed();
         let mut at = HEADER_LEN;
         while at < f.len() {
-            match record::decode(&f[at..], seed, record::MAX_PACKED) {
+            match record::decode(&f[at..], seed, layout, at as u64) {
                 Ok(d) => at += d.len,
+                Err(Bad::Misplaced(_)) => return Some((at as u64, Some(at as u64))),
                 Err(_) => return Some((at as u64, reference_later_write(f, at, seed))),
             }
         }
@@ -537,17 +739,16 @@ mod tests {
         let mut kinds = [0usize; 3];
         for case in 0..300 {
             // Writes of one to twenty records, fsync'ed or not.
-            let mut f = header(10);
+            let mut f = header(10, IDS);
             let mut unsynced = 0u32;
             for _ in 0..1 + next() % 12 {
                 let n = 1 + (next() % 20) as i32;
-                let b = write_at(&reqs(n), 10, unsynced);
+                let len = write_at(&mut f, &reqs(n), unsynced);
                 unsynced = if next().is_multiple_of(2) {
                     0
                 } else {
-                    unsynced + b.len() as u32
+                    unsynced + len as u32
                 };
-                f.extend(b);
             }
             // Damage: a flipped byte, a zeroed run, or crafted bytes
             // (plausible lengths and kinds every four bytes), somewhere.
@@ -589,7 +790,7 @@ mod tests {
         // A header, then `03 ff 00 00` over 2 MiB: every fourth offset
         // claims a 65,283-byte named record. The checksums come from
         // prefixes, each byte fed once.
-        let mut f = header(10);
+        let mut f = header(10, IDS);
         f.extend([0x03u8, 0xff, 0, 0].repeat(1 << 19));
         let mut w = Window {
             r: Cursor::new(&f),
@@ -599,14 +800,17 @@ mod tests {
         };
         w.at(0, HEADER_LEN).unwrap();
         let mut p = PrefixCrc::new(record::MAX_LEN);
-        let seed = record::seed(10);
-        let found = later_write(&mut w, HEADER_LEN as u64, seed, record::MAX_PACKED, &mut p);
+        let layout = record::Layout::of(VERSION);
+        let found = later_write(&mut w, HEADER_LEN as u64, seed(), layout, &mut p);
         assert_eq!(found.unwrap(), None);
         assert!(p.fed > 0);
         assert!(p.fed <= f.len() as u64, "{} bytes checksummed", p.fed);
         let (seen, end) = run(&f);
         assert!(seen.is_empty());
-        assert!(matches!(end, End::Torn { offset: 24, .. }), "{end:?}");
+        assert!(
+            matches!(end, End::Torn { offset, .. } if offset == HEADER_LEN as u64),
+            "{end:?}"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::record;
-use super::segment::{self, HEADER_LEN};
+use super::segment::{self, Ids};
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, WriteFile};
 
@@ -27,6 +27,60 @@ pub(crate) struct SyncToken {
     len: u64,
 }
 
+/// Where the store id and the segment salts come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum IdSource {
+    /// Random: a new store id for a new store, a new salt for every segment.
+    #[default]
+    Random,
+    /// Derived from this seed and the segment's first position, so that a
+    /// fixed history writes fixed bytes (the golden files). Tests only: two
+    /// stores with one seed cannot tell their segments apart.
+    Fixed(u64),
+}
+
+impl IdSource {
+    fn store(self) -> u64 {
+        match self {
+            IdSource::Random => random_u64(),
+            IdSource::Fixed(seed) => mix(seed, 0),
+        }
+    }
+
+    fn salt(self, lsn: u64) -> u64 {
+        match self {
+            IdSource::Random => random_u64(),
+            IdSource::Fixed(seed) => mix(seed, lsn.wrapping_add(1)),
+        }
+    }
+}
+
+/// A random `u64` from the standard library alone: `RandomState` is keyed
+/// randomly per process (and differently for every instance), hashed here
+/// with the time, the process id and a counter. Not for cryptography; a
+/// salt only has to differ from every other salt a disk may hold.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
+/// splitmix64 of `seed` and `i`.
+fn mix(seed: u64, i: u64) -> u64 {
+    let mut z = seed.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// One segment on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SegmentInfo {
@@ -39,6 +93,11 @@ pub(crate) struct LogWriter {
     file: Box<dyn WriteFile>,
     path: PathBuf,
     first_lsn: u64,
+    /// The CRC seed of the active segment's records.
+    seed: u32,
+    /// The store id every new segment gets.
+    store: u64,
+    ids: IdSource,
     len: u64,
     /// Bytes of the active segment known to be durable (fsync'ed). Every
     /// record states how far past this it was written; see
@@ -57,14 +116,19 @@ pub(crate) struct LogWriter {
 
 impl LogWriter {
     /// Starts a new segment whose first record will have position `lsn`.
+    /// `store` is the store id of the log so far (`None`: a new store, or
+    /// a log of versions before 3: a new id is drawn).
     pub(crate) fn create(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
         lsn: u64,
         segment_size: u64,
         mut segments: Vec<SegmentInfo>,
+        store: Option<u64>,
+        ids: IdSource,
     ) -> Result<LogWriter> {
-        let (file, path) = new_segment(fs.as_ref(), dir, lsn)?;
+        let store = store.unwrap_or_else(|| ids.store());
+        let (file, path, seed) = new_segment(fs.as_ref(), dir, lsn, store, ids)?;
         segments.push(SegmentInfo { first_lsn: lsn });
         Ok(LogWriter {
             fs,
@@ -72,8 +136,11 @@ impl LogWriter {
             file,
             path,
             first_lsn: lsn,
-            len: HEADER_LEN as u64,
-            synced: HEADER_LEN as u64,
+            seed,
+            store,
+            ids,
+            len: segment::HEADER_LEN as u64,
+            synced: segment::HEADER_LEN as u64,
             records: 0,
             segment_size,
             segments,
@@ -96,18 +163,20 @@ impl LogWriter {
         len: u64,
         records: u64,
         segment_size: u64,
+        ids: IdSource,
     ) -> Result<LogWriter> {
         let last = segments
             .last()
             .copied()
             .ok_or_else(|| Error::InvalidOptions("no segment to resume".into()))?;
         let path = dir.join(segment::file_name(last.first_lsn));
-        let version = read_version(fs.as_ref(), &path)?;
+        let head = read_header(fs.as_ref(), &path)?;
+        let version = head.version;
         if version != segment::VERSION && records == 0 {
             fs.remove_file(&path)
                 .map_err(|e| Error::io("remove", &path, e))?;
             segments.pop();
-            return LogWriter::create(fs, dir, last.first_lsn, segment_size, segments);
+            return LogWriter::create(fs, dir, last.first_lsn, segment_size, segments, None, ids);
         }
         let mut file = fs
             .open_append(&path)
@@ -119,6 +188,9 @@ impl LogWriter {
             file,
             path,
             first_lsn: last.first_lsn,
+            seed: head.seed,
+            store: head.store.unwrap_or_else(|| ids.store()),
+            ids,
             len,
             synced: len,
             records,
@@ -169,7 +241,7 @@ impl LogWriter {
         {
             self.roll(lsn)?;
         }
-        if HEADER_LEN as u64 + buf.len() as u64 > MAX_SEGMENT_BYTES {
+        if segment::HEADER_LEN as u64 + buf.len() as u64 > MAX_SEGMENT_BYTES {
             return Err(Error::io(
                 "write",
                 &self.path,
@@ -184,7 +256,7 @@ impl LogWriter {
         }
         // Below MAX_SEGMENT_BYTES, so every distance fits a u32.
         let unsynced = u32::try_from(self.len - self.synced).unwrap_or(u32::MAX);
-        record::seal(buf, self.first_lsn, unsynced);
+        record::seal(buf, self.seed, self.len, unsynced);
         self.file
             .write_all(buf)
             .map_err(|e| Error::io("write", &self.path, e))?;
@@ -228,14 +300,40 @@ impl LogWriter {
         Ok(())
     }
 
+    /// Writes a close marker and fsyncs it: the last thing a clean close
+    /// does, so that the next open can report a clean shutdown. Skipped
+    /// (`Ok`) when the active segment has an older version, which has no
+    /// markers: the next open then reports the shutdown as unknown.
+    pub(crate) fn close(&mut self) -> Result<()> {
+        if self.roll_first || self.broken.is_some() {
+            return Ok(());
+        }
+        let mut buf = Vec::with_capacity(record::HEADER);
+        record::encode_close(&mut buf);
+        if self.len + buf.len() as u64 > MAX_SEGMENT_BYTES {
+            return Ok(());
+        }
+        // Never a roll for it: a segment of nothing but a marker is no use.
+        let unsynced = u32::try_from(self.len - self.synced).unwrap_or(u32::MAX);
+        record::seal(&mut buf, self.seed, self.len, unsynced);
+        if let Err(e) = self.file.write_all(&buf) {
+            self.broken = Some(("write", e.kind()));
+            return Err(Error::io("write", &self.path, e));
+        }
+        self.len += buf.len() as u64;
+        self.sync()
+    }
+
     fn roll(&mut self, lsn: u64) -> Result<()> {
         self.sync()?;
-        let (file, path) = new_segment(self.fs.as_ref(), &self.dir, lsn)?;
+        let (file, path, seed) =
+            new_segment(self.fs.as_ref(), &self.dir, lsn, self.store, self.ids)?;
         self.file = file;
         self.path = path;
         self.first_lsn = lsn;
-        self.len = HEADER_LEN as u64;
-        self.synced = HEADER_LEN as u64;
+        self.seed = seed;
+        self.len = segment::HEADER_LEN as u64;
+        self.synced = segment::HEADER_LEN as u64;
         self.records = 0;
         self.roll_first = false;
         self.segments.push(SegmentInfo { first_lsn: lsn });
@@ -260,32 +358,47 @@ impl LogWriter {
     }
 }
 
-/// The format version in the header of the segment at `path` (recovery
-/// has validated it).
-fn read_version(fs: &dyn FileSystem, path: &Path) -> Result<u16> {
-    let mut head = [0u8; HEADER_LEN];
+/// The header of the segment at `path` (recovery has validated it).
+fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<segment::Header> {
+    let mut head = [0u8; segment::HEADER_LEN];
     let mut f = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
     let n = segment::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
     match segment::parse_header(path, head.get(..n).unwrap_or_default()) {
-        Ok((_, version)) => Ok(version),
+        Ok(h) => Ok(h),
         Err(segment::HeaderError::Bad(e)) => Err(e),
         Err(segment::HeaderError::Short(got)) => Err(Error::corrupt(
             path,
             got as u64,
-            crate::codec::truncated(HEADER_LEN, got),
+            crate::codec::truncated(segment::HEADER_LEN, got),
         )),
     }
 }
 
-fn new_segment(fs: &dyn FileSystem, dir: &Path, lsn: u64) -> Result<(Box<dyn WriteFile>, PathBuf)> {
+/// Creates the segment whose first record will have position `lsn`, with
+/// a fresh salt; returns it, its path and its records' CRC seed.
+fn new_segment(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    lsn: u64,
+    store: u64,
+    ids: IdSource,
+) -> Result<(Box<dyn WriteFile>, PathBuf, u32)> {
     let path = dir.join(segment::file_name(lsn));
+    let header = segment::header(
+        lsn,
+        Ids {
+            store,
+            salt: ids.salt(lsn),
+        },
+    );
+    let seed = record::seed(header.get(12..36).unwrap_or_default());
     let mut file = fs
         .create_new(&path)
         .map_err(|e| Error::io("create", &path, e))?;
-    file.write_all(&segment::header(lsn))
+    file.write_all(&header)
         .map_err(|e| Error::io("write", &path, e))?;
     file.sync_data().map_err(|e| Error::io("fsync", &path, e))?;
     fs.sync_dir(dir)
         .map_err(|e| Error::io("fsync directory", dir, e))?;
-    Ok((file, path))
+    Ok((file, path, seed))
 }
