@@ -382,42 +382,62 @@ impl StateMap {
         Some(st.to_entry(&self.windows))
     }
 
-    /// Sets one key's entry, replacing what was there (loading a snapshot).
-    pub(crate) fn insert(&mut self, id: &ProducerId, partition: i32, entry: &ProducerEntry) {
-        let hash = hash_key(id, partition);
+    /// Makes room for `keys` more keys and `windows` more windows, so that
+    /// loading a snapshot never rehashes or moves the arena.
+    pub(crate) fn reserve(&mut self, keys: usize, windows: usize) {
+        self.numeric
+            .reserve(keys, |s| hash_numeric(join_pid(s.pid), s.partition));
+        self.windows.reserve(windows);
+    }
+
+    /// Inserts the entry of a key that has none, with its hash already
+    /// computed, in one probe of the table; false (and nothing changed) if
+    /// the key exists. Loading a snapshot inserts in the order the writer's
+    /// table held its keys, so consecutive inserts land in neighbouring
+    /// buckets: the table is filled front to back, not at random.
+    #[inline]
+    pub(crate) fn insert_new_hashed(
+        &mut self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+        entry: &ProducerEntry,
+    ) -> bool {
         let windows = &mut self.windows;
         match id.as_numeric() {
             Some(pid) => {
                 let key = split_pid(pid);
-                upsert(
-                    &mut self.numeric,
-                    windows,
+                match self.numeric.entry(
                     hash,
                     |s| s.pid == key && s.partition == partition,
-                    |s| &mut s.st,
-                    |st| NumSlot {
-                        pid: key,
-                        partition,
-                        st,
-                    },
                     |s| hash_numeric(join_pid(s.pid), s.partition),
-                    entry,
-                );
+                ) {
+                    hashbrown::hash_table::Entry::Occupied(_) => false,
+                    hashbrown::hash_table::Entry::Vacant(v) => {
+                        v.insert(NumSlot {
+                            pid: key,
+                            partition,
+                            st: State::from_entry(entry, windows),
+                        });
+                        true
+                    }
+                }
             }
-            None => upsert(
-                &mut self.named,
-                windows,
+            None => match self.named.entry(
                 hash,
                 |s| s.partition == partition && same_name(&s.id, id),
-                |s| &mut s.st,
-                |st| NamedSlot {
-                    id: id.clone(),
-                    partition,
-                    st,
-                },
                 |s| hash_key(&s.id, s.partition),
-                entry,
-            ),
+            ) {
+                hashbrown::hash_table::Entry::Occupied(_) => false,
+                hashbrown::hash_table::Entry::Vacant(v) => {
+                    v.insert(NamedSlot {
+                        id: id.clone(),
+                        partition,
+                        st: State::from_entry(entry, windows),
+                    });
+                    true
+                }
+            },
         }
     }
 
@@ -437,43 +457,6 @@ impl StateMap {
             .iter()
             .map(move |s| (s.id.clone(), s.partition, s.st.to_entry(w)));
         numeric.chain(named)
-    }
-}
-
-/// Sets one slot's state to `entry`, creating the slot if needed.
-#[allow(clippy::too_many_arguments)]
-fn upsert<S>(
-    table: &mut HashTable<S>,
-    windows: &mut Vec<Window>,
-    hash: u64,
-    eq: impl FnMut(&S) -> bool,
-    state: impl Fn(&mut S) -> &mut State,
-    new_slot: impl FnOnce(State) -> S,
-    rehash: impl Fn(&S) -> u64,
-    entry: &ProducerEntry,
-) {
-    if let Some(slot) = table.find_mut(hash, eq) {
-        let st = state(slot);
-        *st = replace(*st, entry, windows);
-    } else {
-        let st = State::from_entry(entry, windows);
-        table.insert_unique(hash, new_slot(st), rehash);
-    }
-}
-
-/// Replaces a slot's state with `entry`, reusing its window when it has one.
-fn replace(old: State, entry: &ProducerEntry, windows: &mut Vec<Window>) -> State {
-    match (old.head.windowed(), entry.head.windowed()) {
-        (true, true) => {
-            windows[old.win as usize] = entry.window;
-            State {
-                head: entry.head,
-                win: old.win,
-            }
-        }
-        // A window no longer referenced stays in the arena until the map is
-        // dropped; replacing entries only happens while loading.
-        _ => State::from_entry(entry, windows),
     }
 }
 
@@ -535,7 +518,7 @@ mod tests {
     }
 
     #[test]
-    fn insert_replaces_and_iter_sees_everything() {
+    fn insert_new_adds_only_absent_keys_and_iter_sees_everything() {
         let mut m = StateMap::default();
         for pid in 0..1000u64 {
             assert!(
@@ -544,11 +527,18 @@ mod tests {
             );
         }
         let e = ProducerEntry::from_parts(9, 77, &[]).unwrap();
-        m.insert(&ProducerId::from(5u64), 5, &e);
-        m.insert(&ProducerId::from("new"), 1, &e);
-        assert_eq!(m.get(&ProducerId::from(5u64), 5), Some(e));
-        assert_eq!(m.len(), 1001);
-        assert_eq!(m.iter().count(), 1001);
+        let insert = |m: &mut StateMap, id: ProducerId, p: i32| {
+            m.insert_new_hashed(hash_key(&id, p), &id, p, &e)
+        };
+        let before = m.get(&ProducerId::from(5u64), 5);
+        assert!(!insert(&mut m, ProducerId::from(5u64), 5), "the key exists");
+        assert_eq!(m.get(&ProducerId::from(5u64), 5), before);
+        assert!(insert(&mut m, ProducerId::from(5u64), 6));
+        assert!(insert(&mut m, ProducerId::from("new"), 1));
+        assert!(!insert(&mut m, ProducerId::from("new"), 1));
+        assert_eq!(m.get(&ProducerId::from(5u64), 6), Some(e));
+        assert_eq!(m.len(), 1002);
+        assert_eq!(m.iter().count(), 1002);
         assert_eq!(m.iter().filter(|(_, _, x)| *x == e).count(), 2);
     }
 }

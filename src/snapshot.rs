@@ -532,14 +532,41 @@ impl Writer {
     }
 }
 
+/// What a snapshot's reader hands its entries to.
+pub(crate) trait Sink {
+    /// Called once, with the header, before the first entry.
+    fn begin(&mut self, _header: &Header) {}
+    /// One decoded entry; an error stops the read.
+    fn entry(&mut self, id: ProducerId, partition: i32, e: ProducerEntry) -> Result<()>;
+}
+
+struct Each<F>(F);
+
+impl<F: FnMut(ProducerId, i32, ProducerEntry) -> Result<()>> Sink for Each<F> {
+    #[inline]
+    fn entry(&mut self, id: ProducerId, partition: i32, e: ProducerEntry) -> Result<()> {
+        (self.0)(id, partition, e)
+    }
+}
+
 /// Streams a snapshot file, verifying its header, every entry and finally
 /// the CRC over every byte. `each` sees entries as they are decoded; the
 /// caller must discard what it built if this returns an error.
 pub(crate) fn read(
     path: &Path,
+    r: impl Read,
+    file_len: u64,
+    each: impl FnMut(ProducerId, i32, ProducerEntry) -> Result<()>,
+) -> Result<Header> {
+    read_into(path, r, file_len, &mut Each(each))
+}
+
+/// [`read`], handing the header and then the entries to `sink`.
+pub(crate) fn read_into(
+    path: &Path,
     mut r: impl Read,
     file_len: u64,
-    mut each: impl FnMut(ProducerId, i32, ProducerEntry) -> Result<()>,
+    sink: &mut impl Sink,
 ) -> Result<Header> {
     let io = |e| Error::io("read", path, e);
     let mut head = [0u8; HEADER_LEN];
@@ -575,6 +602,7 @@ pub(crate) fn read(
             ));
         }
     }
+    sink.begin(&header);
     let mut crc = crc32c::crc32c(&head);
     let mut buf: Vec<u8> = Vec::new();
     let mut consumed = 0usize; // bytes of `buf` already decoded
@@ -588,7 +616,7 @@ pub(crate) fn read(
                 consumed += len;
                 offset += len as u64;
                 found += 1;
-                each(id, partition, e)?;
+                sink.entry(id, partition, e)?;
                 continue;
             }
             Some(Err(kind)) => return Err(Error::corrupt(path, offset, kind)),

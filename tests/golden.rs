@@ -8,6 +8,11 @@
 //! - `store-v1` was written by the first format version (one append per
 //!   record). It must still open to its state, and a store continuing it
 //!   writes new segments in the current version.
+//! - `snapshot-v1` and `snapshot-v2` hold one snapshot of the same history
+//!   of windows of every shape, in each snapshot version: the current one
+//!   must be written byte for byte, both must decode to the history's state.
+//!   (`store-v2`'s snapshot was rewritten in snapshot version 2 with it;
+//!   `store-v1` keeps a version-1 snapshot.)
 //!
 //! Regenerate (only on a deliberate format change, with a new version):
 //! `GOLDEN_REGENERATE=1 cargo test --test golden`; keep the old
