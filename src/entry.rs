@@ -298,6 +298,64 @@ impl ProducerEntry {
         Some(e)
     }
 
+    /// Builds an entry from its retained batches given newest first, as a
+    /// version-2 snapshot stores them: batch `k` ends where batch `k - 1`
+    /// began (batch 0 at `last`) and spans `spans[k]` sequences past its
+    /// first; bit `k` of `has_meta` says it carries `meta[k]` (offset,
+    /// timestamp). Fills the window directly, in the order
+    /// [`ProducerEntry::from_parts`] would leave it. `None` if a batch would
+    /// start below 0, a batch without metadata has more than one sequence,
+    /// `last` is negative, or `n` exceeds [`RETAINED_BATCHES`].
+    #[inline]
+    pub(crate) fn from_newest_first(
+        epoch: i16,
+        last: i32,
+        n: usize,
+        has_meta: u8,
+        spans: &[u32; N],
+        meta: &[(i64, i64); N],
+    ) -> Option<Self> {
+        if last < 0 || n > N {
+            return None;
+        }
+        let mut e = ProducerEntry {
+            head: Head {
+                epoch,
+                ring: n as u8,
+                mask: 0,
+                last,
+            },
+            window: Window::EMPTY,
+        };
+        let mut batch_last = last;
+        for k in 0..n {
+            let span = spans[k];
+            let has = has_meta >> k & 1 != 0;
+            if i64::from(span) > i64::from(batch_last) || (!has && span != 0) {
+                return None;
+            }
+            let first = batch_last - span as i32;
+            let i = n - 1 - k;
+            let slot = &mut e.window.slots[i];
+            // The previous batch's last sequence (the inverse of
+            // `next_sequence`); for the oldest, what `push` keeps.
+            batch_last = if k + 1 == n {
+                first.wrapping_sub(1)
+            } else if first == 0 {
+                i32::MAX
+            } else {
+                first - 1
+            };
+            slot.prev = batch_last;
+            if has {
+                slot.offset = split(meta[k].0);
+                slot.timestamp = split(meta[k].1);
+                e.head.mask |= 1 << i;
+            }
+        }
+        Some(e)
+    }
+
     /// The epoch (producer session) on file.
     pub fn epoch(&self) -> i16 {
         self.head.epoch

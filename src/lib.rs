@@ -134,6 +134,7 @@ pub mod fs;
 mod id;
 pub mod inspect;
 pub mod kafka;
+mod loader;
 mod manager;
 mod map;
 mod outcome;

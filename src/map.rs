@@ -382,12 +382,9 @@ impl StateMap {
         Some(st.to_entry(&self.windows))
     }
 
-    /// Sets one key's entry, replacing what was there (loading a snapshot).
-    pub(crate) fn insert(&mut self, id: &ProducerId, partition: i32, entry: &ProducerEntry) {
-        self.insert_hashed(hash_key(id, partition), id, partition, entry);
-    }
-
-    /// [`StateMap::insert`] with the key's hash already computed.
+    /// Sets one key's entry, replacing what was there (the durable store
+    /// installing what an accepted append computed), with the key's hash
+    /// already computed.
     #[inline]
     pub(crate) fn insert_hashed(
         &mut self,
@@ -429,6 +426,65 @@ impl StateMap {
                 |s| hash_key(&s.id, s.partition),
                 entry,
             ),
+        }
+    }
+
+    /// Makes room for `keys` more keys and `windows` more windows, so that
+    /// loading a snapshot never rehashes or moves the arena.
+    pub(crate) fn reserve(&mut self, keys: usize, windows: usize) {
+        self.numeric
+            .reserve(keys, |s| hash_numeric(join_pid(s.pid), s.partition));
+        self.windows.reserve(windows);
+    }
+
+    /// Inserts the entry of a key that has none, with its hash already
+    /// computed, in one probe of the table; false (and nothing changed) if
+    /// the key exists. Loading a snapshot inserts in the order the writer's
+    /// table held its keys, so consecutive inserts land in neighbouring
+    /// buckets: the table is filled front to back, not at random.
+    #[inline]
+    pub(crate) fn insert_new_hashed(
+        &mut self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+        entry: &ProducerEntry,
+    ) -> bool {
+        let windows = &mut self.windows;
+        match id.as_numeric() {
+            Some(pid) => {
+                let key = split_pid(pid);
+                match self.numeric.entry(
+                    hash,
+                    |s| s.pid == key && s.partition == partition,
+                    |s| hash_numeric(join_pid(s.pid), s.partition),
+                ) {
+                    hashbrown::hash_table::Entry::Occupied(_) => false,
+                    hashbrown::hash_table::Entry::Vacant(v) => {
+                        v.insert(NumSlot {
+                            pid: key,
+                            partition,
+                            st: State::from_entry(entry, windows),
+                        });
+                        true
+                    }
+                }
+            }
+            None => match self.named.entry(
+                hash,
+                |s| s.partition == partition && same_name(&s.id, id),
+                |s| hash_key(&s.id, s.partition),
+            ) {
+                hashbrown::hash_table::Entry::Occupied(_) => false,
+                hashbrown::hash_table::Entry::Vacant(v) => {
+                    v.insert(NamedSlot {
+                        id: id.clone(),
+                        partition,
+                        st: State::from_entry(entry, windows),
+                    });
+                    true
+                }
+            },
         }
     }
 
@@ -548,7 +604,7 @@ mod tests {
     }
 
     #[test]
-    fn insert_replaces_and_iter_sees_everything() {
+    fn insert_new_adds_only_absent_keys_and_iter_sees_everything() {
         let mut m = StateMap::default();
         for pid in 0..1000u64 {
             assert!(
@@ -557,11 +613,18 @@ mod tests {
             );
         }
         let e = ProducerEntry::from_parts(9, 77, &[]).unwrap();
-        m.insert(&ProducerId::from(5u64), 5, &e);
-        m.insert(&ProducerId::from("new"), 1, &e);
-        assert_eq!(m.get(&ProducerId::from(5u64), 5), Some(e));
-        assert_eq!(m.len(), 1001);
-        assert_eq!(m.iter().count(), 1001);
+        let insert = |m: &mut StateMap, id: ProducerId, p: i32| {
+            m.insert_new_hashed(hash_key(&id, p), &id, p, &e)
+        };
+        let before = m.get(&ProducerId::from(5u64), 5);
+        assert!(!insert(&mut m, ProducerId::from(5u64), 5), "the key exists");
+        assert_eq!(m.get(&ProducerId::from(5u64), 5), before);
+        assert!(insert(&mut m, ProducerId::from(5u64), 6));
+        assert!(insert(&mut m, ProducerId::from("new"), 1));
+        assert!(!insert(&mut m, ProducerId::from("new"), 1));
+        assert_eq!(m.get(&ProducerId::from(5u64), 6), Some(e));
+        assert_eq!(m.len(), 1002);
+        assert_eq!(m.iter().count(), 1002);
         assert_eq!(m.iter().filter(|(_, _, x)| *x == e).count(), 2);
     }
 }

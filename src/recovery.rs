@@ -284,20 +284,7 @@ pub(crate) fn load_snapshot(
 ) -> Result<(snapshot::Header, Shards)> {
     let file = fs.open_read(path).map_err(io_at("open", path))?;
     let len = file.len().map_err(io_at("stat", path))?;
-    let mut shards = Shards::default();
-    let header = snapshot::read(
-        path,
-        std::io::BufReader::with_capacity(1 << 20, file),
-        len,
-        |id, p, e| {
-            if shards.insert_new(&id, p, &e) {
-                Ok(())
-            } else {
-                Err(Error::corrupt(path, 0, Corruption::DuplicateKey))
-            }
-        },
-    )?;
-    Ok((header, shards))
+    crate::loader::load(path, file, len)
 }
 
 pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<Recovered> {

@@ -91,11 +91,24 @@ impl Shards {
         e: &ProducerEntry,
     ) -> bool {
         let hash = hash_key(id, partition);
-        if self.get(hash, id, partition).is_some() {
-            return false;
+        self.maps[shard_of(hash)].insert_new_hashed(hash, id, partition, e)
+    }
+
+    /// A state with room for `keys` keys, `windows` of them with a
+    /// window, spread evenly over the shards (plus a margin for the
+    /// spread), so that loading them neither rehashes a table nor moves a
+    /// window arena.
+    pub(crate) fn with_capacity(keys: u64, windows: u64) -> Shards {
+        let per = |n: u64| {
+            let n = usize::try_from(n).unwrap_or(usize::MAX) / SHARDS;
+            // A shard's share varies by a few standard deviations (sqrt n).
+            n + n.isqrt() * 4 + 16
+        };
+        let mut s = Shards::default();
+        for m in &mut s.maps {
+            m.reserve(per(keys), per(windows));
         }
-        self.maps[shard_of(hash)].insert(id, partition, e);
-        true
+        s
     }
 
     /// Sets the entry of the key with hash `hash`, replacing what was there.

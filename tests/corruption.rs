@@ -219,6 +219,12 @@ fn flipping_every_bit_of_a_snapshot_falls_back_and_loses_nothing() {
     assert_eq!(snaps.len(), 2);
     let newest = snaps.last().unwrap().clone();
     let bytes = fs.read_file(&newest).unwrap();
+    assert_eq!(&bytes[8..10], &[2, 0], "the current snapshot version");
+    // Windows of several batches, so flips land in spans and deltas too.
+    assert!(
+        bytes[48..].iter().any(|&shape| shape & 7 >= 3),
+        "some key retains several batches"
+    );
     for bit in 0..bytes.len() * 8 {
         let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
         let mut b = bytes.clone();
@@ -237,6 +243,25 @@ fn flipping_every_bit_of_a_snapshot_falls_back_and_loses_nothing() {
             r.snapshot.as_ref().map(|u| u.file.clone()),
             Some(newest.clone())
         );
+    }
+}
+
+#[test]
+fn truncating_a_snapshot_anywhere_falls_back_and_loses_nothing() {
+    let reqs = workload(30);
+    let history = prefixes(&reqs);
+    let full = history.len() - 1;
+    let fs = build(&reqs, |f| opts(f).snapshot_every_records(Some(10)));
+    let newest = files(&fs, ".snap").last().unwrap().clone();
+    let bytes = fs.read_file(&newest).unwrap();
+    assert_eq!(&bytes[8..10], &[2, 0], "the current snapshot version");
+    for cut in 0..bytes.len() {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        t.overwrite(&newest, &bytes[..cut]);
+        let s = ProducerStateStore::open_with(dir(), opts(&t))
+            .unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+        assert!(matches(&s, &history[full]), "cut {cut}");
+        assert_eq!(s.recovery_report().skipped_snapshots.len(), 1, "cut {cut}");
     }
 }
 

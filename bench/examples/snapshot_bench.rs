@@ -1,0 +1,181 @@
+//! Snapshots of 1M keys with 1 and with 5 retained batches each: the rows
+//! of issue 17's goals, as ratios measured in one run.
+//!
+//! `cargo run --release -p producer-state-bench --example snapshot_bench`
+//! (under a minute). `--keys N` changes the key count, `--rounds N` the
+//! rounds (default 5; tables show medians), `--dir PATH` the disk.
+//!
+//! Each key gets its batches round-robin, as the Kafka comparison built
+//! them (../shared/notes/kafka-psm-bench.md): batch `b` of key `k` is the
+//! one-record batch `b` at offset and timestamp `b * keys + k`
+//! (timestamps from 1.7e12). Per round:
+//! - write: reopen, one more append, `sync`, `snapshot()` timed (it waits
+//!   until the file is durable), close;
+//! - read: the library's reader alone over that file (read, check the CRC,
+//!   decode every entry; nothing inserted), timed;
+//! - reopen: `open_with` timed. The log holds no record after the
+//!   snapshot, and segments are 1 MiB so that retention leaves at most one
+//!   segment of records the snapshot covers: the reopen is the snapshot's
+//!   load (reading covered segments is issue 17's first part, not this).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use producer_state::fs::StdFs;
+use producer_state::{AppendRequest, Batch, FsyncPolicy, ProducerStateStore, StoreOptions};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn opts() -> StoreOptions {
+    StoreOptions::default()
+        .fsync(FsyncPolicy::Never)
+        .snapshot_every_records(None)
+        .snapshot_every_bytes(None)
+        .segment_size(1 << 20)
+}
+
+const T0: i64 = 1_700_000_000_000;
+
+fn build(dir: &Path, keys: u64, per_key: u64) -> Result<()> {
+    let _ = std::fs::remove_dir_all(dir);
+    let store = ProducerStateStore::open_with(dir, opts())?;
+    let mut chunk = Vec::with_capacity(10_000);
+    let flush = |chunk: &mut Vec<AppendRequest>| -> Result<()> {
+        for o in store.append_all(chunk) {
+            assert!(o?.is_accepted());
+        }
+        chunk.clear();
+        Ok(())
+    };
+    for b in 0..per_key {
+        for k in 0..keys {
+            let at = (b * keys + k) as i64;
+            let s = b as i32;
+            chunk.push(AppendRequest::batch(k, 0, 0, Batch::new(s, s, at, T0 + at)));
+            if chunk.len() == 10_000 {
+                flush(&mut chunk)?;
+            }
+        }
+    }
+    flush(&mut chunk)?;
+    store.sync()?;
+    // Two snapshots, so retention drops the segments the first one covers.
+    store.snapshot()?;
+    store.close()?;
+    Ok(())
+}
+
+struct Round {
+    write: Duration,
+    read: Duration,
+    reopen: Duration,
+    bytes: u64,
+}
+
+fn round(dir: &Path, keys: u64, i: u64) -> Result<Round> {
+    let store = ProducerStateStore::open_with(dir, opts())?;
+    let k = i % keys;
+    let e = store.get(k, 0).ok_or("key missing")?;
+    let s = e.last_sequence().checked_add(1).unwrap_or(0);
+    let at = (1_000 * keys + i) as i64;
+    store.append_batch(k, 0, 0, Batch::new(s, s, at, T0 + at))?;
+    store.sync()?;
+    let t = Instant::now();
+    let path: PathBuf = store.snapshot()?.ok_or("no snapshot")?;
+    let write = t.elapsed();
+    store.close()?;
+    let bytes = std::fs::metadata(&path)?.len();
+
+    let t = Instant::now();
+    let summary = producer_state::inspect::decode_snapshot(&StdFs, &path)?;
+    let read = t.elapsed();
+    assert_eq!(summary.entries, keys);
+
+    let t = Instant::now();
+    let store = ProducerStateStore::open_with(dir, opts())?;
+    let reopen = t.elapsed();
+    let r = store.recovery_report();
+    assert_eq!(r.records_replayed, 0);
+    if std::env::var("SNAPSHOT_BENCH_DEBUG").is_ok() {
+        eprintln!(
+            "reopen {reopen:?}: recovery {:?}, {} segments read",
+            r.duration, r.segments_read
+        );
+    }
+    assert_eq!(store.len() as u64, keys);
+    drop(store);
+    Ok(Round {
+        write,
+        read,
+        reopen,
+        bytes,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let keys: u64 = arg("--keys").map_or(Ok(1_000_000), |v| v.parse())?;
+    let rounds: u64 = arg("--rounds").map_or(Ok(5), |v| v.parse())?;
+    let tmp = tempfile::tempdir()?;
+    let base = arg("--dir").map_or_else(|| tmp.path().to_path_buf(), PathBuf::from);
+    let mut rows = Vec::new();
+    for per_key in [1u64, 5] {
+        let dir = base.join(format!("snap-{per_key}"));
+        build(&dir, keys, per_key)?;
+        let mut rs = Vec::new();
+        for i in 0..rounds {
+            rs.push(round(&dir, keys, i)?);
+        }
+        let ms = |f: fn(&Round) -> Duration| {
+            median(rs.iter().map(|r| f(r).as_secs_f64() * 1e3).collect())
+        };
+        let row = (
+            per_key,
+            ms(|r| r.write),
+            ms(|r| r.read),
+            ms(|r| r.reopen),
+            rs[0].bytes as f64 / keys as f64,
+        );
+        println!(
+            "{per_key} batch(es)/key: write {:.1} ms, read+decode {:.1} ms, reopen {:.1} ms, {:.1} B/key ({} B); reopen/read {:.3}",
+            row.1,
+            row.2,
+            row.3,
+            row.4,
+            rs[0].bytes,
+            row.3 / row.2
+        );
+        rows.push(row);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let (one, five) = (rows[0], rows[1]);
+    println!();
+    println!("| goal | measured | target |");
+    println!("|---|---:|---:|");
+    println!(
+        "| reopen / read+decode, 1 batch/key | {:.3} | <= 1.15 |",
+        one.3 / one.2
+    );
+    println!(
+        "| reopen / read+decode, 5 batches/key | {:.3} | <= 1.15 |",
+        five.3 / five.2
+    );
+    println!(
+        "| file bytes per key, 5 batches/key | {:.1} | <= 70 |",
+        five.4
+    );
+    println!("| write 5 / write 1 | {:.3} | <= 1.3 |", five.1 / one.1);
+    println!("| reopen 5 / reopen 1 | {:.3} | <= 1.3 |", five.3 / one.3);
+    Ok(())
+}
