@@ -559,3 +559,42 @@ fn files_recovery_does_not_read_do_not_decide_the_verdict() {
     // And recovery agrees.
     ProducerStateStore::open(d.path()).unwrap().close().unwrap();
 }
+
+#[test]
+fn a_symlinked_segment_is_read_and_a_store_name_that_is_not_a_file_refused() {
+    // The newest segment moved out of the directory and linked back: the
+    // tool reads it through the link, like recovery, instead of passing
+    // over it (which would report a store that forgets its last appends).
+    let d = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    store(d.path(), StoreOptions::default().segment_size(1024));
+    let segs = files(d.path(), ".wal");
+    assert!(segs.len() >= 2, "{segs:?}");
+    let newest = segs.last().unwrap();
+    let name = newest.file_name().unwrap().to_str().unwrap().to_owned();
+    let moved = elsewhere.path().join(&name);
+    std::fs::rename(newest, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, newest).unwrap();
+    let (code, out, err) = run(&[s(d.path()), "--verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, v) = json(&[s(d.path())]);
+    let file = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("{name} not listed: {v}"));
+    assert_eq!(file["kind"], "segment", "{file}");
+    assert!(file["entries"].as_u64().unwrap() > 0, "{file}");
+    // Recovery's dry run reads through the link: every append of the
+    // history (4 producers x 30 batches, and one more).
+    assert_eq!(v["recovery"]["next_position"], 121, "{v}");
+    // A dangling link under a store name: refused, naming it.
+    std::fs::remove_file(&moved).unwrap();
+    let (code, out, err) = run(&[s(d.path()), "--verify"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        format!("{out}{err}").contains(&name),
+        "the refusal names the entry: {out}{err}"
+    );
+}

@@ -20,7 +20,7 @@ use super::{
 };
 use crate::error::{Corruption, Error, Result};
 use crate::files::{StoreFile, classify};
-use crate::fs::FileSystem;
+use crate::fs::{DirEntry, EntryKind, FileSystem};
 use crate::kafka;
 use crate::recovery::RecoveryReport;
 
@@ -255,7 +255,7 @@ pub fn directory(
     let mut files = Vec::with_capacity(listing.len());
     for (i, entry) in listing.iter().enumerate() {
         t.tick(i as u64);
-        files.push(check(fs, dir, &entry.name, entry.len)?);
+        files.push(check(fs, dir, entry)?);
     }
     mark_gaps(&mut files);
     let contents = if files
@@ -298,12 +298,13 @@ pub fn directory(
 }
 
 /// Verifies one file on its own; its effect is decided later.
-fn check(fs: &dyn FileSystem, dir: &Path, name: &str, bytes: u64) -> Result<FileReport> {
+fn check(fs: &dyn FileSystem, dir: &Path, entry: &DirEntry) -> Result<FileReport> {
+    let name = entry.name.as_str();
     let path = dir.join(name);
     let mut r = FileReport {
         name: name.to_string(),
         path,
-        bytes,
+        bytes: entry.len,
         role: Role::Other,
         position: None,
         end_position: None,
@@ -316,7 +317,32 @@ fn check(fs: &dyn FileSystem, dir: &Path, name: &str, bytes: u64) -> Result<File
         e @ Error::Io { .. } => Err(e),
         e => Ok(Some(Problem::Invalid(e))),
     };
-    match classify(name) {
+    let store_file = classify(name);
+    if let Some(f) = store_file
+        && entry.kind != Some(EntryKind::File)
+    {
+        // Named like a store file, but recovery can neither read it nor
+        // pass over it (symbolic links are followed: this is what a link
+        // leads to), so it refuses; so does the verdict.
+        r.role = match f {
+            StoreFile::Segment(_) => Role::Segment,
+            StoreFile::Snapshot(_) => Role::Snapshot,
+            _ => Role::SnapshotTemp,
+        };
+        let what = match entry.kind {
+            None => {
+                "a symbolic link to nothing (dangling, looping, or to a target that cannot be examined)"
+            }
+            Some(EntryKind::Dir) => "a directory",
+            Some(_) => "not a regular file (a fifo, a socket or a device)",
+        };
+        r.problem = Some(Problem::Invalid(Error::NotAFile {
+            path: r.path.clone(),
+            what,
+        }));
+        return Ok(r);
+    }
+    match store_file {
         Some(StoreFile::SnapshotTemp(_)) => {
             r.role = Role::SnapshotTemp;
             r.problem = Some(Problem::Leftover);
