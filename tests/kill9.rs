@@ -17,6 +17,8 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use producer_state::{AppendOutcome, Error, ProducerStateStore, StoreOptions};
@@ -93,6 +95,8 @@ fn every_acknowledged_append_survives_kill_9() {
     eprintln!("KILL9_SEED={seed}");
     let mut total_acks = 0usize;
     const ROUNDS: i16 = 12;
+    const MIN_ACKS: usize = 90;
+    const MAX_WAIT: Duration = Duration::from_secs(20);
     for epoch in 0..ROUNDS {
         let mut cmd = child("appender", dir.path());
         cmd.env("EPOCH", epoch.to_string());
@@ -101,6 +105,8 @@ fn every_acknowledged_append_survives_kill_9() {
         }
         let mut proc = cmd.spawn().unwrap();
         let stdout = proc.stdout.take().unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let seen_by_reader = seen.clone();
         let reader = std::thread::spawn(move || {
             let mut acked: Vec<(u64, i32)> = Vec::new();
             for line in BufReader::new(stdout).lines() {
@@ -112,17 +118,23 @@ fn every_acknowledged_append_survives_kill_9() {
                     let key: u64 = it.next().unwrap().parse().unwrap();
                     let seq: i32 = it.next().unwrap().parse().unwrap();
                     acked.push((key, seq));
+                    seen_by_reader.store(acked.len(), Ordering::Relaxed);
                 }
             }
             acked
         });
-        // Let it run a random while (long enough to pass open and recovery).
+        // Let it run a random while, and at least until it has
+        // acknowledged MIN_ACKS appends (so that a slow disk or a loaded
+        // machine still kills it mid-work, never before it started), but
+        // never longer than MAX_WAIT.
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         let wait = Duration::from_millis(150 + seed % 250);
         let start = Instant::now();
-        while start.elapsed() < wait {
+        while (start.elapsed() < wait || seen.load(Ordering::Relaxed) < MIN_ACKS)
+            && start.elapsed() < MAX_WAIT
+        {
             std::thread::sleep(Duration::from_millis(5));
         }
         proc.kill().unwrap(); // SIGKILL
