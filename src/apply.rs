@@ -10,11 +10,13 @@
 //! each key's records stay in log order within its shard.
 //!
 //! The two differ in what a record that does not apply (a log that does not
-//! belong to its snapshot) leaves behind. [`Sequential`] stops right before
-//! it, so the state is a prefix of the history and recovery can report the
-//! record's offset or salvage the prefix. [`Parallel`] may already have
-//! applied later records of other shards, so it only says that something
-//! failed, and recovery replays again, sequentially, from a fresh base.
+//! belong to its snapshot) leaves behind. [`Sequential`] stops at it and
+//! says where it is, so recovery can report its offset or cut its plan
+//! before it. [`Parallel`] may already have applied later records of other
+//! shards, so it only says that something failed. Either way the state
+//! holds more than the history recovery keeps (the appends of the record
+//! before the failing one, or later ones), and recovery replays its
+//! shortened plan again from a fresh base.
 
 use std::path::Path;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -22,6 +24,7 @@ use std::thread::Scope;
 
 use crate::batch::AppendRequest;
 use crate::error::{Corruption, Error, Result};
+use crate::recovery::Damage;
 use crate::shards::{SHARDS, Shards, ShardsPart, warm};
 
 /// A decoded append.
@@ -59,19 +62,26 @@ pub(crate) trait Sink {
     fn push(&mut self, rec: Rec, path: &Path) -> Result<()>;
     /// Applies every record taken.
     fn drain(&mut self, path: &Path) -> Result<()>;
-    /// The (offset, position) of the record that did not apply, if one did
-    /// not and the state is exactly the records before it.
-    fn failed_at(&self) -> Option<(u64, u64)>;
-    /// If an append that did not apply was not the first of its record, the
-    /// state holds part of that record: replay must run again and stop
-    /// before this position (the record's first append), reporting this.
-    fn retry_before(&self) -> Option<(u64, Corruption)> {
-        None
-    }
-    /// Whether a failure leaves the state a prefix of the history.
-    fn exact(&self) -> bool;
+    /// Where an append did not apply, if one did not (once).
+    fn take_failure(&mut self) -> Option<Failed>;
     /// Records applied so far.
     fn applied(&self) -> u64;
+}
+
+/// An append that did not apply, as far as a sink can tell.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Failed {
+    /// The append is in the record at offset `at`, whose first append has
+    /// position `first`. The state holds every append before `first`, and
+    /// those of the record before the one that failed.
+    At {
+        at: u64,
+        first: u64,
+        /// What the failing append's position and the rules' answer were.
+        damage: Damage,
+    },
+    /// Somewhere: the state may also hold later appends of other shards.
+    Somewhere,
 }
 
 /// Applies records one batch at a time, in log order, stopping at the
@@ -79,12 +89,7 @@ pub(crate) trait Sink {
 pub(crate) struct Sequential<'a> {
     shards: &'a mut Shards,
     batch: Vec<Rec>,
-    failed: Option<(u64, u64)>,
-    /// See [`Sink::retry_before`].
-    partial: Option<(u64, Corruption)>,
-    /// Stop before this position, reporting this (a replay again after
-    /// [`Sink::retry_before`]).
-    stop_before: Option<(u64, Corruption)>,
+    failed: Option<Failed>,
     applied: u64,
 }
 
@@ -94,34 +99,13 @@ impl<'a> Sequential<'a> {
             shards,
             batch: Vec::with_capacity(BATCH),
             failed: None,
-            partial: None,
-            stop_before: None,
             applied: 0,
-        }
-    }
-
-    /// A sink that stops before the append at `position`, the first of a
-    /// record that did not apply whole, reporting `kind` at its offset.
-    pub(crate) fn stopping_before(shards: &'a mut Shards, position: u64, kind: Corruption) -> Self {
-        Sequential {
-            stop_before: Some((position, kind)),
-            ..Sequential::new(shards)
         }
     }
 }
 
 impl Sink for Sequential<'_> {
     fn push(&mut self, rec: Rec, path: &Path) -> Result<()> {
-        if let Some((position, kind)) = &self.stop_before
-            && rec.lsn >= *position
-        {
-            let kind = kind.clone();
-            self.drain(path)?;
-            // The record's first append: before `rec` when replay started
-            // inside the record (a snapshot's position can fall there).
-            self.failed = Some((rec.at, rec.lsn - u64::from(rec.nth)));
-            return Err(Error::corrupt(path, rec.at, kind));
-        }
         self.batch.push(rec);
         if self.batch.len() == BATCH {
             self.drain(path)?;
@@ -136,17 +120,17 @@ impl Sink for Sequential<'_> {
             |hash, r| shards.contains(hash, &r.producer_id, r.partition),
         );
         for rec in self.batch.drain(..) {
-            let o = shards.append(rec.hash, &rec.request);
-            if !o.is_accepted() {
+            let outcome = shards.append(rec.hash, &rec.request);
+            if !outcome.is_accepted() {
                 let kind = Corruption::RecordDoesNotApply {
                     position: rec.lsn,
-                    outcome: o.to_string(),
+                    outcome,
                 };
-                if rec.nth == 0 {
-                    self.failed = Some((rec.at, rec.lsn));
-                } else {
-                    self.partial = Some((rec.lsn - u64::from(rec.nth), kind.clone()));
-                }
+                self.failed = Some(Failed::At {
+                    at: rec.at,
+                    first: rec.lsn - u64::from(rec.nth),
+                    damage: Damage::new(path, rec.at, kind.clone()),
+                });
                 return Err(Error::corrupt(path, rec.at, kind));
             }
             self.applied += 1;
@@ -154,16 +138,8 @@ impl Sink for Sequential<'_> {
         Ok(())
     }
 
-    fn failed_at(&self) -> Option<(u64, u64)> {
-        self.failed
-    }
-
-    fn retry_before(&self) -> Option<(u64, Corruption)> {
-        self.partial.clone()
-    }
-
-    fn exact(&self) -> bool {
-        true
+    fn take_failure(&mut self) -> Option<Failed> {
+        self.failed.take()
     }
 
     fn applied(&self) -> u64 {
@@ -308,12 +284,8 @@ impl Sink for Parallel<'_> {
         }
     }
 
-    fn failed_at(&self) -> Option<(u64, u64)> {
-        None
-    }
-
-    fn exact(&self) -> bool {
-        false
+    fn take_failure(&mut self) -> Option<Failed> {
+        (!self.ok).then_some(Failed::Somewhere)
     }
 
     fn applied(&self) -> u64 {
@@ -455,12 +427,13 @@ mod tests {
         std::thread::scope(|s| {
             let mut sink = Parallel::new(s, &mut two);
             assert!(run(&mut sink, history(Some(150))).is_err());
-            assert!(!sink.exact());
+            // It cannot say where: recovery replays again, sequentially.
+            assert_eq!(sink.take_failure(), Some(Failed::Somewhere));
         });
     }
 
     #[test]
-    fn an_append_that_fails_inside_a_record_asks_for_a_replay_before_the_record() {
+    fn an_append_that_fails_inside_a_record_names_the_records_first_append() {
         // Records of ten appends each: the failing append is the 1st of
         // the record at position 150, then the 6th of that at 150.
         let packed = |gap| -> Vec<Rec> {
@@ -473,33 +446,47 @@ mod tests {
                 })
                 .collect()
         };
+        let failed_at = |f: Option<Failed>| match f {
+            Some(Failed::At { at, first, damage }) => (at, first, damage),
+            other => panic!("{other:?}"),
+        };
         let mut one = Shards::default();
         let mut sink = Sequential::new(&mut one);
         assert!(run(&mut sink, packed(150)).is_err());
-        assert_eq!(sink.failed_at(), Some((15_000, 150)));
-        assert!(sink.retry_before().is_none());
+        let (at, first, _) = failed_at(sink.take_failure());
+        assert_eq!((at, first), (15_000, 150));
+        assert_eq!(sink.applied(), 150);
 
         let mut one = Shards::default();
         let mut sink = Sequential::new(&mut one);
         let e = run(&mut sink, packed(155)).unwrap_err();
         assert!(matches!(e, Error::Corrupt { offset: 15_000, .. }));
-        assert_eq!(sink.failed_at(), None);
-        let (before, kind) = sink.retry_before().unwrap();
-        assert_eq!(before, 150);
+        // The state holds part of the record: appends 150..155.
+        assert_eq!(sink.applied(), 155);
+        let (at, before, damage) = failed_at(sink.take_failure());
+        assert_eq!((at, before), (15_000, 150));
+        // What recovery reports: the failing append, the rules' answer.
+        assert_eq!(damage.offset, 15_000);
+        assert!(
+            matches!(
+                damage.kind,
+                Corruption::RecordDoesNotApply {
+                    position: 155,
+                    outcome: crate::BatchOutcome::OutOfOrder { .. },
+                }
+            ),
+            "{:?}",
+            damage.kind
+        );
+        assert_eq!(sink.take_failure(), None, "taken once");
 
-        // The replay again stops before the record, with the same report.
+        // The replay again stops before the record (recovery's plan ends
+        // there): the state is the appends before it.
         let mut again = Shards::default();
-        let mut sink = Sequential::stopping_before(&mut again, before, kind);
-        let e = run(&mut sink, packed(155)).unwrap_err();
-        assert!(matches!(
-            e,
-            Error::Corrupt {
-                offset: 15_000,
-                kind: Corruption::RecordDoesNotApply { position: 155, .. },
-                ..
-            }
-        ));
-        assert_eq!(sink.failed_at(), Some((15_000, 150)));
+        let mut sink = Sequential::new(&mut again);
+        let to_cut: Vec<Rec> = packed(155).into_iter().filter(|r| r.lsn < before).collect();
+        run(&mut sink, to_cut).unwrap();
+        assert_eq!(sink.take_failure(), None);
         assert_eq!(sink.applied(), 150);
         // Keys 0..50 have two appends each, 50..100 one: 150 in all.
         let total: u64 = (0..100u64)

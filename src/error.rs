@@ -10,6 +10,8 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+use crate::outcome::BatchOutcome;
+
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -214,7 +216,7 @@ pub enum Corruption {
         /// Log position of the record.
         position: u64,
         /// What the rules said instead of ACCEPTED.
-        outcome: String,
+        outcome: BatchOutcome,
     },
     /// A key appears twice in one snapshot.
     DuplicateKey,

@@ -152,7 +152,7 @@ pub use id::{INLINE_NAME_LEN, NegativeProducerId, ProducerId};
 pub use manager::ProducerStateManager;
 pub use outcome::{AppendOutcome, BatchOutcome, OutOfOrderReason, ParseOutcomeError};
 pub use recovery::{
-    RecoveryMode, RecoveryReport, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
+    Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
 };
 pub use store::{FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
 

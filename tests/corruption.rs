@@ -291,7 +291,7 @@ fn a_missing_segment_in_the_middle_is_corrupt_and_salvage_keeps_the_prefix() {
         .expect("a prefix");
     assert!(i > 0 && i < history.len() - 1);
     assert!(
-        salvage.cause.contains("records missing"),
+        salvage.cause.to_string().contains("records missing"),
         "{}",
         salvage.cause
     );

@@ -20,7 +20,7 @@ use producer_state::inspect::{
     SegmentEnd, Verdict,
 };
 use producer_state::kafka::{self, KafkaProducerEntry};
-use producer_state::{AppendRequest, Error, ProducerEntry, ProducerId, RecoveryReport};
+use producer_state::{AppendRequest, Error, ProducerEntry, ProducerId, RecoveryReport, Repair};
 use serde::Serialize;
 
 /// Inspect a producer-state snapshot, log segment or store directory, or an
@@ -174,7 +174,70 @@ struct SnapshotView {
 #[derive(Serialize)]
 struct SkippedView {
     file: String,
+    /// The byte and the kind of the damage.
+    offset: u64,
+    kind: String,
+    /// Both, as the error says it.
     reason: String,
+}
+
+/// One change recovery would make, in the order it would make them: the
+/// library's plan (`RecoveryReport::repairs`).
+#[derive(Serialize)]
+#[serde(tag = "repair", rename_all = "snake_case")]
+enum RepairView {
+    RemoveTemp {
+        file: String,
+    },
+    RemoveEmptySegment {
+        file: String,
+    },
+    Truncate {
+        file: String,
+        len: u64,
+        bytes: u64,
+    },
+    MoveAside {
+        file: String,
+        from: u64,
+        to: String,
+        bytes: u64,
+    },
+    /// A repair this build of the tool has no view of.
+    Other {
+        text: String,
+    },
+}
+
+impl From<&Repair> for RepairView {
+    fn from(r: &Repair) -> RepairView {
+        let path = |p: &Path| p.display().to_string();
+        match r {
+            Repair::RemoveTemp { file } => RepairView::RemoveTemp { file: path(file) },
+            Repair::RemoveEmptySegment { file } => {
+                RepairView::RemoveEmptySegment { file: path(file) }
+            }
+            Repair::Truncate { file, len, bytes } => RepairView::Truncate {
+                file: path(file),
+                len: *len,
+                bytes: *bytes,
+            },
+            Repair::MoveAside {
+                file,
+                from,
+                to,
+                bytes,
+            } => RepairView::MoveAside {
+                file: path(file),
+                from: *from,
+                to: path(to),
+                bytes: *bytes,
+            },
+            other => RepairView::Other {
+                text: other.to_string(),
+            },
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -195,6 +258,8 @@ enum RecoveryView {
         segments_read: usize,
         torn_tail: Option<TornView>,
         would_remove: Vec<String>,
+        /// Everything recovery would change, in order.
+        repairs: Vec<RepairView>,
         keys: usize,
         next_position: u64,
     },
@@ -644,7 +709,9 @@ fn recovery_view(report: &RecoveryReport) -> RecoveryView {
             .iter()
             .map(|s| SkippedView {
                 file: path(&s.file),
-                reason: s.reason.clone(),
+                offset: s.offset,
+                kind: s.kind.to_string(),
+                reason: s.to_string(),
             })
             .collect(),
         records_replayed: report.records_replayed,
@@ -655,6 +722,7 @@ fn recovery_view(report: &RecoveryReport) -> RecoveryView {
             bytes: t.bytes,
         }),
         would_remove: report.files_removed.iter().map(|p| path(p)).collect(),
+        repairs: report.repairs.iter().map(RepairView::from).collect(),
         keys: report.keys,
         next_position: report.next_position,
     }
@@ -767,8 +835,7 @@ fn print_recovery(w: &mut dyn Write, r: &RecoveryView) -> io::Result<()> {
             skipped_snapshots,
             records_replayed,
             segments_read,
-            torn_tail,
-            would_remove,
+            repairs,
             keys,
             next_position,
             ..
@@ -784,21 +851,47 @@ fn print_recovery(w: &mut dyn Write, r: &RecoveryView) -> io::Result<()> {
                 w,
                 "  would replay {records_replayed} records from {segments_read} segment(s)"
             )?;
-            if let Some(t) = torn_tail {
-                writeln!(
-                    w,
-                    "  would truncate {} bytes of torn tail from {} at byte {}",
-                    t.bytes, t.file, t.offset
-                )?;
-            }
-            for p in would_remove {
-                writeln!(w, "  would remove {p}")?;
+            for r in repairs {
+                print_repair(w, r)?;
             }
             writeln!(w, "  -> {keys} keys, next position {next_position}")
         }
         RecoveryView::Refuses { refusal, .. } => {
             writeln!(w, "  would REFUSE to open: {refusal}")
         }
+    }
+}
+
+/// One step of recovery's plan, as the dry run would take it.
+fn print_repair(w: &mut dyn Write, r: &RepairView) -> io::Result<()> {
+    match r {
+        RepairView::RemoveTemp { file } => {
+            writeln!(w, "  would remove {file} (a leftover temporary snapshot)")
+        }
+        RepairView::RemoveEmptySegment { file } => writeln!(
+            w,
+            "  would remove {file} (a segment cut off at its creation: no record)"
+        ),
+        RepairView::Truncate { file, len, bytes } => writeln!(
+            w,
+            "  would truncate {bytes} bytes of torn tail from {file} at byte {len}"
+        ),
+        RepairView::MoveAside {
+            file,
+            from: 0,
+            to,
+            bytes,
+        } => writeln!(w, "  would move {file} ({bytes} bytes) aside to {to}"),
+        RepairView::MoveAside {
+            file,
+            from,
+            to,
+            bytes,
+        } => writeln!(
+            w,
+            "  would move {bytes} bytes of {file} from byte {from} on aside to {to}, and cut it there"
+        ),
+        RepairView::Other { text } => writeln!(w, "  would {text}"),
     }
 }
 

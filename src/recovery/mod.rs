@@ -1,0 +1,627 @@
+//! Rebuilding the state from the newest valid snapshot plus log replay.
+//!
+//! The rules, in order (docs/format.md has the same list):
+//!
+//! 1. Leftover temporary snapshot files are removed.
+//! 2. The newest snapshot whose every byte verifies is loaded; a snapshot
+//!    that fails is skipped (and reported) and the next older one is tried.
+//!    With none, replay starts from an empty state at position 0.
+//! 3. The log is replayed from the snapshot's position: segment after
+//!    segment, each record's checksum verified, and each record classified
+//!    by the rules against the state before it, which must say ACCEPTED (a
+//!    record that does not apply means the log and the snapshot do not
+//!    belong together).
+//! 4. An incomplete or failing record in the last segment, followed by
+//!    nothing but records written while its bytes were not yet durable, is
+//!    a torn write from a crash: the segment is cut there and the bytes
+//!    dropped are reported. Not if the snapshot covers records from there
+//!    on: a snapshot is written only once its log is durable, so the bytes
+//!    were durable, and nothing is cut (rule 5).
+//! 5. Any other damage (a bad record followed by a record written after it
+//!    was durable, damage in an
+//!    earlier segment, a missing segment, a snapshot whose log is gone or
+//!    that covers more than the log holds) is [`Error::Corrupt`], unless the
+//!    store was opened with [`RecoveryMode::Salvage`], which keeps the
+//!    longest valid prefix of the history, moves every discarded byte aside
+//!    into `*.discarded` files, and reports what it discarded. A file set
+//!    aside is never replaced: a later salvage of the same segment picks
+//!    the next free name (`<segment>.discarded.1`, `.2`, ...), so running
+//!    salvage again never destroys what an earlier one kept.
+//!
+//! Before any of this, an entry named like a segment, snapshot or
+//! temporary snapshot that is not a regular file (symbolic links followed)
+//! is [`Error::NotAFile`] in either mode: passing over it could forget
+//! acknowledged appends.
+//!
+//! Recovery decides before it writes. It first reads: the files, the base
+//! snapshot, and the log, replayed into the state, which together make a
+//! [`plan`] of the history and of the repairs (rules 1, 4 and 5) that bring
+//! the directory in step with it. Only then, if the store opens, does it
+//! make them. So a refused open leaves every file as it was, a dry run
+//! ([`crate::inspect::dry_run`]) is the same plan left undone rather than a
+//! second procedure, and every write recovery makes is in one place,
+//! where the order that makes it crash-safe can be read.
+//!
+//! Recovery never panics on any bytes and never invents state: whatever it
+//! returns is the state after some prefix of the logged history.
+
+mod plan;
+mod report;
+
+pub use report::{
+    Damage, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
+};
+
+use std::collections::BTreeSet;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::apply::{Failed, Parallel, Rec, Sequential, Sink};
+use crate::error::{Corruption, Error, Result};
+use crate::fs::FileSystem;
+use crate::map::hash_key;
+use crate::shards::Shards;
+use crate::snapshot;
+use crate::wal::segment::{self, End, HEADER_LEN, HeaderError};
+use crate::wal::writer::SegmentInfo;
+use plan::{Cut, Kept, LogEnd, Plan, Tail};
+
+/// Bytes of log to replay from which a second thread helps apply them.
+const PARALLEL_FROM: u64 = 8 << 20;
+
+/// What recovery does with damage other than a torn tail.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecoveryMode {
+    /// Refuse: damage anywhere but a torn tail is [`Error::Corrupt`]. The default.
+    #[default]
+    Strict,
+    /// Keep the longest valid prefix of the history; move what is discarded
+    /// aside (`<file>.discarded`, or `<file>.discarded.<n>` if an earlier
+    /// salvage left that name taken) and report it. For an operator who has
+    /// decided that losing the damaged suffix is better than not starting.
+    Salvage,
+}
+
+/// The state and the log as recovery leaves them.
+pub(crate) struct Recovered {
+    pub shards: Shards,
+    pub next_lsn: u64,
+    pub segments: Vec<SegmentInfo>,
+    /// The last segment to continue, as (bytes, records); `None`: start a
+    /// new segment at `next_lsn`.
+    pub active: Option<(u64, u64)>,
+    /// The store id of the log's segments (`None`: no segment of version
+    /// 3 or later was replayed).
+    pub store_id: Option<u64>,
+    /// Positions of the snapshots on disk that were not found damaged.
+    pub snapshots: Vec<u64>,
+    /// Positions of every snapshot file on disk.
+    pub snapshot_files: BTreeSet<u64>,
+    pub report: RecoveryReport,
+}
+
+/// Where a replay of the plan stopped.
+enum Stop {
+    /// At the plan's `replay_to`.
+    Reached,
+    /// At the end of the log.
+    End(LogEnd),
+    /// At damage; the state holds every append before it.
+    Damage(Box<Cut>),
+    /// At an append that did not apply. The state may hold appends past the
+    /// cut: of its record, or (`None`: a parallel replay, which cannot say
+    /// where it failed) of other shards.
+    DoesNotApply(Option<Box<Cut>>),
+}
+
+fn io_at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |e| Error::io(op, path, e)
+}
+
+/// Loads and verifies a snapshot into a fresh state.
+pub(crate) fn load_snapshot(
+    fs: &dyn FileSystem,
+    path: &Path,
+) -> Result<(snapshot::Header, Shards)> {
+    let file = fs.open_read(path).map_err(io_at("open", path))?;
+    let len = file.len().map_err(io_at("stat", path))?;
+    crate::loader::load(path, file, len)
+}
+
+/// Recovers the store in `dir`: the plan, replayed, then repaired.
+pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<Recovered> {
+    let started = Instant::now();
+    let (plan, mut rec) = recover_inner(fs, dir, mode)?;
+    plan.repair(fs)?;
+    rec.report.duration = started.elapsed();
+    Ok(rec)
+}
+
+/// Recovery that writes nothing: the plan, replayed, and not repaired. The
+/// report lists the repairs an open would make.
+pub(crate) fn recover_dry(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    mode: RecoveryMode,
+) -> Result<Recovered> {
+    let started = Instant::now();
+    let (_, mut rec) = recover_inner(fs, dir, mode)?;
+    rec.report.dry_run = true;
+    rec.report.duration = started.elapsed();
+    Ok(rec)
+}
+
+/// Plans recovery and replays the plan into the state, writing nothing.
+fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<(Plan, Recovered)> {
+    let (mut plan, mut shards) = Plan::read(fs, dir, mode)?;
+    // A long log is replayed on two threads if the machine has them. If a
+    // record does not apply, that replay cannot say where the history
+    // stops: replay again from the same base, sequentially, which can.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut threads = if plan.log_bytes >= PARALLEL_FROM && cores > 1 {
+        2
+    } else {
+        1
+    };
+    let (progress, records_replayed) = loop {
+        let mut progress = Progress::default();
+        let (stop, applied) = if threads == 2 {
+            std::thread::scope(|scope| {
+                let mut sink = Parallel::new(scope, &mut shards);
+                replay(fs, &plan, &mut sink, &mut progress).map(|s| (s, sink.applied()))
+            })?
+        } else {
+            let mut sink = Sequential::new(&mut shards);
+            replay(fs, &plan, &mut sink, &mut progress).map(|s| (s, sink.applied()))?
+        };
+        let cut_before = plan.end.is_some();
+        match stop {
+            Stop::Reached if cut_before => break (progress, applied),
+            Stop::Reached => return Err(internal()),
+            _ if cut_before => return Err(internal()),
+            Stop::End(end) => {
+                plan.end_log(fs, end)?;
+                break (progress, applied);
+            }
+            Stop::Damage(cut) => {
+                plan.cut(fs, *cut)?;
+                break (progress, applied);
+            }
+            // A record that does not apply shortens the plan to before its
+            // record; the state holds more, so replay it again.
+            Stop::DoesNotApply(Some(cut)) => plan.cut(fs, *cut)?,
+            Stop::DoesNotApply(None) if threads == 2 => {}
+            Stop::DoesNotApply(None) => return Err(internal()),
+        }
+        threads = 1;
+        shards = plan.base_state(fs)?;
+    };
+    let mut report = plan.report();
+    report.segments_read = progress.segments_read;
+    report.clean_shutdown = progress.clean_shutdown;
+    report.records_replayed = records_replayed;
+    report.replay_threads = threads;
+    report.keys = shards.len();
+    let (segments, active) = plan.kept_segments();
+    let rec = Recovered {
+        shards,
+        next_lsn: report.next_position,
+        segments,
+        active,
+        store_id: plan.end.and_then(|e| e.store_id),
+        snapshots: plan.valid_snapshots(),
+        snapshot_files: plan.snapshot_files.clone(),
+        report,
+    };
+    Ok((plan, rec))
+}
+
+/// A replay that did not go as the plan said it would: a bug.
+fn internal() -> Error {
+    Error::Internal("a replay of recovery's plan did not end where the plan does")
+}
+
+/// What a replay read, for the report.
+#[derive(Default)]
+struct Progress {
+    segments_read: usize,
+    /// See [`RecoveryReport::clean_shutdown`]: set once the last segment
+    /// is read.
+    clean_shutdown: Option<bool>,
+}
+
+/// Replays the plan's log into `sink`: from its start to its `replay_to`
+/// or, before a cut, to wherever the log ends or stops being the history.
+fn replay(
+    fs: &dyn FileSystem,
+    plan: &Plan,
+    sink: &mut dyn Sink,
+    progress: &mut Progress,
+) -> Result<Stop> {
+    let (start, segments) = (plan.start, &plan.segments);
+    let Some(first_idx) = segments.iter().rposition(|&l| l <= start) else {
+        if segments.is_empty() && start == 0 {
+            let (next, last, tail, store_id) = (0, None, Tail::Clean, None);
+            return Ok(Stop::End(LogEnd {
+                next,
+                last,
+                tail,
+                store_id,
+            }));
+        }
+        return Ok(Stop::Damage(Box::new(plan.log_gone())));
+    };
+    let last_idx = segments.len() - 1;
+    let mut at = Reading {
+        idx: first_idx,
+        named: 0,
+        path: PathBuf::new(),
+        expected: segments.get(first_idx).copied().unwrap_or(start),
+        last: None,
+        store_id: None,
+    };
+    for (idx, &named) in segments.iter().enumerate().skip(first_idx) {
+        (at.idx, at.named, at.path) = (idx, named, plan.segment_path(idx));
+        if named != at.expected {
+            let expected = at.expected;
+            let kind = Corruption::MissingRecords {
+                expected,
+                found: named,
+            };
+            return Ok(at.damage(None, Damage::new(&at.path, 0, kind)));
+        }
+        progress.segments_read += 1;
+        let scan = match read_segment(fs, plan, &at, idx == last_idx, sink, progress)? {
+            ControlFlow::Continue(scan) => scan,
+            ControlFlow::Break(stop) => return Ok(stop),
+        };
+        let keep = at.kept(scan.valid_len, scan.records);
+        match scan.end {
+            End::Clean => {}
+            // The snapshot covers records from the damage on: a snapshot
+            // is written only once the log it covers is durable, so the
+            // damaged bytes were durable and are not a torn write. Refuse
+            // before cutting anything (salvage moves the rest aside).
+            End::Torn { offset, .. } if idx == last_idx && named + scan.records < start => {
+                let ends_in = Some((at.path.clone(), offset));
+                let damage = plan.beyond(named + scan.records, ends_in);
+                return Ok(at.damage(keep, damage));
+            }
+            End::Torn { offset, .. } if idx == last_idx => {
+                let next = named + scan.records;
+                let bytes = scan.file_len - offset;
+                let (last, tail) = (keep, Tail::Torn { bytes });
+                let store_id = at.store_id.or(scan.store);
+                return Ok(Stop::End(LogEnd {
+                    next,
+                    last,
+                    tail,
+                    store_id,
+                }));
+            }
+            End::Torn { offset, kind } => {
+                return Ok(at.damage(keep, Damage::new(&at.path, offset, kind)));
+            }
+            End::MidLog { offset, kind, .. } => {
+                let kind = match kind {
+                    k @ Corruption::MisplacedRecord { .. } => k,
+                    _ => Corruption::DamagedMidLog,
+                };
+                return Ok(at.damage(keep, Damage::new(&at.path, offset, kind)));
+            }
+        }
+        at.store_id = at.store_id.or(scan.store);
+        at.expected = named + scan.records;
+        at.last = keep;
+    }
+    let (next, last, tail, store_id) = (at.expected, at.last, Tail::Clean, at.store_id);
+    Ok(Stop::End(LogEnd {
+        next,
+        last,
+        tail,
+        store_id,
+    }))
+}
+
+/// The segment replay is reading, and the log before it.
+struct Reading {
+    /// Its index in the plan's segments.
+    idx: usize,
+    /// The position its name gives.
+    named: u64,
+    path: PathBuf,
+    /// The position the log before it ends at.
+    expected: u64,
+    /// The last segment read whole before it, and what the history keeps
+    /// of it.
+    last: Option<Kept>,
+    /// The store id of the first segment replayed of version 3 or later;
+    /// every later one must have it.
+    store_id: Option<u64>,
+}
+
+impl Reading {
+    fn kept(&self, len: u64, records: u64) -> Option<Kept> {
+        let seg = self.idx;
+        Some(Kept { seg, len, records })
+    }
+
+    /// The history stops in this segment, keeping `keep` of it.
+    fn cut(&self, keep: Option<Kept>, damage: Damage) -> Box<Cut> {
+        let good_end = keep.map_or(self.expected, |k| self.named + k.records);
+        Box::new(Cut {
+            seg: self.idx,
+            keep,
+            good_end,
+            prev: self.last,
+            store_id: self.store_id,
+            damage,
+        })
+    }
+
+    fn damage(&self, keep: Option<Kept>, damage: Damage) -> Stop {
+        Stop::Damage(self.cut(keep, damage))
+    }
+}
+
+/// Scans one segment into `sink`, applying its records from the plan's
+/// start on: how its records end, or where replay stops in it (a record
+/// that does not apply, the plan's end, a header that is not this
+/// segment's).
+fn read_segment(
+    fs: &dyn FileSystem,
+    plan: &Plan,
+    at: &Reading,
+    is_last: bool,
+    sink: &mut dyn Sink,
+    progress: &mut Progress,
+) -> Result<ControlFlow<Stop, segment::Scan>> {
+    let (path, named) = (&at.path, at.named);
+    let file = fs.open_read(path).map_err(io_at("open", path))?;
+    let len = file.len().map_err(io_at("stat", path))?;
+    // A segment whose header disagrees with its name is not the log's, nor
+    // is one of another store: refuse it before any of its records is
+    // applied (salvage moves it aside whole).
+    let foreign = |h: &segment::Header| match (at.store_id, h.store) {
+        _ if h.first_lsn != named => {
+            let kind = Corruption::NameMismatch {
+                named,
+                header: h.first_lsn,
+            };
+            Err(Error::corrupt(path, segment::POSITION_AT, kind))
+        }
+        (Some(expected), Some(found)) if expected != found => {
+            let kind = Corruption::ForeignSegment { expected, found };
+            Err(Error::corrupt(path, 20, kind))
+        }
+        _ => Ok(()),
+    };
+    let mut reached = false;
+    let reader = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut scanned = segment::scan(path, reader, len, foreign, |lsn, offset, nth, r| {
+        if plan.replay_to.is_some_and(|to| lsn >= to) {
+            // Not damage: the error only stops the scan.
+            reached = true;
+            return Err(Error::corrupt(
+                path,
+                offset,
+                Corruption::BadField("end of plan"),
+            ));
+        }
+        if lsn >= plan.start {
+            let hash = hash_key(&r.producer_id, r.partition);
+            let (at, request) = (offset, r.clone());
+            sink.push(
+                Rec {
+                    lsn,
+                    at,
+                    nth,
+                    hash,
+                    request,
+                },
+                path,
+            )?;
+        }
+        Ok(())
+    });
+    if (scanned.is_ok() || reached)
+        && let Err(e) = sink.drain(path)
+    {
+        scanned = Err(HeaderError::Bad(e));
+    }
+    let stop = match sink.take_failure() {
+        Some(Failed::At {
+            at: offset,
+            first,
+            damage,
+        }) => {
+            let keep = at.kept(offset, first.saturating_sub(named));
+            Stop::DoesNotApply(Some(at.cut(keep, damage)))
+        }
+        Some(Failed::Somewhere) => Stop::DoesNotApply(None),
+        None if reached => Stop::Reached,
+        None => match scanned {
+            Ok(scan) => {
+                if is_last {
+                    progress.clean_shutdown = match scan.end {
+                        End::Clean if scan.version >= 3 => Some(scan.closed),
+                        End::Clean => None,
+                        _ => Some(false),
+                    };
+                }
+                return Ok(ControlFlow::Continue(scan));
+            }
+            // A segment whose creation was cut off: it holds no record.
+            Err(HeaderError::Short(_)) if is_last => {
+                progress.clean_shutdown = Some(false);
+                let (next, last, tail) = (at.expected, at.last, Tail::EmptyLast(at.idx));
+                let store_id = at.store_id;
+                Stop::End(LogEnd {
+                    next,
+                    last,
+                    tail,
+                    store_id,
+                })
+            }
+            Err(HeaderError::Short(n)) => {
+                let kind = crate::codec::truncated(HEADER_LEN, n);
+                at.damage(None, Damage::new(path, 0, kind))
+            }
+            Err(HeaderError::Bad(Error::Corrupt { file, offset, kind })) => {
+                at.damage(None, Damage { file, offset, kind })
+            }
+            // Not damage (salvage must not move a newer build's log aside),
+            // or an IO error.
+            Err(HeaderError::Bad(e)) => return Err(e),
+        },
+    };
+    Ok(ControlFlow::Break(stop))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::AppendRequest;
+    use crate::fs::SimFs;
+    use crate::wal::record::{encode, seal};
+    use std::path::PathBuf;
+
+    /// A store directory holding one segment of `n` single-sequence appends
+    /// over 1,000 keys, key `i % 1000` at sequence `i / 1000`, except that
+    /// append `bad` (if any) skips a sequence: it does not apply. Written
+    /// in 64 KiB groups, `packed` as the store writes them (many appends
+    /// per record), else one append per record. Returns the offset and the
+    /// first position of the record holding `bad`.
+    fn log(n: u64, bad: Option<u64>, packed: bool) -> (SimFs, PathBuf, u64, u64) {
+        let fs = SimFs::new();
+        let dir = PathBuf::from("/s");
+        fs.create_dir_all(&dir).unwrap();
+        let mut bytes = segment::header(0, segment::Ids { store: 1, salt: 2 });
+        let seed = crate::wal::record::seed(&bytes[12..36]);
+        let (mut bad_offset, mut bad_record) = (0, 0);
+        let mut group = Vec::new();
+        let mut open = usize::MAX;
+        let mut record_start = 0;
+        for i in 0..n {
+            let seq = (i / 1000) as i32 + i32::from(Some(i) == bad);
+            if !packed {
+                open = usize::MAX;
+            }
+            let before = open;
+            encode(
+                &mut group,
+                &mut open,
+                &AppendRequest::single(i % 1000, 0, 0, seq),
+            );
+            if open != before || !packed {
+                record_start = i;
+            }
+            if Some(i) == bad {
+                bad_offset = (bytes.len() + open) as u64;
+                bad_record = record_start;
+            }
+            if group.len() >= 64 << 10 || i + 1 == n {
+                seal(&mut group, seed, bytes.len() as u64, 0);
+                bytes.append(&mut group);
+                // As `RecordBuf::take`: the next group starts a record.
+                open = usize::MAX;
+            }
+        }
+        let path = dir.join(segment::file_name(0));
+        let mut f = fs.create_new(&path).unwrap();
+        f.write_all(&bytes).unwrap();
+        f.sync_data().unwrap();
+        fs.sync_dir(&dir).unwrap();
+        (fs, dir, bad_offset, bad_record)
+    }
+
+    #[test]
+    fn a_directory_named_like_a_store_file_is_refused_in_every_mode() {
+        for name in ["00000000000000000001.wal", "00000000000000000001.snap"] {
+            let (fs, dir, _, _) = log(10, None, false);
+            fs.create_dir_all(&dir.join(name)).unwrap();
+            for mode in [RecoveryMode::Strict, RecoveryMode::Salvage] {
+                match recover(&fs, &dir, mode) {
+                    Err(Error::NotAFile { path, what }) => {
+                        assert_eq!(path, dir.join(name));
+                        assert_eq!(what, "a directory");
+                    }
+                    other => panic!("{name} {mode:?}: {:?}", other.map(|r| r.report)),
+                }
+            }
+            // Other names are left alone.
+            let (fs, dir, _, _) = log(10, None, false);
+            fs.create_dir_all(&dir.join(format!("{name}.old"))).unwrap();
+            assert_eq!(
+                recover(&fs, &dir, RecoveryMode::Strict).unwrap().next_lsn,
+                10
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_log_replays_on_two_threads_to_the_same_state() {
+        // 500k appends in records of about 3,600: 9 MB, above the parallel
+        // threshold.
+        let (fs, dir, _, _) = log(500_000, None, true);
+        let r = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(r.report.replay_threads, cores.min(2));
+        assert_eq!(r.report.records_replayed, 500_000);
+        assert_eq!(r.next_lsn, 500_000);
+        assert_eq!(r.shards.len(), 1000);
+        for k in [0u64, 1, 500, 999] {
+            let id = crate::ProducerId::from(k);
+            let e = r.shards.get(hash_key(&id, 0), &id, 0).unwrap();
+            assert_eq!(e.last_sequence(), 499);
+        }
+    }
+
+    #[test]
+    fn a_record_that_does_not_apply_is_found_exactly_after_a_parallel_replay() {
+        // The parallel replay applies records past the bad one on other
+        // shards; recovery must still name the bad record and salvage
+        // exactly the history before it. Packed, the bad append is in the
+        // middle of a record, which salvage drops whole: the state never
+        // holds part of a record the log no longer has.
+        let bad = 300_123;
+        for packed in [false, true] {
+            let (fs, dir, offset, record) =
+                log(if packed { 500_000 } else { 320_000 }, Some(bad), packed);
+            assert_eq!(record == bad, !packed);
+            match recover(&fs, &dir, RecoveryMode::Strict) {
+                Err(Error::Corrupt {
+                    offset: o, kind, ..
+                }) => {
+                    assert_eq!(o, offset);
+                    assert!(
+                        matches!(kind, Corruption::RecordDoesNotApply { position, .. } if position == bad),
+                        "{kind:?}"
+                    );
+                }
+                other => panic!("{:?}", other.map(|r| r.report)),
+            }
+            let r = recover(&fs, &dir, RecoveryMode::Salvage).unwrap();
+            assert_eq!(r.report.replay_threads, 1, "found by the sequential replay");
+            assert_eq!(r.next_lsn, record);
+            assert_eq!(r.report.records_replayed, record);
+            assert_eq!(r.active.map(|(len, _)| len), Some(offset));
+            for k in 0..1000u64 {
+                let id = crate::ProducerId::from(k);
+                let last = r
+                    .shards
+                    .get(hash_key(&id, 0), &id, 0)
+                    .unwrap()
+                    .last_sequence();
+                // Key k's last append before `record` is the largest i < record with i % 1000 == k.
+                let want = ((record - 1 - (record - 1 + 1000 - k) % 1000) / 1000) as i32;
+                assert_eq!(last, want, "key {k}");
+            }
+            // Opening the salvaged log again agrees.
+            let again = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
+            assert_eq!(again.next_lsn, record);
+        }
+    }
+}
