@@ -537,6 +537,154 @@ mod tests {
         (fs, dir, bad_offset, bad_record)
     }
 
+    /// `log(10)` with record 3 damaged, in a segment that is not the last
+    /// (a segment at 10 follows, with no record yet), and a leftover
+    /// temporary snapshot. Returns the two segments, the damaged record's
+    /// offset and the temporary file.
+    /// The header of a segment at 10 of `log`'s store.
+    fn header_at_10() -> Vec<u8> {
+        segment::header(10, segment::Ids { store: 1, salt: 3 })
+    }
+
+    fn damaged_before_the_last_segment() -> (SimFs, PathBuf, [PathBuf; 2], u64, PathBuf) {
+        let (fs, dir, _, _) = log(10, None, false);
+        let seg = dir.join(segment::file_name(0));
+        let mut bytes = fs.read_file(&seg).unwrap();
+        let mut offsets = Vec::new();
+        let len = bytes.len() as u64;
+        let scan = segment::scan(
+            &seg,
+            &bytes[..],
+            len,
+            |_| Ok(()),
+            |_, at, _, _| {
+                offsets.push(at);
+                Ok(())
+            },
+        );
+        assert!(scan.is_ok_and(|s| s.records == 10));
+        // A byte in the middle of record 3.
+        let bad = offsets[3];
+        bytes[(bad + offsets[4]) as usize / 2] ^= 1;
+        fs.overwrite(&seg, &bytes);
+        let next = dir.join(segment::file_name(10));
+        fs.overwrite(&next, &header_at_10());
+        let tmp = dir.join(format!(
+            "{}{}",
+            snapshot::file_name(4),
+            snapshot::TMP_SUFFIX
+        ));
+        fs.overwrite(&tmp, b"cut off");
+        (fs, dir, [seg, next], bad, tmp)
+    }
+
+    #[test]
+    fn a_refused_open_writes_nothing() {
+        let (fs, dir, [seg, _], bad, tmp) = damaged_before_the_last_segment();
+        let before = fs.files();
+        let ops = fs.ops();
+        match recover(&fs, &dir, RecoveryMode::Strict) {
+            Err(Error::Corrupt { file, offset, .. }) => assert_eq!((file, offset), (seg, bad)),
+            other => panic!("{:?}", other.map(|r| r.report)),
+        }
+        // Not even the leftover temporary snapshot is removed: recovery
+        // repairs only what it has decided to open.
+        assert_eq!(fs.ops(), ops, "nothing was written");
+        assert_eq!(fs.files(), before);
+        assert!(fs.read_file(&tmp).is_some());
+    }
+
+    #[test]
+    fn a_dry_run_is_the_plan_an_open_then_makes() {
+        let (fs, dir, [seg, next], bad, tmp) = damaged_before_the_last_segment();
+        let Err(Error::Corrupt { kind, .. }) = recover_dry(&fs, &dir, RecoveryMode::Strict) else {
+            panic!("strict refuses")
+        };
+        let len = fs.read_file(&seg).unwrap().len() as u64;
+        let ops = fs.ops();
+        let dry = recover_dry(&fs, &dir, RecoveryMode::Salvage).unwrap();
+        assert_eq!(fs.ops(), ops, "a dry run writes nothing");
+        assert!(fs.read_file(&tmp).is_some());
+        let aside = |p: &Path| PathBuf::from(format!("{}.discarded", p.display()));
+        let plan = vec![
+            Repair::RemoveTemp { file: tmp.clone() },
+            Repair::MoveAside {
+                file: seg.clone(),
+                from: bad,
+                to: aside(&seg),
+                bytes: len - bad,
+            },
+            Repair::MoveAside {
+                file: next.clone(),
+                from: 0,
+                to: aside(&next),
+                bytes: HEADER_LEN as u64,
+            },
+        ];
+        assert_eq!(dry.report.repairs, plan);
+        assert!(dry.report.dry_run);
+        let salvage = dry.report.salvage.clone().expect("a salvage");
+        assert_eq!(salvage.cause, Damage::new(&seg, bad, kind));
+        assert_eq!(salvage.discarded, vec![aside(&seg), aside(&next)]);
+        assert_eq!(salvage.bytes, len - bad + HEADER_LEN as u64);
+        assert_eq!((dry.next_lsn, dry.active), (3, Some((bad, 3))));
+
+        // The open makes exactly those repairs, and reports what the dry
+        // run did.
+        let done = recover(&fs, &dir, RecoveryMode::Salvage).unwrap();
+        let mut same = done.report.clone();
+        (same.dry_run, same.duration) = (true, dry.report.duration);
+        assert_eq!(same, dry.report);
+        assert_eq!((done.next_lsn, done.active), (dry.next_lsn, dry.active));
+        assert!(fs.read_file(&tmp).is_none());
+        assert!(fs.read_file(&next).is_none());
+        assert_eq!(fs.read_file(&seg).unwrap().len() as u64, bad);
+        assert_eq!(fs.read_file(&aside(&seg)).unwrap().len() as u64, len - bad);
+        assert_eq!(fs.read_file(&aside(&next)), Some(header_at_10()));
+        // Nothing is left to repair.
+        let again = recover_dry(&fs, &dir, RecoveryMode::Strict).unwrap();
+        assert_eq!(again.report.repairs, vec![]);
+        assert_eq!(again.next_lsn, 3);
+    }
+
+    #[test]
+    fn a_skipped_snapshot_says_where_and_what_as_values() {
+        use crate::{ProducerStateStore, StoreOptions};
+        let fs = SimFs::new();
+        let dir = PathBuf::from("/s");
+        let opts = StoreOptions::default()
+            .file_system(std::sync::Arc::new(fs.clone()))
+            .background_snapshots(false);
+        let s = ProducerStateStore::open_with(&dir, opts).unwrap();
+        for k in 0..5u64 {
+            s.append(k, 0, 0, 0).unwrap();
+        }
+        s.snapshot().unwrap();
+        s.close().unwrap();
+        // A copy under a newer name: its header still says 5.
+        let five = fs.read_file(&dir.join(snapshot::file_name(5))).unwrap();
+        let seven = dir.join(snapshot::file_name(7));
+        fs.overwrite(&seven, &five);
+        let r = recover_dry(&fs, &dir, RecoveryMode::Strict).unwrap().report;
+        let kind = Corruption::NameMismatch {
+            named: 7,
+            header: 5,
+        };
+        assert_eq!(
+            r.skipped_snapshots,
+            vec![SkippedSnapshot {
+                file: seven.clone(),
+                offset: 16,
+                kind: kind.clone(),
+            }]
+        );
+        assert_eq!(
+            r.skipped_snapshots[0].to_string(),
+            Error::corrupt(&seven, 16, kind).to_string()
+        );
+        assert_eq!(r.snapshot.map(|u| u.position), Some(5));
+    }
+
     #[test]
     fn a_directory_named_like_a_store_file_is_refused_in_every_mode() {
         for name in ["00000000000000000001.wal", "00000000000000000001.snap"] {
