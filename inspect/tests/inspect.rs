@@ -183,6 +183,48 @@ fn a_torn_tail_is_repairable_and_nothing_is_written() {
     assert_eq!(std::fs::metadata(&seg).unwrap().len() as usize, good + 17);
 }
 
+#[test]
+fn the_dry_run_prints_the_repairs_of_recoverys_plan_in_order() {
+    let d = tempfile::tempdir().unwrap();
+    store(d.path(), StoreOptions::default());
+    let seg = files(d.path(), ".wal").pop().unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let good = bytes.len();
+    bytes.extend_from_slice(&[0x5a; 17]); // half a record: a torn write
+    std::fs::write(&seg, &bytes).unwrap();
+    let tmp = d.path().join("00000000000000000099.snap.tmp");
+    std::fs::write(&tmp, b"a snapshot cut off before its rename").unwrap();
+
+    let (code, out, _) = run(&[s(d.path())]);
+    assert_eq!(code, 4, "{out}");
+    let remove = format!(
+        "would remove {} (a leftover temporary snapshot)",
+        tmp.display()
+    );
+    let truncate = format!(
+        "would truncate 17 bytes of torn tail from {} at byte {good}",
+        seg.display()
+    );
+    let (r, t) = (out.find(&remove), out.find(&truncate));
+    assert!(
+        r.is_some() && t.is_some() && r < t,
+        "in the plan's order: {out}"
+    );
+
+    let (_, v) = json(&[s(d.path())]);
+    let repairs = v["recovery"]["repairs"].as_array().expect("repairs");
+    assert_eq!(repairs.len(), 2, "{repairs:?}");
+    assert_eq!(repairs[0]["repair"], "remove_temp");
+    assert_eq!(repairs[0]["file"], s(&tmp));
+    assert_eq!(repairs[1]["repair"], "truncate");
+    assert_eq!(repairs[1]["file"], s(&seg));
+    assert_eq!(repairs[1]["len"], good);
+    assert_eq!(repairs[1]["bytes"], 17);
+    // Read-only: nothing was repaired.
+    assert!(tmp.exists());
+    assert_eq!(std::fs::metadata(&seg).unwrap().len() as usize, good + 17);
+}
+
 /// A store with two snapshots.
 fn store_with_snapshots() -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
