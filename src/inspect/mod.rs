@@ -385,9 +385,10 @@ impl RecoveredState {
 
 /// What opening a store directory would do, found without writing a byte
 /// or taking the lock: recovery run in strict mode on a read-only view.
-/// `Ok((report, state))`: it would open, after doing what the report lists
-/// (truncating a torn tail, removing leftover files); `Err`: it would refuse
-/// with this error.
+/// `Ok((report, state))`: it would open, after making the repairs the
+/// report lists ([`RecoveryReport::repairs`]: truncating a torn tail,
+/// removing leftover files), which are recovery's own plan; `Err`: it
+/// would refuse with this error.
 ///
 /// # Errors
 ///
