@@ -8,6 +8,10 @@
 //! files recovery reads, and only those). A name it does not recognise is
 //! never read by recovery, whatever its extension or bytes.
 
+use std::path::PathBuf;
+
+use crate::error::Error;
+use crate::fs::{EntryKind, FileSystem};
 use crate::snapshot;
 use crate::wal::segment;
 
@@ -42,6 +46,27 @@ pub fn classify(name: &str) -> Option<StoreFile> {
     segment::parse_name(name)
         .map(StoreFile::Segment)
         .or_else(|| snapshot::parse_name(name).map(StoreFile::Snapshot))
+}
+
+/// The refusal of an entry named like a store file that is not a regular
+/// file once symbolic links are followed (`kind` as the listing gave it):
+/// recovery can neither read it nor pass over it, and the inspector's
+/// verdict says the same.
+pub(crate) fn not_a_file(fs: &dyn FileSystem, path: PathBuf, kind: Option<EntryKind>) -> Error {
+    // Only for the message: whether the name itself is a link.
+    let link = fs.is_symlink(&path).unwrap_or(false);
+    let what = match (kind, link) {
+        (None, _) => {
+            "a symbolic link to nothing (dangling, looping, or to a target that cannot be examined)"
+        }
+        (Some(EntryKind::Dir), false) => "a directory",
+        (Some(EntryKind::Dir), true) => "a symbolic link to a directory",
+        (Some(_), false) => "not a regular file (a fifo, a socket or a device)",
+        (Some(_), true) => {
+            "a symbolic link to something that is not a regular file (a fifo, a socket or a device)"
+        }
+    };
+    Error::NotAFile { path, what }
 }
 
 #[cfg(test)]

@@ -329,17 +329,11 @@ fn check(fs: &dyn FileSystem, dir: &Path, entry: &DirEntry) -> Result<FileReport
             StoreFile::Snapshot(_) => Role::Snapshot,
             _ => Role::SnapshotTemp,
         };
-        let what = match entry.kind {
-            None => {
-                "a symbolic link to nothing (dangling, looping, or to a target that cannot be examined)"
-            }
-            Some(EntryKind::Dir) => "a directory",
-            Some(_) => "not a regular file (a fifo, a socket or a device)",
-        };
-        r.problem = Some(Problem::Invalid(Error::NotAFile {
-            path: r.path.clone(),
-            what,
-        }));
+        r.problem = Some(Problem::Invalid(crate::files::not_a_file(
+            fs,
+            r.path.clone(),
+            entry.kind,
+        )));
         return Ok(r);
     }
     match store_file {

@@ -490,21 +490,7 @@ fn refuse_what_is_not_a_file(fs: &dyn FileSystem, dir: &Path, listing: &[DirEntr
     else {
         return Ok(());
     };
-    let path = dir.join(&e.name);
-    // Only for the message: whether the name itself is a link.
-    let link = fs.is_symlink(&path).unwrap_or(false);
-    let what = match (e.kind, link) {
-        (None, _) => {
-            "a symbolic link to nothing (dangling, looping, or to a target that cannot be examined)"
-        }
-        (Some(EntryKind::Dir), false) => "a directory",
-        (Some(EntryKind::Dir), true) => "a symbolic link to a directory",
-        (Some(_), false) => "not a regular file (a fifo, a socket or a device)",
-        (Some(_), true) => {
-            "a symbolic link to something that is not a regular file (a fifo, a socket or a device)"
-        }
-    };
-    Err(Error::NotAFile { path, what })
+    Err(crate::files::not_a_file(fs, dir.join(&e.name), e.kind))
 }
 
 /// What salvage appends to the name of a file it moves aside.
