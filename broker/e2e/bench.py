@@ -7,7 +7,8 @@
 For each message size: messages/s and MB/s from the first produce() to the
 last delivery report, and the broker's own account of where its produce
 path spent its time (`state_share`: the share inside producer-state's
-append_batch, its fsync included). A bench, not a test: it fails only if
+append_batch; the state's fsync runs on the store's own thread, once per
+STATE_FSYNC_INTERVAL, and is not in it). A bench, not a test: it fails only if
 the broker does not start or a delivery fails.
 """
 

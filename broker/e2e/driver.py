@@ -315,6 +315,7 @@ def run(args, name, idempotent, n, kills, deadline):
               f"random={ps.get('random_drops', 0)}) split_writes={ps.get('splits', 0)} "
               f"delays={ps.get('delays', 0)} kills={broker.kills} "
               f"torn_tails_cut={broker.log_lines(b'cut a torn tail')} "
+              f"state_replays={broker.log_lines(b'replayed the partition log')} "
               f"state_rebuilds={broker.log_lines(b'rebuilding the producer state')}")
         print(f"  duplicates_in_log={dups} out_of_order_records={order}")
         return problems, resent, drops, broker.kills

@@ -15,24 +15,54 @@
 //!
 //! # The produce path and the order of durable writes
 //!
-//! Under the partition's lock, so batches of one partition are classified
-//! and written one at a time:
+//! The partition log is the source of truth; the producer state is derived
+//! from it and may lag behind it. Under the partition's lock, held from the
+//! decision to the end of the log's `fdatasync`, so batches of one
+//! partition are classified and written one at a time:
 //!
 //! 1. the offset the batch would get is the log's next offset;
-//! 2. `append_batch` classifies it; if `ACCEPTED`, the store has written and
-//!    fsync'ed its record (the state now knows the batch at that offset);
-//! 3. only then is the batch written to the partition log and `fdatasync`'ed;
+//! 2. `append_batch` classifies it; if `ACCEPTED`, the state now knows the
+//!    batch at that offset (in memory: the store runs with
+//!    [`FsyncPolicy::Interval`], so its record reaches the disk within
+//!    [`STATE_FSYNC_INTERVAL`], not before the answer);
+//! 3. the batch is written to the partition log and `fdatasync`'ed;
 //! 4. only then is the client answered.
 //!
-//! The state is written first because it decides: a batch must not reach
-//! the log before it is known to be no duplicate. So after a crash the
-//! state can be *ahead* of the log (step 2 done, step 3 not), never behind
-//! it. Recovery checks this on open: the newest batch each producer has in
-//! the log must be exactly what the state holds as that producer's newest
-//! (epoch, last sequence, offset), and the state must know no producer the
-//! log lacks. If not, the state is rebuilt from the log; a state left ahead
-//! would answer the client's retry of the lost batch with `DUPLICATE` and an
-//! offset the log never had, losing an acknowledged message.
+//! The state decides first: a batch must not reach the log before it is
+//! known to be no duplicate. Its durability is not needed for the answer,
+//! because recovery can derive it from the log: only the log's `fdatasync`
+//! is on the produce path.
+//!
+//! A `DUPLICATE` is an acknowledgement too, and it is answered from the
+//! in-memory state, which learns of a batch before the batch is durable.
+//! Holding the lock through step 3 is what makes that safe: a retry racing
+//! its original (a new connection after a dropped one) waits for the lock,
+//! so it is classified only once the original is durable, or once the
+//! partition refuses everything because the original's write failed. The
+//! log's fsync must therefore never move out of the lock (to batch fsyncs
+//! across requests, say) without the duplicates waiting for it too. After a
+//! restart the same holds because opening the log `fdatasync`s what it
+//! found ([`crate::plog`]).
+//!
+//! # Recovery: the state brought exactly to the log
+//!
+//! Both are prefixes of one history (the accepted batches in log order), so
+//! after a crash the state is either *behind* the log (its newest records
+//! were not yet on disk: the common case) or *ahead* of it (its records
+//! were flushed, the log's write was not done). On open:
+//!
+//! - *behind*: every idempotent batch of the log past the state's newest
+//!   offset is appended to the state again, in order, each of which must be
+//!   `ACCEPTED` (anything else means the state is not a prefix of this log,
+//!   and it is rebuilt). O(batches behind), read through the log's index;
+//! - then the agreement check: the newest batch each producer has in the
+//!   log must be exactly what the state holds as that producer's newest
+//!   (epoch, last sequence, offset), the state must know no producer the
+//!   log lacks and no batch at or past the log's end;
+//! - *ahead*, or any other disagreement (a state directory replaced, say):
+//!   the state is rebuilt from the whole log. A state left ahead would
+//!   answer the client's retry of the lost batch with `DUPLICATE` and an
+//!   offset the log never had, losing an acknowledged message.
 //!
 //! A write or fsync failure of either file poisons the partition: it answers
 //! `KAFKA_STORAGE_ERROR` until the broker restarts and recovery makes the
@@ -43,7 +73,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kafka_protocol::ResponseError;
 use producer_state::{
@@ -109,7 +139,8 @@ pub struct Partition {
 pub struct Timings {
     /// Batches through [`Partition::produce`].
     pub batches: AtomicU64,
-    /// In `append_batch` (classification and the state's durable write).
+    /// In `append_batch` (classification and handing the state's record to
+    /// its buffer; the store's own thread fsyncs it).
     pub state_ns: AtomicU64,
     /// In the partition log's write and fdatasync.
     pub log_ns: AtomicU64,
@@ -129,11 +160,18 @@ impl std::fmt::Debug for Partition {
     }
 }
 
+/// How long the producer state may keep records unsynced. A crash loses
+/// at most about this much of the state, which opening then replays from
+/// the log; the longer, the fewer fsyncs compete with the log's.
+pub const STATE_FSYNC_INTERVAL: Duration = Duration::from_secs(1);
+
 /// What opening a partition found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OpenReport {
     /// Bytes cut from a torn log tail.
     pub torn_bytes: u64,
+    /// Batches of the log appended to a state that was behind it.
+    pub replayed: u64,
     /// Why the producer state was rebuilt from the log, if it was.
     pub rebuilt: Option<String>,
     /// The highest producer id in the log (-1: none).
@@ -141,7 +179,7 @@ pub struct OpenReport {
 }
 
 fn state_options() -> StoreOptions {
-    StoreOptions::default()
+    StoreOptions::default().fsync(FsyncPolicy::Interval(STATE_FSYNC_INTERVAL))
 }
 
 fn remove_dir_if_exists(dir: &Path) -> Result<()> {
@@ -170,6 +208,62 @@ fn settle_state_dirs(dir: &Path) -> Result<()> {
         sync_dir(dir)?;
     }
     Ok(())
+}
+
+/// The offset of the newest batch the state knows (-1: none).
+fn state_end(store: &ProducerStateStore) -> i64 {
+    store
+        .iter()
+        .flat_map(|(_, _, e)| {
+            e.retained_batches()
+                .filter_map(|b| b.metadata.map(|m| m.offset))
+                .max()
+        })
+        .max()
+        .unwrap_or(-1)
+}
+
+/// Appends to `store` every idempotent batch of `log` past `after`, in
+/// order: `Ok(Ok(n))` when each was `ACCEPTED`, `Ok(Err(why))` at the first
+/// that was not (the state is not a prefix of this log).
+fn replay(
+    store: &ProducerStateStore,
+    log: &PartitionLog,
+    after: i64,
+    name: &str,
+    index: i32,
+) -> Result<std::result::Result<u64, String>> {
+    let mut n = 0u64;
+    let mut refused = None;
+    log.for_each_batch_after(after, |h| {
+        if refused.is_some() || !h.is_idempotent() {
+            return Ok(());
+        }
+        let Ok(producer_id) = ProducerId::try_from(h.producer_id) else {
+            return Ok(());
+        };
+        let outcome = store
+            .append_batch(
+                producer_id,
+                index,
+                h.producer_epoch,
+                to_batch(h, h.base_offset),
+            )
+            .map_err(|source| Error::State {
+                partition: name.to_string(),
+                source,
+            })?;
+        if outcome.is_accepted() {
+            n += 1;
+        } else {
+            refused = Some(format!(
+                "replaying the log past offset {after}: the batch at offset {} was {outcome}",
+                h.base_offset
+            ));
+        }
+        Ok(())
+    })?;
+    Ok(refused.map_or(Ok(n), Err))
 }
 
 /// Why the store and the log disagree, or `None` if they agree.
@@ -331,12 +425,27 @@ impl Partition {
         if let Some(torn) = store.recovery_report().torn_tail.as_ref() {
             tracing::warn!(partition = %name, ?torn, "the producer state's log had a torn tail");
         }
-        if let Some(why) = disagreement(&store, &log_last, log.next_offset()) {
+        // Behind: catch up with the log. Nothing to replay when the state
+        // agrees or is ahead (its newest offset is then the log's newest
+        // idempotent batch, or past the log's end).
+        let end = state_end(&store);
+        let replayed = replay(&store, &log, end, &name, index)?;
+        let refused = match replayed {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(partition = %name, batches = n, after = end, "replayed the partition log into the producer state, which was behind it");
+                }
+                report.replayed = n;
+                None
+            }
+            Err(why) => Some(why),
+        };
+        if let Some(why) = refused.or_else(|| disagreement(&store, &log_last, log.next_offset())) {
             // truncate_to: once `ProducerStateStore::truncate_to(offset)`
-            // exists, the state-ahead case (the only one the write order
-            // allows) becomes `store.truncate_to(log.next_offset())` here,
-            // O(state) instead of this O(log) rebuild; keep the rebuild for
-            // the other disagreements (a state directory lost or replaced).
+            // exists, the state-ahead case becomes
+            // `store.truncate_to(log.next_offset())` here, O(state) instead
+            // of this O(log) rebuild; keep the rebuild for the other
+            // disagreements (a state directory replaced, a replay refused).
             tracing::warn!(partition = %name, reason = %why, "rebuilding the producer state from the partition log");
             store.close().map_err(state_err)?;
             rebuild(dir, &log_path, &name, index)?;
@@ -379,9 +488,9 @@ impl Partition {
     }
 
     /// Produces one record batch (the bytes of one partition of a produce
-    /// request): classifies it, and if accepted writes it durably to the
-    /// state and then to the log. Blocks on fsyncs: call it off the async
-    /// runtime's worker threads.
+    /// request): classifies it in the producer state, and if accepted
+    /// writes it to the log and makes it durable. Blocks on an fsync: call
+    /// it off the async runtime's worker threads.
     pub fn produce(&self, bytes: &mut [u8]) -> Produced {
         let start = Instant::now();
         let produced = self.produce_timed(bytes);
@@ -393,6 +502,12 @@ impl Partition {
     /// Where this partition's produce time went.
     pub fn timings(&self) -> &Timings {
         &self.timings
+    }
+
+    /// fsyncs of the producer state's log since the partition was opened
+    /// (on the store's own thread, off the produce path).
+    pub fn state_fsyncs(&self) -> u64 {
+        self.lock().store.stats().log_fsyncs
     }
 
     fn produce_timed(&self, bytes: &mut [u8]) -> Produced {
@@ -555,7 +670,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lost_state_directory_is_rebuilt_so_retries_stay_duplicates() {
+    fn a_lost_state_directory_is_replayed_so_retries_stay_duplicates() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("t-0");
         let (p, _) = open(&dir);
@@ -571,9 +686,10 @@ mod tests {
         fs::remove_dir_all(dir.join(STATE)).unwrap();
 
         let (p, report) = open(&dir);
-        assert!(report.rebuilt.is_some(), "{report:?}");
+        // A fresh state is behind the log by all of it.
+        assert_eq!((report.replayed, &report.rebuilt), (2, &None), "{report:?}");
         assert_eq!(report.max_producer_id, 7);
-        // Without the rebuild a fresh state would accept the retry of the
+        // Without the replay a fresh state would accept the retry of the
         // first batch a second time.
         assert_eq!(
             p.produce(&mut batch(7, 0, 0, 2)),
@@ -584,6 +700,162 @@ mod tests {
             Produced::Appended { base_offset: 5 }
         );
         p.close().unwrap();
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        fs::create_dir_all(to).unwrap();
+        for e in fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                copy_dir(&e.path(), &to.join(e.file_name()));
+            } else {
+                fs::copy(e.path(), to.join(e.file_name())).unwrap();
+            }
+        }
+    }
+
+    /// Replaces the partition's state with `saved` (a copy taken earlier).
+    fn restore_state(dir: &Path, saved: &Path) {
+        fs::remove_dir_all(dir.join(STATE)).unwrap();
+        copy_dir(saved, &dir.join(STATE));
+    }
+
+    #[test]
+    fn a_state_behind_the_log_is_caught_up_by_replaying_the_batches_past_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t-0");
+        let saved = tmp.path().join("saved");
+        let (p, _) = open(&dir);
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 0, 2)),
+            Produced::Appended { base_offset: 0 }
+        );
+        p.close().unwrap();
+        copy_dir(&dir.join(STATE), &saved);
+        let (p, _) = open(&dir);
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 2, 3)),
+            Produced::Appended { base_offset: 2 }
+        );
+        assert_eq!(
+            p.produce(&mut batch(-1, -1, -1, 1)),
+            Produced::Appended { base_offset: 5 }
+        );
+        assert_eq!(
+            p.produce(&mut batch(8, 0, 0, 1)),
+            Produced::Appended { base_offset: 6 }
+        );
+        p.close().unwrap();
+        // What a crash leaves when the state's last records were not yet
+        // on disk (FsyncPolicy::Interval): a state that knows only b0.
+        restore_state(&dir, &saved);
+
+        let (p, report) = open(&dir);
+        assert_eq!(
+            (report.replayed, &report.rebuilt),
+            (2, &None),
+            "caught up by the two idempotent batches past offset 0: {report:?}"
+        );
+        // The client retries the batches it never heard about: the log has
+        // them, so they must be duplicates with their offsets, not appended
+        // again.
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 2, 3)),
+            Produced::Duplicate { base_offset: 2 }
+        );
+        assert_eq!(
+            p.produce(&mut batch(8, 0, 0, 1)),
+            Produced::Duplicate { base_offset: 6 }
+        );
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 5, 1)),
+            Produced::Appended { base_offset: 7 }
+        );
+        p.close().unwrap();
+        // The replayed state is the store's own now: it agrees on reopening.
+        let (p, report) = open(&dir);
+        assert_eq!((report.replayed, &report.rebuilt), (0, &None));
+        p.close().unwrap();
+    }
+
+    #[test]
+    fn a_replay_the_state_refuses_falls_back_to_a_rebuild() {
+        let tmp = tempfile::tempdir().unwrap();
+        let other = tmp.path().join("t-1");
+        let dir = tmp.path().join("t-0");
+        let saved = tmp.path().join("saved");
+        // Another history: producer 9 at offset 0.
+        let (p, _) = open(&other);
+        p.produce(&mut batch(9, 0, 0, 1));
+        p.close().unwrap();
+        copy_dir(&other.join(STATE), &saved);
+        let (p, _) = open(&dir);
+        p.produce(&mut batch(7, 0, 0, 1));
+        p.produce(&mut batch(7, 0, 1, 1));
+        p.close().unwrap();
+        restore_state(&dir, &saved);
+
+        // Past the foreign state's offset 0 the log holds producer 7's
+        // sequence 1, which that state cannot accept.
+        let (p, report) = open(&dir);
+        let why = report.rebuilt.clone().expect("rebuilt");
+        assert!(why.starts_with("replaying the log past offset 0"), "{why}");
+        assert_eq!(report.replayed, 0);
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 1, 1)),
+            Produced::Duplicate { base_offset: 1 }
+        );
+        assert_eq!(
+            p.produce(&mut batch(9, 0, 0, 1)),
+            Produced::Appended { base_offset: 2 },
+            "producer 9 is not in this log"
+        );
+        p.close().unwrap();
+    }
+
+    #[test]
+    fn a_retry_racing_its_original_is_answered_only_once_the_original_is_durable() {
+        use std::sync::{Arc, mpsc};
+        use std::time::Duration;
+
+        let tmp = tempfile::tempdir().unwrap();
+        let (p, _) = open(&tmp.path().join("t-0"));
+        let p = Arc::new(p);
+        let (in_sync, wait_in_sync) = mpsc::channel();
+        let (release, wait_release) = mpsc::channel::<()>();
+        // Every append stops between its write and its fdatasync until
+        // `release` is dropped.
+        p.lock().log.before_sync = Some(crate::plog::SyncHook(Box::new(move || {
+            let _ = in_sync.send(());
+            let _ = wait_release.recv();
+        })));
+        let original = {
+            let p = p.clone();
+            std::thread::spawn(move || p.produce(&mut batch(4, 0, 0, 3)))
+        };
+        wait_in_sync.recv().unwrap();
+        // The original is in the in-memory state and written to the log,
+        // not durable: its retry (from a new connection) arrives now.
+        let (answered, answer) = mpsc::channel();
+        let retry = {
+            let p = p.clone();
+            std::thread::spawn(move || answered.send(p.produce(&mut batch(4, 0, 0, 3))))
+        };
+        assert!(
+            answer.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the retry was answered before its original was durable"
+        );
+        drop(release);
+        assert_eq!(
+            original.join().unwrap(),
+            Produced::Appended { base_offset: 0 }
+        );
+        retry.join().unwrap().unwrap();
+        assert_eq!(
+            answer.recv().unwrap(),
+            Produced::Duplicate { base_offset: 0 }
+        );
+        assert_eq!(p.high_watermark(), 3);
     }
 
     #[test]

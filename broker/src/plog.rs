@@ -15,6 +15,13 @@
 //! bytes are copied to `<log>.torn-<pos>` (never destroyed) and the log is
 //! cut back to the last complete batch. Damage with valid data after it is
 //! not a torn write: opening refuses with [`Error::CorruptLog`].
+//!
+//! Opening also `fdatasync`s the file once. A process killed during an
+//! append's `fdatasync` leaves the batch complete in the page cache but
+//! perhaps not on disk; the next open finds it, and the producer state then
+//! answers the client's retry of it with `DUPLICATE`, an acknowledgement.
+//! So whatever recovery finds in the log is made durable before the broker
+//! answers anything from it.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
@@ -60,6 +67,22 @@ pub struct PartitionLog {
     len: u64,
     next_offset: i64,
     index: Vec<IndexEntry>,
+    /// Called by [`PartitionLog::append`] between its write and its
+    /// `fdatasync`, so tests can act while a batch is written but not
+    /// durable.
+    #[cfg(test)]
+    pub(crate) before_sync: Option<SyncHook>,
+}
+
+/// A test's callback inside [`PartitionLog::append`].
+#[cfg(test)]
+pub(crate) struct SyncHook(pub Box<dyn Fn() + Send>);
+
+#[cfg(test)]
+impl std::fmt::Debug for SyncHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SyncHook")
+    }
 }
 
 /// Reads every complete batch of `file` from the start, calling `each` with
@@ -188,6 +211,10 @@ impl PartitionLog {
                 return Err(Error::corrupt(path, end, reason));
             }
             torn = Some(Self::cut_tail(path, &file, end, len, reason)?);
+        } else if end > 0 {
+            // See the module docs: what a killed process left unsynced.
+            file.sync_data()
+                .map_err(|e| Error::io("fdatasync", path, e))?;
         }
         let next_offset = index.last().map_or(0, |e| e.last + 1);
         Ok((
@@ -197,6 +224,8 @@ impl PartitionLog {
                 len: end,
                 next_offset,
                 index,
+                #[cfg(test)]
+                before_sync: None,
             },
             torn,
         ))
@@ -250,6 +279,30 @@ impl PartitionLog {
         }
     }
 
+    /// Calls `each` with the header of every batch whose base offset is
+    /// above `offset`, in order, reading only those batches (through the
+    /// index): how the producer state catches up when a crash left it
+    /// behind the log.
+    pub fn for_each_batch_after(
+        &self,
+        offset: i64,
+        mut each: impl FnMut(&BatchHeader) -> Result<()>,
+    ) -> Result<()> {
+        let first = self.index.partition_point(|e| e.base <= offset);
+        let mut buf = Vec::new();
+        for e in &self.index[first..] {
+            buf.resize(e.size as usize, 0);
+            self.file
+                .read_exact_at(&mut buf, e.pos)
+                .map_err(|err| Error::io("read", &self.path, err))?;
+            // Verified when the log was opened; verified again because the
+            // bytes were read again.
+            let h = batch::parse(&buf).map_err(|err| Error::corrupt(&self.path, e.pos, err))?;
+            each(&h)?;
+        }
+        Ok(())
+    }
+
     /// The offset the next batch gets (the high watermark).
     pub fn next_offset(&self) -> i64 {
         self.next_offset
@@ -268,6 +321,10 @@ impl PartitionLog {
         let base = self.next_offset;
         batch::set_base_offset(bytes, base);
         self.file.write_all_at(bytes, self.len)?;
+        #[cfg(test)]
+        if let Some(hook) = &self.before_sync {
+            (hook.0)();
+        }
         self.file.sync_data()?;
         self.index.push(IndexEntry {
             base,
