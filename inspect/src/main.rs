@@ -256,6 +256,8 @@ enum RecoveryView {
         skipped_snapshots: Vec<SkippedView>,
         records_replayed: u64,
         segments_read: usize,
+        /// Segments wholly below the snapshot's position, not read.
+        segments_skipped: usize,
         torn_tail: Option<TornView>,
         would_remove: Vec<String>,
         /// Everything recovery would change, in order.
@@ -716,6 +718,7 @@ fn recovery_view(report: &RecoveryReport) -> RecoveryView {
             .collect(),
         records_replayed: report.records_replayed,
         segments_read: report.segments_read,
+        segments_skipped: report.segments_skipped,
         torn_tail: report.torn_tail.as_ref().map(|t| TornView {
             file: path(&t.file),
             offset: t.offset,
@@ -835,6 +838,7 @@ fn print_recovery(w: &mut dyn Write, r: &RecoveryView) -> io::Result<()> {
             skipped_snapshots,
             records_replayed,
             segments_read,
+            segments_skipped,
             repairs,
             keys,
             next_position,
@@ -851,6 +855,12 @@ fn print_recovery(w: &mut dyn Write, r: &RecoveryView) -> io::Result<()> {
                 w,
                 "  would replay {records_replayed} records from {segments_read} segment(s)"
             )?;
+            if *segments_skipped > 0 {
+                writeln!(
+                    w,
+                    "  would not read {segments_skipped} segment(s) wholly below the snapshot's position"
+                )?;
+            }
             for r in repairs {
                 print_repair(w, r)?;
             }

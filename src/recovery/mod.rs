@@ -200,6 +200,7 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
     };
     let mut report = plan.report();
     report.segments_read = progress.segments_read;
+    report.segments_skipped = progress.segments_skipped;
     report.clean_shutdown = progress.clean_shutdown;
     report.records_replayed = records_replayed;
     report.replay_threads = threads;
@@ -227,6 +228,8 @@ fn internal() -> Error {
 #[derive(Default)]
 struct Progress {
     segments_read: usize,
+    /// Segments wholly below the plan's start, not read.
+    segments_skipped: usize,
     /// See [`RecoveryReport::clean_shutdown`]: set once the last segment
     /// is read.
     clean_shutdown: Option<bool>,
@@ -253,6 +256,12 @@ fn replay(
         }
         return Ok(Stop::Damage(Box::new(plan.log_gone())));
     };
+    // Segments before `first_idx` end at or below the start (the next
+    // one's name says so): none of their records is replayed, so none is
+    // read. Their names show the log below the start has no hole; their
+    // bytes matter only to a fallback to an older snapshot, which this
+    // replay is not.
+    progress.segments_skipped = first_idx;
     let last_idx = segments.len() - 1;
     let mut at = Reading {
         idx: first_idx,
@@ -683,6 +692,74 @@ mod tests {
             Error::corrupt(&seven, 16, kind).to_string()
         );
         assert_eq!(r.snapshot.map(|u| u.position), Some(5));
+    }
+
+    #[test]
+    fn segments_wholly_below_the_snapshot_are_not_read() {
+        use crate::inspect::{Effect, Role};
+        use crate::{ProducerStateStore, StoreOptions};
+        // Small segments and one snapshot at 120: several segments end
+        // below it.
+        let fs = SimFs::new();
+        let dir = PathBuf::from("/s");
+        let opts = StoreOptions::default()
+            .file_system(std::sync::Arc::new(fs.clone()))
+            .segment_size(1024)
+            .snapshot_every_records(None)
+            .background_snapshots(false);
+        let st = ProducerStateStore::open_with(&dir, opts).unwrap();
+        for i in 0..150u64 {
+            if i == 120 {
+                st.snapshot().unwrap();
+            }
+            st.append(i % 7, 0, 0, (i / 7) as i32).unwrap();
+        }
+        st.close().unwrap();
+        let clean = recover_dry(&fs, &dir, RecoveryMode::Strict).unwrap();
+        let plan = Plan::read(&fs, &dir, RecoveryMode::Strict).unwrap().0;
+        assert_eq!(plan.start, 120);
+        let below = plan.segments.iter().filter(|&&l| l <= 120).count() - 1;
+        assert!(below >= 2, "{:?}", plan.segments);
+        assert_eq!(clean.report.segments_skipped, below);
+        assert_eq!(
+            clean.report.segments_read,
+            plan.segments.len() - below,
+            "the segment holding the start and those after it"
+        );
+        assert!(
+            clean
+                .report
+                .to_string()
+                .contains(&format!("not read: {below} segment(s)"))
+        );
+
+        // Damage in the body of a segment wholly below the snapshot, and
+        // the same segment's first record: recovery never reads it, so the
+        // store opens strictly, to the same state.
+        let seg = plan.segment_path(0);
+        let mut bytes = fs.read_file(&seg).unwrap();
+        for b in bytes.iter_mut().skip(HEADER_LEN) {
+            *b ^= 0x5a;
+        }
+        fs.overwrite(&seg, &bytes);
+        let r = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
+        assert_eq!(r.report.segments_skipped, below);
+        assert_eq!((r.next_lsn, r.report.keys), (150, 7));
+        for k in 0..7u64 {
+            let id = crate::ProducerId::from(k);
+            let want = clean.shards.get(hash_key(&id, 0), &id, 0).unwrap();
+            let got = r.shards.get(hash_key(&id, 0), &id, 0).unwrap();
+            assert_eq!(got.last_sequence(), want.last_sequence(), "key {k}");
+        }
+        // The inspector still reads it, and flags it as what a fallback
+        // to an older snapshot (or to none) would need.
+        let report =
+            crate::inspect::directory(&crate::fs::ReadOnlyFs(fs.clone()), &dir, &mut |_| {})
+                .unwrap();
+        let f = report.files.iter().find(|f| f.path == seg).unwrap();
+        assert_eq!(f.role, Role::Segment);
+        assert!(f.problem.is_some(), "{f:?}");
+        assert_eq!(f.effect, Effect::NeededByFallback);
     }
 
     #[test]

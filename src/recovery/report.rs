@@ -227,6 +227,11 @@ pub struct RecoveryReport {
     pub skipped_snapshots: Vec<SkippedSnapshot>,
     /// Segments read.
     pub segments_read: usize,
+    /// Segments not read because they lie wholly below the snapshot's
+    /// position (the next segment's name is at or below it): replay needs
+    /// none of their records, and their names alone show the log has no
+    /// hole. A fallback to an older snapshot would read them.
+    pub segments_skipped: usize,
     /// Log records replayed on top of the snapshot.
     pub records_replayed: u64,
     /// Threads that applied them: 2 when a long log (8 MiB or more) was
@@ -325,6 +330,11 @@ impl fmt::Display for RecoveryReport {
             self.records_replayed,
             self.segments_read,
             self.replay_threads.max(1)
+        )?;
+        writeln!(
+            f,
+            "not read: {} segment(s) wholly below the snapshot's position",
+            self.segments_skipped
         )?;
         match &self.torn_tail {
             Some(t) => writeln!(
