@@ -320,7 +320,7 @@ fn recover_inner(
     // The naming rule the inspector shares (`files::classify`).
     for e in &listing {
         match classify(&e.name) {
-            Some(StoreFile::SnapshotTemp(_)) => {
+            Some(StoreFile::SnapshotTemp(_) | StoreFile::SegmentTemp(_)) => {
                 let p = dir.join(&e.name);
                 if !dry {
                     fs.remove_file(&p).map_err(io_at("remove", &p))?;
@@ -962,7 +962,7 @@ mod tests {
         let fs = SimFs::new();
         let dir = PathBuf::from("/s");
         fs.create_dir_all(&dir).unwrap();
-        let mut bytes = segment::header(0, segment::Ids { store: 1, salt: 2 });
+        let mut bytes = segment::header(0, segment::Ids { store: 1, salt: 2 }, segment::APPENDED_VERSION);
         let seed = crate::wal::record::seed(&bytes[12..36]);
         let (mut bad_offset, mut bad_record) = (0, 0);
         let mut group = Vec::new();
