@@ -962,7 +962,11 @@ mod tests {
         let fs = SimFs::new();
         let dir = PathBuf::from("/s");
         fs.create_dir_all(&dir).unwrap();
-        let mut bytes = segment::header(0, segment::Ids { store: 1, salt: 2 }, segment::APPENDED_VERSION);
+        let mut bytes = segment::header(
+            0,
+            segment::Ids { store: 1, salt: 2 },
+            segment::APPENDED_VERSION,
+        );
         let seed = crate::wal::record::seed(&bytes[12..36]);
         let (mut bad_offset, mut bad_record) = (0, 0);
         let mut group = Vec::new();

@@ -821,3 +821,88 @@ fn the_report_tells_a_clean_shutdown_from_a_crash() {
     let s = ProducerStateStore::open_with(dir(), opts(&SimFs::new())).unwrap();
     assert_eq!(s.recovery_report().clean_shutdown, None);
 }
+
+/// The options of a store whose segments are preallocated (version 4).
+fn preallocated(fs: &SimFs) -> StoreOptions {
+    common::store_util::sim_opts(fs).snapshot_every_records(None)
+}
+
+/// Every byte of a preallocated segment: the zeros after its last record
+/// are its clean end (nothing cut, the room kept, a clean shutdown still
+/// seen); any of them not zero is a torn tail cut at the last record,
+/// losing nothing; every byte of the records flipped gives a prefix or a
+/// refusal; and damage followed by a valid record is still refused.
+#[test]
+fn every_byte_of_a_preallocated_segment_is_its_records_or_room_that_must_be_zeros() {
+    let reqs = workload(12);
+    let history = prefixes(&reqs);
+    let all = history.last().unwrap();
+    let fs = build(&reqs, preallocated);
+    let seg = files(&fs, ".wal").pop().unwrap();
+    let bytes = fs.read_file(&seg).unwrap();
+    assert_eq!(&bytes[8..10], &[4, 0], "version 4");
+    assert_eq!(bytes.len(), 4096, "preallocated to the segment size");
+    // The records end where a length of zero is read.
+    let mut end = 40;
+    let mut records = Vec::new();
+    while let len @ 1.. = u32::from_le_bytes(bytes[end + 4..end + 8].try_into().unwrap()) {
+        records.push((end, len as usize));
+        end += len as usize;
+    }
+    assert!(bytes[end..].iter().all(|&b| b == 0) && end < 1024);
+    let open = |img: &SimFs| ProducerStateStore::open_with(dir(), preallocated(img));
+
+    // As written.
+    let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+    let s = open(&t).unwrap();
+    assert!(matches(&s, all), "{}", common::store_util::diff(&s, all));
+    let r = s.recovery_report();
+    assert!(r.torn_tail.is_none() && r.torn_bytes_dropped() == 0);
+    assert_eq!(r.clean_shutdown, Some(true));
+    drop(s);
+    assert_eq!(t.read_file(&seg).unwrap().len(), 4096, "the room is kept");
+
+    // A byte of the room that is not zero.
+    for at in end..bytes.len() {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        let mut b = bytes.clone();
+        b[at] = 0x5a;
+        t.overwrite(&seg, &b);
+        let s = open(&t).unwrap_or_else(|e| panic!("byte {at}: refused: {e}"));
+        assert!(
+            matches(&s, all),
+            "byte {at}: {}",
+            common::store_util::diff(&s, all)
+        );
+        let torn = s.recovery_report().torn_tail.clone().expect("a torn tail");
+        assert_eq!(torn.offset as usize, end, "byte {at}");
+        assert_eq!(torn.bytes as usize, bytes.len() - end, "byte {at}");
+    }
+
+    // A bit of the records.
+    let (mut prefix, mut corrupt) = (0, 0);
+    for bit in 40 * 8..end * 8 {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        let mut b = bytes.clone();
+        b[bit / 8] ^= 1 << (bit % 8);
+        t.overwrite(&seg, &b);
+        match check(&t, &history, &format!("bit {bit}")) {
+            Some(_) => prefix += 1,
+            None => corrupt += 1,
+        }
+    }
+    assert!(prefix > 0 && corrupt > 0, "{prefix} prefixes, {corrupt}");
+
+    // Zeros where a record was, with records after it: not the end.
+    for &(at, len) in &records[..records.len() - 1] {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        let mut b = bytes.clone();
+        b[at..at + len].fill(0);
+        t.overwrite(&seg, &b);
+        let e = open(&t).err().expect("a strict open refuses");
+        assert!(
+            matches!(&e, Error::Corrupt { offset, .. } if *offset as usize == at),
+            "record at {at}: {e}"
+        );
+    }
+}

@@ -242,7 +242,10 @@ fn a_preallocated_store_holds_the_committed_records_and_zeros() {
     let model = write_history_with(&fs, &dir, &history_v2(), |f| opts(f).preallocate(true));
     let fresh = store_files(&fs, &dir);
     assert_eq!(committed.len(), fresh.len());
-    let last = committed.iter().rposition(|(n, _)| n.ends_with(".wal")).unwrap();
+    let last = committed
+        .iter()
+        .rposition(|(n, _)| n.ends_with(".wal"))
+        .unwrap();
     for (i, ((cn, cb), (fname, fb))) in committed.iter().zip(&fresh).enumerate() {
         assert_eq!(cn, fname);
         if !cn.ends_with(".wal") {
@@ -263,10 +266,17 @@ fn a_preallocated_store_holds_the_committed_records_and_zeros() {
     let report = store.recovery_report();
     assert_eq!(report.torn_bytes_dropped(), 0, "zeros are not a torn tail");
     assert!(report.torn_tail.is_none());
-    assert_eq!(report.clean_shutdown, Some(true), "it ends with a close marker");
+    assert_eq!(
+        report.clean_shutdown,
+        Some(true),
+        "it ends with a close marker"
+    );
     drop(store);
     // The open kept the room; the file is still preallocated.
-    assert_eq!(fs.read_file(&dir.join(&committed[last].0)).unwrap().len(), 1024);
+    assert_eq!(
+        fs.read_file(&dir.join(&committed[last].0)).unwrap().len(),
+        1024
+    );
 }
 
 /// An older store opens to its history's state, and a store continuing it

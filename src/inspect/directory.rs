@@ -260,13 +260,12 @@ pub fn directory(
         files.push(check(fs, dir, &entry.name, entry.len)?);
     }
     mark_gaps(&mut files);
-    let contents = if files
-        .iter()
-        .any(|f| matches!(
+    let contents = if files.iter().any(|f| {
+        matches!(
             f.role,
             Role::Segment | Role::Snapshot | Role::SnapshotTemp | Role::SegmentTemp
-        ))
-    {
+        )
+    }) {
         Contents::Store
     } else if files.iter().any(|f| f.role == Role::KafkaSnapshot) {
         Contents::KafkaSnapshots

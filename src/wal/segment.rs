@@ -353,10 +353,7 @@ pub(crate) fn scan(
 fn first_nonzero(bytes: &[u8]) -> Option<usize> {
     // Eight at a time, then the byte.
     let words = bytes.chunks_exact(8);
-    let skip = words
-        .take_while(|w| w.iter().all(|&b| b == 0))
-        .count()
-        * 8;
+    let skip = words.take_while(|w| w.iter().all(|&b| b == 0)).count() * 8;
     bytes
         .get(skip..)?
         .iter()
