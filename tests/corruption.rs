@@ -899,7 +899,9 @@ fn every_byte_of_a_preallocated_segment_is_its_records_or_room_that_must_be_zero
         let mut b = bytes.clone();
         b[at..at + len].fill(0);
         t.overwrite(&seg, &b);
-        let e = open(&t).err().expect("a strict open refuses");
+        let Err(e) = open(&t) else {
+            panic!("record at {at}: a strict open refuses")
+        };
         assert!(
             matches!(&e, Error::Corrupt { offset, .. } if *offset as usize == at),
             "record at {at}: {e}"

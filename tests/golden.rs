@@ -2,7 +2,9 @@
 //! byte by byte): store directories written by a fixed history, each with
 //! three log segments and a snapshot.
 //!
-//! - `store-v3` is what this version writes: the test checks that writing
+//! - `store-v3` is what this version writes with `preallocate(false)` (with
+//!   it, the same records as version 4 padded with zeros, checked below):
+//!   the test checks that writing
 //!   the history today produces exactly those bytes, and that they decode
 //!   to the expected state. Version 3 segments hold a random store id and
 //!   salt; the history is written with `fixed_ids_for_tests`, which derives

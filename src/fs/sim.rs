@@ -439,7 +439,7 @@ fn survivor(node: &Node, unsynced: Unsynced, seed: impl Fn(u64) -> u64) -> Image
                     Op::Write(at, b) => (*at, b.as_slice().into()),
                     Op::Zero(at, len) => (*at, vec![0; *len].into()),
                     Op::SetLen(len) => {
-                        if seed(s ^ n.wrapping_mul(0x5851_f42d)) % 2 == 0 {
+                        if seed(s ^ n.wrapping_mul(0x5851_f42d)).is_multiple_of(2) {
                             img.set_len(*len);
                         }
                         continue;
@@ -451,7 +451,7 @@ fn survivor(node: &Node, unsynced: Unsynced, seed: impl Fn(u64) -> u64) -> Image
                 while sector < end {
                     let from = sector.max(at);
                     let to = (sector + 512).min(end);
-                    if seed(s ^ (sector as u64) ^ n.wrapping_mul(0x5851_f42d)) % 2 == 1 {
+                    if !seed(s ^ (sector as u64) ^ n.wrapping_mul(0x5851_f42d)).is_multiple_of(2) {
                         img.write(from, &bytes[from - at..to - at]);
                     }
                     sector += 512;
