@@ -154,7 +154,9 @@ fn a_live_store_is_inspected_without_its_lock() {
 #[test]
 fn a_torn_tail_is_repairable_and_nothing_is_written() {
     let d = tempfile::tempdir().unwrap();
-    store(d.path(), StoreOptions::default());
+    // A segment that ends at its last record (not preallocated), so that
+    // the bytes added below are its tail.
+    store(d.path(), StoreOptions::default().preallocate(false));
     let seg = files(d.path(), ".wal").pop().unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
     let good = bytes.len();
