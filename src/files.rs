@@ -26,6 +26,10 @@ pub enum StoreFile {
     /// `<20 digits>.snap.tmp`: left by a snapshot that was cut off before
     /// its rename; recovery removes it.
     SnapshotTemp(u64),
+    /// `<20 digits>.wal.prep`: a preallocated segment being prepared
+    /// while the segment starting at this position is written, not yet
+    /// renamed into place; recovery removes it.
+    SegmentTemp(u64),
 }
 
 /// What a file name is to the store: `None` for every name recovery does
@@ -36,12 +40,16 @@ pub enum StoreFile {
 /// use producer_state::inspect::{StoreFile, classify};
 /// assert_eq!(classify("00000000000000000042.wal"), Some(StoreFile::Segment(42)));
 /// assert_eq!(classify("00000000000000000007.snap.tmp"), Some(StoreFile::SnapshotTemp(7)));
+/// assert_eq!(classify("00000000000000000007.wal.prep"), Some(StoreFile::SegmentTemp(7)));
 /// assert_eq!(classify("notes.snap"), None);
 /// assert_eq!(classify("00000000000000000001.snapshot"), None);
 /// ```
 pub fn classify(name: &str) -> Option<StoreFile> {
     if let Some(stem) = name.strip_suffix(snapshot::TMP_SUFFIX) {
         return snapshot::parse_name(stem).map(StoreFile::SnapshotTemp);
+    }
+    if let Some(stem) = name.strip_suffix(crate::wal::writer::PREP_SUFFIX) {
+        return segment::parse_name(stem).map(StoreFile::SegmentTemp);
     }
     segment::parse_name(name)
         .map(StoreFile::Segment)
@@ -83,6 +91,10 @@ mod tests {
             classify(&snapshot::file_name(9)),
             Some(StoreFile::Snapshot(9))
         );
+        assert_eq!(
+            classify("00000000000000000009.wal.prep"),
+            Some(StoreFile::SegmentTemp(9))
+        );
         for other in [
             "notes.snap",
             "x.wal",
@@ -92,6 +104,8 @@ mod tests {
             "000000000000000000001.wal",
             "LOCK",
             "notes.snap.tmp",
+            "notes.wal.prep",
+            "00000000000000000001.snap.prep",
             "",
         ] {
             assert_eq!(classify(other), None, "{other}");

@@ -18,7 +18,12 @@ use producer_state::{
 };
 
 fn opts(fs: &SimFs) -> StoreOptions {
-    common::store_util::sim_opts(fs).snapshot_every_records(None)
+    // Appended segments (version 3): the suite cuts and flips every byte
+    // of a log that ends at its last record. Preallocated segments have
+    // tests of their own below.
+    common::store_util::sim_opts(fs)
+        .snapshot_every_records(None)
+        .preallocate(false)
 }
 
 /// The model after each prefix of the accepted appends.
@@ -576,12 +581,14 @@ fn open_refuses_a_regular_file_and_a_locked_directory() {
 
 #[test]
 fn crafted_bytes_after_damage_cost_no_more_than_zeros() {
-    // Behind the last record, 4 MiB of zeros, or of `03 ff 00 00`
-    // repeated: then every fourth offset claims a 65,283-byte named
-    // record, which a search checking each claim in full pays 64 KiB of
-    // checksum for. Both are a torn tail, and both must recover in about
-    // the same time: the crafted bytes at most 3 times as long (the best
-    // of five opens of each, interleaved, in this run, against noise).
+    // Behind the last record, 4 MiB of `ff` bytes (no offset claims a
+    // record: one cheap test per byte; zeros would not do, the search
+    // steps over a run of them at once), or of `03 ff 00 00` repeated:
+    // then every fourth offset claims a 65,283-byte named record, which a
+    // search checking each claim in full pays 64 KiB of checksum for. Both
+    // are a torn tail, and both must recover in about the same time: the
+    // crafted bytes at most 3 times as long (the best of five opens of
+    // each, interleaved, in this run, against noise).
     const TAIL: usize = 4 << 20;
     let reqs = workload(40);
     let history = prefixes(&reqs);
@@ -600,7 +607,7 @@ fn crafted_bytes_after_damage_cost_no_more_than_zeros() {
         assert!(matches(&s, history.last().unwrap()));
         took
     };
-    let zeros = vec![0u8; TAIL];
+    let zeros = vec![0xffu8; TAIL];
     let crafted = [0x03u8, 0xff, 0, 0].repeat(TAIL / 4);
     let (mut z, mut c) = (Vec::new(), Vec::new());
     for _ in 0..5 {
@@ -608,10 +615,10 @@ fn crafted_bytes_after_damage_cost_no_more_than_zeros() {
         c.push(open(&crafted));
     }
     let (z, c) = (z.into_iter().min().unwrap(), c.into_iter().min().unwrap());
-    eprintln!("recovery behind {TAIL} bytes: zeros {z:?}, crafted {c:?}");
+    eprintln!("recovery behind {TAIL} bytes: ff bytes {z:?}, crafted {c:?}");
     assert!(
         c <= 3 * z,
-        "crafted bytes took {c:?} to recover, zeros {z:?}: more than 3 times as long"
+        "crafted bytes took {c:?} to recover, ff bytes {z:?}: more than 3 times as long"
     );
 }
 
@@ -815,4 +822,91 @@ fn the_report_tells_a_clean_shutdown_from_a_crash() {
     // A new store cannot tell.
     let s = ProducerStateStore::open_with(dir(), opts(&SimFs::new())).unwrap();
     assert_eq!(s.recovery_report().clean_shutdown, None);
+}
+
+/// The options of a store whose segments are preallocated (version 4).
+fn preallocated(fs: &SimFs) -> StoreOptions {
+    common::store_util::sim_opts(fs).snapshot_every_records(None)
+}
+
+/// Every byte of a preallocated segment: the zeros after its last record
+/// are its clean end (nothing cut, the room kept, a clean shutdown still
+/// seen); any of them not zero is a torn tail cut at the last record,
+/// losing nothing; every byte of the records flipped gives a prefix or a
+/// refusal; and damage followed by a valid record is still refused.
+#[test]
+fn every_byte_of_a_preallocated_segment_is_its_records_or_room_that_must_be_zeros() {
+    let reqs = workload(12);
+    let history = prefixes(&reqs);
+    let all = history.last().unwrap();
+    let fs = build(&reqs, preallocated);
+    let seg = files(&fs, ".wal").pop().unwrap();
+    let bytes = fs.read_file(&seg).unwrap();
+    assert_eq!(&bytes[8..10], &[4, 0], "version 4");
+    assert_eq!(bytes.len(), 4096, "preallocated to the segment size");
+    // The records end where a length of zero is read.
+    let mut end = 40;
+    let mut records = Vec::new();
+    while let len @ 1.. = u32::from_le_bytes(bytes[end + 4..end + 8].try_into().unwrap()) {
+        records.push((end, len as usize));
+        end += len as usize;
+    }
+    assert!(bytes[end..].iter().all(|&b| b == 0) && end < 1024);
+    let open = |img: &SimFs| ProducerStateStore::open_with(dir(), preallocated(img));
+
+    // As written.
+    let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+    let s = open(&t).unwrap();
+    assert!(matches(&s, all), "{}", common::store_util::diff(&s, all));
+    let r = s.recovery_report();
+    assert!(r.torn_tail.is_none() && r.torn_bytes_dropped() == 0);
+    assert_eq!(r.clean_shutdown, Some(true));
+    drop(s);
+    assert_eq!(t.read_file(&seg).unwrap().len(), 4096, "the room is kept");
+
+    // A byte of the room that is not zero.
+    for at in end..bytes.len() {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        let mut b = bytes.clone();
+        b[at] = 0x5a;
+        t.overwrite(&seg, &b);
+        let s = open(&t).unwrap_or_else(|e| panic!("byte {at}: refused: {e}"));
+        assert!(
+            matches(&s, all),
+            "byte {at}: {}",
+            common::store_util::diff(&s, all)
+        );
+        let torn = s.recovery_report().torn_tail.clone().expect("a torn tail");
+        assert_eq!(torn.offset as usize, end, "byte {at}");
+        assert_eq!(torn.bytes as usize, bytes.len() - end, "byte {at}");
+    }
+
+    // A bit of the records.
+    let (mut prefix, mut corrupt) = (0, 0);
+    for bit in 40 * 8..end * 8 {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        let mut b = bytes.clone();
+        b[bit / 8] ^= 1 << (bit % 8);
+        t.overwrite(&seg, &b);
+        match check(&t, &history, &format!("bit {bit}")) {
+            Some(_) => prefix += 1,
+            None => corrupt += 1,
+        }
+    }
+    assert!(prefix > 0 && corrupt > 0, "{prefix} prefixes, {corrupt}");
+
+    // Zeros where a record was, with records after it: not the end.
+    for &(at, len) in &records[..records.len() - 1] {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        let mut b = bytes.clone();
+        b[at..at + len].fill(0);
+        t.overwrite(&seg, &b);
+        let Err(e) = open(&t) else {
+            panic!("record at {at}: a strict open refuses")
+        };
+        assert!(
+            matches!(&e, Error::Corrupt { offset, .. } if *offset as usize == at),
+            "record at {at}: {e}"
+        );
+    }
 }

@@ -490,3 +490,69 @@ fn a_name_too_long_for_the_log_is_refused_before_anything_happens() {
         Some(0)
     );
 }
+
+/// The hazard of writing into bytes a crash left behind: a group torn by
+/// a crash, whose later records survived, is cut by recovery; the next,
+/// shorter group is written where the torn one started. Were the torn
+/// group's later records left in place, they would stand at their own
+/// offsets after it under the same salt and verify: appends that were
+/// never acknowledged would come back after ones that were. Recovery cuts
+/// the torn bytes (and fsyncs before anything is written again), so a
+/// second crash recovers a prefix of what was written since.
+#[test]
+fn records_of_a_torn_group_never_verify_after_the_group_written_over_them() {
+    let named = |k: usize, seq: i32| AppendRequest::single(format!("p{k}"), 0, 0, seq);
+    let a: Vec<_> = (0..4).map(|k| named(k, 0)).collect();
+    let b: Vec<_> = (0..6).map(|k| named(k, i32::from(k < 4))).collect();
+    let c = [named(9, 0)];
+    for damaged in 0..b.len() {
+        let fs = SimFs::new();
+        let store = ProducerStateStore::open_with(dir(), sim_opts(&fs)).unwrap();
+        for r in store.append_all(&a) {
+            r.unwrap();
+        }
+        // The group of `b` is written; its fsync never happens.
+        fs.set_fault(fs.ops() + 1, Fault::Crash);
+        let res = store.append_all(&b);
+        assert!(res.iter().all(|r| r.is_err()), "{res:?}");
+        let img = fs.crash_image(Unsynced::Keep);
+        drop(store);
+        // The crash tore one record of it; the ones after it survived.
+        let seg = img
+            .files()
+            .into_iter()
+            .map(|(p, _)| p)
+            .rfind(|p| p.to_string_lossy().ends_with(".wal"))
+            .unwrap();
+        let mut bytes = img.read_file(&seg).unwrap();
+        assert_eq!(&bytes[8..10], &[4, 0], "a preallocated segment");
+        let first_b = 40 + 4 * 31;
+        bytes[first_b + damaged * 31 + 20] ^= 0x55;
+        img.overwrite(&seg, &bytes);
+        let store = ProducerStateStore::open_with(dir(), sim_opts(&img)).unwrap();
+        let kept = store.recovery_report().next_position as usize - a.len();
+        assert_eq!(kept, damaged, "cut at the torn record");
+        assert!(store.recovery_report().torn_tail.is_some());
+        // A shorter group over the torn one, then a crash before its fsync
+        // with every written byte kept.
+        img.set_fault(img.ops() + 1, Fault::Crash);
+        assert!(store.append_all(&c).iter().all(|r| r.is_err()));
+        let img2 = img.crash_image(Unsynced::Keep);
+        drop(store);
+        let store = ProducerStateStore::open_with(dir(), sim_opts(&img2)).unwrap();
+        let mut want = Model::default();
+        for r in a.iter().chain(&b[..damaged]).chain(&c) {
+            want.append(r);
+        }
+        assert!(
+            matches(&store, &want),
+            "torn at record {damaged}: {}",
+            diff(&store, &want)
+        );
+        assert_eq!(
+            store.recovery_report().next_position as usize,
+            a.len() + damaged + 1,
+            "nothing of the torn group after the record written over it"
+        );
+    }
+}

@@ -2,7 +2,9 @@
 //! byte by byte): store directories written by a fixed history, each with
 //! three log segments and a snapshot.
 //!
-//! - `store-v3` is what this version writes: the test checks that writing
+//! - `store-v3` is what this version writes with `preallocate(false)` (with
+//!   it, the same records as version 4 padded with zeros, checked below):
+//!   the test checks that writing
 //!   the history today produces exactly those bytes, and that they decode
 //!   to the expected state. Version 3 segments hold a random store id and
 //!   salt; the history is written with `fixed_ids_for_tests`, which derives
@@ -100,9 +102,21 @@ fn opts(fs: &SimFs) -> StoreOptions {
         .snapshot_every_bytes(None)
         .background_snapshots(false)
         .fixed_ids_for_tests(IDS_SEED)
+        // The committed files are appended segments (version 3); the
+        // preallocated ones (version 4) are checked against them below.
+        .preallocate(false)
 }
 
 fn write_history(fs: &SimFs, dir: &Path, history: &[Step]) -> Model {
+    write_history_with(fs, dir, history, opts)
+}
+
+fn write_history_with(
+    fs: &SimFs,
+    dir: &Path,
+    history: &[Step],
+    opts: impl Fn(&SimFs) -> StoreOptions,
+) -> Model {
     let mut model = Model::default();
     let store = ProducerStateStore::open_with(dir, opts(fs)).unwrap();
     for step in history {
@@ -215,6 +229,55 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
         report.clean_shutdown,
         Some(true),
         "it ends with a close marker"
+    );
+}
+
+/// With preallocation the encoder writes the committed bytes as version 4:
+/// the same records, the header's version 4 (and its CRC), and the last
+/// segment followed by zeros up to the segment size. Every segment before
+/// it ends at its last record. Opening it gives the same state and report.
+#[test]
+fn a_preallocated_store_holds_the_committed_records_and_zeros() {
+    let fs = SimFs::new();
+    let dir = PathBuf::from("/golden");
+    let committed = committed(GOLDEN);
+    let model = write_history_with(&fs, &dir, &history_v2(), |f| opts(f).preallocate(true));
+    let fresh = store_files(&fs, &dir);
+    assert_eq!(committed.len(), fresh.len());
+    let last = committed
+        .iter()
+        .rposition(|(n, _)| n.ends_with(".wal"))
+        .unwrap();
+    for (i, ((cn, cb), (fname, fb))) in committed.iter().zip(&fresh).enumerate() {
+        assert_eq!(cn, fname);
+        if !cn.ends_with(".wal") {
+            continue;
+        }
+        let mut want = cb.clone();
+        want[8..10].copy_from_slice(&4u16.to_le_bytes());
+        let crc = crc32c::crc32c(&want[..36]);
+        want[36..40].copy_from_slice(&crc.to_le_bytes());
+        if i == last {
+            assert!(cb.len() < 1024);
+            want.resize(1024, 0);
+        }
+        assert!(want == *fb, "{cn}: not the committed records as version 4");
+    }
+    let store = ProducerStateStore::open_with(&dir, opts(&fs).preallocate(true)).unwrap();
+    assert!(matches(&store, &model), "{}", diff(&store, &model));
+    let report = store.recovery_report();
+    assert_eq!(report.torn_bytes_dropped(), 0, "zeros are not a torn tail");
+    assert!(report.torn_tail.is_none());
+    assert_eq!(
+        report.clean_shutdown,
+        Some(true),
+        "it ends with a close marker"
+    );
+    drop(store);
+    // The open kept the room; the file is still preallocated.
+    assert_eq!(
+        fs.read_file(&dir.join(&committed[last].0)).unwrap().len(),
+        1024
     );
 }
 

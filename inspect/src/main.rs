@@ -658,7 +658,7 @@ fn role_word(r: Role) -> &'static str {
     match r {
         Role::Segment => "segment",
         Role::Snapshot => "snapshot",
-        Role::SnapshotTemp => "temporary",
+        Role::SnapshotTemp | Role::SegmentTemp => "temporary",
         Role::KafkaSnapshot => "kafka_snapshot",
         _ => "other",
     }

@@ -154,7 +154,9 @@ fn a_live_store_is_inspected_without_its_lock() {
 #[test]
 fn a_torn_tail_is_repairable_and_nothing_is_written() {
     let d = tempfile::tempdir().unwrap();
-    store(d.path(), StoreOptions::default());
+    // A segment that ends at its last record (not preallocated), so that
+    // the bytes added below are its tail.
+    store(d.path(), StoreOptions::default().preallocate(false));
     let seg = files(d.path(), ".wal").pop().unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
     let good = bytes.len();
@@ -185,8 +187,10 @@ fn a_torn_tail_is_repairable_and_nothing_is_written() {
 
 #[test]
 fn the_dry_run_prints_the_repairs_of_recoverys_plan_in_order() {
+    // Appended segments (no preallocated room), so that the torn write
+    // lands right after the records: the preallocated case is below.
     let d = tempfile::tempdir().unwrap();
-    store(d.path(), StoreOptions::default());
+    store(d.path(), StoreOptions::default().preallocate(false));
     let seg = files(d.path(), ".wal").pop().unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
     let good = bytes.len();
@@ -639,4 +643,28 @@ fn a_symlinked_segment_is_read_and_a_store_name_that_is_not_a_file_refused() {
         format!("{out}{err}").contains(&name),
         "the refusal names the entry: {out}{err}"
     );
+}
+
+#[test]
+fn bytes_after_a_preallocated_segments_room_are_a_torn_tail_not_a_crash_of_the_tool() {
+    // A preallocated segment ends in zeros; bytes written after them (a
+    // torn write past the room) once made the scan read behind its
+    // window and panic (exit 101).
+    let d = tempfile::tempdir().unwrap();
+    store(d.path(), StoreOptions::default());
+    let seg = files(d.path(), ".wal").pop().unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let room = bytes.len();
+    bytes.extend_from_slice(&[0x5a; 17]);
+    std::fs::write(&seg, &bytes).unwrap();
+    let (code, out, err) = run(&[s(d.path())]);
+    assert_eq!(code, 4, "{out}{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.contains("torn tail"), "{out}");
+    // Recovery cuts at the end of the records, zeros and bytes after them.
+    let st = ProducerStateStore::open(d.path()).unwrap();
+    let torn = st.recovery_report().torn_tail.clone().expect("a torn tail");
+    assert!(torn.offset < room as u64, "{torn:?}");
+    assert_eq!(st.get("p1", 7).map(|e| e.last_sequence()), Some(0));
+    st.close().unwrap();
 }

@@ -147,6 +147,21 @@ pub trait WriteFile: Send {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
     /// Writes all of `buf` at `offset` (used to fill in a header last).
     fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Writes `len` zero bytes at `offset` with real writes (not a hole,
+    /// not `fallocate`: a preallocated log segment must hold blocks that
+    /// are allocated *and* written, so that overwriting them later and
+    /// `fdatasync`ing commits no file-system metadata).
+    fn write_zeros(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        const CHUNK: u64 = 1 << 20;
+        let zeros = vec![0u8; CHUNK.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = CHUNK.min(len - done);
+            self.write_all_at(offset + done, zeros.get(..n as usize).unwrap_or_default())?;
+            done += n;
+        }
+        Ok(())
+    }
     /// Makes the file's data durable (`fdatasync`).
     fn sync_data(&mut self) -> io::Result<()>;
     /// Truncates or extends the file to `len` bytes; later writes go to the new end.

@@ -59,28 +59,122 @@ pub struct SimFs {
     state: Arc<Mutex<State>>,
 }
 
-#[derive(Default)]
-struct Node {
+/// A file's bytes: `data`, then zeros up to `len` (a preallocated file
+/// costs what its written bytes cost, not its length).
+#[derive(Clone, Default)]
+struct Image {
     data: Vec<u8>,
-    /// `data[..synced]` is durable, unless `durable` holds an older image
-    /// (an overwrite or truncation of synced bytes not synced since).
-    synced: usize,
-    durable: Option<Vec<u8>>,
+    len: usize,
 }
 
-impl Node {
-    fn durable_image(&self) -> &[u8] {
-        match &self.durable {
-            Some(d) => d,
-            None => &self.data[..self.synced],
+impl Image {
+    fn of(data: Vec<u8>) -> Image {
+        Image {
+            len: data.len(),
+            data,
         }
     }
 
-    /// Before synced bytes change, keep their durable image.
-    fn preserve(&mut self) {
-        if self.durable.is_none() {
-            self.durable = Some(self.data[..self.synced].to_vec());
+    fn write(&mut self, at: usize, bytes: &[u8]) {
+        let end = at + bytes.len();
+        self.len = self.len.max(end);
+        // Zeros past the stored bytes are already there.
+        let stored = bytes
+            .iter()
+            .rposition(|&b| b != 0)
+            .map_or(0, |i| i + 1)
+            .max(self.data.len().saturating_sub(at).min(bytes.len()));
+        if stored == 0 {
+            return;
         }
+        if self.data.len() < at + stored {
+            self.data.resize(at + stored, 0);
+        }
+        self.data[at..at + stored].copy_from_slice(&bytes[..stored]);
+    }
+
+    fn zero(&mut self, at: usize, n: usize) {
+        self.len = self.len.max(at + n);
+        let end = (at + n).min(self.data.len());
+        if at < end {
+            self.data[at..end].fill(0);
+        }
+    }
+
+    fn set_len(&mut self, len: usize) {
+        self.data.truncate(len);
+        self.len = len;
+    }
+
+    fn apply(&mut self, op: &Op) {
+        match op {
+            Op::Write(at, bytes) => self.write(*at, bytes),
+            Op::Zero(at, n) => self.zero(*at, *n),
+            Op::SetLen(len) => self.set_len(*len),
+        }
+    }
+
+    fn to_vec(&self) -> Vec<u8> {
+        let mut v = self.data.clone();
+        v.resize(self.len, 0);
+        v
+    }
+}
+
+/// A change to a file not yet made durable by an fsync.
+#[derive(Clone)]
+enum Op {
+    Write(usize, Vec<u8>),
+    /// Zeros written (not a hole: real writes, as a preallocation does).
+    Zero(usize, usize),
+    SetLen(usize),
+}
+
+impl Op {
+    /// Bytes it writes (a truncation counts as one unit).
+    fn weight(&self) -> usize {
+        match self {
+            Op::Write(_, b) => b.len(),
+            Op::Zero(_, n) => *n,
+            Op::SetLen(_) => 1,
+        }
+    }
+}
+
+/// A file: its bytes as visible now, what certainly survives a crash, and
+/// the changes in between, in the order they were made (each numbered).
+/// An overwrite of durable bytes is a change like an append: a crash may
+/// keep it, lose it, or keep some of its sectors, and what it overwrote
+/// comes back if it is lost.
+#[derive(Default)]
+struct Node {
+    now: Image,
+    durable: Image,
+    pending: std::collections::VecDeque<(u64, Op)>,
+    /// The number of the next change.
+    next: u64,
+}
+
+impl Node {
+    fn change(&mut self, op: Op) {
+        self.now.apply(&op);
+        self.pending.push_back((self.next, op));
+        self.next += 1;
+    }
+
+    /// The changes numbered below `upto` are durable.
+    fn sync(&mut self, upto: u64) {
+        while let Some((n, _)) = self.pending.front()
+            && *n < upto
+        {
+            if let Some((_, op)) = self.pending.pop_front() {
+                self.durable.apply(&op);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.now.len
     }
 }
 
@@ -156,17 +250,27 @@ impl State {
     }
 }
 
-struct SimRead(Cursor<Vec<u8>>);
+/// A file's bytes as they were when it was opened; the zeros of a
+/// preallocated file are made up as they are read.
+struct SimRead(Cursor<Vec<u8>>, usize);
 
 impl Read for SimRead {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read(buf)
+        let n = self.0.read(buf)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        let at = self.0.position() as usize;
+        let zeros = buf.len().min(self.1.saturating_sub(at));
+        buf[..zeros].fill(0);
+        self.0.set_position((at + zeros) as u64);
+        Ok(zeros)
     }
 }
 
 impl ReadFile for SimRead {
     fn len(&self) -> io::Result<u64> {
-        Ok(self.0.get_ref().len() as u64)
+        Ok(self.1 as u64)
     }
 }
 
@@ -188,48 +292,30 @@ impl Drop for SimLock {
     }
 }
 
-impl WriteFile for SimWrite {
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+impl SimWrite {
+    /// A slow disk: the caller is held up, other threads are not.
+    fn write_delay(&self, n: usize) {
         let delay = self.fs.lock().write_delay_per_mib;
         if !delay.is_zero() {
-            // A slow disk: the caller is held up, other threads are not.
-            std::thread::sleep(delay.mul_f64(buf.len() as f64 / f64::from(1u32 << 20)));
-        }
-        let mut st = self.fs.lock();
-        let go = st.op()?;
-        let node = st.node(self.inode)?;
-        match go {
-            Go::Proceed => {
-                node.data.extend_from_slice(buf);
-                Ok(())
-            }
-            Go::Partial => {
-                node.data.extend_from_slice(&buf[..buf.len() / 2]);
-                Err(io::Error::new(
-                    io::ErrorKind::StorageFull,
-                    "simulated ENOSPC after a partial write",
-                ))
-            }
+            std::thread::sleep(delay.mul_f64(n as f64 / f64::from(1u32 << 20)));
         }
     }
 
-    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+    /// Writes `buf` at `at` (`None`: the end), half of it on a partial fault.
+    fn write(&mut self, at: Option<u64>, buf: &[u8]) -> io::Result<()> {
+        self.write_delay(buf.len());
         let mut st = self.fs.lock();
         let go = st.op()?;
         let node = st.node(self.inode)?;
-        let start = usize::try_from(offset).map_err(io::Error::other)?;
+        let start = match at {
+            Some(at) => usize::try_from(at).map_err(io::Error::other)?,
+            None => node.len(),
+        };
         let n = match go {
             Go::Proceed => buf.len(),
             Go::Partial => buf.len() / 2,
         };
-        if start < node.synced {
-            node.preserve();
-        }
-        let end = start + n;
-        if node.data.len() < end {
-            node.data.resize(end, 0);
-        }
-        node.data[start..end].copy_from_slice(&buf[..n]);
+        node.change(Op::Write(start, buf[..n].to_vec()));
         match go {
             Go::Proceed => Ok(()),
             Go::Partial => Err(io::Error::new(
@@ -238,13 +324,47 @@ impl WriteFile for SimWrite {
             )),
         }
     }
+}
+
+impl WriteFile for SimWrite {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.write(None, buf)
+    }
+
+    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.write(Some(offset), buf)
+    }
+
+    /// One operation, however many zeros (a real file system takes many
+    /// writes; what survives a crash is modelled the same way).
+    fn write_zeros(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        let n = usize::try_from(len).map_err(io::Error::other)?;
+        self.write_delay(n);
+        let mut st = self.fs.lock();
+        let go = st.op()?;
+        let node = st.node(self.inode)?;
+        let start = usize::try_from(offset).map_err(io::Error::other)?;
+        match go {
+            Go::Proceed => {
+                node.change(Op::Zero(start, n));
+                Ok(())
+            }
+            Go::Partial => {
+                node.change(Op::Zero(start, n / 2));
+                Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    "simulated ENOSPC after a partial write",
+                ))
+            }
+        }
+    }
 
     fn sync_data(&mut self) -> io::Result<()> {
-        let (delay, len) = {
+        let (delay, upto) = {
             let mut st = self.fs.lock();
             st.op()?;
             let delay = st.sync_delay;
-            (delay, st.node(self.inode)?.data.len())
+            (delay, st.node(self.inode)?.next)
         };
         // Like a disk, an fsync takes time while other threads keep writing;
         // only what was written before the call becomes durable.
@@ -252,13 +372,7 @@ impl WriteFile for SimWrite {
             std::thread::sleep(delay);
         }
         let mut st = self.fs.lock();
-        let node = st.node(self.inode)?;
-        if node.data.len() >= len && node.durable.is_none() {
-            node.synced = node.synced.max(len);
-        } else {
-            node.synced = node.data.len().min(len);
-            node.durable = None;
-        }
+        st.node(self.inode)?.sync(upto);
         Ok(())
     }
 
@@ -267,11 +381,7 @@ impl WriteFile for SimWrite {
         st.op()?;
         let node = st.node(self.inode)?;
         let len = usize::try_from(len).map_err(io::Error::other)?;
-        if len < node.synced {
-            node.preserve();
-            node.synced = len;
-        }
-        node.data.resize(len, 0);
+        node.change(Op::SetLen(len));
         Ok(())
     }
 
@@ -289,6 +399,67 @@ fn mix(seed: u64, i: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// What a crash leaves of a file: its durable image with some of its
+/// pending changes applied, as `unsynced` says (`seed` varies per file).
+fn survivor(node: &Node, unsynced: Unsynced, seed: impl Fn(u64) -> u64) -> Image {
+    let mut img = node.durable.clone();
+    match unsynced {
+        Unsynced::Drop => {}
+        Unsynced::Keep => node.pending.iter().for_each(|(_, op)| img.apply(op)),
+        Unsynced::TornPrefix(s) => {
+            // The changes in order, the last one kept cut short.
+            let total: usize = node.pending.iter().map(|(_, op)| op.weight()).sum();
+            let mut keep = (seed(s) % (total as u64 + 1)) as usize;
+            for (_, op) in &node.pending {
+                if keep == 0 {
+                    break;
+                }
+                let w = op.weight();
+                if keep >= w {
+                    img.apply(op);
+                    keep -= w;
+                    continue;
+                }
+                match op {
+                    Op::Write(at, b) => img.write(*at, &b[..keep]),
+                    Op::Zero(at, _) => img.zero(*at, keep),
+                    Op::SetLen(_) => {}
+                }
+                break;
+            }
+        }
+        Unsynced::Sectors(s) => {
+            // Every change lands with the length it gives the file, but
+            // each 512-byte sector it touches keeps its new bytes or its
+            // old ones (zeros past the durable end), chosen from the seed.
+            for (n, op) in &node.pending {
+                let (at, bytes): (usize, std::borrow::Cow<'_, [u8]>) = match op {
+                    Op::Write(at, b) => (*at, b.as_slice().into()),
+                    Op::Zero(at, len) => (*at, vec![0; *len].into()),
+                    Op::SetLen(len) => {
+                        if seed(s ^ n.wrapping_mul(0x5851_f42d)).is_multiple_of(2) {
+                            img.set_len(*len);
+                        }
+                        continue;
+                    }
+                };
+                let end = at + bytes.len();
+                img.len = img.len.max(end);
+                let mut sector = at - at % 512;
+                while sector < end {
+                    let from = sector.max(at);
+                    let to = (sector + 512).min(end);
+                    if !seed(s ^ (sector as u64) ^ n.wrapping_mul(0x5851_f42d)).is_multiple_of(2) {
+                        img.write(from, &bytes[from - at..to - at]);
+                    }
+                    sector += 512;
+                }
+            }
+        }
+    }
+    img
 }
 
 impl SimFs {
@@ -396,42 +567,15 @@ impl SimFs {
             let Some(node) = st.nodes.get(inode) else {
                 continue;
             };
-            let mut data = node.durable_image().to_vec();
-            if node.durable.is_none() && node.data.len() > node.synced {
-                let tail = &node.data[node.synced..];
-                let seed = |s: u64| mix(s, i as u64);
-                match unsynced {
-                    Unsynced::Drop => {}
-                    Unsynced::Keep => data.extend_from_slice(tail),
-                    Unsynced::TornPrefix(s) => {
-                        let keep = (seed(s) % (tail.len() as u64 + 1)) as usize;
-                        data.extend_from_slice(&tail[..keep]);
-                    }
-                    Unsynced::Sectors(s) => {
-                        let start = data.len();
-                        data.extend_from_slice(tail);
-                        // Sectors are aligned to the file, as on a disk.
-                        let mut sector_start = start - start % 512;
-                        while sector_start < data.len() {
-                            let end = (sector_start + 512).min(data.len());
-                            if seed(s ^ sector_start as u64) % 2 == 0 {
-                                for b in &mut data[sector_start.max(start)..end] {
-                                    *b = 0;
-                                }
-                            }
-                            sector_start += 512;
-                        }
-                    }
-                }
-            }
+            let data = survivor(node, unsynced, |s: u64| mix(s, i as u64));
             let new_inode = out.next_inode;
             out.next_inode += 1;
             out.nodes.insert(
                 new_inode,
                 Node {
-                    synced: data.len(),
-                    data,
-                    durable: None,
+                    now: data.clone(),
+                    durable: data,
+                    ..Node::default()
                 },
             );
             out.visible.insert(path.clone(), new_inode);
@@ -447,7 +591,7 @@ impl SimFs {
     pub fn read_file(&self, path: &Path) -> Option<Vec<u8>> {
         let st = self.lock();
         let inode = st.visible.get(path)?;
-        st.nodes.get(inode).map(|n| n.data.clone())
+        st.nodes.get(inode).map(|n| n.now.to_vec())
     }
 
     /// Replaces a file's bytes, durably, without counting an operation:
@@ -466,9 +610,9 @@ impl SimFs {
             }
         };
         if let Some(n) = st.nodes.get_mut(&inode) {
-            n.data = bytes.to_vec();
-            n.synced = bytes.len();
-            n.durable = None;
+            n.now = Image::of(bytes.to_vec());
+            n.durable = n.now.clone();
+            n.pending.clear();
         }
     }
 
@@ -484,7 +628,7 @@ impl SimFs {
         let st = self.lock();
         st.visible
             .iter()
-            .map(|(p, i)| (p.clone(), st.nodes.get(i).map_or(0, |n| n.data.len())))
+            .map(|(p, i)| (p.clone(), st.nodes.get(i).map_or(0, |n| n.len())))
             .collect()
     }
 }
@@ -552,7 +696,7 @@ impl FileSystem for SimFs {
             .iter()
             .filter(|(p, _)| p.parent() == Some(dir))
             .filter_map(|(p, i)| {
-                let len = st.nodes.get(i).map_or(0, |n| n.data.len() as u64);
+                let len = st.nodes.get(i).map_or(0, |n| n.len() as u64);
                 entry(p, len, EntryKind::File)
             })
             .chain(
@@ -569,12 +713,12 @@ impl FileSystem for SimFs {
     fn open_read(&self, path: &Path) -> io::Result<Box<dyn ReadFile>> {
         let st = self.lock();
         let inode = st.visible.get(path).ok_or_else(|| not_found(path))?;
-        let data = st
+        let (data, len) = st
             .nodes
             .get(inode)
-            .map(|n| n.data.clone())
+            .map(|n| (n.now.data.clone(), n.now.len))
             .unwrap_or_default();
-        Ok(Box::new(SimRead(Cursor::new(data))))
+        Ok(Box::new(SimRead(Cursor::new(data), len)))
     }
 
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn WriteFile>> {
@@ -762,14 +906,68 @@ mod tests {
         f.write_all_at(0, b"Z").unwrap();
         assert_eq!(fs.read_file(&a).as_deref(), Some(&b"Zb"[..]));
         assert_eq!(
-            fs.crash_image(Unsynced::Keep).read_file(&a).as_deref(),
+            fs.crash_image(Unsynced::Drop).read_file(&a).as_deref(),
             Some(&b"abcdef"[..])
+        );
+        // The page cache flushed in time: everything written survives.
+        assert_eq!(
+            fs.crash_image(Unsynced::Keep).read_file(&a).as_deref(),
+            Some(&b"Zb"[..])
         );
         f.sync_data().unwrap();
         assert_eq!(
             fs.crash_image(Unsynced::Drop).read_file(&a).as_deref(),
             Some(&b"Zb"[..])
         );
+    }
+
+    #[test]
+    fn an_overwrite_of_durable_bytes_survives_whole_in_part_or_not_at_all() {
+        // A preallocated file: 4 KiB of zeros, written and fsync'ed.
+        let (fs, dir) = setup();
+        let a = dir.join("a");
+        let mut f = fs.create_new(&a).unwrap();
+        f.write_zeros(0, 4096).unwrap();
+        f.sync_data().unwrap();
+        fs.sync_dir(&dir).unwrap();
+        // A synced overwrite, then an unsynced one across three sectors.
+        f.write_all_at(0, &[1; 100]).unwrap();
+        f.sync_data().unwrap();
+        f.write_all_at(100, &[2; 1200]).unwrap();
+        let new = fs.read_file(&a).unwrap();
+        assert_eq!(new.len(), 4096);
+        let mut durable = new.clone();
+        durable[100..1300].fill(0);
+        let image = |u| fs.crash_image(u).read_file(&a).unwrap();
+        assert_eq!(image(Unsynced::Drop), durable);
+        assert_eq!(image(Unsynced::Keep), new);
+        let (mut partly, mut prefixes) = (0, 0);
+        for seed in 0..32 {
+            // Sectors: each sector holds its old bytes or its new ones.
+            let img = image(Unsynced::Sectors(seed));
+            assert_eq!(img.len(), 4096);
+            for s in (0..4096).step_by(512) {
+                let sector = &img[s..s + 512];
+                assert!(
+                    sector == &new[s..s + 512] || sector == &durable[s..s + 512],
+                    "seed {seed} sector {s}"
+                );
+            }
+            partly += usize::from(img != new && img != durable);
+            // A torn write keeps a prefix of the new bytes.
+            let img = image(Unsynced::TornPrefix(seed));
+            let kept = img[100..1300].iter().take_while(|&&b| b == 2).count();
+            assert!(img[100 + kept..1300].iter().all(|&b| b == 0), "seed {seed}");
+            assert_eq!((&img[..100], &img[1300..]), (&new[..100], &new[1300..]));
+            prefixes += usize::from(kept > 0 && kept < 1200);
+        }
+        assert!(partly > 0 && prefixes > 0, "{partly} {prefixes}");
+        // Reading a preallocated file gives its zeros, whatever the buffer.
+        let mut r = fs.open_read(&a).unwrap();
+        assert_eq!(r.len().unwrap(), 4096);
+        let mut all = Vec::new();
+        r.read_to_end(&mut all).unwrap();
+        assert_eq!(all, new);
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub enum Role {
     Snapshot,
     /// A temporary snapshot left by an interrupted write (`<position>.snap.tmp`).
     SnapshotTemp,
+    /// A preallocated segment left before its rename (`<position>.wal.prep`).
+    SegmentTemp,
     /// An Apache Kafka producer snapshot (`<offset>.snapshot`): verified
     /// and shown, but recovery does not read it.
     KafkaSnapshot,
@@ -258,10 +260,12 @@ pub fn directory(
         files.push(check(fs, dir, entry)?);
     }
     mark_gaps(&mut files);
-    let contents = if files
-        .iter()
-        .any(|f| matches!(f.role, Role::Segment | Role::Snapshot | Role::SnapshotTemp))
-    {
+    let contents = if files.iter().any(|f| {
+        matches!(
+            f.role,
+            Role::Segment | Role::Snapshot | Role::SnapshotTemp | Role::SegmentTemp
+        )
+    }) {
         Contents::Store
     } else if files.iter().any(|f| f.role == Role::KafkaSnapshot) {
         Contents::KafkaSnapshots
@@ -339,6 +343,10 @@ fn check(fs: &dyn FileSystem, dir: &Path, entry: &DirEntry) -> Result<FileReport
     match store_file {
         Some(StoreFile::SnapshotTemp(_)) => {
             r.role = Role::SnapshotTemp;
+            r.problem = Some(Problem::Leftover);
+        }
+        Some(StoreFile::SegmentTemp(_)) => {
+            r.role = Role::SegmentTemp;
             r.problem = Some(Problem::Leftover);
         }
         Some(StoreFile::Snapshot(named)) => {
@@ -474,7 +482,7 @@ fn effect(f: &mut FileReport, contents: Contents, recovery: &DryRun, last_segmen
     };
     let removed = report.is_some_and(|r| r.files_removed.contains(&f.path));
     match (f.role, problem) {
-        (Role::SnapshotTemp, _) => Effect::Repaired,
+        (Role::SnapshotTemp | Role::SegmentTemp, _) => Effect::Repaired,
         (Role::Snapshot, _)
             if report.is_some_and(|r| r.skipped_snapshots.iter().any(|s| s.file == f.path)) =>
         {

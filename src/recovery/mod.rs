@@ -507,7 +507,11 @@ mod tests {
         let fs = SimFs::new();
         let dir = PathBuf::from("/s");
         fs.create_dir_all(&dir).unwrap();
-        let mut bytes = segment::header(0, segment::Ids { store: 1, salt: 2 });
+        let mut bytes = segment::header(
+            0,
+            segment::Ids { store: 1, salt: 2 },
+            segment::APPENDED_VERSION,
+        );
         let seed = crate::wal::record::seed(&bytes[12..36]);
         let (mut bad_offset, mut bad_record) = (0, 0);
         let mut group = Vec::new();
@@ -552,7 +556,11 @@ mod tests {
     /// offset and the temporary file.
     /// The header of a segment at 10 of `log`'s store.
     fn header_at_10() -> Vec<u8> {
-        segment::header(10, segment::Ids { store: 1, salt: 3 })
+        segment::header(
+            10,
+            segment::Ids { store: 1, salt: 3 },
+            segment::APPENDED_VERSION,
+        )
     }
 
     fn damaged_before_the_last_segment() -> (SimFs, PathBuf, [PathBuf; 2], u64, PathBuf) {

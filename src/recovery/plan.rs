@@ -144,9 +144,11 @@ impl Plan {
         // The naming rule the inspector shares (`files::classify`).
         for e in &listing {
             match classify(&e.name) {
-                Some(StoreFile::SnapshotTemp(_)) => plan.repairs.push(Repair::RemoveTemp {
-                    file: dir.join(&e.name),
-                }),
+                Some(StoreFile::SnapshotTemp(_) | StoreFile::SegmentTemp(_)) => {
+                    plan.repairs.push(Repair::RemoveTemp {
+                        file: dir.join(&e.name),
+                    })
+                }
                 Some(StoreFile::Segment(lsn)) => plan.segments.push(lsn),
                 Some(StoreFile::Snapshot(pos)) => {
                     plan.snapshot_files.insert(pos);

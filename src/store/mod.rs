@@ -196,6 +196,7 @@ impl ProducerStateStore {
                 records,
                 opts.segment_size,
                 opts.ids,
+                opts.layout(),
             )?,
             None => LogWriter::create(
                 fs.clone(),
@@ -205,6 +206,7 @@ impl ProducerStateStore {
                 rec.segments,
                 rec.store_id,
                 opts.ids,
+                opts.layout(),
             )?,
         };
         debug_assert_eq!(writer.next_lsn(), rec.next_lsn);

@@ -56,6 +56,7 @@ pub struct StoreOptions {
     pub(super) background_snapshots: bool,
     pub(super) fs: Arc<dyn FileSystem>,
     pub(super) ids: IdSource,
+    pub(super) preallocate: bool,
 }
 
 impl Default for StoreOptions {
@@ -70,6 +71,7 @@ impl Default for StoreOptions {
             background_snapshots: true,
             fs: Arc::new(StdFs),
             ids: IdSource::Random,
+            preallocate: true,
         }
     }
 }
@@ -84,6 +86,7 @@ impl fmt::Debug for StoreOptions {
             .field("keep_snapshots", &self.keep_snapshots)
             .field("recovery", &self.recovery)
             .field("background_snapshots", &self.background_snapshots)
+            .field("preallocate", &self.preallocate)
             .field("fs", &self.fs)
             .finish()
     }
@@ -147,10 +150,42 @@ impl StoreOptions {
     /// Run automatic snapshots on a background thread (default `true`). With
     /// `false` the append that crosses a threshold takes the snapshot before
     /// it returns: slower for that append, but deterministic, which tests
-    /// under a simulated file system want.
+    /// under a simulated file system want. The same goes for preparing
+    /// the next preallocated segment ([`StoreOptions::preallocate`]): with
+    /// `false` the append that rolls to it prepares it.
     pub fn background_snapshots(mut self, on: bool) -> Self {
         self.background_snapshots = on;
         self
+    }
+
+    /// Preallocate log segments (default `true`): each segment is written
+    /// full of zeros to `segment_size` and fsync'ed before it is used, so
+    /// that an append overwrites blocks that are allocated and written and
+    /// its `fdatasync` commits no file-system metadata (about 1.4x more
+    /// durable appends per second for one appender on ext4 here). The next
+    /// segment is prepared while the active one fills.
+    ///
+    /// The price: every segment takes `segment_size` on disk from the
+    /// start, and one more is kept ready (up to two segments' worth of
+    /// zeros at any time); the zeros are written once per segment (disk
+    /// bandwidth, not latency: off the append path with background work);
+    /// the first open writes the first segment's zeros. Recovery reads the
+    /// zeros after the last record as the log's clean end (format version
+    /// 4, docs/format.md). With `false` segments grow by appends (version
+    /// 3) and each fsync of a group that extends the file also commits its
+    /// new length. Builds before version 4 refuse a preallocated segment
+    /// (`Error::UnsupportedVersion`) instead of misreading its zeros as a
+    /// torn tail.
+    pub fn preallocate(mut self, on: bool) -> Self {
+        self.preallocate = on;
+        self
+    }
+
+    pub(super) fn layout(&self) -> crate::wal::writer::Layout {
+        crate::wal::writer::Layout {
+            preallocate: self.preallocate,
+            background: self.background_snapshots,
+        }
     }
 
     /// The file system to use. Default [`StdFs`]; tests use [`crate::fs::SimFs`].

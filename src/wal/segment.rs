@@ -13,8 +13,13 @@ use crate::codec::{Dec, Put};
 use crate::error::{Corruption, Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATWAL";
-/// The version this crate writes; it reads [`OLDEST_VERSION`] on.
-pub(crate) const VERSION: u16 = 3;
+/// The version this crate writes for a preallocated segment (the newest;
+/// it reads [`OLDEST_VERSION`] on): version 3's bytes, and zeros from the
+/// end of its records to the end of the file are its clean end.
+pub(crate) const VERSION: u16 = 4;
+/// The version this crate writes for a segment it does not preallocate
+/// (`StoreOptions::preallocate(false)`).
+pub(crate) const APPENDED_VERSION: u16 = 3;
 /// Version 1 holds one append per kind-1 record; versions 1 and 2 have a
 /// shorter header (no store id, no salt) and records without an offset.
 pub(crate) const OLDEST_VERSION: u16 = 1;
@@ -70,10 +75,11 @@ pub(crate) fn parse_numbered(name: &str, ext: &str) -> Option<u64> {
 
 /// The header of a segment of the current version with first position
 /// `lsn`.
-pub(crate) fn header(lsn: u64, ids: Ids) -> Vec<u8> {
+pub(crate) fn header(lsn: u64, ids: Ids, version: u16) -> Vec<u8> {
+    debug_assert!(version == VERSION || version == APPENDED_VERSION);
     let mut h = Vec::with_capacity(HEADER_LEN);
     h.extend_from_slice(MAGIC);
-    h.put_u16(VERSION);
+    h.put_u16(version);
     h.put_u16(0);
     h.put_u64(lsn);
     h.put_u64(ids.store);
@@ -116,7 +122,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
     // later version) at 36.
     let (crc_at, len) = match version {
         OLDEST_VERSION..=2 => (20, OLD_HEADER_LEN),
-        3 => (36, HEADER_LEN),
+        APPENDED_VERSION..=VERSION => (36, HEADER_LEN),
         _ => {
             // Another version is only believed if a checksum says so: a
             // damaged version field is damage.
@@ -213,7 +219,14 @@ impl<R: Read> Window<R> {
     /// The bytes from file offset `at` on, with at least `want` of them
     /// unless the file ends first.
     fn at(&mut self, at: u64, want: usize) -> std::io::Result<&[u8]> {
-        let rel = (at - self.base) as usize;
+        // The window only moves forward; a read behind it is a bug of the
+        // scan, reported as an error rather than a panic.
+        let Some(rel) = at.checked_sub(self.base) else {
+            return Err(std::io::Error::other(
+                "internal error: a segment scan read behind its window",
+            ));
+        };
+        let rel = rel as usize;
         if self.buf.len() - rel < want && !self.eof {
             self.buf.drain(..rel);
             self.base = at;
@@ -322,19 +335,61 @@ pub(crate) fn scan(
                 return Ok(scan(records, at, end, false));
             }
             Err(Bad::Incomplete(kind)) | Err(Bad::Invalid(kind)) => {
+                // The search for later writes starts after the damage, or
+                // (preallocated segments) where the zeros after it end: no
+                // record's length field lies wholly in zeros.
+                let mut from = at + 1;
+                if version >= VERSION {
+                    match first_nonzero_from(&mut w, at).map_err(io_err)? {
+                        // A preallocated segment: its records end here,
+                        // the rest is the room it was given.
+                        None => return Ok(scan(records, at, End::Clean, closed)),
+                        Some(nonzero) => from = from.max(nonzero.saturating_sub(7)),
+                    }
+                }
                 let mut prefixes = PrefixCrc::new(record::MAX_LEN);
-                let end =
-                    match later_write(&mut w, at, seed, layout, &mut prefixes).map_err(io_err)? {
-                        None => End::Torn { offset: at, kind },
-                        Some(later) => End::MidLog {
-                            offset: at,
-                            kind,
-                            later,
-                        },
-                    };
+                let end = match later_write(&mut w, at, from, seed, layout, &mut prefixes)
+                    .map_err(io_err)?
+                {
+                    None => End::Torn { offset: at, kind },
+                    Some(later) => End::MidLog {
+                        offset: at,
+                        kind,
+                        later,
+                    },
+                };
                 return Ok(scan(records, at, end, false));
             }
         }
+    }
+}
+
+/// The index of the first byte that is not zero.
+fn first_nonzero(bytes: &[u8]) -> Option<usize> {
+    // Eight at a time, then the byte.
+    let words = bytes.chunks_exact(8);
+    let skip = words.take_while(|w| w.iter().all(|&b| b == 0)).count() * 8;
+    bytes
+        .get(skip..)?
+        .iter()
+        .position(|&b| b != 0)
+        .map(|i| skip + i)
+}
+
+/// The offset of the first byte from `at` on that is not zero (`None`:
+/// zeros to the end of the file). Consecutive windows overlap by 8 bytes,
+/// so the window never moves past the 8 bytes before that byte: the
+/// search for later writes may start up to 7 bytes before it.
+fn first_nonzero_from<R: Read>(w: &mut Window<R>, mut at: u64) -> std::io::Result<Option<u64>> {
+    loop {
+        let bytes = w.at(at, CHUNK)?;
+        if let Some(i) = first_nonzero(bytes) {
+            return Ok(Some(at + i as u64));
+        }
+        if bytes.len() < CHUNK {
+            return Ok(None);
+        }
+        at += (bytes.len() - 8) as u64;
     }
 }
 
@@ -359,15 +414,24 @@ pub(crate) fn scan(
 fn later_write<R: Read>(
     w: &mut Window<R>,
     damage: u64,
+    from: u64,
     seed: u32,
     layout: record::Layout,
     prefixes: &mut PrefixCrc,
 ) -> std::io::Result<Option<u64>> {
-    let mut at = damage + 1;
+    let mut at = from;
     loop {
         let bytes = w.at(at, record::MAX_LEN)?;
         if bytes.len() < record::MIN_LEN {
             return Ok(None);
+        }
+        // Zeros hold no candidate (a record's length, bytes 4..8, is never
+        // zero): step over a run of them at once, as over the room left
+        // in a preallocated segment.
+        if bytes.get(4..8) == Some(&[0u8; 4][..]) {
+            let nonzero = first_nonzero(bytes.get(4..).unwrap_or_default());
+            at += nonzero.map_or(bytes.len() as u64 - 7, |i| i.max(4) as u64 - 3);
+            continue;
         }
         if let Some(len) = record::claimed_len(bytes, layout)
             && let Some(stored) = record::stored_crc(bytes)
@@ -411,7 +475,7 @@ mod tests {
     const REC: usize = 35;
 
     fn seed() -> u32 {
-        record::seed(&header(10, IDS)[12..36])
+        record::seed(&header(10, IDS, APPENDED_VERSION)[12..36])
     }
 
     /// Appends one write of one record per request (no packing: the tests
@@ -429,7 +493,7 @@ mod tests {
     }
 
     fn segment(writes: &[Vec<AppendRequest>]) -> Vec<u8> {
-        let mut f = header(10, IDS);
+        let mut f = header(10, IDS, APPENDED_VERSION);
         for w in writes {
             write_at(&mut f, w, 0);
         }
@@ -539,7 +603,7 @@ mod tests {
     #[test]
     fn a_record_of_another_segment_does_not_verify() {
         let f = segment(&[reqs(3)]);
-        let mut other = header(10, Ids { store: 1, salt: 3 });
+        let mut other = header(10, Ids { store: 1, salt: 3 }, APPENDED_VERSION);
         other.extend_from_slice(&f[HEADER_LEN..]);
         let (seen, end) = run(&other);
         assert!(seen.is_empty());
@@ -593,7 +657,7 @@ mod tests {
         // Three writes; only the first was fsync'ed: the second and third
         // were issued before anything after the first was durable (their
         // records count their distance from the end of the first write).
-        let mut f = header(10, IDS);
+        let mut f = header(10, IDS, APPENDED_VERSION);
         let mut unsynced = 0u32;
         for (n, fsynced) in [(2, true), (3, false), (3, false)] {
             let len = write_at(&mut f, &reqs(n), unsynced);
@@ -628,7 +692,7 @@ mod tests {
             seal(&mut b, seed(), f.len() as u64, 0);
             f.extend_from_slice(&b);
         };
-        let mut f = header(10, IDS);
+        let mut f = header(10, IDS, APPENDED_VERSION);
         packed(&mut f, 3);
         let last = f.len();
         packed(&mut f, 5);
@@ -647,7 +711,7 @@ mod tests {
         .ok()
         .unwrap();
         assert_eq!(s.records, 8);
-        assert_eq!(s.version, VERSION);
+        assert_eq!(s.version, APPENDED_VERSION);
         assert_eq!(at[2], (12, HEADER_LEN as u64, 2));
         assert_eq!(at[3], (13, last as u64, 0));
         // A cut anywhere in the last record loses all of its appends.
@@ -739,7 +803,7 @@ mod tests {
         let mut kinds = [0usize; 3];
         for case in 0..300 {
             // Writes of one to twenty records, fsync'ed or not.
-            let mut f = header(10, IDS);
+            let mut f = header(10, IDS, APPENDED_VERSION);
             let mut unsynced = 0u32;
             for _ in 0..1 + next() % 12 {
                 let n = 1 + (next() % 20) as i32;
@@ -790,7 +854,7 @@ mod tests {
         // A header, then `03 ff 00 00` over 2 MiB: every fourth offset
         // claims a 65,283-byte named record. The checksums come from
         // prefixes, each byte fed once.
-        let mut f = header(10, IDS);
+        let mut f = header(10, IDS, APPENDED_VERSION);
         f.extend([0x03u8, 0xff, 0, 0].repeat(1 << 19));
         let mut w = Window {
             r: Cursor::new(&f),
@@ -801,7 +865,14 @@ mod tests {
         w.at(0, HEADER_LEN).unwrap();
         let mut p = PrefixCrc::new(record::MAX_LEN);
         let layout = record::Layout::of(VERSION);
-        let found = later_write(&mut w, HEADER_LEN as u64, seed(), layout, &mut p);
+        let found = later_write(
+            &mut w,
+            HEADER_LEN as u64,
+            HEADER_LEN as u64 + 1,
+            seed(),
+            layout,
+            &mut p,
+        );
         assert_eq!(found.unwrap(), None);
         assert!(p.fed > 0);
         assert!(p.fed <= f.len() as u64, "{} bytes checksummed", p.fed);

@@ -6,6 +6,19 @@
 //! written and fsync'ed, and the directory fsync'ed before any record goes
 //! into it; the segment it replaces is fsync'ed first, so every segment but
 //! the last is complete on disk.
+//!
+//! Preallocation (the default, format version 4): a segment is made as a
+//! temporary file `<active segment>.wal.prep` of `segment_size` zeros,
+//! written (not a hole, not `fallocate`, whose unwritten extents still
+//! cost a metadata commit on ext4) and fsync'ed; at the roll its header is
+//! written into it, fsync'ed, and it is renamed into place and the
+//! directory fsync'ed. Records then overwrite blocks that are allocated and
+//! written, so the `fdatasync` of a group commits no file-system metadata
+//! (about 1.4x faster here). The next segment is prepared on a thread of
+//! its own once the active one is half full (or, without background work,
+//! by the append that rolls). A segment left before its preallocated end (a
+//! group that did not fit) is cut to its records and fsync'ed before the
+//! next one is created, so only the last segment has room left.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -81,6 +94,37 @@ fn mix(seed: u64, i: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// How the writer lays out new segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Preallocate each segment to `segment_size` (version 4), or let it
+    /// grow by appends (version 3).
+    pub preallocate: bool,
+    /// Prepare the next preallocated segment on a thread of its own; if
+    /// not, the append that rolls prepares it (deterministic, for tests).
+    pub background: bool,
+}
+
+/// The next segment being zero-filled and fsync'ed under its temporary
+/// name, on a thread of its own.
+type Next = std::thread::JoinHandle<io::Result<Box<dyn WriteFile>>>;
+
+/// What the temporary name of a prepared segment ends with: the segment
+/// prepared while the one starting at P is written is `<P>.wal.prep`.
+pub(crate) const PREP_SUFFIX: &str = ".prep";
+
+fn prep_path(dir: &Path, active: u64) -> PathBuf {
+    dir.join(format!("{}{PREP_SUFFIX}", segment::file_name(active)))
+}
+
+/// Creates `path` and fills it with `len` zeros, fsync'ed.
+fn prepare(fs: &dyn FileSystem, path: &Path, len: u64) -> io::Result<Box<dyn WriteFile>> {
+    let mut f = fs.create_new(path)?;
+    f.write_zeros(0, len)?;
+    f.sync_data()?;
+    Ok(f)
+}
+
 /// One segment on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SegmentInfo {
@@ -112,12 +156,18 @@ pub(crate) struct LogWriter {
     broken: Option<(&'static str, io::ErrorKind)>,
     /// The active segment has an older format version: roll before writing.
     roll_first: bool,
+    /// The active segment's length on disk: zeros from `len` to here.
+    alloc: u64,
+    layout: Layout,
+    /// The next segment, prepared or being prepared, and its path.
+    next: Option<(PathBuf, Next)>,
 }
 
 impl LogWriter {
     /// Starts a new segment whose first record will have position `lsn`.
     /// `store` is the store id of the log so far (`None`: a new store, or
     /// a log of versions before 3: a new id is drawn).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn create(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
@@ -126,11 +176,26 @@ impl LogWriter {
         mut segments: Vec<SegmentInfo>,
         store: Option<u64>,
         ids: IdSource,
+        layout: Layout,
     ) -> Result<LogWriter> {
         let store = store.unwrap_or_else(|| ids.store());
-        let (file, path, seed) = new_segment(fs.as_ref(), dir, lsn, store, ids)?;
-        segments.push(SegmentInfo { first_lsn: lsn });
-        Ok(LogWriter {
+        // The first segment is prepared here, at open, like any other: the
+        // first append must not pay for allocating blocks.
+        let prep = if layout.preallocate {
+            let tmp = prep_path(dir, lsn);
+            let f = prepare(fs.as_ref(), &tmp, segment_size)
+                .map_err(|e| Error::io("preallocate", &tmp, e))?;
+            Some((tmp, f))
+        } else {
+            None
+        };
+        let alloc = if prep.is_some() {
+            segment_size.max(segment::HEADER_LEN as u64)
+        } else {
+            segment::HEADER_LEN as u64
+        };
+        let (file, path, seed) = new_segment(fs.as_ref(), dir, lsn, store, ids, prep)?;
+        let mut w = LogWriter {
             fs,
             dir: dir.to_path_buf(),
             file,
@@ -143,19 +208,28 @@ impl LogWriter {
             synced: segment::HEADER_LEN as u64,
             records: 0,
             segment_size,
-            segments,
+            segments: Vec::new(),
             broken: None,
             roll_first: false,
-        })
+            alloc,
+            layout,
+            next: None,
+        };
+        segments.push(SegmentInfo { first_lsn: lsn });
+        w.segments = segments;
+        w.prepare_next();
+        Ok(w)
     }
 
     /// Continues the last of `segments`, which holds `records` records in
-    /// `len` bytes (recovery has already cut any torn tail). fsyncs it
-    /// first: recovery read those records, maybe from the page cache of a
-    /// process that crashed, and new records must not follow bytes that are
-    /// not durable without saying so. A segment of an older format version
-    /// is not written to: the next group starts a new segment (or, if it
-    /// holds no record, it is replaced by a new one).
+    /// `len` bytes (recovery has already cut any torn tail; a preallocated
+    /// segment may hold zeros after them). fsyncs it first: recovery read
+    /// those records, maybe from the page cache of a process that crashed,
+    /// and new records must not follow bytes that are not durable without
+    /// saying so. A segment of a format version before 3 is not written
+    /// to: the next group starts a new segment (or, if it holds no record,
+    /// it is replaced by a new one).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn resume(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
@@ -164,25 +238,36 @@ impl LogWriter {
         records: u64,
         segment_size: u64,
         ids: IdSource,
+        layout: Layout,
     ) -> Result<LogWriter> {
         let last = segments
             .last()
             .copied()
             .ok_or_else(|| Error::InvalidOptions("no segment to resume".into()))?;
         let path = dir.join(segment::file_name(last.first_lsn));
-        let head = read_header(fs.as_ref(), &path)?;
+        let (head, alloc) = read_header(fs.as_ref(), &path)?;
         let version = head.version;
-        if version != segment::VERSION && records == 0 {
+        let writable = version >= segment::APPENDED_VERSION;
+        if !writable && records == 0 {
             fs.remove_file(&path)
                 .map_err(|e| Error::io("remove", &path, e))?;
             segments.pop();
-            return LogWriter::create(fs, dir, last.first_lsn, segment_size, segments, None, ids);
+            return LogWriter::create(
+                fs,
+                dir,
+                last.first_lsn,
+                segment_size,
+                segments,
+                None,
+                ids,
+                layout,
+            );
         }
         let mut file = fs
             .open_append(&path)
             .map_err(|e| Error::io("open", &path, e))?;
         file.sync_data().map_err(|e| Error::io("fsync", &path, e))?;
-        Ok(LogWriter {
+        let mut w = LogWriter {
             fs,
             dir: dir.to_path_buf(),
             file,
@@ -197,13 +282,76 @@ impl LogWriter {
             segment_size,
             segments,
             broken: None,
-            roll_first: version != segment::VERSION,
-        })
+            roll_first: !writable,
+            alloc: alloc.max(len),
+            layout,
+            next: None,
+        };
+        w.prepare_next();
+        Ok(w)
     }
 
     /// Position of the next record.
     pub(crate) fn next_lsn(&self) -> u64 {
         self.first_lsn + self.records
+    }
+
+    /// Starts preparing the segment after the active one, on a thread of
+    /// its own, if segments are preallocated in the background and the
+    /// active one is half full (not before: its zeros would compete for
+    /// the disk with the appends that follow an open). An error there is
+    /// the next roll's.
+    fn prepare_next(&mut self) {
+        if !(self.layout.preallocate && self.layout.background)
+            || self.next.is_some()
+            || self.len < self.segment_size / 2
+        {
+            return;
+        }
+        let path = prep_path(&self.dir, self.first_lsn);
+        let (fs, p, len) = (self.fs.clone(), path.clone(), self.segment_size);
+        let spawned = std::thread::Builder::new()
+            .name("producer-state-prealloc".into())
+            .spawn(move || prepare(fs.as_ref(), &p, len));
+        // No thread: the roll prepares it.
+        if let Ok(h) = spawned {
+            self.next = Some((path, h));
+        }
+    }
+
+    /// The prepared next segment, waiting for it or preparing it now.
+    fn take_next(&mut self) -> Result<(PathBuf, Box<dyn WriteFile>)> {
+        match self.next.take() {
+            Some((path, h)) => match h.join() {
+                Ok(Ok(f)) => Ok((path, f)),
+                Ok(Err(e)) => Err(Error::io("preallocate", &path, e)),
+                Err(_) => Err(Error::Internal("the thread preparing a segment panicked")),
+            },
+            None => {
+                let path = prep_path(&self.dir, self.first_lsn);
+                let f = prepare(self.fs.as_ref(), &path, self.segment_size)
+                    .map_err(|e| Error::io("preallocate", &path, e))?;
+                Ok((path, f))
+            }
+        }
+    }
+
+    /// Makes the prepared file `prep` the segment starting at `lsn`, the
+    /// active one.
+    fn install(&mut self, lsn: u64, prep: (PathBuf, Box<dyn WriteFile>)) -> Result<()> {
+        let (file, path, seed) = new_segment(
+            self.fs.as_ref(),
+            &self.dir,
+            lsn,
+            self.store,
+            self.ids,
+            Some(prep),
+        )?;
+        self.file = file;
+        self.path = path;
+        self.seed = seed;
+        self.alloc = self.segment_size.max(segment::HEADER_LEN as u64);
+        Ok(())
     }
 
     /// Writes one group of `count` records encoded by [`record::encode`],
@@ -257,11 +405,14 @@ impl LogWriter {
         // Below MAX_SEGMENT_BYTES, so every distance fits a u32.
         let unsynced = u32::try_from(self.len - self.synced).unwrap_or(u32::MAX);
         record::seal(buf, self.seed, self.len, unsynced);
+        // At its offset: into the zeros of a preallocated segment.
         self.file
-            .write_all(buf)
+            .write_all_at(self.len, buf)
             .map_err(|e| Error::io("write", &self.path, e))?;
         self.len += buf.len() as u64;
+        self.alloc = self.alloc.max(self.len);
         self.records += count;
+        self.prepare_next();
         Ok(())
     }
 
@@ -316,27 +467,43 @@ impl LogWriter {
         // Never a roll for it: a segment of nothing but a marker is no use.
         let unsynced = u32::try_from(self.len - self.synced).unwrap_or(u32::MAX);
         record::seal(&mut buf, self.seed, self.len, unsynced);
-        if let Err(e) = self.file.write_all(&buf) {
+        if let Err(e) = self.file.write_all_at(self.len, &buf) {
             self.broken = Some(("write", e.kind()));
             return Err(Error::io("write", &self.path, e));
         }
         self.len += buf.len() as u64;
+        self.alloc = self.alloc.max(self.len);
         self.sync()
     }
 
     fn roll(&mut self, lsn: u64) -> Result<()> {
+        // Only the last segment may end in zeros (docs/format.md): cut the
+        // room this one was not given records for.
+        if self.alloc > self.len {
+            self.file
+                .set_len(self.len)
+                .map_err(|e| Error::io("truncate", &self.path, e))?;
+            self.alloc = self.len;
+        }
         self.sync()?;
-        let (file, path, seed) =
-            new_segment(self.fs.as_ref(), &self.dir, lsn, self.store, self.ids)?;
-        self.file = file;
-        self.path = path;
+        if self.layout.preallocate {
+            let prep = self.take_next()?;
+            self.install(lsn, prep)?;
+        } else {
+            let (file, path, seed) =
+                new_segment(self.fs.as_ref(), &self.dir, lsn, self.store, self.ids, None)?;
+            self.file = file;
+            self.path = path;
+            self.seed = seed;
+            self.alloc = segment::HEADER_LEN as u64;
+        }
         self.first_lsn = lsn;
-        self.seed = seed;
         self.len = segment::HEADER_LEN as u64;
         self.synced = segment::HEADER_LEN as u64;
         self.records = 0;
         self.roll_first = false;
         self.segments.push(SegmentInfo { first_lsn: lsn });
+        self.prepare_next();
         Ok(())
     }
 
@@ -358,13 +525,27 @@ impl LogWriter {
     }
 }
 
-/// The header of the segment at `path` (recovery has validated it).
-fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<segment::Header> {
+impl Drop for LogWriter {
+    /// A segment being prepared is waited for (no thread writes into the
+    /// directory after the store has let it go) and its file removed; a
+    /// crash before this leaves it to the next open, which removes it.
+    fn drop(&mut self) {
+        if let Some((path, h)) = self.next.take() {
+            let _ = h.join();
+            let _ = self.fs.remove_file(&path);
+        }
+    }
+}
+
+/// The header of the segment at `path` (recovery has validated it), and
+/// the file's length.
+fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<(segment::Header, u64)> {
     let mut head = [0u8; segment::HEADER_LEN];
     let mut f = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
+    let len = f.len().map_err(|e| Error::io("stat", path, e))?;
     let n = segment::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
     match segment::parse_header(path, head.get(..n).unwrap_or_default()) {
-        Ok(h) => Ok(h),
+        Ok(h) => Ok((h, len)),
         Err(segment::HeaderError::Bad(e)) => Err(e),
         Err(segment::HeaderError::Short(got)) => Err(Error::corrupt(
             path,
@@ -375,29 +556,52 @@ fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<segment::Header> {
 }
 
 /// Creates the segment whose first record will have position `lsn`, with
-/// a fresh salt; returns it, its path and its records' CRC seed.
+/// a fresh salt; returns it, its path and its records' CRC seed. With
+/// `prep`, a zero-filled file under a temporary name, the header is
+/// written into it (version 4) and it is renamed into place; without, a
+/// new file holds the header alone (version 3).
 fn new_segment(
     fs: &dyn FileSystem,
     dir: &Path,
     lsn: u64,
     store: u64,
     ids: IdSource,
+    prep: Option<(PathBuf, Box<dyn WriteFile>)>,
 ) -> Result<(Box<dyn WriteFile>, PathBuf, u32)> {
     let path = dir.join(segment::file_name(lsn));
+    let version = if prep.is_some() {
+        segment::VERSION
+    } else {
+        segment::APPENDED_VERSION
+    };
     let header = segment::header(
         lsn,
         Ids {
             store,
             salt: ids.salt(lsn),
         },
+        version,
     );
     let seed = record::seed(header.get(12..36).unwrap_or_default());
-    let mut file = fs
-        .create_new(&path)
-        .map_err(|e| Error::io("create", &path, e))?;
-    file.write_all(&header)
-        .map_err(|e| Error::io("write", &path, e))?;
-    file.sync_data().map_err(|e| Error::io("fsync", &path, e))?;
+    let file = match prep {
+        Some((tmp, mut file)) => {
+            file.write_all_at(0, &header)
+                .map_err(|e| Error::io("write", &tmp, e))?;
+            file.sync_data().map_err(|e| Error::io("fsync", &tmp, e))?;
+            fs.rename(&tmp, &path)
+                .map_err(|e| Error::io("rename", &tmp, e))?;
+            file
+        }
+        None => {
+            let mut file = fs
+                .create_new(&path)
+                .map_err(|e| Error::io("create", &path, e))?;
+            file.write_all(&header)
+                .map_err(|e| Error::io("write", &path, e))?;
+            file.sync_data().map_err(|e| Error::io("fsync", &path, e))?;
+            file
+        }
+    };
     fs.sync_dir(dir)
         .map_err(|e| Error::io("fsync directory", dir, e))?;
     Ok((file, path, seed))
