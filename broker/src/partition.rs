@@ -223,6 +223,36 @@ fn state_end(store: &ProducerStateStore) -> i64 {
         .unwrap_or(-1)
 }
 
+/// Appends a batch read back from the partition log to `store`, at the
+/// offset the log gave it: `None` for a batch that carries no producer
+/// state (not idempotent; an idempotent batch has a producer id >= 0,
+/// checked when it was produced).
+fn append_logged(
+    store: &ProducerStateStore,
+    h: &BatchHeader,
+    name: &str,
+    index: i32,
+) -> Result<Option<BatchOutcome>> {
+    if !h.is_idempotent() {
+        return Ok(None);
+    }
+    let Ok(producer_id) = ProducerId::try_from(h.producer_id) else {
+        return Ok(None);
+    };
+    store
+        .append_batch(
+            producer_id,
+            index,
+            h.producer_epoch,
+            to_batch(h, h.base_offset),
+        )
+        .map(Some)
+        .map_err(|source| Error::State {
+            partition: name.to_string(),
+            source,
+        })
+}
+
 /// Appends to `store` every idempotent batch of `log` past `after`, in
 /// order: `Ok(Ok(n))` when each was `ACCEPTED`, `Ok(Err(why))` at the first
 /// that was not (the state is not a prefix of this log).
@@ -236,23 +266,12 @@ fn replay(
     let mut n = 0u64;
     let mut refused = None;
     log.for_each_batch_after(after, |h| {
-        if refused.is_some() || !h.is_idempotent() {
+        if refused.is_some() {
             return Ok(());
         }
-        let Ok(producer_id) = ProducerId::try_from(h.producer_id) else {
+        let Some(outcome) = append_logged(store, h, name, index)? else {
             return Ok(());
         };
-        let outcome = store
-            .append_batch(
-                producer_id,
-                index,
-                h.producer_epoch,
-                to_batch(h, h.base_offset),
-            )
-            .map_err(|source| Error::State {
-                partition: name.to_string(),
-                source,
-            })?;
         if outcome.is_accepted() {
             n += 1;
         } else {
@@ -335,22 +354,9 @@ fn rebuild(dir: &Path, log_path: &Path, name: &str, index: i32) -> Result<()> {
     let store = ProducerStateStore::open_with(&tmp, state_options().fsync(FsyncPolicy::Never))
         .map_err(state_err)?;
     PartitionLog::for_each_batch(log_path, |h| {
-        if !h.is_idempotent() {
-            return Ok(());
-        }
-        // An idempotent batch has a producer id >= 0 (checked when it was
-        // produced); anything else in the log is not producer state.
-        let Ok(producer_id) = ProducerId::try_from(h.producer_id) else {
+        let Some(outcome) = append_logged(&store, h, name, index)? else {
             return Ok(());
         };
-        let outcome = store
-            .append_batch(
-                producer_id,
-                index,
-                h.producer_epoch,
-                to_batch(h, h.base_offset),
-            )
-            .map_err(state_err)?;
         if outcome.is_accepted() {
             Ok(())
         } else {
