@@ -517,10 +517,10 @@ fn inspect_snapshot(
     quiet: bool,
 ) -> Result<(), Unreadable> {
     *out = Output::new(path, "snapshot", "producer-state snapshot");
-    out.version = Some(1);
     let mut p = Progress::new("verifying snapshot: entries", quiet);
     let result = inspect::snapshot(&ReadOnlyFs(StdFs), path, &mut |n| p.tick(n));
     settle(out, result, |out, (s, state)| {
+        out.version = Some(s.version);
         out.position = Some(s.position);
         out.entry_count = Some(s.entries);
         out.entries = entries_of(&state, f, list);

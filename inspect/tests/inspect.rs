@@ -668,3 +668,24 @@ fn bytes_after_a_preallocated_segments_room_are_a_torn_tail_not_a_crash_of_the_t
     assert_eq!(st.get("p1", 7).map(|e| e.last_sequence()), Some(0));
     st.close().unwrap();
 }
+
+#[test]
+fn a_snapshot_is_shown_with_the_version_its_header_states() {
+    // This build writes snapshot version 2; the committed golden file of
+    // version 1 must still say 1.
+    let d = tempfile::tempdir().unwrap();
+    store(
+        d.path(),
+        StoreOptions::default().snapshot_every_records(Some(50)),
+    );
+    let snap = files(d.path(), ".snap").pop().unwrap();
+    let (code, out, _) = run(&[s(&snap)]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("producer-state snapshot, version 2"), "{out}");
+    let v1 = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/golden/snapshot-v1/00000000000000000040.snap"
+    );
+    let (code, v) = json(&[v1]);
+    assert_eq!((code, v["version"].as_u64()), (0, Some(1)), "{v}");
+}

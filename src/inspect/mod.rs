@@ -143,6 +143,8 @@ pub fn detect(fs: &dyn FileSystem, path: &Path) -> Result<Option<FileKind>> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SnapshotSummary {
+    /// The format version of its entries (1 or 2).
+    pub version: u16,
     /// The log position it covers.
     pub position: u64,
     /// Number of entries.
@@ -171,6 +173,7 @@ pub fn decode_snapshot(fs: &dyn FileSystem, path: &Path) -> Result<SnapshotSumma
         },
     )?;
     Ok(SnapshotSummary {
+        version: h.version,
         position: h.position,
         entries: h.entries,
         bytes: len,
@@ -209,6 +212,7 @@ pub fn snapshot(
     )?;
     Ok((
         SnapshotSummary {
+            version: h.version,
             position: h.position,
             entries: h.entries,
             bytes: len,
