@@ -30,7 +30,7 @@ use crate::shards::{SHARDS, Shards, ShardsPart, warm};
 /// A decoded append.
 pub(crate) struct Rec {
     /// Its log position.
-    pub lsn: u64,
+    pub pos: u64,
     /// The offset of its record in the segment.
     pub at: u64,
     /// Its index among the appends of its record.
@@ -123,12 +123,12 @@ impl Sink for Sequential<'_> {
             let outcome = shards.append(rec.hash, &rec.request);
             if !outcome.is_accepted() {
                 let kind = Corruption::RecordDoesNotApply {
-                    position: rec.lsn,
+                    position: rec.pos,
                     outcome,
                 };
                 self.failed = Some(Failed::At {
                     at: rec.at,
-                    first: rec.lsn - u64::from(rec.nth),
+                    first: rec.pos - u64::from(rec.nth),
                     damage: Damage::new(path, rec.at, kind.clone()),
                 });
                 return Err(Error::corrupt(path, rec.at, kind));
@@ -306,11 +306,11 @@ mod tests {
     use crate::map::hash_key;
 
     /// An append alone in its record (records of 31 bytes).
-    fn rec(lsn: u64, key: u64, seq: i32) -> Rec {
+    fn rec(pos: u64, key: u64, seq: i32) -> Rec {
         let request = AppendRequest::single(key, 0, 0, seq);
         Rec {
-            lsn,
-            at: lsn * 31,
+            pos,
+            at: pos * 31,
             nth: 0,
             hash: hash_key(&request.producer_id, 0),
             request,
@@ -440,8 +440,8 @@ mod tests {
             history(Some(gap))
                 .into_iter()
                 .map(|r| Rec {
-                    at: r.lsn / 10 * 1000,
-                    nth: (r.lsn % 10) as u32,
+                    at: r.pos / 10 * 1000,
+                    nth: (r.pos % 10) as u32,
                     ..r
                 })
                 .collect()
@@ -484,7 +484,7 @@ mod tests {
         // there): the state is the appends before it.
         let mut again = Shards::default();
         let mut sink = Sequential::new(&mut again);
-        let to_cut: Vec<Rec> = packed(155).into_iter().filter(|r| r.lsn < before).collect();
+        let to_cut: Vec<Rec> = packed(155).into_iter().filter(|r| r.pos < before).collect();
         run(&mut sink, to_cut).unwrap();
         assert_eq!(sink.take_failure(), None);
         assert_eq!(sink.applied(), 150);

@@ -303,8 +303,8 @@ pub fn segment(
         io::BufReader::with_capacity(1 << 20, f),
         len,
         |_| Ok(()),
-        |lsn, at, _, r| {
-            each(lsn, at, r);
+        |pos, at, _, r| {
+            each(pos, at, r);
             t.tick(at);
             Ok(())
         },
@@ -321,7 +321,7 @@ pub fn segment(
         Err(HeaderError::Bad(e)) => return Err(e),
     };
     Ok(SegmentSummary {
-        first_position: s.first_lsn,
+        first_position: s.first_position,
         version: s.version,
         records: s.records,
         bytes: s.file_len,

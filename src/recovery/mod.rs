@@ -87,10 +87,10 @@ pub enum RecoveryMode {
 /// The state and the log as recovery leaves them.
 pub(crate) struct Recovered {
     pub shards: Shards,
-    pub next_lsn: u64,
+    pub next_position: u64,
     pub segments: Vec<SegmentInfo>,
     /// The last segment to continue, as (bytes, records); `None`: start a
-    /// new segment at `next_lsn`.
+    /// new segment at `next_position`.
     pub active: Option<(u64, u64)>,
     /// The store id of the log's segments (`None`: no segment of version
     /// 3 or later was replayed).
@@ -208,7 +208,7 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
     let (segments, active) = plan.kept_segments();
     let rec = Recovered {
         shards,
-        next_lsn: report.next_position,
+        next_position: report.next_position,
         segments,
         active,
         store_id: plan.end.and_then(|e| e.store_id),
@@ -394,10 +394,10 @@ fn read_segment(
     // is one of another store: refuse it before any of its records is
     // applied (salvage moves it aside whole).
     let foreign = |h: &segment::Header| match (at.store_id, h.store) {
-        _ if h.first_lsn != named => {
+        _ if h.first_position != named => {
             let kind = Corruption::NameMismatch {
                 named,
-                header: h.first_lsn,
+                header: h.first_position,
             };
             Err(Error::corrupt(path, segment::POSITION_AT, kind))
         }
@@ -409,8 +409,8 @@ fn read_segment(
     };
     let mut reached = false;
     let reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut scanned = segment::scan(path, reader, len, foreign, |lsn, offset, nth, r| {
-        if plan.replay_to.is_some_and(|to| lsn >= to) {
+    let mut scanned = segment::scan(path, reader, len, foreign, |pos, offset, nth, r| {
+        if plan.replay_to.is_some_and(|to| pos >= to) {
             // Not damage: the error only stops the scan.
             reached = true;
             return Err(Error::corrupt(
@@ -419,12 +419,12 @@ fn read_segment(
                 Corruption::BadField("end of plan"),
             ));
         }
-        if lsn >= plan.start {
+        if pos >= plan.start {
             let hash = hash_key(&r.producer_id, r.partition);
             let (at, request) = (offset, r.clone());
             sink.push(
                 Rec {
-                    lsn,
+                    pos,
                     at,
                     nth,
                     hash,
@@ -644,7 +644,7 @@ mod tests {
         assert_eq!(salvage.cause, Damage::new(&seg, bad, kind));
         assert_eq!(salvage.discarded, vec![aside(&seg), aside(&next)]);
         assert_eq!(salvage.bytes, len - bad + HEADER_LEN as u64);
-        assert_eq!((dry.next_lsn, dry.active), (3, Some((bad, 3))));
+        assert_eq!((dry.next_position, dry.active), (3, Some((bad, 3))));
 
         // The open makes exactly those repairs, and reports what the dry
         // run did.
@@ -652,7 +652,10 @@ mod tests {
         let mut same = done.report.clone();
         (same.dry_run, same.duration) = (true, dry.report.duration);
         assert_eq!(same, dry.report);
-        assert_eq!((done.next_lsn, done.active), (dry.next_lsn, dry.active));
+        assert_eq!(
+            (done.next_position, done.active),
+            (dry.next_position, dry.active)
+        );
         assert!(fs.read_file(&tmp).is_none());
         assert!(fs.read_file(&next).is_none());
         assert_eq!(fs.read_file(&seg).unwrap().len() as u64, bad);
@@ -661,7 +664,7 @@ mod tests {
         // Nothing is left to repair.
         let again = recover_dry(&fs, &dir, RecoveryMode::Strict).unwrap();
         assert_eq!(again.report.repairs, vec![]);
-        assert_eq!(again.next_lsn, 3);
+        assert_eq!(again.next_position, 3);
     }
 
     #[test]
@@ -752,7 +755,7 @@ mod tests {
         fs.overwrite(&seg, &bytes);
         let r = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
         assert_eq!(r.report.segments_skipped, below);
-        assert_eq!((r.next_lsn, r.report.keys), (150, 7));
+        assert_eq!((r.next_position, r.report.keys), (150, 7));
         for k in 0..7u64 {
             let id = crate::ProducerId::from(k);
             let want = clean.shards.get(hash_key(&id, 0), &id, 0).unwrap();
@@ -788,7 +791,9 @@ mod tests {
             let (fs, dir, _, _) = log(10, None, false);
             fs.create_dir_all(&dir.join(format!("{name}.old"))).unwrap();
             assert_eq!(
-                recover(&fs, &dir, RecoveryMode::Strict).unwrap().next_lsn,
+                recover(&fs, &dir, RecoveryMode::Strict)
+                    .unwrap()
+                    .next_position,
                 10
             );
         }
@@ -803,7 +808,7 @@ mod tests {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(r.report.replay_threads, cores.min(2));
         assert_eq!(r.report.records_replayed, 500_000);
-        assert_eq!(r.next_lsn, 500_000);
+        assert_eq!(r.next_position, 500_000);
         assert_eq!(r.shards.len(), 1000);
         for k in [0u64, 1, 500, 999] {
             let id = crate::ProducerId::from(k);
@@ -838,7 +843,7 @@ mod tests {
             }
             let r = recover(&fs, &dir, RecoveryMode::Salvage).unwrap();
             assert_eq!(r.report.replay_threads, 1, "found by the sequential replay");
-            assert_eq!(r.next_lsn, record);
+            assert_eq!(r.next_position, record);
             assert_eq!(r.report.records_replayed, record);
             assert_eq!(r.active.map(|(len, _)| len), Some(offset));
             for k in 0..1000u64 {
@@ -854,7 +859,7 @@ mod tests {
             }
             // Opening the salvaged log again agrees.
             let again = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
-            assert_eq!(again.next_lsn, record);
+            assert_eq!(again.next_position, record);
         }
     }
 }

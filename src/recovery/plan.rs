@@ -149,7 +149,7 @@ impl Plan {
                         file: dir.join(&e.name),
                     })
                 }
-                Some(StoreFile::Segment(lsn)) => plan.segments.push(lsn),
+                Some(StoreFile::Segment(pos)) => plan.segments.push(pos),
                 Some(StoreFile::Snapshot(pos)) => {
                     plan.snapshot_files.insert(pos);
                 }
@@ -220,8 +220,8 @@ impl Plan {
     }
 
     pub(crate) fn segment_path(&self, seg: usize) -> PathBuf {
-        let lsn = self.segments.get(seg).copied().unwrap_or_default();
-        self.dir.join(segment::file_name(lsn))
+        let pos = self.segments.get(seg).copied().unwrap_or_default();
+        self.dir.join(segment::file_name(pos))
     }
 
     /// The log replay needs is gone: no segment starts at or before the
@@ -367,7 +367,7 @@ impl Plan {
     /// The segments the log keeps, and the one it continues with its
     /// (bytes, records).
     pub(crate) fn kept_segments(&self) -> (Vec<SegmentInfo>, Option<(u64, u64)>) {
-        let info = |&first_lsn: &u64| SegmentInfo { first_lsn };
+        let info = |&first_position: &u64| SegmentInfo { first_position };
         match self.end.and_then(|e| e.active) {
             Some(k) => (
                 self.segments

@@ -75,9 +75,9 @@ impl Failure {
         }
     }
 
-    /// The error an append whose record has position `lsn` gets.
-    pub(super) fn error_for(&self, lsn: Option<u64>) -> Error {
-        match lsn {
+    /// The error an append whose record has position `pos` gets.
+    pub(super) fn error_for(&self, pos: Option<u64>) -> Error {
+        match pos {
             Some(l) if (self.group.0..self.group.1).contains(&l) => Error::Io {
                 op: self.op,
                 path: self.path.clone(),
@@ -176,7 +176,7 @@ pub(super) struct LogQueue<T> {
     spare: Vec<u8>,
     /// Position of `buf`'s first record.
     buf_first: u64,
-    next_lsn: u64,
+    next_position: u64,
     /// Id of the group forming in `buf`; groups are written in id order.
     group: u64,
     /// The group being written, if one is.
@@ -195,18 +195,18 @@ pub(super) struct LogQueue<T> {
 }
 
 impl<T> LogQueue<T> {
-    /// An empty queue whose next record has position `next_lsn`, every
+    /// An empty queue whose next record has position `next_position`, every
     /// record before it durable.
-    pub(super) fn new(next_lsn: u64) -> LogQueue<T> {
+    pub(super) fn new(next_position: u64) -> LogQueue<T> {
         LogQueue {
             buf: RecordBuf::default(),
             queued: Vec::new(),
             spare: Vec::new(),
-            buf_first: next_lsn,
-            next_lsn,
+            buf_first: next_position,
+            next_position,
             group: 0,
             writing: None,
-            durable: next_lsn,
+            durable: next_position,
             sync_to: 0,
             leader: Leader::Idle,
             flusher: None,
@@ -219,9 +219,9 @@ impl<T> LogQueue<T> {
     #[inline]
     pub(super) fn push(&mut self, r: &AppendRequest) -> u64 {
         self.buf.push(r);
-        let lsn = self.next_lsn;
-        self.next_lsn += 1;
-        lsn
+        let pos = self.next_position;
+        self.next_position += 1;
+        pos
     }
 
     /// `Always`: what the record just pushed applies once durable.
@@ -238,8 +238,8 @@ impl<T> LogQueue<T> {
 
     /// Position of the next record.
     #[inline]
-    pub(super) fn next_lsn(&self) -> u64 {
-        self.next_lsn
+    pub(super) fn next_position(&self) -> u64 {
+        self.next_position
     }
 
     /// Records before this position are durable.
@@ -412,19 +412,19 @@ impl<S: Host> GroupCommit<S> {
         }
     }
 
-    /// Waits until the record at `lsn`, in group `group`, is durable.
-    pub(super) fn await_durable(&self, group: u64, lsn: u64) -> Result<()> {
+    /// Waits until the record at `pos`, in group `group`, is durable.
+    pub(super) fn await_durable(&self, group: u64, pos: u64) -> Result<()> {
         self.signal.await_group(group);
-        if self.signal.durable.load(Ordering::Acquire) > lsn {
+        if self.signal.durable.load(Ordering::Acquire) > pos {
             return Ok(());
         }
         let mut st = self.lock_state();
         let log = st.log();
-        if log.durable > lsn {
+        if log.durable > pos {
             return Ok(());
         }
         Err(match &log.failed {
-            Some(f) => f.error_for(Some(lsn)),
+            Some(f) => f.error_for(Some(pos)),
             None => Error::Internal("a group was done without one of its records"),
         })
     }
@@ -447,7 +447,7 @@ impl<S: Host> GroupCommit<S> {
             log.group += 1;
             log.writing = Some(group);
             let first = log.buf_first;
-            let end = log.next_lsn;
+            let end = log.next_position;
             let spare = std::mem::take(&mut log.spare);
             let mut buf = log.buf.take(spare);
             let queued = std::mem::take(&mut log.queued);
@@ -498,7 +498,7 @@ impl<S: Host> GroupCommit<S> {
                     if log.failed.is_none() {
                         // Everything not yet durable is lost to the appends
                         // waiting on it.
-                        let range = (log.durable, log.next_lsn);
+                        let range = (log.durable, log.next_position);
                         log.failed = Some(Failure::from_error(e, range));
                         log.queued.clear();
                         log.buf.clear();
@@ -576,7 +576,7 @@ impl<S: Host> GroupCommit<S> {
         if let Some(f) = &log.failed {
             return Err(f.error_for(None));
         }
-        let target = log.next_lsn;
+        let target = log.next_position;
         log.sync_to = log.sync_to.max(target);
         loop {
             let log = st.log();
@@ -701,11 +701,11 @@ mod tests {
         if let Some(f) = st.log.failed() {
             return Err(f.error_for(None));
         }
-        let lsn = st.log.push(&request(seq));
-        st.log.queue(lsn);
+        let pos = st.log.push(&request(seq));
+        st.log.queue(pos);
         let group = st.log.group();
         gc.commit(st, on_due);
-        gc.await_durable(group, lsn).map(|()| lsn)
+        gc.await_durable(group, pos).map(|()| pos)
     }
 
     /// Bytes a crash keeps that are not zeros (segments are preallocated).
@@ -751,13 +751,13 @@ mod tests {
                 })
             })
             .collect();
-        let mut lsns: Vec<u64> = workers
+        let mut positions: Vec<u64> = workers
             .into_iter()
             .flat_map(|w| w.join().unwrap())
             .collect();
-        lsns.sort_unstable();
+        positions.sort_unstable();
         let n = (threads * each) as u64;
-        assert_eq!(lsns, (0..n).collect::<Vec<_>>(), "one position each");
+        assert_eq!(positions, (0..n).collect::<Vec<_>>(), "one position each");
         gc.stop();
         flusher.join().unwrap();
         let st = gc.lock_state();

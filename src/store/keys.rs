@@ -25,7 +25,7 @@ struct Pending {
     /// The key's state once everything in flight is applied.
     entry: ProducerEntry,
     /// Position and group of the key's last record in flight.
-    lsn: u64,
+    pos: u64,
     group: u64,
 }
 
@@ -36,7 +36,7 @@ pub(super) struct Queued {
     /// The key's entry once this record is applied, as submitting it
     /// computed: installed as it is when the record is durable.
     entry: ProducerEntry,
-    lsn: u64,
+    pos: u64,
 }
 
 /// A snapshot in progress: the position and which shards are encoded.
@@ -65,13 +65,13 @@ pub(super) enum Submit {
     /// Accepted and queued at this position, in this group: wait for it.
     Queued {
         group: u64,
-        lsn: u64,
+        pos: u64,
     },
     /// The key has records in flight up to this position (in this group)
     /// and the request is not their continuation: wait, then classify again.
     Wait {
         group: u64,
-        lsn: u64,
+        pos: u64,
     },
 }
 
@@ -101,10 +101,10 @@ impl Keys {
 
     /// Saves the entry of a key about to change if a snapshot needs it as
     /// it was at the snapshot's position.
-    fn save_pre_image(&mut self, hash: u64, id: &ProducerId, partition: i32, lsn: u64) {
+    fn save_pre_image(&mut self, hash: u64, id: &ProducerId, partition: i32, pos: u64) {
         let Some(c) = &mut self.capture else { return };
         let s = shard_of(hash);
-        if c.done[s] || lsn < c.position {
+        if c.done[s] || pos < c.position {
             return;
         }
         let shards = &self.shards;
@@ -122,18 +122,18 @@ impl Keys {
     fn apply_durable(&mut self, group: Vec<Queued>) {
         for q in group {
             let r = &q.request;
-            self.save_pre_image(q.hash, &r.producer_id, r.partition, q.lsn);
+            self.save_pre_image(q.hash, &r.producer_id, r.partition, q.pos);
             debug_assert_eq!(
                 next_entry(self.shards.get(q.hash, &r.producer_id, r.partition), r).ok(),
                 Some(q.entry),
                 "the durable record at position {} does not apply to the committed state",
-                q.lsn
+                q.pos
             );
             self.shards
                 .install(q.hash, &r.producer_id, r.partition, &q.entry);
             if let Ok(entry) = self.overlay.find_entry(q.hash, |p| {
                 p.partition == r.partition && p.id == r.producer_id
-            }) && entry.get().lsn == q.lsn
+            }) && entry.get().pos == q.pos
             {
                 entry.remove();
             }
@@ -183,10 +183,10 @@ pub(super) struct State {
 impl State {
     fn enqueue_record(&mut self, r: &AppendRequest) -> u64 {
         let before = self.log.buffered();
-        let lsn = self.log.push(r);
+        let pos = self.log.push(r);
         self.since_snapshot.0 += 1;
         self.since_snapshot.1 += (self.log.buffered() - before) as u64;
-        lsn
+        pos
     }
 
     /// `Always`: classifies against the in-flight state if the key has one,
@@ -194,32 +194,32 @@ impl State {
     pub(super) fn submit_durable(&mut self, hash: u64, r: &AppendRequest) -> Submit {
         let keys = &self.keys;
         let (base, in_flight) = match keys.overlay_find(hash, &r.producer_id, r.partition) {
-            Some(p) => (Some(p.entry), Some((p.group, p.lsn))),
+            Some(p) => (Some(p.entry), Some((p.group, p.pos))),
             None => (keys.shards.get(hash, &r.producer_id, r.partition), None),
         };
         let entry = match next_entry(base, r) {
             Ok(e) => e,
             Err(outcome) => {
                 return match in_flight {
-                    Some((group, lsn)) => Submit::Wait { group, lsn },
+                    Some((group, pos)) => Submit::Wait { group, pos },
                     None => Submit::Done(outcome),
                 };
             }
         };
-        let lsn = self.enqueue_record(r);
+        let pos = self.enqueue_record(r);
         let group = self.log.group();
         self.log.queue(Queued {
             hash,
             request: r.clone(),
             entry,
-            lsn,
+            pos,
         });
         match self.keys.overlay.find_mut(hash, |p| {
             p.partition == r.partition && p.id == r.producer_id
         }) {
             Some(p) => {
                 p.entry = entry;
-                p.lsn = lsn;
+                p.pos = pos;
                 p.group = group;
             }
             None => {
@@ -230,14 +230,14 @@ impl State {
                         id: r.producer_id.clone(),
                         partition: r.partition,
                         entry,
-                        lsn,
+                        pos,
                         group,
                     },
                     |p| p.hash,
                 );
             }
         }
-        Submit::Queued { group, lsn }
+        Submit::Queued { group, pos }
     }
 
     /// Buffered policies: classify, apply and queue the record at once.
@@ -246,9 +246,9 @@ impl State {
         if self.keys.capture.is_some() {
             // If the append is rejected, the pre-image equals the current
             // entry, which is harmless.
-            let lsn = self.log.next_lsn();
+            let pos = self.log.next_position();
             self.keys
-                .save_pre_image(hash, &r.producer_id, r.partition, lsn);
+                .save_pre_image(hash, &r.producer_id, r.partition, pos);
         }
         let outcome = self.keys.shards.append(hash, r);
         if outcome.is_accepted() {

@@ -201,7 +201,7 @@ impl ProducerStateStore {
             None => LogWriter::create(
                 fs.clone(),
                 &dir,
-                rec.next_lsn,
+                rec.next_position,
                 opts.segment_size,
                 rec.segments,
                 rec.store_id,
@@ -209,10 +209,10 @@ impl ProducerStateStore {
                 opts.layout(),
             )?,
         };
-        debug_assert_eq!(writer.next_lsn(), rec.next_lsn);
+        debug_assert_eq!(writer.next_position(), rec.next_position);
         let state = State {
             keys: Keys::new(rec.shards),
-            log: LogQueue::new(rec.next_lsn),
+            log: LogQueue::new(rec.next_position),
             since_snapshot: (rec.report.records_replayed, 0),
             snapshot_every: (opts.snapshot_every_records, opts.snapshot_every_bytes),
             snapshot_requested: false,
@@ -340,15 +340,15 @@ impl ProducerStateStore {
         loop {
             match st.submit_durable(hash, request) {
                 Submit::Done(o) => return Ok(o),
-                Submit::Queued { group, lsn } => {
+                Submit::Queued { group, pos } => {
                     shared.commit(st);
                     return shared
-                        .await_durable(group, lsn)
+                        .await_durable(group, pos)
                         .map(|()| BatchOutcome::Accepted);
                 }
-                Submit::Wait { group, lsn } => {
+                Submit::Wait { group, pos } => {
                     drop(st);
-                    shared.await_durable(group, lsn)?;
+                    shared.await_durable(group, pos)?;
                     st = shared.lock_state();
                     if let Some(f) = st.log.failed() {
                         return Err(f.error_for(None));
@@ -386,15 +386,15 @@ impl ProducerStateStore {
                 }
                 match st.submit_durable(hash, r) {
                     Submit::Done(o) => break Ok(o),
-                    Submit::Queued { group, lsn } => {
-                        queued.push((i, group, lsn));
+                    Submit::Queued { group, pos } => {
+                        queued.push((i, group, pos));
                         break Ok(BatchOutcome::Accepted);
                     }
-                    Submit::Wait { group, lsn } => {
+                    Submit::Wait { group, pos } => {
                         // Our own queued records may be what it waits for:
                         // make sure somebody commits them.
                         shared.commit(st);
-                        let waited = shared.await_durable(group, lsn);
+                        let waited = shared.await_durable(group, pos);
                         st = shared.lock_state();
                         if let Err(e) = waited {
                             break Err(e);
@@ -403,15 +403,15 @@ impl ProducerStateStore {
                 }
             });
         }
-        if let Some(&(_, group, lsn)) = queued.last() {
+        if let Some(&(_, group, pos)) = queued.last() {
             shared.commit(st);
-            if shared.await_durable(group, lsn).is_err() {
+            if shared.await_durable(group, pos).is_err() {
                 let st = shared.lock_state();
-                for &(i, _, lsn) in &queued {
+                for &(i, _, pos) in &queued {
                     if let Some(f) = st.log.failed()
-                        && st.log.durable() <= lsn
+                        && st.log.durable() <= pos
                     {
-                        out[i] = Err(f.error_for(Some(lsn)));
+                        out[i] = Err(f.error_for(Some(pos)));
                     }
                 }
             }
@@ -581,8 +581,8 @@ impl Shared {
         self.log.commit(st, || self.snapshot_due());
     }
 
-    fn await_durable(&self, group: u64, lsn: u64) -> Result<()> {
-        self.log.await_durable(group, lsn)
+    fn await_durable(&self, group: u64, pos: u64) -> Result<()> {
+        self.log.await_durable(group, pos)
     }
 
     fn sync(&self) -> Result<()> {

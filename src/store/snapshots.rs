@@ -88,7 +88,7 @@ impl Snapshots {
             let p = if log.is_always() {
                 st.log.durable()
             } else {
-                st.log.next_lsn()
+                st.log.next_position()
             };
             if book.valid.last() == Some(&p) {
                 st.since_snapshot = (0, 0);

@@ -2,7 +2,7 @@
 //! checksummed records, one per accepted append.
 //!
 //! Records carry no log position: a segment's file name and header give
-//! the log position (LSN) of its first record and each record is the next.
+//! the log position of its first record and each record is the next.
 //! What ties a record to its place is its byte offset, which it states and
 //! its checksum covers (version 3), and the segment's salt and store id,
 //! which seed that checksum: a record missing, moved or repeated leaves

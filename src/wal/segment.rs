@@ -44,7 +44,7 @@ pub(crate) struct Ids {
 /// A parsed segment header.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Header {
-    pub first_lsn: u64,
+    pub first_position: u64,
     pub version: u16,
     /// The store id (version 3 on).
     pub store: Option<u64>,
@@ -54,9 +54,9 @@ pub(crate) struct Header {
     pub len: usize,
 }
 
-/// The file name of the segment whose first record has position `lsn`.
-pub(crate) fn file_name(lsn: u64) -> String {
-    format!("{lsn:020}.{EXTENSION}")
+/// The file name of the segment whose first record has position `pos`.
+pub(crate) fn file_name(pos: u64) -> String {
+    format!("{pos:020}.{EXTENSION}")
 }
 
 /// The position in a segment's file name, if it is one (`<20 digits>.wal`).
@@ -74,14 +74,14 @@ pub(crate) fn parse_numbered(name: &str, ext: &str) -> Option<u64> {
 }
 
 /// The header of a segment of the current version with first position
-/// `lsn`.
-pub(crate) fn header(lsn: u64, ids: Ids, version: u16) -> Vec<u8> {
+/// `pos`.
+pub(crate) fn header(pos: u64, ids: Ids, version: u16) -> Vec<u8> {
     debug_assert!(version == VERSION || version == APPENDED_VERSION);
     let mut h = Vec::with_capacity(HEADER_LEN);
     h.extend_from_slice(MAGIC);
     h.put_u16(version);
     h.put_u16(0);
-    h.put_u64(lsn);
+    h.put_u64(pos);
     h.put_u64(ids.store);
     h.put_u64(ids.salt);
     let c = crc32c::crc32c(&h);
@@ -117,7 +117,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
     }
     let version = d.u16().unwrap_or(0);
     let flags = d.u16().unwrap_or(0);
-    let lsn = d.u64().unwrap_or(0);
+    let pos = d.u64().unwrap_or(0);
     // Versions 1 and 2 keep the header CRC at 20, version 3 (and every
     // later version) at 36.
     let (crc_at, len) = match version {
@@ -158,10 +158,10 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
     let (store, seed) = if version >= 3 {
         (d.u64(), record::seed(bytes.get(12..36).unwrap_or_default()))
     } else {
-        (None, record::seed(&lsn.to_le_bytes()))
+        (None, record::seed(&pos.to_le_bytes()))
     };
     Ok(Header {
-        first_lsn: lsn,
+        first_position: pos,
         version,
         store,
         seed,
@@ -189,7 +189,7 @@ pub(crate) enum End {
 /// The result of scanning one segment.
 #[derive(Clone, Debug)]
 pub(crate) struct Scan {
-    pub first_lsn: u64,
+    pub first_position: u64,
     pub version: u16,
     pub records: u64,
     /// Bytes of header and valid records before any damage.
@@ -292,13 +292,13 @@ pub(crate) fn scan(
     let head = w.at(0, HEADER_LEN).map_err(io_err)?;
     let h = parse_header(path, head.get(..HEADER_LEN).unwrap_or(head))?;
     header(&h).map_err(HeaderError::Bad)?;
-    let (first_lsn, version, seed) = (h.first_lsn, h.version, h.seed);
+    let (first_position, version, seed) = (h.first_position, h.version, h.seed);
     let layout = record::Layout::of(version);
     let mut at = h.len as u64;
     let mut records = 0u64;
     let mut closed = false;
     let scan = |records, at, end, closed| Scan {
-        first_lsn,
+        first_position,
         version,
         records,
         valid_len: at,
@@ -320,7 +320,7 @@ pub(crate) fn scan(
                 ..
             }) => {
                 for (nth, r) in requests.enumerate() {
-                    each(first_lsn + records, at, nth as u32, &r).map_err(HeaderError::Bad)?;
+                    each(first_position + records, at, nth as u32, &r).map_err(HeaderError::Bad)?;
                     records += 1;
                 }
                 closed = close;
@@ -518,8 +518,8 @@ mod tests {
             Cursor::new(bytes),
             bytes.len() as u64,
             |_| Ok(()),
-            |lsn, _, _, _| {
-                seen.push(lsn);
+            |pos, _, _, _| {
+                seen.push(pos);
                 Ok(())
             },
         )
@@ -703,8 +703,8 @@ mod tests {
             Cursor::new(&f),
             f.len() as u64,
             |_| Ok(()),
-            |lsn, off, nth, _| {
-                at.push((lsn, off, nth));
+            |pos, off, nth, _| {
+                at.push((pos, off, nth));
                 Ok(())
             },
         )

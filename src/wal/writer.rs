@@ -36,7 +36,7 @@ pub(crate) const MAX_SEGMENT_BYTES: u64 = u32::MAX as u64;
 /// What an fsync through [`LogWriter::sync_handle`] covers.
 pub(crate) struct SyncToken {
     pub path: PathBuf,
-    first_lsn: u64,
+    first_position: u64,
     len: u64,
 }
 
@@ -60,10 +60,10 @@ impl IdSource {
         }
     }
 
-    fn salt(self, lsn: u64) -> u64 {
+    fn salt(self, pos: u64) -> u64 {
         match self {
             IdSource::Random => random_u64(),
-            IdSource::Fixed(seed) => mix(seed, lsn.wrapping_add(1)),
+            IdSource::Fixed(seed) => mix(seed, pos.wrapping_add(1)),
         }
     }
 }
@@ -128,7 +128,7 @@ fn prepare(fs: &dyn FileSystem, path: &Path, len: u64) -> io::Result<Box<dyn Wri
 /// One segment on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SegmentInfo {
-    pub first_lsn: u64,
+    pub first_position: u64,
 }
 
 pub(crate) struct LogWriter {
@@ -136,7 +136,7 @@ pub(crate) struct LogWriter {
     dir: PathBuf,
     file: Box<dyn WriteFile>,
     path: PathBuf,
-    first_lsn: u64,
+    first_position: u64,
     /// The CRC seed of the active segment's records.
     seed: u32,
     /// The store id every new segment gets.
@@ -164,14 +164,14 @@ pub(crate) struct LogWriter {
 }
 
 impl LogWriter {
-    /// Starts a new segment whose first record will have position `lsn`.
+    /// Starts a new segment whose first record will have position `pos`.
     /// `store` is the store id of the log so far (`None`: a new store, or
     /// a log of versions before 3: a new id is drawn).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn create(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
-        lsn: u64,
+        pos: u64,
         segment_size: u64,
         mut segments: Vec<SegmentInfo>,
         store: Option<u64>,
@@ -182,7 +182,7 @@ impl LogWriter {
         // The first segment is prepared here, at open, like any other: the
         // first append must not pay for allocating blocks.
         let prep = if layout.preallocate {
-            let tmp = prep_path(dir, lsn);
+            let tmp = prep_path(dir, pos);
             let f = prepare(fs.as_ref(), &tmp, segment_size)
                 .map_err(|e| Error::io("preallocate", &tmp, e))?;
             Some((tmp, f))
@@ -194,13 +194,13 @@ impl LogWriter {
         } else {
             segment::HEADER_LEN as u64
         };
-        let (file, path, seed) = new_segment(fs.as_ref(), dir, lsn, store, ids, prep)?;
+        let (file, path, seed) = new_segment(fs.as_ref(), dir, pos, store, ids, prep)?;
         let mut w = LogWriter {
             fs,
             dir: dir.to_path_buf(),
             file,
             path,
-            first_lsn: lsn,
+            first_position: pos,
             seed,
             store,
             ids,
@@ -215,7 +215,9 @@ impl LogWriter {
             layout,
             next: None,
         };
-        segments.push(SegmentInfo { first_lsn: lsn });
+        segments.push(SegmentInfo {
+            first_position: pos,
+        });
         w.segments = segments;
         w.prepare_next();
         Ok(w)
@@ -244,7 +246,7 @@ impl LogWriter {
             .last()
             .copied()
             .ok_or_else(|| Error::InvalidOptions("no segment to resume".into()))?;
-        let path = dir.join(segment::file_name(last.first_lsn));
+        let path = dir.join(segment::file_name(last.first_position));
         let (head, alloc) = read_header(fs.as_ref(), &path)?;
         let version = head.version;
         let writable = version >= segment::APPENDED_VERSION;
@@ -255,7 +257,7 @@ impl LogWriter {
             return LogWriter::create(
                 fs,
                 dir,
-                last.first_lsn,
+                last.first_position,
                 segment_size,
                 segments,
                 None,
@@ -272,7 +274,7 @@ impl LogWriter {
             dir: dir.to_path_buf(),
             file,
             path,
-            first_lsn: last.first_lsn,
+            first_position: last.first_position,
             seed: head.seed,
             store: head.store.unwrap_or_else(|| ids.store()),
             ids,
@@ -292,8 +294,8 @@ impl LogWriter {
     }
 
     /// Position of the next record.
-    pub(crate) fn next_lsn(&self) -> u64 {
-        self.first_lsn + self.records
+    pub(crate) fn next_position(&self) -> u64 {
+        self.first_position + self.records
     }
 
     /// Starts preparing the segment after the active one, on a thread of
@@ -308,7 +310,7 @@ impl LogWriter {
         {
             return;
         }
-        let path = prep_path(&self.dir, self.first_lsn);
+        let path = prep_path(&self.dir, self.first_position);
         let (fs, p, len) = (self.fs.clone(), path.clone(), self.segment_size);
         let spawned = std::thread::Builder::new()
             .name("producer-state-prealloc".into())
@@ -328,7 +330,7 @@ impl LogWriter {
                 Err(_) => Err(Error::Internal("the thread preparing a segment panicked")),
             },
             None => {
-                let path = prep_path(&self.dir, self.first_lsn);
+                let path = prep_path(&self.dir, self.first_position);
                 let f = prepare(self.fs.as_ref(), &path, self.segment_size)
                     .map_err(|e| Error::io("preallocate", &path, e))?;
                 Ok((path, f))
@@ -336,13 +338,13 @@ impl LogWriter {
         }
     }
 
-    /// Makes the prepared file `prep` the segment starting at `lsn`, the
+    /// Makes the prepared file `prep` the segment starting at `pos`, the
     /// active one.
-    fn install(&mut self, lsn: u64, prep: (PathBuf, Box<dyn WriteFile>)) -> Result<()> {
+    fn install(&mut self, pos: u64, prep: (PathBuf, Box<dyn WriteFile>)) -> Result<()> {
         let (file, path, seed) = new_segment(
             self.fs.as_ref(),
             &self.dir,
-            lsn,
+            pos,
             self.store,
             self.ids,
             Some(prep),
@@ -355,9 +357,9 @@ impl LogWriter {
     }
 
     /// Writes one group of `count` records encoded by [`record::encode`],
-    /// the first of which has position `lsn`; rolls first if the active
+    /// the first of which has position `pos`; rolls first if the active
     /// segment is full. Does not fsync (see [`LogWriter::sync`]).
-    pub(crate) fn write(&mut self, buf: &mut [u8], lsn: u64, count: u64) -> Result<()> {
+    pub(crate) fn write(&mut self, buf: &mut [u8], pos: u64, count: u64) -> Result<()> {
         // A group that does not continue the log exactly (an earlier write
         // failed) must not be written: its records would get wrong positions.
         if let Some((op, kind)) = self.broken {
@@ -367,12 +369,12 @@ impl LogWriter {
                 kind,
             });
         }
-        if lsn != self.next_lsn() {
+        if pos != self.next_position() {
             return Err(Error::Internal(
                 "a group of records does not continue the log",
             ));
         }
-        let result = self.write_group(buf, lsn, count);
+        let result = self.write_group(buf, pos, count);
         if let Err(e) = &result {
             self.broken = Some(match e {
                 Error::Io { op, source, .. } => (*op, source.kind()),
@@ -382,12 +384,12 @@ impl LogWriter {
         result
     }
 
-    fn write_group(&mut self, buf: &mut [u8], lsn: u64, count: u64) -> Result<()> {
+    fn write_group(&mut self, buf: &mut [u8], pos: u64, count: u64) -> Result<()> {
         let end = self.len + buf.len() as u64;
         if self.records > 0
             && (self.roll_first || self.len >= self.segment_size || end > MAX_SEGMENT_BYTES)
         {
-            self.roll(lsn)?;
+            self.roll(pos)?;
         }
         if segment::HEADER_LEN as u64 + buf.len() as u64 > MAX_SEGMENT_BYTES {
             return Err(Error::io(
@@ -428,7 +430,7 @@ impl LogWriter {
             h,
             SyncToken {
                 path: self.path.clone(),
-                first_lsn: self.first_lsn,
+                first_position: self.first_position,
                 len: self.len,
             },
         ))
@@ -437,7 +439,7 @@ impl LogWriter {
     /// Notes that an fsync through [`LogWriter::sync_handle`] succeeded:
     /// the bytes written before it are durable.
     pub(crate) fn synced(&mut self, token: &SyncToken) {
-        if token.first_lsn == self.first_lsn {
+        if token.first_position == self.first_position {
             self.synced = self.synced.max(token.len);
         }
     }
@@ -476,7 +478,7 @@ impl LogWriter {
         self.sync()
     }
 
-    fn roll(&mut self, lsn: u64) -> Result<()> {
+    fn roll(&mut self, pos: u64) -> Result<()> {
         // Only the last segment may end in zeros (docs/format.md): cut the
         // room this one was not given records for.
         if self.alloc > self.len {
@@ -488,21 +490,23 @@ impl LogWriter {
         self.sync()?;
         if self.layout.preallocate {
             let prep = self.take_next()?;
-            self.install(lsn, prep)?;
+            self.install(pos, prep)?;
         } else {
             let (file, path, seed) =
-                new_segment(self.fs.as_ref(), &self.dir, lsn, self.store, self.ids, None)?;
+                new_segment(self.fs.as_ref(), &self.dir, pos, self.store, self.ids, None)?;
             self.file = file;
             self.path = path;
             self.seed = seed;
             self.alloc = segment::HEADER_LEN as u64;
         }
-        self.first_lsn = lsn;
+        self.first_position = pos;
         self.len = segment::HEADER_LEN as u64;
         self.synced = segment::HEADER_LEN as u64;
         self.records = 0;
         self.roll_first = false;
-        self.segments.push(SegmentInfo { first_lsn: lsn });
+        self.segments.push(SegmentInfo {
+            first_position: pos,
+        });
         self.prepare_next();
         Ok(())
     }
@@ -516,10 +520,10 @@ impl LogWriter {
             && self
                 .segments
                 .get(1)
-                .is_some_and(|s| s.first_lsn <= position)
+                .is_some_and(|s| s.first_position <= position)
         {
             let s = self.segments.remove(0);
-            gone.push(self.dir.join(segment::file_name(s.first_lsn)));
+            gone.push(self.dir.join(segment::file_name(s.first_position)));
         }
         gone
     }
@@ -555,7 +559,7 @@ fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<(segment::Header, u64
     }
 }
 
-/// Creates the segment whose first record will have position `lsn`, with
+/// Creates the segment whose first record will have position `pos`, with
 /// a fresh salt; returns it, its path and its records' CRC seed. With
 /// `prep`, a zero-filled file under a temporary name, the header is
 /// written into it (version 4) and it is renamed into place; without, a
@@ -563,22 +567,22 @@ fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<(segment::Header, u64
 fn new_segment(
     fs: &dyn FileSystem,
     dir: &Path,
-    lsn: u64,
+    pos: u64,
     store: u64,
     ids: IdSource,
     prep: Option<(PathBuf, Box<dyn WriteFile>)>,
 ) -> Result<(Box<dyn WriteFile>, PathBuf, u32)> {
-    let path = dir.join(segment::file_name(lsn));
+    let path = dir.join(segment::file_name(pos));
     let version = if prep.is_some() {
         segment::VERSION
     } else {
         segment::APPENDED_VERSION
     };
     let header = segment::header(
-        lsn,
+        pos,
         Ids {
             store,
-            salt: ids.salt(lsn),
+            salt: ids.salt(pos),
         },
         version,
     );
