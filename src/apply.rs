@@ -1,5 +1,11 @@
 //! Applying the records replay decodes to the state, on one thread or two.
 //!
+//! What reaches here is per key: an append (with the activity and rule-1
+//! policy it takes), a key removed, a key set to a state. What is not per
+//! key (the log clock, the removed-key filter, the highest offset, atomic
+//! groups, truncation's skipping) is decided in log order by the replay
+//! that feeds these sinks ([`crate::recovery`]'s `Replayer`).
+//!
 //! Replaying a long log into a large state is bound by cache misses: every
 //! record looks its key up in a table far bigger than the caches. Two
 //! things help. Records are applied in batches, each first looked up in a
@@ -24,10 +30,34 @@ use std::thread::Scope;
 
 use crate::batch::AppendRequest;
 use crate::error::{Corruption, Error, Result};
+use crate::id::ProducerId;
+use crate::info::ProducerInfo;
+use crate::map::{Activity, Apply};
 use crate::recovery::Damage;
-use crate::shards::{SHARDS, Shards, ShardsPart, warm};
+use crate::shards::{KeyTarget, SHARDS, Shards, ShardsPart};
 
-/// A decoded append.
+/// What a replayed record does to one key.
+pub(crate) enum KeyOp {
+    /// An append, applied with this activity and rule-1 policy; it must be
+    /// accepted (unless the sink drops what does not apply).
+    Append(AppendRequest, Apply<Activity>),
+    /// The key is removed (nothing if it has no state).
+    Remove(ProducerId, i32),
+    /// The key is set to this state.
+    Set(ProducerInfo),
+}
+
+impl KeyOp {
+    fn key(&self) -> (&ProducerId, i32) {
+        match self {
+            KeyOp::Append(r, _) => (&r.producer_id, r.partition),
+            KeyOp::Remove(id, p) => (id, *p),
+            KeyOp::Set(i) => (&i.producer_id, i.partition),
+        }
+    }
+}
+
+/// A decoded operation on one key.
 pub(crate) struct Rec {
     /// Its log position.
     pub pos: u64,
@@ -36,7 +66,43 @@ pub(crate) struct Rec {
     /// Its index among the appends of its record.
     pub nth: u32,
     pub hash: u64,
-    pub request: AppendRequest,
+    pub op: KeyOp,
+}
+
+/// Applies one operation; false if an append was not accepted.
+#[inline]
+fn apply_one(
+    target: &mut impl KeyTarget,
+    rec: &Rec,
+) -> std::result::Result<(), crate::BatchOutcome> {
+    match &rec.op {
+        KeyOp::Append(r, how) => {
+            let o = target.append(rec.hash, r, *how);
+            if o.is_accepted() { Ok(()) } else { Err(o) }
+        }
+        KeyOp::Remove(id, p) => {
+            target.remove(rec.hash, id, *p);
+            Ok(())
+        }
+        KeyOp::Set(i) => {
+            target.install(rec.hash, i);
+            Ok(())
+        }
+    }
+}
+
+/// Looks every key of `recs` up once before they are applied (see
+/// [`crate::shards::warm`]).
+#[inline]
+fn warm(recs: &[Rec], target: &impl KeyTarget) {
+    let found = recs
+        .iter()
+        .filter(|r| {
+            let (id, p) = r.op.key();
+            target.contains(r.hash, id, p)
+        })
+        .count();
+    std::hint::black_box(found);
 }
 
 /// Records decoded before they are applied, sequentially.
@@ -65,6 +131,7 @@ pub(crate) trait Sink {
     /// Where an append did not apply, if one did not (once).
     fn take_failure(&mut self) -> Option<Failed>;
     /// Records applied so far.
+    #[cfg(test)]
     fn applied(&self) -> u64;
 }
 
@@ -85,12 +152,15 @@ pub(crate) enum Failed {
 }
 
 /// Applies records one batch at a time, in log order, stopping at the
-/// first that does not apply.
+/// first that does not apply (or, dropping, passing over it).
 pub(crate) struct Sequential<'a> {
     shards: &'a mut Shards,
     batch: Vec<Rec>,
     failed: Option<Failed>,
     applied: u64,
+    /// Appends that do not apply are dropped, not a failure (truncation's
+    /// replay: an append whose key lost earlier appends).
+    drop: bool,
 }
 
 impl<'a> Sequential<'a> {
@@ -100,6 +170,15 @@ impl<'a> Sequential<'a> {
             batch: Vec::with_capacity(BATCH),
             failed: None,
             applied: 0,
+            drop: false,
+        }
+    }
+
+    /// A sink that drops appends that do not apply.
+    pub(crate) fn dropping(shards: &'a mut Shards) -> Self {
+        Sequential {
+            drop: true,
+            ..Sequential::new(shards)
         }
     }
 }
@@ -115,13 +194,12 @@ impl Sink for Sequential<'_> {
 
     fn drain(&mut self, path: &Path) -> Result<()> {
         let shards = &mut *self.shards;
-        warm(
-            self.batch.iter().map(|r| (r.hash, &r.request)),
-            |hash, r| shards.contains(hash, &r.producer_id, r.partition),
-        );
+        warm(&self.batch, shards);
         for rec in self.batch.drain(..) {
-            let outcome = shards.append(rec.hash, &rec.request);
-            if !outcome.is_accepted() {
+            if let Err(outcome) = apply_one(shards, &rec) {
+                if self.drop {
+                    continue;
+                }
                 let kind = Corruption::RecordDoesNotApply {
                     position: rec.pos,
                     outcome,
@@ -142,19 +220,19 @@ impl Sink for Sequential<'_> {
         self.failed.take()
     }
 
+    #[cfg(test)]
     fn applied(&self) -> u64 {
         self.applied
     }
 }
 
-/// Applies records of `part`'s shards, in order; false if one did not apply.
-fn apply_part(part: &mut ShardsPart<'_>, batch: &[Rec]) -> bool {
+/// Applies records of `part`'s shards, in order; false if one did not
+/// apply (unless `drop`: then it is passed over).
+fn apply_part(part: &mut ShardsPart<'_>, batch: &[Rec], drop: bool) -> bool {
     for chunk in batch.chunks(WARM_CHUNK) {
-        warm(chunk.iter().map(|r| (r.hash, &r.request)), |hash, r| {
-            part.contains(hash, &r.producer_id, r.partition)
-        });
+        warm(chunk, part);
         for r in chunk {
-            if !part.append(r.hash, &r.request).is_accepted() {
+            if apply_one(part, r).is_err() && !drop {
                 return false;
             }
         }
@@ -180,12 +258,18 @@ pub(crate) struct Parallel<'a> {
     in_flight: bool,
     ok: bool,
     applied: u64,
+    drop: bool,
 }
 
 impl<'a> Parallel<'a> {
     /// Splits `shards` and starts the helper in `scope`; it ends when the
-    /// sink is dropped.
-    pub(crate) fn new<'scope>(scope: &'scope Scope<'scope, '_>, shards: &'a mut Shards) -> Self
+    /// sink is dropped. With `drop`, appends that do not apply are passed
+    /// over (see [`Sequential::dropping`]).
+    pub(crate) fn new<'scope>(
+        scope: &'scope Scope<'scope, '_>,
+        shards: &'a mut Shards,
+        drop: bool,
+    ) -> Self
     where
         'a: 'scope,
     {
@@ -195,7 +279,7 @@ impl<'a> Parallel<'a> {
         scope.spawn(move || {
             let mut ok = true;
             for batch in work {
-                ok = ok && apply_part(&mut theirs, &batch);
+                ok = ok && apply_part(&mut theirs, &batch, drop);
                 if done.send((batch, ok)).is_err() {
                     return;
                 }
@@ -211,6 +295,7 @@ impl<'a> Parallel<'a> {
             in_flight: false,
             ok: true,
             applied: 0,
+            drop,
         }
     }
 
@@ -246,7 +331,7 @@ impl<'a> Parallel<'a> {
             self.ok &= sent;
             self.in_flight = sent;
         }
-        self.ok = self.ok && apply_part(&mut self.own, &self.mine);
+        self.ok = self.ok && apply_part(&mut self.own, &self.mine, self.drop);
         self.applied += self.mine.len() as u64;
         self.mine.clear();
     }
@@ -288,6 +373,7 @@ impl Sink for Parallel<'_> {
         (!self.ok).then_some(Failed::Somewhere)
     }
 
+    #[cfg(test)]
     fn applied(&self) -> u64 {
         self.applied
     }
@@ -313,7 +399,13 @@ mod tests {
             at: pos * 31,
             nth: 0,
             hash: hash_key(&request.producer_id, 0),
-            request,
+            op: KeyOp::Append(
+                request,
+                Apply {
+                    unknown: crate::UnknownProducer::RequireZero,
+                    x: Activity::new(pos as i64),
+                },
+            ),
         }
     }
 
@@ -332,10 +424,10 @@ mod tests {
 
     fn same_state(one: &Shards, two: &Shards) {
         for i in 0..SHARDS {
-            let mut a: Vec<_> = one.shard(i).iter().collect();
-            let mut b: Vec<_> = two.shard(i).iter().collect();
-            a.sort_by_key(|(id, p, _)| (id.as_numeric(), *p));
-            b.sort_by_key(|(id, p, _)| (id.as_numeric(), *p));
+            let mut a: Vec<_> = one.shard(i).iter_full().collect();
+            let mut b: Vec<_> = two.shard(i).iter_full().collect();
+            a.sort_by_key(|(id, p, _, _)| (id.as_numeric(), *p));
+            b.sort_by_key(|(id, p, _, _)| (id.as_numeric(), *p));
             assert_eq!(a, b, "shard {i}");
         }
     }
@@ -354,7 +446,7 @@ mod tests {
         let mut two = Shards::default();
         run(&mut Sequential::new(&mut one), history(None)).unwrap();
         std::thread::scope(|s| {
-            let mut sink = Parallel::new(s, &mut two);
+            let mut sink = Parallel::new(s, &mut two, false);
             run(&mut sink, history(None)).unwrap();
             assert_eq!(sink.applied(), 300);
         });
@@ -371,7 +463,7 @@ mod tests {
         let mut two = Shards::default();
         run(&mut Sequential::new(&mut one), history_of(keys, each, None)).unwrap();
         std::thread::scope(|s| {
-            let mut sink = Parallel::new(s, &mut two);
+            let mut sink = Parallel::new(s, &mut two, false);
             run(&mut sink, history_of(keys, each, None)).unwrap();
             assert_eq!(sink.applied(), keys * each);
         });
@@ -387,7 +479,7 @@ mod tests {
         // held a whole segment's records).
         let mut four = Shards::default();
         std::thread::scope(|s| {
-            let mut sink = Parallel::new(s, &mut four);
+            let mut sink = Parallel::new(s, &mut four, false);
             let own: Vec<u64> = (0..10_000u64)
                 .filter(|&k| {
                     sink.own
@@ -409,9 +501,52 @@ mod tests {
         // A record that does not apply in a late batch fails it too.
         let mut three = Shards::default();
         std::thread::scope(|s| {
-            let mut sink = Parallel::new(s, &mut three);
+            let mut sink = Parallel::new(s, &mut three, false);
             assert!(run(&mut sink, history_of(keys, each, Some(55_555))).is_err());
         });
+    }
+
+    #[test]
+    fn a_dropping_sink_passes_over_what_does_not_apply_and_applies_removals_and_states() {
+        let mut one = Shards::default();
+        let mut recs = history(Some(150));
+        // Key 7 removed at the end; key 1000 set.
+        let id = crate::id::ProducerId::numeric(7);
+        recs.push(Rec {
+            pos: 300,
+            at: 0,
+            nth: 0,
+            hash: hash_key(&id, 0),
+            op: KeyOp::Remove(id.clone(), 0),
+        });
+        let set = ProducerInfo {
+            producer_id: crate::id::ProducerId::numeric(1000),
+            partition: 0,
+            entry: crate::entry::ProducerEntry::start(3, 0, 9, None),
+            last_activity: 42,
+        };
+        recs.push(Rec {
+            pos: 301,
+            at: 0,
+            nth: 0,
+            hash: hash_key(&set.producer_id, 0),
+            op: KeyOp::Set(set.clone()),
+        });
+        let mut sink = Sequential::dropping(&mut one);
+        run(&mut sink, recs).unwrap();
+        assert_eq!(sink.take_failure(), None);
+        // Key 50's append 150 skipped a sequence, so its 250 did not apply
+        // either: key 50 stayed at 0.
+        let k50 = crate::id::ProducerId::numeric(50);
+        assert_eq!(
+            one.get(hash_key(&k50, 0), &k50, 0)
+                .map(|e| e.last_sequence()),
+            Some(0)
+        );
+        assert_eq!(one.get(hash_key(&id, 0), &id, 0), None);
+        let h = hash_key(&set.producer_id, 0);
+        assert_eq!(one.get_full(h, &set.producer_id, 0), Some((set.entry, 42)));
+        assert_eq!(one.len(), 100);
     }
 
     #[test]
@@ -425,7 +560,7 @@ mod tests {
         ));
         let mut two = Shards::default();
         std::thread::scope(|s| {
-            let mut sink = Parallel::new(s, &mut two);
+            let mut sink = Parallel::new(s, &mut two, false);
             assert!(run(&mut sink, history(Some(150))).is_err());
             // It cannot say where: recovery replays again, sequentially.
             assert_eq!(sink.take_failure(), Some(Failed::Somewhere));

@@ -10,6 +10,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
 
 /// The crate's result type.
@@ -117,6 +118,50 @@ pub enum Error {
         len: usize,
         /// The longest name the format holds.
         max: usize,
+    },
+    /// The table holds `max_producers` keys and the store was opened with
+    /// [`AtCapacity::Refuse`](crate::AtCapacity::Refuse): a new key is
+    /// refused, nothing is written. Existing keys keep appending; keys
+    /// leave by expiration or partition removal.
+    #[error(
+        "the store holds its maximum of {max} producer keys and refuses new ones (AtCapacity::Refuse); nothing was written: let keys expire, remove a partition, or raise max_producers"
+    )]
+    TooManyProducers {
+        /// The cap (`StoreOptions::max_producers`).
+        max: usize,
+    },
+    /// `truncate_to(offset)` reaches below what the retained snapshots and
+    /// log can rebuild; nothing was changed.
+    #[error(
+        "cannot truncate to offset {offset}: the oldest retained history starts above it, the lowest offset this store can truncate to is {lowest} (keep more snapshots with StoreOptions::keep_snapshots to reach further back); nothing was changed"
+    )]
+    TruncateBelowHistory {
+        /// The offset asked for.
+        offset: i64,
+        /// The lowest offset truncation can reach now.
+        lowest: i64,
+    },
+    /// `truncate_to(offset)` is above the log's end (one past the highest
+    /// offset the store holds); nothing was changed.
+    #[error(
+        "cannot truncate to offset {offset}: it is above the end of the log, {end} (one past the highest offset appended); nothing was changed"
+    )]
+    TruncateAboveEnd {
+        /// The offset asked for.
+        offset: i64,
+        /// The log's end.
+        end: i64,
+    },
+    /// `import_partition` found a key the store already holds; nothing was
+    /// imported.
+    #[error(
+        "cannot import: producer {producer_id} already has state for partition {partition} in this store; nothing was imported (remove the partition first if the import is meant to replace it)"
+    )]
+    ImportConflict {
+        /// The producer of the first conflicting key.
+        producer_id: ProducerId,
+        /// Its partition.
+        partition: i32,
     },
 }
 
@@ -242,6 +287,9 @@ pub enum Corruption {
         /// The store id in this segment's header.
         found: u64,
     },
+    /// The records end inside an atomic group (version 5): its last
+    /// records are missing.
+    IncompleteGroup,
 }
 
 impl fmt::Display for Corruption {
@@ -309,6 +357,9 @@ impl fmt::Display for Corruption {
             Corruption::ForeignSegment { expected, found } => write!(
                 f,
                 "the segment belongs to store {found:#018x}, not to this log's store {expected:#018x}"
+            ),
+            Corruption::IncompleteGroup => f.write_str(
+                "the records end inside an atomic group (its last records are missing: a write cut short)",
             ),
         }
     }

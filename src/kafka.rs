@@ -407,6 +407,7 @@ pub fn seed_store_with(
         )));
     }
     let mut shards = Shards::default();
+    let mut meta = crate::meta::Meta::default();
     let mut report = SeedReport::default();
     for (path, partition) in sources {
         let file = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
@@ -419,7 +420,10 @@ pub fn seed_store_with(
         for k in entries {
             match to_entry(&k) {
                 Ok((id, e)) => {
-                    if !shards.insert_new(&id, *partition, &e) {
+                    // Kafka's lastTimestamp is the key's last activity;
+                    // its offsets bound what truncation must undo.
+                    meta.high = meta.high.max(k.last_offset);
+                    if !shards.insert_new(&id, *partition, &e, k.timestamp) {
                         return Err(Error::InvalidOptions(format!(
                             "producer {} appears twice for partition {partition}",
                             k.producer_id
@@ -434,11 +438,18 @@ pub fn seed_store_with(
         }
     }
     let mut w = snapshot::Writer::create(fs, dir, 0)?;
+    w.write_meta(&meta)?;
     let mut chunk = Vec::new();
     let mut n = 0;
     for i in 0..crate::shards::SHARDS {
-        for (id, p, e) in shards.shard(i).iter() {
-            snapshot::encode_entry(&mut chunk, &id, p, &e);
+        for info in shards.infos(i) {
+            snapshot::encode_entry(
+                &mut chunk,
+                &info.producer_id,
+                info.partition,
+                &info.entry,
+                info.last_activity,
+            );
             n += 1;
         }
     }

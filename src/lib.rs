@@ -125,36 +125,46 @@
 
 mod apply;
 mod batch;
+mod clock;
 mod codec;
 mod directory;
 mod entry;
+mod entry_codec;
 mod error;
 mod files;
+mod filter;
 pub mod fs;
 mod id;
+mod info;
 pub mod inspect;
 pub mod kafka;
 mod loader;
 mod manager;
 mod map;
+mod meta;
 mod outcome;
 mod recovery;
+mod replay;
 mod rules;
 mod shards;
 mod snapshot;
 mod store;
+mod truncate;
 mod wal;
 
 pub use batch::{AppendRequest, Batch, BatchMetadata, RetainedBatch};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use entry::{Batches, ProducerEntry, RETAINED_BATCHES};
 pub use error::{Corruption, Error, Result};
 pub use id::{INLINE_NAME_LEN, NegativeProducerId, ProducerId};
+pub use info::ProducerInfo;
 pub use manager::ProducerStateManager;
 pub use outcome::{AppendOutcome, BatchOutcome, OutOfOrderReason, ParseOutcomeError};
 pub use recovery::{
     Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
 };
-pub use store::{FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
+pub use rules::UnknownProducer;
+pub use store::{AtCapacity, FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
 
 // Brokers share one store between their request threads, and move errors
 // into `Box<dyn Error + Send + Sync>` or `anyhow`: a change that made one

@@ -20,6 +20,7 @@ use std::path::Path;
 use crate::entry::ProducerEntry;
 use crate::error::{Corruption, Error, Result};
 use crate::id::ProducerId;
+use crate::meta::Meta;
 use crate::shards::Shards;
 use crate::snapshot;
 
@@ -27,6 +28,7 @@ use crate::snapshot;
 struct Loader<'a> {
     path: &'a Path,
     shards: Shards,
+    meta: Meta,
 }
 
 impl snapshot::Sink for Loader<'_> {
@@ -36,9 +38,13 @@ impl snapshot::Sink for Loader<'_> {
         self.shards = Shards::with_capacity(header.entries, header.entries);
     }
 
+    fn meta(&mut self, meta: Meta) {
+        self.meta = meta;
+    }
+
     #[inline]
-    fn entry(&mut self, id: ProducerId, p: i32, e: ProducerEntry) -> Result<()> {
-        if self.shards.insert_new(&id, p, &e) {
+    fn entry(&mut self, id: ProducerId, p: i32, e: ProducerEntry, act: i64) -> Result<()> {
+        if self.shards.insert_new(&id, p, &e, act) {
             Ok(())
         } else {
             Err(Error::corrupt(self.path, 0, Corruption::DuplicateKey))
@@ -46,12 +52,20 @@ impl snapshot::Sink for Loader<'_> {
     }
 }
 
+/// A snapshot loaded: its header, store section and state.
+pub(crate) struct Loaded {
+    pub header: snapshot::Header,
+    pub meta: Meta,
+    pub shards: Shards,
+}
+
 /// Reads, verifies and loads the snapshot `path` (of `len` bytes, open as
 /// `file`) into a fresh state.
-pub(crate) fn load(path: &Path, file: impl Read, len: u64) -> Result<(snapshot::Header, Shards)> {
+pub(crate) fn load(path: &Path, file: impl Read, len: u64) -> Result<Loaded> {
     let mut loader = Loader {
         path,
         shards: Shards::default(),
+        meta: Meta::default(),
     };
     let header = snapshot::read_into(
         path,
@@ -59,5 +73,9 @@ pub(crate) fn load(path: &Path, file: impl Read, len: u64) -> Result<(snapshot::
         len,
         &mut loader,
     )?;
-    Ok((header, loader.shards))
+    Ok(Loaded {
+        header,
+        meta: loader.meta,
+        shards: loader.shards,
+    })
 }

@@ -9,8 +9,9 @@
 use crate::batch::{AppendRequest, Batch};
 use crate::entry::ProducerEntry;
 use crate::id::ProducerId;
-use crate::map::StateMap;
+use crate::map::{Apply, StateMap};
 use crate::outcome::{AppendOutcome, BatchOutcome};
+use crate::rules::UnknownProducer;
 
 /// The idempotent-produce engine: classifies every append per
 /// (producer id, partition) and keeps the state that only accepted appends
@@ -30,12 +31,34 @@ use crate::outcome::{AppendOutcome, BatchOutcome};
 #[derive(Clone, Debug, Default)]
 pub struct ProducerStateManager {
     map: StateMap,
+    unknown: UnknownProducer,
 }
 
 impl ProducerStateManager {
     /// An engine with no state.
     pub fn new() -> Self {
         ProducerStateManager::default()
+    }
+
+    /// The same engine with rule 1 as `policy` says (default
+    /// [`UnknownProducer::RequireZero`]; [`UnknownProducer::AcceptAny`] is
+    /// Kafka's behaviour since KIP-360).
+    pub fn with_unknown_producer(mut self, policy: UnknownProducer) -> Self {
+        self.unknown = policy;
+        self
+    }
+
+    /// What rule 1 does with a key that has no state.
+    pub fn unknown_producer(&self) -> UnknownProducer {
+        self.unknown
+    }
+
+    #[inline(always)]
+    fn how(&self) -> Apply<()> {
+        Apply {
+            unknown: self.unknown,
+            x: (),
+        }
     }
 
     /// Classifies a single-sequence append and records it if accepted.
@@ -58,6 +81,7 @@ impl ProducerStateManager {
                 sequence,
                 sequence,
                 None,
+                self.how(),
             )
             .outcome()
     }
@@ -100,6 +124,7 @@ impl ProducerStateManager {
             batch.first_sequence,
             batch.last_sequence,
             Some(batch.metadata()),
+            self.how(),
         )
     }
 
@@ -112,6 +137,7 @@ impl ProducerStateManager {
             request.first,
             request.last,
             request.metadata,
+            self.how(),
         )
     }
 
@@ -293,6 +319,24 @@ mod tests {
         assert_eq!(mgr.append(2u64, 0, -1, 0), Accepted);
         assert_eq!(mgr.append(2u64, 0, 0, 0), Accepted);
         assert_eq!(mgr.append(2u64, 0, -1, 1), FencedEpoch);
+    }
+
+    #[test]
+    fn accept_any_admits_the_first_append_of_an_unknown_key_at_any_sequence() {
+        let mut mgr = ProducerStateManager::new().with_unknown_producer(UnknownProducer::AcceptAny);
+        assert_eq!(mgr.append(1u64, 0, 4, 17), Accepted);
+        assert_eq!(mgr.append(1u64, 0, 4, 18), Accepted);
+        assert_eq!(mgr.append(1u64, 0, 4, 20), OutOfOrder, "rule 4 as usual");
+        assert_eq!(mgr.append(1u64, 0, 3, 19), FencedEpoch);
+        // Malformed batches are still rejected.
+        assert_eq!(mgr.append(2u64, 0, 0, -1), OutOfOrder);
+        assert_eq!(
+            mgr.append_batch(2u64, 0, 0, Batch::new(9, 3, 0, 0))
+                .outcome(),
+            OutOfOrder
+        );
+        assert_eq!(mgr.get(1u64, 0).map(|e| e.last_sequence()), Some(18));
+        assert_eq!(mgr.unknown_producer(), UnknownProducer::AcceptAny);
     }
 
     #[test]

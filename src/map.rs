@@ -11,9 +11,17 @@
 //! second dependent cache miss. Named keys live in a second table, so
 //! numeric keys never pay for names.
 //!
+//! A slot may carry a small per-key extra (`X`): nothing for the in-memory
+//! engine (its slot stays 24 bytes), the key's last activity for the
+//! durable store (8 bytes, a 32-byte slot: about 17 bytes more per key at
+//! 1M keys). Windows freed by removed keys are reused, so a table whose
+//! keys come and go (expiration, eviction) keeps a bounded arena.
+//!
 //! The hash is fixed (no random seed): the layout and the benchmarks are
 //! reproducible, and producer ids are handed out by the broker, not chosen
 //! by clients, so hash flooding is not the threat model here.
+
+use std::fmt::Debug;
 
 use hashbrown::HashTable;
 
@@ -21,10 +29,38 @@ use crate::batch::BatchMetadata;
 use crate::entry::{Head, ProducerEntry, Window};
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
-use crate::rules;
+use crate::rules::{self, UnknownProducer};
 
 /// No window: the key only used single-sequence appends.
 const NO_WINDOW: u32 = u32::MAX;
+
+/// What a slot carries beside the key's state: `()` for the engine, the
+/// key's last activity for the store. 4-byte aligned, so a numeric slot
+/// has no padding.
+pub(crate) trait Extra: Copy + Default + Debug + PartialEq {}
+
+impl Extra for () {}
+
+/// A key's last activity (milliseconds since the Unix epoch): the time
+/// expiration and eviction order by. Two `u32`s, so the slot stays
+/// 4-byte aligned (32 bytes for a numeric key).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Activity([u32; 2]);
+
+impl Activity {
+    #[inline]
+    pub(crate) fn new(ms: i64) -> Activity {
+        let v = ms as u64;
+        Activity([v as u32, (v >> 32) as u32])
+    }
+
+    #[inline]
+    pub(crate) fn ms(self) -> i64 {
+        (u64::from(self.0[0]) | (u64::from(self.0[1]) << 32)) as i64
+    }
+}
+
+impl Extra for Activity {}
 
 /// A key's state inside a slot: the head the rules read, and the index of
 /// the key's window in the arena (or `NO_WINDOW`). 12 bytes.
@@ -34,20 +70,22 @@ struct State {
     win: u32,
 }
 
-/// A numeric key's slot: 24 bytes, 4-byte aligned (the producer id is
-/// split into two `u32`s so the struct has no padding).
+/// A numeric key's slot: 24 bytes plus the extra, 4-byte aligned (the
+/// producer id is split into two `u32`s so the struct has no padding).
 #[derive(Clone, Copy, Debug)]
-struct NumSlot {
+struct NumSlot<X> {
     pid: [u32; 2],
     partition: i32,
     st: State,
+    x: X,
 }
 
 #[derive(Clone, Debug)]
-struct NamedSlot {
+struct NamedSlot<X> {
     id: ProducerId,
     partition: i32,
     st: State,
+    x: X,
 }
 
 #[inline]
@@ -133,21 +171,52 @@ fn join_pid(p: [u32; 2]) -> u64 {
     u64::from(p[0]) | (u64::from(p[1]) << 32)
 }
 
+/// The window arena: windows by index, and the indexes of windows freed
+/// by keys that were removed or lost their window, reused first.
+#[derive(Clone, Debug, Default)]
+struct Arena {
+    windows: Vec<Window>,
+    free: Vec<u32>,
+}
+
+impl Arena {
+    #[inline]
+    fn alloc(&mut self, w: Window) -> u32 {
+        if let Some(i) = self.free.pop() {
+            self.windows[i as usize] = w;
+            return i;
+        }
+        let idx = u32::try_from(self.windows.len())
+            .ok()
+            .filter(|&i| i != NO_WINDOW)
+            .expect("more than 2^32 - 1 retry windows in one map");
+        self.windows.push(w);
+        idx
+    }
+
+    #[inline]
+    fn release(&mut self, win: u32) {
+        if win != NO_WINDOW {
+            self.free.push(win);
+        }
+    }
+}
+
 impl State {
-    fn from_entry(e: &ProducerEntry, windows: &mut Vec<Window>) -> State {
+    fn from_entry(e: &ProducerEntry, arena: &mut Arena) -> State {
         let win = if e.head.windowed() {
-            alloc(windows, e.window)
+            arena.alloc(e.window)
         } else {
             NO_WINDOW
         };
         State { head: e.head, win }
     }
 
-    fn to_entry(self, windows: &[Window]) -> ProducerEntry {
+    fn to_entry(self, arena: &Arena) -> ProducerEntry {
         ProducerEntry {
             head: self.head,
             window: if self.head.windowed() {
-                windows[self.win as usize]
+                arena.windows[self.win as usize]
             } else {
                 Window::EMPTY
             },
@@ -155,9 +224,10 @@ impl State {
     }
 
     #[inline]
-    fn find(&self, windows: &[Window], first: i32, last: i32) -> Option<Option<BatchMetadata>> {
+    fn find(&self, arena: &Arena, first: i32, last: i32) -> Option<Option<BatchMetadata>> {
         if self.head.windowed() {
-            self.head.find(&windows[self.win as usize], first, last)
+            self.head
+                .find(&arena.windows[self.win as usize], first, last)
         } else {
             None
         }
@@ -166,7 +236,7 @@ impl State {
     #[inline(always)]
     fn accept(
         &mut self,
-        windows: &mut Vec<Window>,
+        arena: &mut Arena,
         new_session: bool,
         epoch: i16,
         first: i32,
@@ -174,73 +244,98 @@ impl State {
         meta: Option<BatchMetadata>,
     ) {
         if self.head.windowed() {
-            let w = &mut windows[self.win as usize];
+            let w = &mut arena.windows[self.win as usize];
             self.head.push(w, new_session, epoch, first, last, meta);
         } else if meta.is_some() {
             let mut w = Window::EMPTY;
             self.head
                 .push(&mut w, new_session, epoch, first, last, meta);
-            self.win = alloc(windows, w);
+            self.win = arena.alloc(w);
         } else {
             self.head.accept_plain(epoch, last);
         }
     }
+
+    /// Replaces this state with `entry`'s, reusing its window when both
+    /// have one and freeing it when the new one has none.
+    fn replace(&mut self, entry: &ProducerEntry, arena: &mut Arena) {
+        match (self.head.windowed(), entry.head.windowed()) {
+            (true, true) => arena.windows[self.win as usize] = entry.window,
+            (true, false) => {
+                arena.release(self.win);
+                self.win = NO_WINDOW;
+            }
+            (false, true) => self.win = arena.alloc(entry.window),
+            (false, false) => {}
+        }
+        self.head = entry.head;
+    }
 }
 
-fn alloc(windows: &mut Vec<Window>, w: Window) -> u32 {
-    let idx = u32::try_from(windows.len())
-        .ok()
-        .filter(|&i| i != NO_WINDOW)
-        .expect("more than 2^32 - 1 retry windows in one map");
-    windows.push(w);
-    idx
+/// How an append is applied: rule 1's policy, and the extra an accepted
+/// append leaves in its key's slot.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Apply<X> {
+    pub unknown: UnknownProducer,
+    pub x: X,
+}
+
+impl Default for Apply<()> {
+    fn default() -> Self {
+        Apply {
+            unknown: UnknownProducer::RequireZero,
+            x: (),
+        }
+    }
 }
 
 /// Both tables and the window arena.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct StateMap {
-    numeric: HashTable<NumSlot>,
-    named: HashTable<NamedSlot>,
-    windows: Vec<Window>,
+pub(crate) struct StateMap<X: Extra = ()> {
+    numeric: HashTable<NumSlot<X>>,
+    named: HashTable<NamedSlot<X>>,
+    arena: Arena,
 }
 
 /// Classifies `first..=last` against one slot (or its absence) and applies
 /// it if accepted. Generic over the two slot kinds.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn append_in<S>(
+fn append_in<S, X: Extra>(
     table: &mut HashTable<S>,
-    windows: &mut Vec<Window>,
+    arena: &mut Arena,
     hash: u64,
     eq: impl FnMut(&S) -> bool,
-    state: impl Fn(&mut S) -> &mut State,
-    new_slot: impl FnOnce(State) -> S,
+    state: impl Fn(&mut S) -> (&mut State, &mut X),
+    new_slot: impl FnOnce(State, X) -> S,
     rehash: impl Fn(&S) -> u64,
     epoch: i16,
     first: i32,
     last: i32,
     meta: Option<BatchMetadata>,
+    how: Apply<X>,
 ) -> BatchOutcome {
     if let Some(slot) = table.find_mut(hash, eq) {
-        let st = state(slot);
+        let (st, x) = state(slot);
         let cur = st.head.current();
-        let outcome = rules::classify(Some(cur), epoch, first, last, |f, l| st.find(windows, f, l));
+        let outcome = rules::classify(Some(cur), epoch, first, last, |f, l| st.find(arena, f, l));
         if outcome.is_accepted() {
-            st.accept(windows, epoch > cur.epoch, epoch, first, last, meta);
+            st.accept(arena, epoch > cur.epoch, epoch, first, last, meta);
+            *x = how.x;
         }
         outcome
     } else {
-        let outcome = rules::classify(None, epoch, first, last, |_, _| None);
+        let outcome = rules::classify_with(None, how.unknown, epoch, first, last, |_, _| None);
         if outcome.is_accepted() {
             let entry = ProducerEntry::start(epoch, first, last, meta);
-            let st = State::from_entry(&entry, windows);
-            table.insert_unique(hash, new_slot(st), rehash);
+            let st = State::from_entry(&entry, arena);
+            table.insert_unique(hash, new_slot(st, how.x), rehash);
         }
         outcome
     }
 }
 
-impl StateMap {
+impl<X: Extra> StateMap<X> {
     /// Number of keys with state.
     pub(crate) fn len(&self) -> usize {
         self.numeric.len() + self.named.len()
@@ -248,6 +343,7 @@ impl StateMap {
 
     /// Classifies an append and applies it when accepted.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn append(
         &mut self,
         id: &ProducerId,
@@ -256,6 +352,7 @@ impl StateMap {
         first: i32,
         last: i32,
         meta: Option<BatchMetadata>,
+        how: Apply<X>,
     ) -> BatchOutcome {
         self.append_hashed(
             hash_key(id, partition),
@@ -265,6 +362,7 @@ impl StateMap {
             first,
             last,
             meta,
+            how,
         )
     }
 
@@ -280,29 +378,32 @@ impl StateMap {
         first: i32,
         last: i32,
         meta: Option<BatchMetadata>,
+        how: Apply<X>,
     ) -> BatchOutcome {
         match id.as_numeric() {
             Some(pid) => {
                 let key = split_pid(pid);
                 append_in(
                     &mut self.numeric,
-                    &mut self.windows,
+                    &mut self.arena,
                     hash,
                     |s| s.pid == key && s.partition == partition,
-                    |s| &mut s.st,
-                    |st| NumSlot {
+                    |s| (&mut s.st, &mut s.x),
+                    |st, x| NumSlot {
                         pid: key,
                         partition,
                         st,
+                        x,
                     },
                     |s| hash_numeric(join_pid(s.pid), s.partition),
                     epoch,
                     first,
                     last,
                     meta,
+                    how,
                 )
             }
-            None => self.append_named(hash, id, partition, epoch, first, last, meta),
+            None => self.append_named(hash, id, partition, epoch, first, last, meta, how),
         }
     }
 
@@ -317,23 +418,26 @@ impl StateMap {
         first: i32,
         last: i32,
         meta: Option<BatchMetadata>,
+        how: Apply<X>,
     ) -> BatchOutcome {
         append_in(
             &mut self.named,
-            &mut self.windows,
+            &mut self.arena,
             hash,
             |s| s.partition == partition && same_name(&s.id, id),
-            |s| &mut s.st,
-            |st| NamedSlot {
+            |s| (&mut s.st, &mut s.x),
+            |st, x| NamedSlot {
                 id: id.clone(),
                 partition,
                 st,
+                x,
             },
             |s| hash_key(&s.id, s.partition),
             epoch,
             first,
             last,
             meta,
+            how,
         )
     }
 
@@ -346,17 +450,23 @@ impl StateMap {
     /// replay runs ahead of the appends to bring their slots into cache.
     #[inline(always)]
     pub(crate) fn contains_hashed(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        self.slot(hash, id, partition).is_some()
+    }
+
+    /// A key's state and extra.
+    #[inline(always)]
+    fn slot(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<(State, X)> {
         match id.as_numeric() {
             Some(pid) => {
                 let key = split_pid(pid);
                 self.numeric
                     .find(hash, |s| s.pid == key && s.partition == partition)
-                    .is_some()
+                    .map(|s| (s.st, s.x))
             }
             None => self
                 .named
                 .find(hash, |s| s.partition == partition && same_name(&s.id, id))
-                .is_some(),
+                .map(|s| (s.st, s.x)),
         }
     }
 
@@ -367,24 +477,28 @@ impl StateMap {
         id: &ProducerId,
         partition: i32,
     ) -> Option<ProducerEntry> {
-        let st = match id.as_numeric() {
-            Some(pid) => {
-                let key = split_pid(pid);
-                self.numeric
-                    .find(hash, |s| s.pid == key && s.partition == partition)
-                    .map(|s| s.st)
-            }
-            None => self
-                .named
-                .find(hash, |s| s.partition == partition && same_name(&s.id, id))
-                .map(|s| s.st),
-        }?;
-        Some(st.to_entry(&self.windows))
+        self.get_full(hash, id, partition).map(|(e, _)| e)
     }
 
-    /// Sets one key's entry, replacing what was there (the durable store
-    /// installing what an accepted append computed), with the key's hash
-    /// already computed.
+    /// A key's entry and extra, with its hash already computed.
+    pub(crate) fn get_full(
+        &self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+    ) -> Option<(ProducerEntry, X)> {
+        let (st, x) = self.slot(hash, id, partition)?;
+        Some((st.to_entry(&self.arena), x))
+    }
+
+    /// A key's extra alone (no window is read).
+    pub(crate) fn extra(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<X> {
+        self.slot(hash, id, partition).map(|(_, x)| x)
+    }
+
+    /// Sets one key's entry and extra, replacing what was there (the
+    /// durable store installing what an accepted append computed), with
+    /// the key's hash already computed. True if the key is new.
     #[inline]
     pub(crate) fn insert_hashed(
         &mut self,
@@ -392,41 +506,72 @@ impl StateMap {
         id: &ProducerId,
         partition: i32,
         entry: &ProducerEntry,
-    ) {
-        let windows = &mut self.windows;
+        x: X,
+    ) -> bool {
+        let arena = &mut self.arena;
         match id.as_numeric() {
             Some(pid) => {
                 let key = split_pid(pid);
                 upsert(
                     &mut self.numeric,
-                    windows,
+                    arena,
                     hash,
                     |s| s.pid == key && s.partition == partition,
-                    |s| &mut s.st,
-                    |st| NumSlot {
+                    |s| (&mut s.st, &mut s.x),
+                    |st, x| NumSlot {
                         pid: key,
                         partition,
                         st,
+                        x,
                     },
                     |s| hash_numeric(join_pid(s.pid), s.partition),
                     entry,
-                );
+                    x,
+                )
             }
             None => upsert(
                 &mut self.named,
-                windows,
+                arena,
                 hash,
                 |s| s.partition == partition && same_name(&s.id, id),
-                |s| &mut s.st,
-                |st| NamedSlot {
+                |s| (&mut s.st, &mut s.x),
+                |st, x| NamedSlot {
                     id: id.clone(),
                     partition,
                     st,
+                    x,
                 },
                 |s| hash_key(&s.id, s.partition),
                 entry,
+                x,
             ),
         }
+    }
+
+    /// Removes a key (its window is freed for reuse); false if it had no
+    /// state.
+    pub(crate) fn remove_hashed(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        let win = match id.as_numeric() {
+            Some(pid) => {
+                let key = split_pid(pid);
+                match self
+                    .numeric
+                    .find_entry(hash, |s| s.pid == key && s.partition == partition)
+                {
+                    Ok(e) => e.remove().0.st.win,
+                    Err(_) => return false,
+                }
+            }
+            None => match self
+                .named
+                .find_entry(hash, |s| s.partition == partition && same_name(&s.id, id))
+            {
+                Ok(e) => e.remove().0.st.win,
+                Err(_) => return false,
+            },
+        };
+        self.arena.release(win);
+        true
     }
 
     /// Makes room for `keys` more keys and `windows` more windows, so that
@@ -434,7 +579,7 @@ impl StateMap {
     pub(crate) fn reserve(&mut self, keys: usize, windows: usize) {
         self.numeric
             .reserve(keys, |s| hash_numeric(join_pid(s.pid), s.partition));
-        self.windows.reserve(windows);
+        self.arena.windows.reserve(windows);
     }
 
     /// Inserts the entry of a key that has none, with its hash already
@@ -449,8 +594,9 @@ impl StateMap {
         id: &ProducerId,
         partition: i32,
         entry: &ProducerEntry,
+        x: X,
     ) -> bool {
-        let windows = &mut self.windows;
+        let arena = &mut self.arena;
         match id.as_numeric() {
             Some(pid) => {
                 let key = split_pid(pid);
@@ -464,7 +610,8 @@ impl StateMap {
                         v.insert(NumSlot {
                             pid: key,
                             partition,
-                            st: State::from_entry(entry, windows),
+                            st: State::from_entry(entry, arena),
+                            x,
                         });
                         true
                     }
@@ -480,7 +627,8 @@ impl StateMap {
                     v.insert(NamedSlot {
                         id: id.clone(),
                         partition,
-                        st: State::from_entry(entry, windows),
+                        st: State::from_entry(entry, arena),
+                        x,
                     });
                     true
                 }
@@ -491,58 +639,64 @@ impl StateMap {
     /// Every key and its entry, numeric keys first, otherwise in no
     /// particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
-        let w = &self.windows;
+        self.iter_full().map(|(id, p, e, _)| (id, p, e))
+    }
+
+    /// [`StateMap::iter`] with each key's extra.
+    pub(crate) fn iter_full(
+        &self,
+    ) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry, X)> + '_ {
+        let a = &self.arena;
         let numeric = self.numeric.iter().map(move |s| {
             (
                 ProducerId::numeric(join_pid(s.pid)),
                 s.partition,
-                s.st.to_entry(w),
+                s.st.to_entry(a),
+                s.x,
             )
         });
         let named = self
             .named
             .iter()
-            .map(move |s| (s.id.clone(), s.partition, s.st.to_entry(w)));
+            .map(move |s| (s.id.clone(), s.partition, s.st.to_entry(a), s.x));
+        numeric.chain(named)
+    }
+
+    /// Every key with its extra, without building entries: what eviction
+    /// order and listings filter on before they look closer.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = (ProducerId, i32, X)> + '_ {
+        let numeric = self
+            .numeric
+            .iter()
+            .map(|s| (ProducerId::numeric(join_pid(s.pid)), s.partition, s.x));
+        let named = self.named.iter().map(|s| (s.id.clone(), s.partition, s.x));
         numeric.chain(named)
     }
 }
 
-/// Sets one slot's state to `entry`, creating the slot if needed.
+/// Sets one slot's state to `entry`, creating the slot if needed; true if
+/// it was created.
 #[allow(clippy::too_many_arguments)]
-fn upsert<S>(
+fn upsert<S, X: Extra>(
     table: &mut HashTable<S>,
-    windows: &mut Vec<Window>,
+    arena: &mut Arena,
     hash: u64,
     eq: impl FnMut(&S) -> bool,
-    state: impl Fn(&mut S) -> &mut State,
-    new_slot: impl FnOnce(State) -> S,
+    state: impl Fn(&mut S) -> (&mut State, &mut X),
+    new_slot: impl FnOnce(State, X) -> S,
     rehash: impl Fn(&S) -> u64,
     entry: &ProducerEntry,
-) {
+    x: X,
+) -> bool {
     if let Some(slot) = table.find_mut(hash, eq) {
-        let st = state(slot);
-        *st = replace(*st, entry, windows);
+        let (st, sx) = state(slot);
+        st.replace(entry, arena);
+        *sx = x;
+        false
     } else {
-        let st = State::from_entry(entry, windows);
-        table.insert_unique(hash, new_slot(st), rehash);
-    }
-}
-
-/// Replaces a slot's state with `entry`, reusing its window when it has one.
-fn replace(old: State, entry: &ProducerEntry, windows: &mut Vec<Window>) -> State {
-    match (old.head.windowed(), entry.head.windowed()) {
-        (true, true) => {
-            windows[old.win as usize] = entry.window;
-            State {
-                head: entry.head,
-                win: old.win,
-            }
-        }
-        // A window no longer referenced stays in the arena until the map is
-        // dropped. That happens only while loading: the durable store also
-        // replaces entries, with the entry an accepted append leads to, and
-        // an accepted append never turns a windowed entry plain.
-        _ => State::from_entry(entry, windows),
+        let st = State::from_entry(entry, arena);
+        table.insert_unique(hash, new_slot(st, x), rehash);
+        true
     }
 }
 
@@ -553,23 +707,34 @@ mod tests {
 
     #[test]
     fn slots_are_as_small_as_designed() {
-        assert_eq!(std::mem::size_of::<NumSlot>(), 24);
-        assert_eq!(std::mem::align_of::<NumSlot>(), 4);
+        assert_eq!(std::mem::size_of::<NumSlot<()>>(), 24);
+        assert_eq!(std::mem::align_of::<NumSlot<()>>(), 4);
+        assert_eq!(std::mem::size_of::<NumSlot<Activity>>(), 32);
+        assert_eq!(std::mem::align_of::<NumSlot<Activity>>(), 4);
         assert_eq!(std::mem::size_of::<State>(), 12);
     }
 
     #[test]
     fn numeric_and_named_keys_are_independent() {
-        let mut m = StateMap::default();
+        let mut m: StateMap = StateMap::default();
         let n = ProducerId::from(7u64);
         let s = ProducerId::from("7");
-        assert!(m.append(&n, 0, 0, 0, 0, None).is_accepted());
+        assert!(
+            m.append(&n, 0, 0, 0, 0, None, Apply::default())
+                .is_accepted()
+        );
         assert_eq!(
-            m.append(&s, 0, 0, 1, 1, None).outcome(),
+            m.append(&s, 0, 0, 1, 1, None, Apply::default()).outcome(),
             AppendOutcome::OutOfOrder
         );
-        assert!(m.append(&s, 0, 0, 0, 0, None).is_accepted());
-        assert!(m.append(&n, 0, 0, 1, 1, None).is_accepted());
+        assert!(
+            m.append(&s, 0, 0, 0, 0, None, Apply::default())
+                .is_accepted()
+        );
+        assert!(
+            m.append(&n, 0, 0, 1, 1, None, Apply::default())
+                .is_accepted()
+        );
         assert_eq!(m.get(&n, 0).map(|e| e.last_sequence()), Some(1));
         assert_eq!(m.get(&s, 0).map(|e| e.last_sequence()), Some(0));
         assert_eq!(m.get(&n, 1), None);
@@ -578,26 +743,38 @@ mod tests {
 
     #[test]
     fn a_plain_key_gets_a_window_with_its_first_batch() {
-        let mut m = StateMap::default();
+        let mut m: StateMap = StateMap::default();
         let id = ProducerId::from(1u64);
         let meta = Some(BatchMetadata {
             offset: 10,
             timestamp: 20,
         });
-        assert!(m.append(&id, 3, 0, 0, 0, None).is_accepted());
-        assert!(m.append(&id, 3, 0, 1, 4, meta).is_accepted());
+        assert!(
+            m.append(&id, 3, 0, 0, 0, None, Apply::default())
+                .is_accepted()
+        );
+        assert!(
+            m.append(&id, 3, 0, 1, 4, meta, Apply::default())
+                .is_accepted()
+        );
         let e = m.get(&id, 3).unwrap();
         assert_eq!(e.last_sequence(), 4);
         assert_eq!(e.retained_batches().len(), 1);
         assert_eq!(
-            m.append(&id, 3, 0, 1, 4, None),
+            m.append(&id, 3, 0, 1, 4, None, Apply::default()),
             BatchOutcome::Duplicate { original: meta }
         );
         // A single append on a windowed key is retained without metadata.
-        assert!(m.append(&id, 3, 0, 5, 5, None).is_accepted());
+        assert!(
+            m.append(&id, 3, 0, 5, 5, None, Apply::default())
+                .is_accepted()
+        );
         assert_eq!(m.get(&id, 3).unwrap().retained_batches().len(), 2);
         // A new session drops the old epoch's batches.
-        assert!(m.append(&id, 3, 1, 0, 0, None).is_accepted());
+        assert!(
+            m.append(&id, 3, 1, 0, 0, None, Apply::default())
+                .is_accepted()
+        );
         let e = m.get(&id, 3).unwrap();
         assert_eq!((e.epoch(), e.last_sequence()), (1, 0));
         assert_eq!(e.retained_batches().collect::<Vec<_>>().len(), 1);
@@ -605,16 +782,24 @@ mod tests {
 
     #[test]
     fn insert_new_adds_only_absent_keys_and_iter_sees_everything() {
-        let mut m = StateMap::default();
+        let mut m: StateMap = StateMap::default();
         for pid in 0..1000u64 {
             assert!(
-                m.append(&ProducerId::from(pid), (pid % 7) as i32, 0, 0, 0, None)
-                    .is_accepted()
+                m.append(
+                    &ProducerId::from(pid),
+                    (pid % 7) as i32,
+                    0,
+                    0,
+                    0,
+                    None,
+                    Apply::default()
+                )
+                .is_accepted()
             );
         }
         let e = ProducerEntry::from_parts(9, 77, &[]).unwrap();
         let insert = |m: &mut StateMap, id: ProducerId, p: i32| {
-            m.insert_new_hashed(hash_key(&id, p), &id, p, &e)
+            m.insert_new_hashed(hash_key(&id, p), &id, p, &e, ())
         };
         let before = m.get(&ProducerId::from(5u64), 5);
         assert!(!insert(&mut m, ProducerId::from(5u64), 5), "the key exists");

@@ -25,6 +25,40 @@
 use crate::batch::BatchMetadata;
 use crate::outcome::{BatchOutcome, OutOfOrderReason};
 
+/// What rule 1 does with a key that has no state: the unknown-producer
+/// policy, on [`ProducerStateManager`](crate::ProducerStateManager) and on
+/// the store ([`StoreOptions::unknown_producer`](crate::StoreOptions::unknown_producer)).
+///
+/// A key can lose its state: it expires, is evicted from a bounded table,
+/// or its partition moves. A producer that was active then retries or
+/// continues at some sequence above 0.
+///
+/// ```
+/// use producer_state::{AppendOutcome, ProducerStateManager, UnknownProducer};
+///
+/// let mut strict = ProducerStateManager::new();
+/// assert_eq!(strict.append(7u64, 0, 3, 42), AppendOutcome::OutOfOrder);
+/// let mut kafka = ProducerStateManager::new().with_unknown_producer(UnknownProducer::AcceptAny);
+/// assert_eq!(kafka.append(7u64, 0, 3, 42), AppendOutcome::Accepted);
+/// assert_eq!(kafka.append(7u64, 0, 3, 42), AppendOutcome::Duplicate);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum UnknownProducer {
+    /// Rule 1 as written: a key without state accepts only sequence 0;
+    /// anything else is `OUT_OF_ORDER` (reason
+    /// [`UnknownProducer`](crate::OutOfOrderReason::UnknownProducer)). The
+    /// default. A broker tells a producer whose state was removed from one
+    /// never seen with [`ProducerStateStore::was_removed`](crate::ProducerStateStore::was_removed).
+    #[default]
+    RequireZero,
+    /// Kafka since KIP-360 (2.5): the first batch of a producer without
+    /// state is accepted whatever its sequence (a well-formed one: not
+    /// negative, last not before first) and epoch, because its state may
+    /// have expired. Later appends follow rules 2 to 4 as usual.
+    AcceptAny,
+}
+
 /// What the rules need to know of a key's stored state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Current {
@@ -65,6 +99,26 @@ pub(crate) fn classify(
     last: i32,
     retained: impl FnOnce(i32, i32) -> Option<Option<BatchMetadata>>,
 ) -> BatchOutcome {
+    classify_with(
+        current,
+        UnknownProducer::RequireZero,
+        epoch,
+        first,
+        last,
+        retained,
+    )
+}
+
+/// [`classify`] with rule 1 as `unknown` says.
+#[inline]
+pub(crate) fn classify_with(
+    current: Option<Current>,
+    unknown: UnknownProducer,
+    epoch: i16,
+    first: i32,
+    last: i32,
+    retained: impl FnOnce(i32, i32) -> Option<Option<BatchMetadata>>,
+) -> BatchOutcome {
     let reject = |reason| BatchOutcome::OutOfOrder { reason };
     // The common case first: the same session continuing in order. This is
     // exactly what rule 4 accepts (a stored last sequence is never negative,
@@ -81,7 +135,7 @@ pub(crate) fn classify(
         if let Some(reason) = shape_error(first, last) {
             return reject(reason);
         }
-        return if first == 0 {
+        return if first == 0 || unknown == UnknownProducer::AcceptAny {
             BatchOutcome::Accepted
         } else {
             reject(OutOfOrderReason::UnknownProducer {

@@ -1,28 +1,81 @@
-//! The durable store's state: the engine's map split into shards.
+//! The durable store's state: the engine's map split into shards, each key
+//! with its last activity.
 //!
 //! Shards exist for snapshots, not for locking: a snapshot encodes one
 //! shard at a time under the store's lock, so an appender waits at most for
 //! one shard's worth of encoding (a 256th of the state) instead of the whole.
 //! A key's shard comes from bits of its hash that the hash tables do not use
-//! for bucket selection.
+//! for bucket selection. An expiration sweep works shard by shard too.
+//!
+//! Each shard also counts its keys per partition, so that a partition's
+//! listing or removal reads only the shards that hold some of its keys
+//! (for a partition with few producers among many, a few shards instead of
+//! the whole state). The counts change only when a key comes or goes.
+
+use hashbrown::HashTable;
 
 use crate::batch::AppendRequest;
 use crate::entry::ProducerEntry;
 use crate::id::ProducerId;
-use crate::map::{StateMap, hash_key};
+use crate::info::ProducerInfo;
+use crate::map::{Activity, Apply, StateMap, hash_key};
 use crate::outcome::BatchOutcome;
 
 pub(crate) const SHARDS: usize = 256;
 
+/// The map of one shard.
+pub(crate) type Map = StateMap<Activity>;
+
+/// Keys per partition in one shard.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PartitionCounts(HashTable<(i32, u32)>);
+
+#[inline]
+fn hash_partition(p: i32) -> u64 {
+    u64::from(p as u32).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+impl PartitionCounts {
+    #[inline]
+    fn add(&mut self, p: i32) {
+        let h = hash_partition(p);
+        match self.0.find_mut(h, |e| e.0 == p) {
+            Some(e) => e.1 += 1,
+            None => {
+                self.0.insert_unique(h, (p, 1), |e| hash_partition(e.0));
+            }
+        }
+    }
+
+    #[inline]
+    fn sub(&mut self, p: i32) {
+        if let Ok(mut e) = self.0.find_entry(hash_partition(p), |e| e.0 == p) {
+            if e.get().1 <= 1 {
+                e.remove();
+            } else {
+                e.get_mut().1 -= 1;
+            }
+        }
+    }
+
+    fn get(&self, p: i32) -> u32 {
+        self.0
+            .find(hash_partition(p), |e| e.0 == p)
+            .map_or(0, |e| e.1)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Shards {
-    maps: Vec<StateMap>,
+    maps: Vec<Map>,
+    parts: Vec<PartitionCounts>,
 }
 
 impl Default for Shards {
     fn default() -> Self {
         Shards {
-            maps: (0..SHARDS).map(|_| StateMap::default()).collect(),
+            maps: (0..SHARDS).map(|_| Map::default()).collect(),
+            parts: (0..SHARDS).map(|_| PartitionCounts::default()).collect(),
         }
     }
 }
@@ -33,9 +86,18 @@ pub(crate) fn shard_of(hash: u64) -> usize {
     ((hash >> 40) as usize) % SHARDS
 }
 
+/// Classifies and applies an append in one shard, counting a new key;
+/// also says whether the key is new.
 #[inline(always)]
-fn append_to(map: &mut StateMap, hash: u64, r: &AppendRequest) -> BatchOutcome {
-    map.append_hashed(
+fn append_to(
+    map: &mut Map,
+    parts: &mut PartitionCounts,
+    hash: u64,
+    r: &AppendRequest,
+    how: Apply<Activity>,
+) -> (BatchOutcome, bool) {
+    let before = map.len();
+    let o = map.append_hashed(
         hash,
         &r.producer_id,
         r.partition,
@@ -43,7 +105,45 @@ fn append_to(map: &mut StateMap, hash: u64, r: &AppendRequest) -> BatchOutcome {
         r.first,
         r.last,
         r.metadata,
-    )
+        how,
+    );
+    let created = map.len() != before;
+    if created {
+        parts.add(r.partition);
+    }
+    (o, created)
+}
+
+#[inline]
+fn install_in(
+    map: &mut Map,
+    parts: &mut PartitionCounts,
+    hash: u64,
+    id: &ProducerId,
+    partition: i32,
+    e: &ProducerEntry,
+    act: i64,
+) -> bool {
+    let new = map.insert_hashed(hash, id, partition, e, Activity::new(act));
+    if new {
+        parts.add(partition);
+    }
+    new
+}
+
+#[inline]
+fn remove_in(
+    map: &mut Map,
+    parts: &mut PartitionCounts,
+    hash: u64,
+    id: &ProducerId,
+    partition: i32,
+) -> bool {
+    let removed = map.remove_hashed(hash, id, partition);
+    if removed {
+        parts.sub(partition);
+    }
+    removed
 }
 
 /// Looks every key of `keys` (hash, request) up in `contains` once, so
@@ -63,14 +163,21 @@ pub(crate) fn warm<'r>(
 
 impl Shards {
     #[inline]
-    fn map(&self, hash: u64) -> &StateMap {
+    fn map(&self, hash: u64) -> &Map {
         &self.maps[shard_of(hash)]
     }
 
-    /// Classifies an append and applies it if accepted.
+    /// Classifies an append and applies it (with its activity) if
+    /// accepted; also says whether it created the key.
     #[inline]
-    pub(crate) fn append(&mut self, hash: u64, r: &AppendRequest) -> BatchOutcome {
-        append_to(&mut self.maps[shard_of(hash)], hash, r)
+    pub(crate) fn append(
+        &mut self,
+        hash: u64,
+        r: &AppendRequest,
+        how: Apply<Activity>,
+    ) -> (BatchOutcome, bool) {
+        let s = shard_of(hash);
+        append_to(&mut self.maps[s], &mut self.parts[s], hash, r, how)
     }
 
     /// See [`StateMap::contains_hashed`].
@@ -83,15 +190,38 @@ impl Shards {
         self.map(hash).get_hashed(hash, id, partition)
     }
 
+    /// A key's entry and last activity.
+    pub(crate) fn get_full(
+        &self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+    ) -> Option<(ProducerEntry, i64)> {
+        self.map(hash)
+            .get_full(hash, id, partition)
+            .map(|(e, a)| (e, a.ms()))
+    }
+
+    /// A key's last activity.
+    pub(crate) fn activity(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<i64> {
+        self.map(hash).extra(hash, id, partition).map(Activity::ms)
+    }
+
     /// Inserts an entry for a key that has none; false if the key exists.
     pub(crate) fn insert_new(
         &mut self,
         id: &ProducerId,
         partition: i32,
         e: &ProducerEntry,
+        act: i64,
     ) -> bool {
         let hash = hash_key(id, partition);
-        self.maps[shard_of(hash)].insert_new_hashed(hash, id, partition, e)
+        let s = shard_of(hash);
+        let new = self.maps[s].insert_new_hashed(hash, id, partition, e, Activity::new(act));
+        if new {
+            self.parts[s].add(partition);
+        }
+        new
     }
 
     /// A state with room for `keys` keys, `windows` of them with a
@@ -111,7 +241,8 @@ impl Shards {
         s
     }
 
-    /// Sets the entry of the key with hash `hash`, replacing what was there.
+    /// Sets the entry and activity of the key with hash `hash`, replacing
+    /// what was there; true if the key is new.
     #[inline]
     pub(crate) fn install(
         &mut self,
@@ -119,29 +250,66 @@ impl Shards {
         id: &ProducerId,
         partition: i32,
         e: &ProducerEntry,
-    ) {
-        self.maps[shard_of(hash)].insert_hashed(hash, id, partition, e);
+        act: i64,
+    ) -> bool {
+        let s = shard_of(hash);
+        install_in(
+            &mut self.maps[s],
+            &mut self.parts[s],
+            hash,
+            id,
+            partition,
+            e,
+            act,
+        )
+    }
+
+    /// Removes a key; false if it had no state.
+    pub(crate) fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        let s = shard_of(hash);
+        remove_in(&mut self.maps[s], &mut self.parts[s], hash, id, partition)
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.maps.iter().map(StateMap::len).sum()
+        self.maps.iter().map(Map::len).sum()
     }
 
-    pub(crate) fn shard(&self, i: usize) -> &StateMap {
+    pub(crate) fn shard(&self, i: usize) -> &Map {
         &self.maps[i]
+    }
+
+    /// How many keys of `partition` shard `i` holds.
+    pub(crate) fn partition_count(&self, i: usize, partition: i32) -> u32 {
+        self.parts[i].get(partition)
+    }
+
+    /// Every key of shard `i` with its state.
+    pub(crate) fn infos(&self, i: usize) -> impl Iterator<Item = ProducerInfo> + '_ {
+        self.maps[i]
+            .iter_full()
+            .map(|(producer_id, partition, entry, a)| ProducerInfo {
+                producer_id,
+                partition,
+                entry,
+                last_activity: a.ms(),
+            })
     }
 
     /// The shards below `at` and the rest, to work on from two threads.
     pub(crate) fn split_mut(&mut self, at: usize) -> (ShardsPart<'_>, ShardsPart<'_>) {
-        let (low, high) = self.maps.split_at_mut(at.min(SHARDS));
+        let at = at.min(SHARDS);
+        let (low, high) = self.maps.split_at_mut(at);
+        let (plow, phigh) = self.parts.split_at_mut(at);
         (
             ShardsPart {
                 maps: low,
+                parts: plow,
                 first: 0,
             },
             ShardsPart {
                 maps: high,
-                first: at.min(SHARDS),
+                parts: phigh,
+                first: at,
             },
         )
     }
@@ -149,8 +317,41 @@ impl Shards {
 
 /// A contiguous range of shards, borrowed from [`Shards::split_mut`].
 pub(crate) struct ShardsPart<'a> {
-    maps: &'a mut [StateMap],
+    maps: &'a mut [Map],
+    parts: &'a mut [PartitionCounts],
     first: usize,
+}
+
+/// What replay does to one key: what [`ShardsPart`] and [`Shards`] apply.
+pub(crate) trait KeyTarget {
+    fn append(&mut self, hash: u64, r: &AppendRequest, how: Apply<Activity>) -> BatchOutcome;
+    fn install(&mut self, hash: u64, info: &ProducerInfo);
+    fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool;
+    fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool;
+}
+
+impl KeyTarget for Shards {
+    #[inline]
+    fn append(&mut self, hash: u64, r: &AppendRequest, how: Apply<Activity>) -> BatchOutcome {
+        Shards::append(self, hash, r, how).0
+    }
+    fn install(&mut self, hash: u64, i: &ProducerInfo) {
+        Shards::install(
+            self,
+            hash,
+            &i.producer_id,
+            i.partition,
+            &i.entry,
+            i.last_activity,
+        );
+    }
+    fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        Shards::remove(self, hash, id, partition)
+    }
+    #[inline]
+    fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        Shards::contains(self, hash, id, partition)
+    }
 }
 
 impl ShardsPart<'_> {
@@ -159,16 +360,73 @@ impl ShardsPart<'_> {
     pub(crate) fn owns(&self, hash: u64) -> bool {
         (self.first..self.first + self.maps.len()).contains(&shard_of(hash))
     }
+}
 
-    /// [`Shards::append`] for a key this part owns.
+impl KeyTarget for ShardsPart<'_> {
     #[inline]
-    pub(crate) fn append(&mut self, hash: u64, r: &AppendRequest) -> BatchOutcome {
-        append_to(&mut self.maps[shard_of(hash) - self.first], hash, r)
+    fn append(&mut self, hash: u64, r: &AppendRequest, how: Apply<Activity>) -> BatchOutcome {
+        let s = shard_of(hash) - self.first;
+        append_to(&mut self.maps[s], &mut self.parts[s], hash, r, how).0
     }
-
-    /// [`Shards::contains`] for a key this part owns.
+    fn install(&mut self, hash: u64, i: &ProducerInfo) {
+        let s = shard_of(hash) - self.first;
+        install_in(
+            &mut self.maps[s],
+            &mut self.parts[s],
+            hash,
+            &i.producer_id,
+            i.partition,
+            &i.entry,
+            i.last_activity,
+        );
+    }
+    fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        let s = shard_of(hash) - self.first;
+        remove_in(&mut self.maps[s], &mut self.parts[s], hash, id, partition)
+    }
     #[inline]
-    pub(crate) fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+    fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
         self.maps[shard_of(hash) - self.first].contains_hashed(hash, id, partition)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::UnknownProducer;
+
+    #[test]
+    fn partition_counts_follow_keys_coming_and_going() {
+        let mut s = Shards::default();
+        let how = Apply {
+            unknown: UnknownProducer::RequireZero,
+            x: Activity::new(5),
+        };
+        for k in 0..2000u64 {
+            let r = AppendRequest::single(k, (k % 3) as i32, 0, 0);
+            let (o, created) = s.append(hash_key(&r.producer_id, r.partition), &r, how);
+            assert!(o.is_accepted() && created);
+            // A second append changes no count.
+            let r = AppendRequest::single(k, (k % 3) as i32, 0, 1);
+            let (o, created) = s.append(hash_key(&r.producer_id, r.partition), &r, how);
+            assert!(o.is_accepted() && !created);
+        }
+        let count = |s: &Shards, p| (0..SHARDS).map(|i| s.partition_count(i, p)).sum::<u32>();
+        assert_eq!((count(&s, 0), count(&s, 1), count(&s, 2)), (667, 667, 666));
+        for k in (0..2000u64).step_by(3) {
+            let id = ProducerId::numeric(k);
+            assert!(s.remove(hash_key(&id, 0), &id, 0));
+            assert!(!s.remove(hash_key(&id, 0), &id, 0));
+        }
+        assert_eq!(count(&s, 0), 0);
+        let id = ProducerId::named("n");
+        let e = ProducerEntry::start(0, 0, 0, None);
+        s.install(hash_key(&id, 9), &id, 9, &e, 1);
+        s.install(hash_key(&id, 9), &id, 9, &e, 2);
+        assert_eq!(count(&s, 9), 1);
+        assert_eq!(s.activity(hash_key(&id, 9), &id, 9), Some(2));
+        assert_eq!(s.len(), 1334);
+        // The shards that hold none of a partition say so.
+        assert!((0..SHARDS).filter(|&i| s.partition_count(i, 9) > 0).count() == 1);
     }
 }

@@ -14,14 +14,21 @@ use std::path::{Path, PathBuf};
 use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::codec::{Dec, Put, truncated};
 use crate::entry::{ProducerEntry, RETAINED_BATCHES};
+use crate::entry_codec;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::{FileSystem, WriteFile};
 use crate::id::ProducerId;
+use crate::meta::Meta;
 use crate::wal::segment::{parse_numbered, read_full};
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATSNP";
-/// The version this build writes. It reads this one and [`VERSION_1`].
-pub(crate) const VERSION: u16 = 2;
+/// The version this build writes: a store section (the log clock, the
+/// highest offset, the removed-key filter) before the entries, and each
+/// entry's last activity. It reads this one, [`VERSION_2`] and
+/// [`VERSION_1`].
+pub(crate) const VERSION: u16 = 3;
+/// Entries with spans and deltas, no activity, no store section.
+pub(crate) const VERSION_2: u16 = 2;
 /// Entries with every retained batch in full (fixed 25 bytes per batch).
 pub(crate) const VERSION_1: u16 = 1;
 /// Where the header stores the position the snapshot covers.
@@ -95,7 +102,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
             Corruption::ChecksumMismatch { stored, computed },
         ));
     }
-    if version != VERSION && version != VERSION_1 {
+    if !(VERSION_1..=VERSION).contains(&version) {
         return Err(Error::UnsupportedVersion {
             file: path.to_path_buf(),
             found: version,
@@ -210,230 +217,48 @@ fn decode_entry_v1(
     })
 }
 
-// Version 2 (docs/format.md, "Entries, version 2").
-const SHAPE_NAMED: u8 = 1 << 3;
-/// Bytes of a span for each span width class.
-const SPAN_BYTES: [usize; 4] = [0, 1, 2, 4];
-/// Bytes of an offset or timestamp delta for each delta width class.
-const DELTA_BYTES: [usize; 8] = [0, 1, 2, 3, 4, 5, 6, 8];
-
-/// The smallest class of `table` whose width holds `v`.
+/// Decodes one entry of `version` at the start of `buf`. Entries of
+/// versions 1 and 2 have no activity: a key takes its newest retained
+/// batch's timestamp, or 0 (docs/lifecycle.md, "Stores written before").
 #[inline]
-fn class_of(v: u64, table: &[usize]) -> usize {
-    let need = (64 - v.leading_zeros() as usize).div_ceil(8);
-    table.iter().position(|&b| b >= need).unwrap_or(0)
-}
-
-#[inline]
-fn zigzag(v: i64) -> u64 {
-    ((v << 1) ^ (v >> 63)) as u64
-}
-
-#[inline]
-fn unzigzag(u: u64) -> i64 {
-    ((u >> 1) as i64) ^ -((u & 1) as i64)
-}
-
-/// Appends the low `w` bytes of `v`, little-endian.
-#[inline]
-fn put_uint(buf: &mut Vec<u8>, v: u64, w: usize) {
-    buf.extend_from_slice(v.to_le_bytes().get(..w).unwrap_or_default());
-}
-
-/// The `w`-byte little-endian integer at `at`. The caller checked that
-/// `buf` holds it; with 8 bytes to spare this is one load and a mask.
-#[inline(always)]
-fn uint_at(buf: &[u8], at: usize, w: usize) -> u64 {
-    let mut a = [0u8; 8];
-    match buf.get(at..at + 8) {
-        Some(b) => a.copy_from_slice(b),
-        None => {
-            if let (Some(dst), Some(src)) = (a.get_mut(..w), buf.get(at..at + w)) {
-                dst.copy_from_slice(src);
-            }
-        }
-    }
-    u64::from_le_bytes(a) & ((1u128 << (8 * w)) - 1) as u64
-}
-
-/// Appends one entry's encoding (the current version) to `buf`.
-pub(crate) fn encode_entry(buf: &mut Vec<u8>, id: &ProducerId, partition: i32, e: &ProducerEntry) {
-    // The retained batches, newest first.
-    let mut batches = [RetainedBatch {
-        first_sequence: 0,
-        last_sequence: 0,
-        metadata: None,
-    }; RETAINED_BATCHES];
-    let mut n = 0;
-    for (slot, b) in batches.iter_mut().zip(e.retained_batches()) {
-        *slot = b;
-        n += 1;
-    }
-    let batches = batches.get_mut(..n).unwrap_or_default();
-    batches.reverse();
-    let mut max_span = 0u32;
-    let mut mask = 0u16;
-    let mut metas = [(0i64, 0i64); RETAINED_BATCHES];
-    let mut m = 0;
-    for (k, b) in batches.iter().enumerate() {
-        max_span = max_span.max(b.last_sequence.wrapping_sub(b.first_sequence) as u32);
-        if let (Some(meta), Some(slot)) = (b.metadata, metas.get_mut(m)) {
-            mask |= 1 << k;
-            *slot = (meta.offset, meta.timestamp);
-            m += 1;
-        }
-    }
-    let metas = metas.get(..m).unwrap_or_default();
-    let deltas = |(a, b): (&(i64, i64), &(i64, i64))| {
-        (zigzag(a.0.wrapping_sub(b.0)), zigzag(a.1.wrapping_sub(b.1)))
+fn decode_entry(
+    version: u16,
+    buf: &[u8],
+) -> Option<std::result::Result<entry_codec::Decoded, Corruption>> {
+    let legacy = |r: std::result::Result<entry_codec::Decoded, Corruption>| {
+        r.map(|(id, p, e, _, len)| {
+            let act = legacy_activity(&e);
+            (id, p, e, act, len)
+        })
     };
-    let (mut max_do, mut max_dt) = (0u64, 0u64);
-    for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
-        max_do |= d_o;
-        max_dt |= d_t;
-    }
-    let s = class_of(u64::from(max_span), &SPAN_BYTES);
-    let (o, t) = (
-        class_of(max_do, &DELTA_BYTES),
-        class_of(max_dt, &DELTA_BYTES),
-    );
-    let named = id.as_numeric().is_none();
-    buf.put_u8(n as u8 | if named { SHAPE_NAMED } else { 0 } | (s as u8) << 4);
-    match id.as_numeric() {
-        Some(v) => buf.put_u64(v),
-        None => {
-            let name = id.name_bytes().unwrap_or_default();
-            buf.put_u16(name.len() as u16);
-            buf.extend_from_slice(name);
+    match version {
+        VERSION_1 => {
+            let mut d = Dec::new(buf);
+            decode_entry_v1(&mut d).map(|r| legacy(r.map(|(id, p, e)| (id, p, e, 0, d.pos()))))
         }
-    }
-    buf.put_i32(partition);
-    buf.put_i16(e.epoch());
-    buf.put_i32(e.last_sequence());
-    if n == 0 {
-        return;
-    }
-    buf.put_u16(mask | (o as u16) << 5 | (t as u16) << 8);
-    let (sw, ow, tw) = (
-        SPAN_BYTES.get(s).copied().unwrap_or(4),
-        DELTA_BYTES.get(o).copied().unwrap_or(8),
-        DELTA_BYTES.get(t).copied().unwrap_or(8),
-    );
-    for b in batches.iter() {
-        put_uint(
-            buf,
-            u64::from(b.last_sequence.wrapping_sub(b.first_sequence) as u32),
-            sw,
-        );
-    }
-    if let Some(&(offset, timestamp)) = metas.first() {
-        buf.put_i64(offset);
-        buf.put_i64(timestamp);
-    }
-    for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
-        put_uint(buf, d_o, ow);
-        put_uint(buf, d_t, tw);
+        VERSION_2 => entry_codec::decode_entry(buf, false).map(legacy),
+        _ => entry_codec::decode_entry(buf, true),
     }
 }
 
-/// A decoded entry and the bytes it took.
-type Decoded = (ProducerId, i32, ProducerEntry, usize);
-
-/// Decodes one version-2 entry at the start of `buf`; `None` if the bytes
-/// end first (the caller reads more), `Err` if they are not a valid entry.
-/// Once the shape says how long the entry is, one length check covers
-/// every field, and each field is then a load and a mask.
-#[inline]
-fn decode_entry_v2(buf: &[u8]) -> Option<std::result::Result<Decoded, Corruption>> {
-    let shape = *buf.first()?;
-    let n = usize::from(shape & 7);
-    if shape & 0xc0 != 0 || n > RETAINED_BATCHES {
-        return Some(Err(Corruption::BadField("entry shape")));
-    }
-    let (id, mut at) = if shape & SHAPE_NAMED == 0 {
-        (ProducerId::numeric(uint_at(buf, 1, 8)), 9)
-    } else {
-        let len = usize::from(u16::from_le_bytes([*buf.get(1)?, *buf.get(2)?]));
-        match std::str::from_utf8(buf.get(3..3 + len)?) {
-            Ok(name) => (ProducerId::named(name), 3 + len),
-            Err(_) => return Some(Err(Corruption::BadField("producer name (not UTF-8)"))),
-        }
-    };
-    if buf.len() < at + 10 {
-        return None;
-    }
-    let partition = uint_at(buf, at, 4) as u32 as i32;
-    let epoch = uint_at(buf, at + 4, 2) as u16 as i16;
-    let last = uint_at(buf, at + 6, 4) as u32 as i32;
-    at += 10;
-    let mut spans = [0u32; RETAINED_BATCHES];
-    let mut meta = [(0i64, 0i64); RETAINED_BATCHES];
-    let mut mask = 0u8;
-    if n > 0 {
-        if buf.len() < at + 2 {
-            return None;
-        }
-        let layout = uint_at(buf, at, 2) as u16;
-        at += 2;
-        mask = (layout & 0x1f) as u8;
-        let m = mask.count_ones() as usize;
-        let sw = SPAN_BYTES
-            .get(usize::from(shape >> 4 & 3))
-            .copied()
-            .unwrap_or(4);
-        let ow = DELTA_BYTES
-            .get(usize::from(layout >> 5 & 7))
-            .copied()
-            .unwrap_or(8);
-        let tw = DELTA_BYTES
-            .get(usize::from(layout >> 8 & 7))
-            .copied()
-            .unwrap_or(8);
-        if layout >> 11 != 0 || mask >> n != 0 || (m < 2 && ow + tw != 0) {
-            return Some(Err(Corruption::BadField("entry layout")));
-        }
-        let need = n * sw + if m > 0 { 16 + (m - 1) * (ow + tw) } else { 0 };
-        if buf.len() < at + need {
-            return None;
-        }
-        for span in spans.iter_mut().take(n) {
-            *span = uint_at(buf, at, sw) as u32;
-            at += sw;
-        }
-        let mut prev = (uint_at(buf, at, 8) as i64, uint_at(buf, at + 8, 8) as i64);
-        at += if m > 0 { 16 } else { 0 };
-        let mut j = 0;
-        for (k, slot) in meta.iter_mut().enumerate().take(n) {
-            if mask >> k & 1 == 0 {
-                continue;
-            }
-            if j > 0 {
-                let d_o = unzigzag(uint_at(buf, at, ow));
-                let d_t = unzigzag(uint_at(buf, at + ow, tw));
-                at += ow + tw;
-                prev = (prev.0.wrapping_sub(d_o), prev.1.wrapping_sub(d_t));
-            }
-            *slot = prev;
-            j += 1;
-        }
-    }
-    Some(
-        match ProducerEntry::from_newest_first(epoch, last, n, mask, &spans, &meta) {
-            Some(e) => Ok((id, partition, e, at)),
-            None => Err(Corruption::BadField("entry (sequences inconsistent)")),
-        },
-    )
+/// The activity of a key read from a file that kept none: its newest
+/// retained batch's timestamp, else 0.
+pub(crate) fn legacy_activity(e: &ProducerEntry) -> i64 {
+    e.retained_batches()
+        .filter_map(|b| b.metadata)
+        .last()
+        .map_or(0, |m| m.timestamp)
 }
 
-/// Decodes one entry of `version` at the start of `buf`.
-#[inline]
-fn decode_entry(version: u16, buf: &[u8]) -> Option<std::result::Result<Decoded, Corruption>> {
-    if version == VERSION_1 {
-        let mut d = Dec::new(buf);
-        decode_entry_v1(&mut d).map(|r| r.map(|(id, p, e)| (id, p, e, d.pos())))
-    } else {
-        decode_entry_v2(buf)
-    }
+/// Appends one entry's encoding in the version this build writes.
+pub(crate) fn encode_entry(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    e: &ProducerEntry,
+    activity: i64,
+) {
+    entry_codec::encode_entry(buf, id, partition, e, Some(activity));
 }
 
 /// Streams a new snapshot to a temporary file.
@@ -482,6 +307,13 @@ impl Writer {
             body_crc: 0,
             unsynced: 0,
         })
+    }
+
+    /// Writes the store section; before any entry.
+    pub(crate) fn write_meta(&mut self, meta: &Meta) -> Result<()> {
+        let mut b = Vec::new();
+        meta.encode(&mut b);
+        self.write(&b, 0)
     }
 
     /// Appends encoded entries (from [`encode_entry`]).
@@ -534,33 +366,81 @@ impl Writer {
     }
 }
 
+/// The store section of the snapshot at `path` (verifying its header, not
+/// its entries: a truncation reads this to pick its base, then loads the
+/// whole file, which verifies everything). A snapshot older than version 3
+/// has none: [`Meta::legacy`].
+pub(crate) fn read_meta(fs: &dyn FileSystem, path: &Path) -> Result<Meta> {
+    let io = |e| Error::io("read", path, e);
+    let mut f = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
+    let mut head = [0u8; HEADER_LEN];
+    let n = read_full(&mut f, &mut head).map_err(io)?;
+    let header = parse_header(path, head.get(..n).unwrap_or_default())?;
+    if header.version < VERSION {
+        return Ok(Meta::legacy());
+    }
+    let mut len = [0u8; 4];
+    if read_full(&mut f, &mut len).map_err(io)? < 4 {
+        return Err(Error::corrupt(path, HEADER_LEN as u64, truncated(4, 0)));
+    }
+    let n = u64::from(u32::from_le_bytes(len));
+    if n + 4 > header.body_len {
+        return Err(Error::corrupt(
+            path,
+            HEADER_LEN as u64,
+            Corruption::BadLength(n),
+        ));
+    }
+    let mut section = vec![0u8; n as usize];
+    let got = read_full(&mut f, &mut section).map_err(io)?;
+    if got < section.len() {
+        return Err(Error::corrupt(
+            path,
+            HEADER_LEN as u64 + 4,
+            truncated(section.len(), got),
+        ));
+    }
+    Meta::decode(&section).map_err(|k| Error::corrupt(path, HEADER_LEN as u64 + 4, k))
+}
+
 /// What a snapshot's reader hands its entries to.
 pub(crate) trait Sink {
     /// Called once, with the header, before the first entry.
     fn begin(&mut self, _header: &Header) {}
-    /// One decoded entry; an error stops the read.
-    fn entry(&mut self, id: ProducerId, partition: i32, e: ProducerEntry) -> Result<()>;
+    /// Called once, before the first entry, with the store section
+    /// (versions 1 and 2 have none: the default).
+    fn meta(&mut self, _meta: Meta) {}
+    /// One decoded entry and the key's last activity; an error stops the
+    /// read.
+    fn entry(&mut self, id: ProducerId, partition: i32, e: ProducerEntry, act: i64) -> Result<()>;
 }
 
-struct Each<F>(F);
+struct Each<F>(F, Meta);
 
-impl<F: FnMut(ProducerId, i32, ProducerEntry) -> Result<()>> Sink for Each<F> {
+impl<F: FnMut(ProducerId, i32, ProducerEntry, i64) -> Result<()>> Sink for Each<F> {
+    fn meta(&mut self, meta: Meta) {
+        self.1 = meta;
+    }
+
     #[inline]
-    fn entry(&mut self, id: ProducerId, partition: i32, e: ProducerEntry) -> Result<()> {
-        (self.0)(id, partition, e)
+    fn entry(&mut self, id: ProducerId, partition: i32, e: ProducerEntry, act: i64) -> Result<()> {
+        (self.0)(id, partition, e, act)
     }
 }
 
 /// Streams a snapshot file, verifying its header, every entry and finally
 /// the CRC over every byte. `each` sees entries as they are decoded; the
-/// caller must discard what it built if this returns an error.
+/// caller must discard what it built if this returns an error. Returns
+/// the header and the store section.
 pub(crate) fn read(
     path: &Path,
     r: impl Read,
     file_len: u64,
-    each: impl FnMut(ProducerId, i32, ProducerEntry) -> Result<()>,
-) -> Result<Header> {
-    read_into(path, r, file_len, &mut Each(each))
+    each: impl FnMut(ProducerId, i32, ProducerEntry, i64) -> Result<()>,
+) -> Result<(Header, Meta)> {
+    let mut sink = Each(each, Meta::default());
+    let h = read_into(path, r, file_len, &mut sink)?;
+    Ok((h, sink.1))
 }
 
 /// [`read`], handing the header and then the entries to `sink`.
@@ -611,14 +491,41 @@ pub(crate) fn read_into(
     let mut remaining = header.body_len; // body bytes not yet read from the file
     let mut offset = HEADER_LEN as u64; // file offset of buf[consumed]
     let mut found = 0u64;
+    if header.version < VERSION {
+        sink.meta(Meta::legacy());
+    } else {
+        // The store section: its length, then that many bytes. Not
+        // trusted before the file's CRC is checked (below): only its
+        // length bounds what is read.
+        let mut len = [0u8; 4];
+        let got = read_full(&mut r, &mut len).map_err(io)?;
+        let n = u64::from(u32::from_le_bytes(len));
+        if got < 4 || remaining < 4 + n {
+            return Err(Error::corrupt(
+                path,
+                offset,
+                Corruption::BadLength(remaining.min(4 + n)),
+            ));
+        }
+        let mut section = vec![0u8; n as usize];
+        let got = read_full(&mut r, &mut section).map_err(io)?;
+        if got < section.len() {
+            return Err(Error::corrupt(path, offset, truncated(section.len(), got)));
+        }
+        crc = crc32c::crc32c_append(crc32c::crc32c_append(crc, &len), &section);
+        let meta = Meta::decode(&section).map_err(|k| Error::corrupt(path, offset + 4, k))?;
+        sink.meta(meta);
+        remaining -= 4 + n;
+        offset += 4 + n;
+    }
     const CHUNK: usize = 1 << 20;
     loop {
         match decode_entry(header.version, buf.get(consumed..).unwrap_or_default()) {
-            Some(Ok((id, partition, e, len))) => {
+            Some(Ok((id, partition, e, act, len))) => {
                 consumed += len;
                 offset += len as u64;
                 found += 1;
-                sink.entry(id, partition, e)?;
+                sink.entry(id, partition, e, act)?;
                 continue;
             }
             Some(Err(kind)) => return Err(Error::corrupt(path, offset, kind)),
@@ -703,30 +610,49 @@ mod tests {
         m
     }
 
+    /// A key's activity in these tests.
+    fn act(e: &ProducerEntry, p: i32) -> i64 {
+        i64::from(e.last_sequence()) * 1_000 + i64::from(p)
+    }
+
+    fn sample_meta() -> Meta {
+        let mut meta = Meta {
+            clock: 1_700_000_000_123,
+            high: 77,
+            ..Meta::default()
+        };
+        for k in 0..20u64 {
+            meta.filter
+                .insert(crate::map::hash_key(&ProducerId::numeric(k), 0));
+        }
+        meta
+    }
+
     fn write(fs: &SimFs, dir: &Path, m: &ProducerStateManager, position: u64) -> PathBuf {
         let mut w = Writer::create(fs, dir, position).unwrap();
+        w.write_meta(&sample_meta()).unwrap();
         for (id, p, e) in m.iter() {
             let mut b = Vec::new();
-            encode_entry(&mut b, &id, p, &e);
+            encode_entry(&mut b, &id, p, &e, act(&e, p));
             w.write(&b, 1).unwrap();
         }
         w.finish(fs, dir).unwrap()
     }
 
-    type Entries = Vec<(ProducerId, i32, ProducerEntry)>;
+    type Entries = Vec<(ProducerId, i32, ProducerEntry, i64)>;
 
-    fn load(bytes: &[u8]) -> Result<(Header, Entries)> {
+    fn load(bytes: &[u8]) -> Result<(Header, Meta, Entries)> {
         let mut out = Vec::new();
-        let h = read(
+        let (h, meta) = read(
             Path::new("s"),
             Cursor::new(bytes),
             bytes.len() as u64,
-            |id, p, e| {
-                out.push((id, p, e));
+            |id, p, e, a| {
+                out.push((id, p, e, a));
                 Ok(())
             },
         )?;
-        Ok((h, out))
+        Ok((h, meta, out))
     }
 
     #[test]
@@ -742,10 +668,12 @@ mod tests {
                 .is_none()
         );
         let bytes = fs.read_file(&path).unwrap();
-        let (h, entries) = load(&bytes).unwrap();
-        assert_eq!(h.position, 77);
+        let (h, meta, entries) = load(&bytes).unwrap();
+        assert_eq!((h.position, h.version), (77, VERSION));
+        assert_eq!(meta, sample_meta());
         assert_eq!(h.entries as usize, m.len());
-        for (id, p, e) in entries {
+        for (id, p, e, a) in entries {
+            assert_eq!(a, act(&e, p));
             assert_eq!(m.get(id, p), Some(e));
         }
     }
@@ -782,7 +710,7 @@ mod tests {
         let bytes = fs.read_file(&write(&fs, &dir, &m, 3)).unwrap();
         assert_eq!(&bytes[8..10], &VERSION.to_le_bytes());
         assert_eq!(m.get(2u64, 1).unwrap().retained_batches().len(), 5);
-        assert_eq!(load(&bytes).unwrap().1.len(), 3);
+        assert_eq!(load(&bytes).unwrap().2.len(), 3);
         for cut in 0..bytes.len() {
             let err = load(&bytes[..cut]).unwrap_err();
             assert!(err.is_corruption(), "cut {cut}: {err}");
@@ -817,105 +745,60 @@ mod tests {
         b
     }
 
-    #[test]
-    fn version_1_files_still_read_to_the_same_state() {
-        let m = sample_state();
-        let bytes = v1_file(&m, 12);
-        let (h, entries) = load(&bytes).unwrap();
-        assert_eq!((h.version, h.position), (VERSION_1, 12));
-        assert_eq!(entries.len(), m.len());
-        for (id, p, e) in entries {
-            assert_eq!(m.get(id, p), Some(e));
+    /// A version-2 file of `m`'s entries, as the builds before version 3
+    /// wrote it (no store section, no activity).
+    fn v2_file(m: &ProducerStateManager, position: u64) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (id, p, e) in m.iter() {
+            entry_codec::encode_entry(&mut body, &id, p, &e, None);
         }
+        let mut b = encode_header(&Header {
+            version: VERSION_2,
+            position,
+            entries: m.len() as u64,
+            body_len: body.len() as u64,
+        });
+        b.extend_from_slice(&body);
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
     }
 
-    /// Entries of every shape: window sizes 0 to 5, metadata anywhere,
-    /// spans and gaps of every width, wrapped sequences, both id kinds.
-    fn entries_of_every_shape() -> Vec<(ProducerId, i32, ProducerEntry)> {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        let mut out = Vec::new();
-        for i in 0..3000u64 {
-            let n = (rnd() % 6) as usize;
-            let width = |r: u64| match r % 5 {
-                0 => 0,
-                1 => r >> 60,
-                2 => r >> 48,
-                3 => r >> 33,
-                _ => r,
-            };
-            let mut batches = Vec::new();
-            let mut seq = if i % 7 == 0 {
-                i32::MAX - 3
-            } else {
-                (rnd() >> 40) as i32
-            };
-            let (mut o, mut t) = (rnd() as i64, rnd() as i64);
-            for _ in 0..n {
-                let meta = rnd() % 4 != 0;
-                let span = if meta {
-                    (width(rnd()) % 100_000) as i32
+    #[test]
+    fn version_1_and_2_files_still_read_to_the_same_state() {
+        let m = sample_state();
+        for (bytes, version) in [(v1_file(&m, 12), VERSION_1), (v2_file(&m, 12), VERSION_2)] {
+            let (h, meta, entries) = load(&bytes).unwrap();
+            assert_eq!((h.version, h.position), (version, 12));
+            assert_eq!(
+                meta,
+                Meta::legacy(),
+                "no store section: an unknown highest offset"
+            );
+            assert_eq!(entries.len(), m.len());
+            for (id, p, e, a) in entries {
+                // No activity on file: the newest batch's timestamp, or 0.
+                let want = if id == ProducerId::from("batcher") {
+                    -1
                 } else {
                     0
                 };
-                let first = seq;
-                let last = first.saturating_add(span);
-                o = o.wrapping_sub(width(rnd()) as i64);
-                t = t.wrapping_add(width(rnd()) as i64);
-                batches.push(RetainedBatch {
-                    first_sequence: first,
-                    last_sequence: last,
-                    metadata: meta.then_some(BatchMetadata {
-                        offset: o,
-                        timestamp: t,
-                    }),
-                });
-                seq = crate::rules::next_sequence(last);
+                assert_eq!(a, want, "{id}");
+                assert_eq!(m.get(id, p), Some(e));
             }
-            let last = batches
-                .last()
-                .map_or((rnd() >> 33) as i32, |b| b.last_sequence);
-            let e = ProducerEntry::from_parts((rnd() >> 48) as i16, last, &batches)
-                .unwrap_or_else(|| panic!("{batches:?}"));
-            let id = if i % 3 == 0 {
-                ProducerId::named(&"n".repeat((i % 40) as usize))
-            } else {
-                ProducerId::numeric(rnd())
-            };
-            out.push((id, rnd() as i32, e));
         }
-        out
     }
 
     #[test]
-    fn version_2_entries_of_every_shape_round_trip_even_at_the_end_of_the_buffer() {
-        for (id, p, e) in entries_of_every_shape() {
-            let mut b = Vec::new();
-            encode_entry(&mut b, &id, p, &e);
-            // Exactly the entry (no bytes to spare for the wide loads),
-            // then with bytes after it.
-            let (did, dp, de, len) = decode_entry_v2(&b).unwrap().unwrap();
-            assert_eq!((&did, dp, &de, len), (&id, p, &e, b.len()));
-            let mut longer = b.clone();
-            longer.extend_from_slice(&[0xff; 9]);
-            let (_, _, de, len) = decode_entry_v2(&longer).unwrap().unwrap();
-            assert_eq!((de, len), (e, b.len()));
-            for cut in 0..b.len() {
-                assert!(
-                    decode_entry_v2(&b[..cut]).is_none_or(|r| r.is_err()),
-                    "cut {cut}"
-                );
-            }
-            // And the same state re-encodes to the same bytes.
-            let mut again = Vec::new();
-            encode_entry(&mut again, &did, dp, &de);
-            assert_eq!(again, b);
-        }
+    fn a_damaged_store_section_is_corruption() {
+        let fs = SimFs::new();
+        let dir = PathBuf::from("/d");
+        fs.create_dir_all(&dir).unwrap();
+        let bytes = fs.read_file(&write(&fs, &dir, &sample_state(), 5)).unwrap();
+        // The section's length claims more than the body holds.
+        let mut b = bytes.clone();
+        b[HEADER_LEN + 3] = 0x7f;
+        assert!(load(&b).unwrap_err().is_corruption());
     }
 
     #[test]
@@ -932,8 +815,12 @@ mod tests {
             e.accept(b == 0, 0, b as i32, b as i32, meta);
         }
         let mut buf = Vec::new();
-        encode_entry(&mut buf, &ProducerId::numeric(5), 0, &e);
+        entry_codec::encode_entry(&mut buf, &ProducerId::numeric(5), 0, &e, None);
         assert_eq!(buf.len(), 21 + 16 + 4 * 6);
+        // Version 3 adds the activity: 8 bytes.
+        buf.clear();
+        encode_entry(&mut buf, &ProducerId::numeric(5), 0, &e, 1);
+        assert_eq!(buf.len(), 29 + 16 + 4 * 6);
     }
 
     #[test]

@@ -2,22 +2,26 @@
 //! byte by byte): store directories written by a fixed history, each with
 //! three log segments and a snapshot.
 //!
-//! - `store-v3` is what this version writes with `preallocate(false)` (with
-//!   it, the same records as version 4 padded with zeros, checked below):
-//!   the test checks that writing
-//!   the history today produces exactly those bytes, and that they decode
-//!   to the expected state. Version 3 segments hold a random store id and
-//!   salt; the history is written with `fixed_ids_for_tests`, which derives
-//!   both from a fixed seed, so that the bytes are fixed too.
+//! - `store-v5` is what this version writes with `preallocate(false)` (with
+//!   it, the same records with the header's preallocated flag, padded with
+//!   zeros, checked below): the test checks that writing the history today
+//!   produces exactly those bytes, and that they decode to the expected
+//!   state. Segments hold a random store id and salt; the history is
+//!   written with `fixed_ids_for_tests`, which derives both from a fixed
+//!   seed, and a manual clock, so that the bytes are fixed too. Its
+//!   history has every record kind of version 5 (clock records, an
+//!   expiration, an eviction, a marker of an append accepted for an
+//!   unknown producer at a sequence above 0).
 //! - `store-v1` was written by the first format version (one append per
 //!   record), `store-v2` by the second (no store id, salt or record
-//!   offsets). They must still open to their state, and a store continuing
-//!   them writes new segments in the current version.
-//! - `snapshot-v1` and `snapshot-v2` hold one snapshot of the same history
-//!   of windows of every shape, in each snapshot version: the current one
-//!   must be written byte for byte, both must decode to the history's state.
-//!   (`store-v3`'s snapshot is of the current snapshot version; `store-v1`
-//!   and `store-v2` keep the version-1 snapshots they were written with.)
+//!   offsets), `store-v3` by the third (no lifecycle records; a version-2
+//!   snapshot). They must still open to their state, and a store
+//!   continuing them writes new segments in the current version.
+//! - `snapshot-v1`, `snapshot-v2` and `snapshot-v3` hold one snapshot of
+//!   the same history of windows of every shape, in each snapshot version:
+//!   the current one must be written byte for byte, all must decode to the
+//!   history's state. (`store-v5`'s snapshot is of the current snapshot
+//!   version; the older stores keep the snapshots they were written with.)
 //!
 //! Regenerate (only on a deliberate format change, with a new version):
 //! `GOLDEN_REGENERATE=1 cargo test --test golden`; keep the old
@@ -28,14 +32,18 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::model::Model;
+use common::model::{Model, ModelConfig};
 use common::store_util::{diff, matches};
 use producer_state::fs::{FileSystem, SimFs};
-use producer_state::{AppendRequest, Batch, FsyncPolicy, ProducerStateStore, StoreOptions};
+use producer_state::{
+    AppendRequest, Batch, Clock, FsyncPolicy, ManualClock, ProducerStateStore, StoreOptions,
+    UnknownProducer,
+};
 
 const GOLDEN_V1: &str = "tests/golden/store-v1";
 const GOLDEN_V2: &str = "tests/golden/store-v2";
-const GOLDEN: &str = "tests/golden/store-v3";
+const GOLDEN_V3: &str = "tests/golden/store-v3";
+const GOLDEN: &str = "tests/golden/store-v5";
 /// The seed of the golden store's ids (see `fixed_ids_for_tests`).
 const IDS_SEED: u64 = 0x9013_de11;
 
@@ -46,6 +54,10 @@ enum Step {
     /// One `append_all` call: its numeric single-sequence appends share a
     /// record.
     All(Vec<AppendRequest>),
+    /// The clock moves to this time.
+    Clock(i64),
+    /// An expiration sweep.
+    Expire,
 }
 
 /// The history of version 1: every record kind, a new session, a zombie, a retry.
@@ -93,6 +105,31 @@ fn history_v2() -> Vec<Step> {
     h
 }
 
+/// The history of version 5: version 2's, then the lifecycle: the clock
+/// moves (clock records before single-sequence appends), a key expires,
+/// a full table evicts (the cap is 7 keys), and an unknown producer is
+/// accepted at sequence 5 (`UnknownProducer::AcceptAny`).
+fn history_v5() -> Vec<Step> {
+    let mut h = history_v2();
+    let day = 24 * 60 * 60 * 1000;
+    h.push(Step::Clock(1_700_000_000_000));
+    h.push(Step::One(AppendRequest::single(7u64, 2, 0, 1), false));
+    h.push(Step::One(AppendRequest::single(8u64, -1, 2, 1), false));
+    h.push(Step::Clock(1_700_000_000_000 + day));
+    h.push(Step::One(AppendRequest::single(8u64, -1, 2, 2), false));
+    // Every key but 8/-1 was last active a day ago or more (the batches'
+    // own timestamps count): they expire.
+    h.push(Step::Expire);
+    for k in 10..17u64 {
+        h.push(Step::One(AppendRequest::single(k, 0, 0, 0), false));
+    }
+    h.push(Step::One(AppendRequest::single(99u64, 0, 3, 5), false));
+    h
+}
+
+/// The cap of the version-5 history.
+const CAP: usize = 7;
+
 fn opts(fs: &SimFs) -> StoreOptions {
     StoreOptions::default()
         .file_system(Arc::new(fs.clone()))
@@ -102,35 +139,61 @@ fn opts(fs: &SimFs) -> StoreOptions {
         .snapshot_every_bytes(None)
         .background_snapshots(false)
         .fixed_ids_for_tests(IDS_SEED)
-        // The committed files are appended segments (version 3); the
-        // preallocated ones (version 4) are checked against them below.
+        .clock(Arc::new(ManualClock::new(0)))
+        .expiration_interval(None)
+        // The committed files are appended segments; the preallocated ones
+        // are checked against them below.
         .preallocate(false)
 }
 
+/// The options of the version-5 history: a cap, and rule 1 as Kafka's.
+fn opts_v5(fs: &SimFs, clock: &ManualClock) -> StoreOptions {
+    opts(fs)
+        .clock(Arc::new(clock.clone()))
+        .max_producers(Some(CAP))
+        .unknown_producer(UnknownProducer::AcceptAny)
+}
+
 fn write_history(fs: &SimFs, dir: &Path, history: &[Step]) -> Model {
-    write_history_with(fs, dir, history, opts)
+    write_history_with(fs, dir, history, opts_v5)
 }
 
 fn write_history_with(
     fs: &SimFs,
     dir: &Path,
     history: &[Step],
-    opts: impl Fn(&SimFs) -> StoreOptions,
+    opts: impl Fn(&SimFs, &ManualClock) -> StoreOptions,
 ) -> Model {
     let mut model = Model::default();
-    let store = ProducerStateStore::open_with(dir, opts(fs)).unwrap();
+    let clock = ManualClock::new(0);
+    model.config = ModelConfig {
+        cap: Some(CAP),
+        accept_any: true,
+        // The store's default, a day.
+        expiration_ms: Some(24 * 60 * 60 * 1000),
+        ..ModelConfig::default()
+    };
+    let store = ProducerStateStore::open_with(dir, opts(fs, &clock)).unwrap();
     for step in history {
         match step {
             Step::One(r, snap) => {
-                assert_eq!(store.append_request(r).unwrap(), model.append(r));
+                assert_eq!(
+                    store.append_request(r).unwrap(),
+                    model.append_at(r, clock.now_ms())
+                );
                 if *snap {
                     store.snapshot().unwrap().unwrap();
                 }
             }
             Step::All(reqs) => {
+                let now = clock.now_ms();
                 for (got, r) in store.append_all(reqs).into_iter().zip(reqs) {
-                    assert_eq!(got.unwrap(), model.append(r));
+                    assert_eq!(got.unwrap(), model.append_at(r, now));
                 }
+            }
+            Step::Clock(ms) => clock.set(*ms),
+            Step::Expire => {
+                assert_eq!(store.expire_now().unwrap(), model.expire(clock.now_ms()));
             }
         }
     }
@@ -177,11 +240,11 @@ fn copy(files: &[(String, Vec<u8>)]) -> (SimFs, PathBuf) {
 fn the_committed_files_decode_and_the_encoder_still_writes_them() {
     let fs = SimFs::new();
     let dir = PathBuf::from("/golden");
-    let model = write_history(&fs, &dir, &history_v2());
+    let model = write_history(&fs, &dir, &history_v5());
     let fresh = store_files(&fs, &dir);
     assert_eq!(
         fresh.iter().filter(|(n, _)| n.ends_with(".wal")).count(),
-        3,
+        4,
         "{:?}",
         fresh.iter().map(|f| &f.0).collect::<Vec<_>>()
     );
@@ -217,13 +280,15 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
         }
     }
 
-    // And they decode to the expected state.
+    // And they decode to the expected state, activities included, with
+    // the clock anywhere (recovery never reads it).
     let (golden_fs, gdir) = copy(&committed);
-    let store = ProducerStateStore::open_with(&gdir, opts(&golden_fs)).unwrap();
+    let far = ManualClock::new(i64::MAX / 2);
+    let store = ProducerStateStore::open_with(&gdir, opts_v5(&golden_fs, &far)).unwrap();
     assert!(matches(&store, &model), "{}", diff(&store, &model));
     let report = store.recovery_report();
     assert_eq!(report.snapshot.as_ref().map(|s| s.position), Some(5));
-    assert_eq!(report.records_replayed, 45);
+    assert_eq!(report.records_replayed, report.next_position - 5);
     assert_eq!(report.torn_bytes_dropped(), 0);
     assert_eq!(
         report.clean_shutdown,
@@ -232,16 +297,18 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
     );
 }
 
-/// With preallocation the encoder writes the committed bytes as version 4:
-/// the same records, the header's version 4 (and its CRC), and the last
-/// segment followed by zeros up to the segment size. Every segment before
-/// it ends at its last record. Opening it gives the same state and report.
+/// With preallocation the encoder writes the committed bytes with the
+/// header's preallocated flag (and its CRC), and the last segment followed
+/// by zeros up to the segment size. Every segment before it ends at its
+/// last record. Opening it gives the same state and report.
 #[test]
 fn a_preallocated_store_holds_the_committed_records_and_zeros() {
     let fs = SimFs::new();
     let dir = PathBuf::from("/golden");
     let committed = committed(GOLDEN);
-    let model = write_history_with(&fs, &dir, &history_v2(), |f| opts(f).preallocate(true));
+    let model = write_history_with(&fs, &dir, &history_v5(), |f, c| {
+        opts_v5(f, c).preallocate(true)
+    });
     let fresh = store_files(&fs, &dir);
     assert_eq!(committed.len(), fresh.len());
     let last = committed
@@ -254,16 +321,18 @@ fn a_preallocated_store_holds_the_committed_records_and_zeros() {
             continue;
         }
         let mut want = cb.clone();
-        want[8..10].copy_from_slice(&4u16.to_le_bytes());
+        want[10..12].copy_from_slice(&1u16.to_le_bytes());
         let crc = crc32c::crc32c(&want[..36]);
         want[36..40].copy_from_slice(&crc.to_le_bytes());
         if i == last {
             assert!(cb.len() < 1024);
             want.resize(1024, 0);
         }
-        assert!(want == *fb, "{cn}: not the committed records as version 4");
+        assert!(want == *fb, "{cn}: not the committed records, preallocated");
     }
-    let store = ProducerStateStore::open_with(&dir, opts(&fs).preallocate(true)).unwrap();
+    let clock = ManualClock::new(0);
+    let store =
+        ProducerStateStore::open_with(&dir, opts_v5(&fs, &clock).preallocate(true)).unwrap();
     assert!(matches(&store, &model), "{}", diff(&store, &model));
     let report = store.recovery_report();
     assert_eq!(report.torn_bytes_dropped(), 0, "zeros are not a torn tail");
@@ -283,7 +352,12 @@ fn a_preallocated_store_holds_the_committed_records_and_zeros() {
 
 /// An older store opens to its history's state, and a store continuing it
 /// writes new segments in the current version.
-fn an_older_store_opens_and_continues(golden: &str, version: u16, history: Vec<Step>) {
+fn an_older_store_opens_and_continues(
+    golden: &str,
+    version: u16,
+    history: Vec<Step>,
+    clean: Option<bool>,
+) {
     // The expected state comes from the model, not from today's encoder.
     let mut model = Model::default();
     let mut appends = 0;
@@ -291,6 +365,7 @@ fn an_older_store_opens_and_continues(golden: &str, version: u16, history: Vec<S
         let reqs = match step {
             Step::One(r, _) => vec![r],
             Step::All(reqs) => reqs,
+            Step::Clock(_) | Step::Expire => unreachable!("no lifecycle in older histories"),
         };
         for r in reqs {
             appends += u64::from(model.append(&r).is_accepted());
@@ -308,7 +383,7 @@ fn an_older_store_opens_and_continues(golden: &str, version: u16, history: Vec<S
     // Replay starts at the snapshot, position 5.
     assert_eq!(store.recovery_report().records_replayed, appends - 5);
     assert_eq!(store.recovery_report().next_position, appends);
-    assert_eq!(store.recovery_report().clean_shutdown, None, "no marker");
+    assert_eq!(store.recovery_report().clean_shutdown, clean);
 
     // Appends after it go to a new segment of the current version: the
     // last old segment is left as it was.
@@ -327,7 +402,7 @@ fn an_older_store_opens_and_continues(golden: &str, version: u16, history: Vec<S
     assert_eq!(fs.read_file(&dir.join(&last_old.0)).unwrap(), last_old.1);
     let name = format!("{appends:020}.wal");
     let new = fs.read_file(&dir.join(&name)).unwrap();
-    assert_eq!(&new[8..10], &[3, 0]);
+    assert_eq!(&new[8..10], &[5, 0]);
     assert_eq!(
         new.len(),
         40 + 35 + 18 + 17,
@@ -341,7 +416,8 @@ fn an_older_store_opens_and_continues(golden: &str, version: u16, history: Vec<S
     // An old segment that holds no record yet (its creation was the last
     // thing before a crash) is replaced by a current one.
     let mut files = committed(golden);
-    let mut empty = files[0].1[..20].to_vec();
+    let header_len = if version >= 3 { 36 } else { 20 };
+    let mut empty = files[0].1[..header_len].to_vec();
     empty[12..20].copy_from_slice(&appends.to_le_bytes());
     let crc = crc32c::crc32c(&empty);
     empty.extend_from_slice(&crc.to_le_bytes());
@@ -352,7 +428,7 @@ fn an_older_store_opens_and_continues(golden: &str, version: u16, history: Vec<S
     store.append(9u64, 0, 0, 0).unwrap();
     store.close().unwrap();
     let new = fs.read_file(&dir.join(&name)).unwrap();
-    assert_eq!(&new[8..10], &[3, 0]);
+    assert_eq!(&new[8..10], &[5, 0]);
     assert_eq!(new.len(), 40 + 35 + 17);
     let store = ProducerStateStore::open_with(&dir, opts(&fs)).unwrap();
     assert_eq!(store.recovery_report().records_replayed, appends - 5 + 1);
@@ -360,12 +436,18 @@ fn an_older_store_opens_and_continues(golden: &str, version: u16, history: Vec<S
 
 #[test]
 fn a_version_1_store_opens_and_continues_in_the_current_version() {
-    an_older_store_opens_and_continues(GOLDEN_V1, 1, history_v1());
+    an_older_store_opens_and_continues(GOLDEN_V1, 1, history_v1(), None);
 }
 
 #[test]
 fn a_version_2_store_opens_and_continues_in_the_current_version() {
-    an_older_store_opens_and_continues(GOLDEN_V2, 2, history_v2());
+    an_older_store_opens_and_continues(GOLDEN_V2, 2, history_v2(), None);
+}
+
+#[test]
+fn a_version_3_store_opens_and_continues_in_the_current_version() {
+    // Version 3 writes close markers: the committed store was closed.
+    an_older_store_opens_and_continues(GOLDEN_V3, 3, history_v2(), Some(true));
 }
 
 /// The entries of a snapshot, each as its bytes, sorted: split by an
@@ -374,11 +456,16 @@ fn snapshot_entries(file: &[u8]) -> Vec<Vec<u8>> {
     let count = u64::from_le_bytes(file[24..32].try_into().unwrap()) as usize;
     let body_len = u64::from_le_bytes(file[32..40].try_into().unwrap()) as usize;
     assert_eq!(file.len(), 48 + body_len + 4);
-    let body = &file[48..48 + body_len];
+    let mut body = &file[48..48 + body_len];
     let version = u16::from_le_bytes(file[8..10].try_into().unwrap());
+    if version == 3 {
+        // The store section: its length, then that many bytes.
+        let section = u32::from_le_bytes(body[..4].try_into().unwrap()) as usize;
+        body = &body[4 + section..];
+    }
     let mut out = Vec::new();
     let mut at = 0;
-    while version == 2 && at < body.len() {
+    while version >= 2 && at < body.len() {
         let start = at;
         let shape = body[at];
         let batches = (shape & 7) as usize;
@@ -388,6 +475,9 @@ fn snapshot_entries(file: &[u8]) -> Vec<Vec<u8>> {
             2 + u16::from_le_bytes(body[at + 1..at + 3].try_into().unwrap()) as usize
         };
         at += 4 + 2 + 4; // partition, epoch, last sequence
+        if version == 3 {
+            at += 8; // last activity
+        }
         if batches > 0 {
             let layout = u16::from_le_bytes(body[at..at + 2].try_into().unwrap());
             at += 2;
@@ -427,7 +517,7 @@ fn the_first_bytes_are_as_documented() {
     // docs/format.md walks through these bytes.
     let seg = std::fs::read(Path::new(GOLDEN).join("00000000000000000000.wal")).unwrap();
     assert_eq!(&seg[..8], b"PSTATWAL");
-    assert_eq!(&seg[8..12], &[3, 0, 0, 0]); // version 3, flags 0
+    assert_eq!(&seg[8..12], &[5, 0, 0, 0]); // version 5, flags 0
     assert_eq!(&seg[12..20], &0u64.to_le_bytes()); // first position
     let store_id = &seg[20..28];
     assert_eq!(&seg[36..40], &crc32c::crc32c(&seg[..36]).to_le_bytes());
@@ -451,37 +541,27 @@ fn the_first_bytes_are_as_documented() {
     let crc = crc32c::crc32c(&snap[..snap.len() - 4]);
     assert_eq!(&snap[snap.len() - 4..], &crc.to_le_bytes());
 
-    // The last segment: the same store id, another salt; its last record
-    // is the close marker, and before it the four appends of the last
-    // call: 17 header bytes and 18 per append.
-    let (name, seg) = committed(GOLDEN)
-        .into_iter()
-        .rfind(|(n, _)| n.ends_with(".wal"))
-        .unwrap();
-    let first: u64 = name[..20].parse().unwrap();
-    assert_eq!(&seg[12..20], &first.to_le_bytes());
+    // The segment at position 38: the same store id, another salt. At
+    // offset 480 the four appends of one `append_all` call share a record:
+    // 17 header bytes and 18 per append.
+    let seg = std::fs::read(Path::new(GOLDEN).join("00000000000000000038.wal")).unwrap();
+    assert_eq!(&seg[12..20], &38u64.to_le_bytes());
     assert_eq!(&seg[20..28], store_id);
     let seed = crc32c::crc32c(&seg[12..36]);
-    let marker = seg.len() - 17;
-    assert_eq!(&seg[marker + 4..marker + 8], &17u32.to_le_bytes());
-    assert_eq!(
-        &seg[marker + 8..marker + 12],
-        &(marker as u32).to_le_bytes()
-    );
-    assert_eq!(seg[marker + 16], 5);
-    assert_eq!(
-        &seg[marker..marker + 4],
-        &crc32c::crc32c_append(seed, &seg[marker + 4..]).to_le_bytes()
-    );
-    let at = marker - (17 + 4 * 18);
-    assert_eq!(&seg[at + 4..at + 8], &89u32.to_le_bytes());
-    assert_eq!(&seg[at + 8..at + 12], &(at as u32).to_le_bytes());
-    assert_eq!(seg[at + 16], 1);
-    assert_eq!(
-        &seg[at..at + 4],
-        &crc32c::crc32c_append(seed, &seg[at + 4..marker]).to_le_bytes()
-    );
-    let entry = |i: usize| &seg[at + 17 + 18 * i..at + 17 + 18 * (i + 1)];
+    let record = |at: usize| {
+        let len = u32::from_le_bytes(seg[at + 4..at + 8].try_into().unwrap()) as usize;
+        assert_eq!(&seg[at + 8..at + 12], &(at as u32).to_le_bytes(), "offset");
+        assert_eq!(
+            &seg[at..at + 4],
+            &crc32c::crc32c_append(seed, &seg[at + 4..at + len]).to_le_bytes(),
+            "crc"
+        );
+        (seg[at + 16], &seg[at + 17..at + len])
+    };
+    let at = 480;
+    let (kind, payload) = record(at);
+    assert_eq!((kind, payload.len()), (1, 4 * 18));
+    let entry = |i: usize| &payload[18 * i..18 * (i + 1)];
     assert_eq!(&entry(0)[..8], &7u64.to_le_bytes());
     assert_eq!(&entry(0)[8..12], &1i32.to_le_bytes()); // partition
     assert_eq!(&entry(2)[..8], &8u64.to_le_bytes());
@@ -490,10 +570,58 @@ fn the_first_bytes_are_as_documented() {
         &[0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 0]
     ); // -1, epoch 2, seq 0
     assert_eq!(&entry(3)[14..18], &1i32.to_le_bytes()); // sequence 1
+    // Then the clock moves: a clock record (kind 6, 25 bytes) before the
+    // next single-sequence append.
+    let (kind, payload) = record(569);
+    assert_eq!(kind, 6);
+    assert_eq!(payload, &1_700_000_000_000i64.to_le_bytes());
+    // The expiration: one removal record (kind 7) per shard holding
+    // expired keys; the first, of key 42/0, reason 1 (expired).
+    let (kind, payload) = record(724);
+    assert_eq!(kind, 7);
+    assert_eq!(payload[0], 1, "expired");
+    assert_eq!(payload[1], 0, "numeric id");
+    assert_eq!(&payload[2..10], &42u64.to_le_bytes());
+    assert_eq!(&payload[10..14], &0i32.to_le_bytes());
+
+    // The last segment: an eviction of the named key p1/0 (reason 2), the
+    // marker of an append accepted for an unknown producer at a sequence
+    // above 0 (kind 10), that append, and the close marker.
+    let (name, seg) = committed(GOLDEN)
+        .into_iter()
+        .rfind(|(n, _)| n.ends_with(".wal"))
+        .unwrap();
+    let first: u64 = name[..20].parse().unwrap();
+    assert_eq!(&seg[12..20], &first.to_le_bytes());
+    assert_eq!(&seg[20..28], store_id);
+    assert_eq!(
+        &seg[40 + 4..40 + 8],
+        &27u32.to_le_bytes(),
+        "17 + reason + key"
+    );
+    assert_eq!(
+        &seg[40 + 16..40 + 27],
+        &[7, 2, 1, 2, 0, b'p', b'1', 0, 0, 0, 0]
+    );
+    let marker = seg.len() - 17;
+    assert_eq!(&seg[marker + 4..marker + 8], &17u32.to_le_bytes());
+    assert_eq!(
+        &seg[marker + 8..marker + 12],
+        &(marker as u32).to_le_bytes()
+    );
+    assert_eq!(seg[marker + 16], 5);
+    let unknown = marker - 35 - 17;
+    assert_eq!(&seg[unknown + 4..unknown + 8], &17u32.to_le_bytes());
+    assert_eq!(seg[unknown + 16], 10);
+    assert_eq!(
+        &seg[unknown + 17 + 17..unknown + 17 + 25],
+        &99u64.to_le_bytes()
+    );
 }
 
 const SNAP_V1: &str = "tests/golden/snapshot-v1";
 const SNAP_V2: &str = "tests/golden/snapshot-v2";
+const SNAP_V3: &str = "tests/golden/snapshot-v3";
 
 /// A history whose snapshot holds windows of every shape the encoding
 /// distinguishes: full windows with small, large, negative and extreme
@@ -635,24 +763,24 @@ fn snapshots_of_full_windows_are_written_as_committed_and_every_version_decodes(
     let fresh = fs.read_file(&written).unwrap();
 
     if std::env::var("GOLDEN_REGENERATE").is_ok() {
-        let _ = std::fs::remove_dir_all(SNAP_V2);
-        std::fs::create_dir_all(SNAP_V2).unwrap();
-        std::fs::write(Path::new(SNAP_V2).join(&name), &fresh).unwrap();
+        let _ = std::fs::remove_dir_all(SNAP_V3);
+        std::fs::create_dir_all(SNAP_V3).unwrap();
+        std::fs::write(Path::new(SNAP_V3).join(&name), &fresh).unwrap();
     }
 
     // Byte for byte, entry order included: every key of this history lies
     // in a shard of its own, so the order is the shards' (fixed by the
     // hash), not the hash tables'.
-    let committed = std::fs::read(Path::new(SNAP_V2).join(&name)).unwrap();
+    let committed = std::fs::read(Path::new(SNAP_V3).join(&name)).unwrap();
     assert!(
         committed == fresh,
         "the encoder no longer writes the committed snapshot (format change? see docs/format.md)"
     );
-    assert_eq!(&committed[8..10], &[2, 0], "written as version 2");
+    assert_eq!(&committed[8..10], &[3, 0], "written as version 3");
 
-    // The version-1 file, written by the build before version 2 from the
-    // same history, still decodes to the same state.
-    for (dir, version) in [(SNAP_V1, 1u8), (SNAP_V2, 2)] {
+    // The files of versions 1 and 2, written by older builds from the same
+    // history, still decode to the same state.
+    for (dir, version) in [(SNAP_V1, 1u8), (SNAP_V2, 2), (SNAP_V3, 3)] {
         let path = Path::new(dir).join(&name);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[8..10], &[version, 0], "{dir}");

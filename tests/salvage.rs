@@ -140,7 +140,11 @@ fn salvage_twice_in_one_segment_keeps_both_discarded_tails() {
 fn a_second_salvage_never_replaces_segments_a_first_one_moved_aside() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    let opts = StoreOptions::default().segment_size(1024);
+    // A fixed clock: the log's clock records, and so where segments roll,
+    // do not depend on timing.
+    let opts = StoreOptions::default()
+        .segment_size(1024)
+        .clock(std::sync::Arc::new(producer_state::ManualClock::new(0)));
     let s = ProducerStateStore::open_with(d, opts.clone()).unwrap();
     append_seqs(&s, 0, 0..200);
     s.close().unwrap();

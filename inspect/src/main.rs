@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use producer_state::fs::{ReadOnlyFs, StdFs};
 use producer_state::inspect::{
-    self, Contents, DirectoryReport, DryRun, Effect, FileKind, FileReport, Problem, Role,
+    self, Contents, DirectoryReport, DryRun, Effect, FileKind, FileReport, LogOp, Problem, Role,
     SegmentEnd, Verdict,
 };
 use producer_state::kafka::{self, KafkaProducerEntry};
@@ -554,8 +554,11 @@ fn inspect_segment(
     let result = inspect::segment(
         &ReadOnlyFs(StdFs),
         path,
-        |pos, at, r| {
-            if list && f.keeps(&r.producer_id, Some(r.partition)) {
+        |pos, at, op| {
+            if let LogOp::Append(r) = op
+                && list
+                && f.keeps(&r.producer_id, Some(r.partition))
+            {
                 records.push(request_record(pos, at, r));
             }
         },

@@ -26,7 +26,6 @@ pub use directory::{
     Contents, DirectoryReport, DryRun, Effect, FileReport, Problem, Role, directory,
 };
 
-use crate::batch::AppendRequest;
 use crate::entry::ProducerEntry;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
@@ -40,6 +39,7 @@ use crate::snapshot;
 use crate::wal::segment::{self, End, HeaderError};
 
 pub use crate::files::{StoreFile, classify};
+pub use crate::wal::op::{GroupKind, LogOp, RemoveReason};
 
 /// Calls a progress callback every few thousand items.
 struct Ticker<'a> {
@@ -163,11 +163,11 @@ pub struct SnapshotSummary {
 /// As [`snapshot`].
 pub fn decode_snapshot(fs: &dyn FileSystem, path: &Path) -> Result<SnapshotSummary> {
     let (f, len) = open(fs, path)?;
-    let h = snapshot::read(
+    let (h, _) = snapshot::read(
         path,
         io::BufReader::with_capacity(1 << 20, f),
         len,
-        |_, _, e| {
+        |_, _, e, _| {
             std::hint::black_box(e);
             Ok(())
         },
@@ -196,14 +196,14 @@ pub fn snapshot(
     let (f, len) = open(fs, path)?;
     let mut t = Ticker::new(progress);
     let mut shards = Shards::default();
-    let h = snapshot::read(
+    let (h, _) = snapshot::read(
         path,
         io::BufReader::with_capacity(1 << 20, f),
         len,
-        |id, p, e| {
+        |id, p, e, act| {
             // The rule recovery's loader applies: a key twice is damage.
             // It also stops a body of zeros (a hole) at its second entry.
-            if !shards.insert_new(&id, p, &e) {
+            if !shards.insert_new(&id, p, &e, act) {
                 return Err(Error::corrupt(path, 0, Corruption::DuplicateKey));
             }
             t.tick(t.n + 1);
@@ -280,11 +280,13 @@ pub struct SegmentSummary {
     pub end: SegmentEnd,
 }
 
-/// Streams a segment, handing each append of each valid record (position,
-/// byte offset of the record, request) to `each`, and says how its records
-/// end. An error only for a damaged or truncated header, or IO.
-/// `progress(bytes)` is called every few thousand appends. Each record is
-/// verified before its appends are handed out.
+/// Streams a segment, handing each operation of each valid record
+/// (position, byte offset of the record, operation: an append, a clock
+/// reading, removed keys, an atomic group and its key states) to `each`,
+/// and says how its records end. An error only for a damaged or truncated
+/// header, or IO. `progress(bytes)` is called every few thousand
+/// operations. Each record is verified before its operations are handed
+/// out; an atomic group only once it is complete.
 ///
 /// # Errors
 ///
@@ -293,7 +295,7 @@ pub struct SegmentSummary {
 pub fn segment(
     fs: &dyn FileSystem,
     path: &Path,
-    mut each: impl FnMut(u64, u64, &AppendRequest),
+    mut each: impl FnMut(u64, u64, &LogOp),
     progress: &mut dyn FnMut(u64),
 ) -> Result<SegmentSummary> {
     let (f, len) = open(fs, path)?;

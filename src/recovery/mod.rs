@@ -57,12 +57,13 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::apply::{Failed, Parallel, Rec, Sequential, Sink};
+use crate::apply::{Failed, Parallel, Sequential, Sink};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
-use crate::map::hash_key;
+use crate::loader::Loaded;
+use crate::meta::Meta;
+use crate::replay::Replayer;
 use crate::shards::Shards;
-use crate::snapshot;
 use crate::wal::segment::{self, End, HEADER_LEN, HeaderError};
 use crate::wal::writer::SegmentInfo;
 use plan::{Cut, Kept, LogEnd, Plan, Tail};
@@ -87,6 +88,8 @@ pub enum RecoveryMode {
 /// The state and the log as recovery leaves them.
 pub(crate) struct Recovered {
     pub shards: Shards,
+    /// The store-level state (log clock, highest offset, removed keys).
+    pub meta: Meta,
     pub next_position: u64,
     pub segments: Vec<SegmentInfo>,
     /// The last segment to continue, as (bytes, records); `None`: start a
@@ -121,10 +124,7 @@ fn io_at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) ->
 }
 
 /// Loads and verifies a snapshot into a fresh state.
-pub(crate) fn load_snapshot(
-    fs: &dyn FileSystem,
-    path: &Path,
-) -> Result<(snapshot::Header, Shards)> {
+pub(crate) fn load_snapshot(fs: &dyn FileSystem, path: &Path) -> Result<Loaded> {
     let file = fs.open_read(path).map_err(io_at("open", path))?;
     let len = file.len().map_err(io_at("stat", path))?;
     crate::loader::load(path, file, len)
@@ -155,7 +155,7 @@ pub(crate) fn recover_dry(
 
 /// Plans recovery and replays the plan into the state, writing nothing.
 fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<(Plan, Recovered)> {
-    let (mut plan, mut shards) = Plan::read(fs, dir, mode)?;
+    let (mut plan, (mut shards, mut meta)) = Plan::read(fs, dir, mode)?;
     // A long log is replayed on two threads if the machine has them. If a
     // record does not apply, that replay cannot say where the history
     // stops: replay again from the same base, sequentially, which can.
@@ -165,17 +165,19 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
     } else {
         1
     };
-    let (progress, records_replayed) = loop {
+    let (progress, replayer) = loop {
         let mut progress = Progress::default();
-        let (stop, applied) = if threads == 2 {
+        let mut replayer = Replayer::new(meta, None);
+        let stop = if threads == 2 {
             std::thread::scope(|scope| {
-                let mut sink = Parallel::new(scope, &mut shards);
-                replay(fs, &plan, &mut sink, &mut progress).map(|s| (s, sink.applied()))
+                let mut sink = Parallel::new(scope, &mut shards, false);
+                replay(fs, &plan, &mut sink, &mut replayer, &mut progress)
             })?
         } else {
             let mut sink = Sequential::new(&mut shards);
-            replay(fs, &plan, &mut sink, &mut progress).map(|s| (s, sink.applied()))?
+            replay(fs, &plan, &mut sink, &mut replayer, &mut progress)?
         };
+        let applied = replayer;
         let cut_before = plan.end.is_some();
         match stop {
             Stop::Reached if cut_before => break (progress, applied),
@@ -196,18 +198,19 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
             Stop::DoesNotApply(None) => return Err(internal()),
         }
         threads = 1;
-        shards = plan.base_state(fs)?;
+        (shards, meta) = plan.base_state(fs)?;
     };
     let mut report = plan.report();
     report.segments_read = progress.segments_read;
     report.segments_skipped = progress.segments_skipped;
     report.clean_shutdown = progress.clean_shutdown;
-    report.records_replayed = records_replayed;
+    report.records_replayed = replayer.positions;
     report.replay_threads = threads;
     report.keys = shards.len();
     let (segments, active) = plan.kept_segments();
     let rec = Recovered {
         shards,
+        meta: replayer.meta,
         next_position: report.next_position,
         segments,
         active,
@@ -241,6 +244,7 @@ fn replay(
     fs: &dyn FileSystem,
     plan: &Plan,
     sink: &mut dyn Sink,
+    replayer: &mut Replayer,
     progress: &mut Progress,
 ) -> Result<Stop> {
     let (start, segments) = (plan.start, &plan.segments);
@@ -282,7 +286,7 @@ fn replay(
             return Ok(at.damage(None, Damage::new(&at.path, 0, kind)));
         }
         progress.segments_read += 1;
-        let scan = match read_segment(fs, plan, &at, idx == last_idx, sink, progress)? {
+        let scan = match read_segment(fs, plan, &at, idx == last_idx, sink, replayer, progress)? {
             ControlFlow::Continue(scan) => scan,
             ControlFlow::Break(stop) => return Ok(stop),
         };
@@ -385,6 +389,7 @@ fn read_segment(
     at: &Reading,
     is_last: bool,
     sink: &mut dyn Sink,
+    replayer: &mut Replayer,
     progress: &mut Progress,
 ) -> Result<ControlFlow<Stop, segment::Scan>> {
     let (path, named) = (&at.path, at.named);
@@ -409,8 +414,8 @@ fn read_segment(
     };
     let mut reached = false;
     let reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut scanned = segment::scan(path, reader, len, foreign, |pos, offset, nth, r| {
-        if plan.replay_to.is_some_and(|to| pos >= to) {
+    let mut scanned = segment::scan(path, reader, len, foreign, |pos, offset, nth, op| {
+        if op.takes_position() && plan.replay_to.is_some_and(|to| pos >= to) {
             // Not damage: the error only stops the scan.
             reached = true;
             return Err(Error::corrupt(
@@ -419,19 +424,10 @@ fn read_segment(
                 Corruption::BadField("end of plan"),
             ));
         }
+        // An operation that takes no position applies to what follows it:
+        // one at the start position is part of the replay.
         if pos >= plan.start {
-            let hash = hash_key(&r.producer_id, r.partition);
-            let (at, request) = (offset, r.clone());
-            sink.push(
-                Rec {
-                    pos,
-                    at,
-                    nth,
-                    hash,
-                    request,
-                },
-                path,
-            )?;
+            replayer.op(pos, offset, nth, op, |rec| sink.push(rec, path))?;
         }
         Ok(())
     });
@@ -494,6 +490,8 @@ mod tests {
     use super::*;
     use crate::batch::AppendRequest;
     use crate::fs::SimFs;
+    use crate::map::hash_key;
+    use crate::snapshot;
     use crate::wal::record::{encode, seal};
     use std::path::PathBuf;
 

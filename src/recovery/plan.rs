@@ -20,6 +20,8 @@ use super::{RecoveryMode, io_at, load_snapshot};
 use crate::error::{Corruption, Error, Result};
 use crate::files::{StoreFile, classify};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
+use crate::loader::Loaded;
+use crate::meta::Meta;
 use crate::shards::Shards;
 use crate::snapshot;
 use crate::wal::segment;
@@ -122,7 +124,7 @@ impl Plan {
         fs: &dyn FileSystem,
         dir: &Path,
         mode: RecoveryMode,
-    ) -> Result<(Plan, Shards)> {
+    ) -> Result<(Plan, (Shards, Meta))> {
         let listing = fs.list(dir).map_err(io_at("list", dir))?;
         refuse_what_is_not_a_file(fs, dir, &listing)?;
         let mut plan = Plan {
@@ -170,12 +172,13 @@ impl Plan {
     }
 
     /// Loads the newest snapshot that verifies, noting those that do not.
-    fn pick_base(&mut self, fs: &dyn FileSystem) -> Result<Shards> {
+    fn pick_base(&mut self, fs: &dyn FileSystem) -> Result<(Shards, Meta)> {
         for &pos in self.snapshot_files.iter().rev() {
             let path = self.dir.join(snapshot::file_name(pos));
-            let loaded = load_snapshot(fs, &path).and_then(|(h, shards)| {
+            let loaded = load_snapshot(fs, &path).and_then(|l| {
+                let h = l.header;
                 if h.position == pos {
-                    Ok((h, shards))
+                    Ok((h, l.shards, l.meta))
                 } else {
                     let kind = Corruption::NameMismatch {
                         named: pos,
@@ -185,14 +188,14 @@ impl Plan {
                 }
             });
             match loaded {
-                Ok((h, shards)) => {
+                Ok((h, shards, meta)) => {
                     self.start = h.position;
                     self.base = Some(SnapshotUsed {
                         file: path,
                         position: h.position,
                         entries: h.entries,
                     });
-                    return Ok(shards);
+                    return Ok((shards, meta));
                 }
                 // A newer build's file is not damage: never skip it (a
                 // fallback would write over its history). Nor is an IO
@@ -208,14 +211,17 @@ impl Plan {
                 Err(e) => return Err(e),
             }
         }
-        Ok(Shards::default())
+        Ok((Shards::default(), Meta::default()))
     }
 
     /// The state replay starts from, again: the base snapshot, or nothing.
-    pub(crate) fn base_state(&self, fs: &dyn FileSystem) -> Result<Shards> {
+    pub(crate) fn base_state(&self, fs: &dyn FileSystem) -> Result<(Shards, Meta)> {
         Ok(match &self.base {
-            Some(s) => load_snapshot(fs, &s.file)?.1,
-            None => Shards::default(),
+            Some(s) => {
+                let Loaded { shards, meta, .. } = load_snapshot(fs, &s.file)?;
+                (shards, meta)
+            }
+            None => (Shards::default(), Meta::default()),
         })
     }
 

@@ -224,6 +224,31 @@ impl<T> LogQueue<T> {
         pos
     }
 
+    /// Encodes records other than packable appends: `encode` appends them
+    /// and says how many positions they take. Returns the first of those
+    /// positions (the next position if they take none) and what `encode`
+    /// returned.
+    pub(super) fn push_op<R>(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> (u64, R)) -> (u64, R) {
+        let (positions, r) = self.buf.push_with(encode);
+        let pos = self.next_position;
+        self.next_position += positions;
+        (pos, r)
+    }
+
+    /// The group and position of the last record queued that is not yet
+    /// durable, if any: the forming group's, else the one being written.
+    pub(super) fn last_queued(&self) -> Option<(u64, u64)> {
+        if self.next_position <= self.durable {
+            return None;
+        }
+        let group = if self.buf.is_empty() {
+            self.writing.unwrap_or(self.group.saturating_sub(1))
+        } else {
+            self.group
+        };
+        Some((group, self.next_position - 1))
+    }
+
     /// `Always`: what the record just pushed applies once durable.
     #[inline]
     pub(super) fn queue(&mut self, item: T) {

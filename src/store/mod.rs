@@ -56,7 +56,10 @@
 
 mod commit;
 mod keys;
+mod lifecycle;
 mod options;
+mod order;
+mod rewind;
 mod snapshots;
 
 use std::fmt;
@@ -78,8 +81,8 @@ use crate::wal::record::MAX_NAME;
 use crate::wal::writer::LogWriter;
 
 use commit::{FLUSH_BYTES, GroupCommit, LogQueue, lock};
-use keys::{Keys, State, Submit};
-pub use options::{FsyncPolicy, StoreOptions};
+use keys::{Keys, Life, State, Submit};
+pub use options::{AtCapacity, FsyncPolicy, StoreOptions};
 use snapshots::{Book, Snapshots};
 
 /// Requests [`ProducerStateStore::append_all`] looks up ahead of applying
@@ -91,7 +94,9 @@ const WARM: usize = 32;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreStats {
-    /// Accepted appends written to the log.
+    /// Records written to the log, counted in positions: accepted appends
+    /// and lifecycle records (removals, key states, groups); clock records
+    /// and markers take none.
     pub records_written: u64,
     /// Writes of record groups (one per group commit).
     pub groups_written: u64,
@@ -102,6 +107,18 @@ pub struct StoreStats {
     /// The most bytes of records held in memory, not yet handed to the OS
     /// (buffered policies: bounded near 8 MiB plus one `append_all` call).
     pub peak_buffered_bytes: u64,
+    /// Keys removed by expiration sweeps.
+    pub expired: u64,
+    /// Keys evicted at `max_producers`.
+    pub evicted: u64,
+    /// Keys removed by `remove_partition`.
+    pub partition_removed: u64,
+    /// `truncate_to` calls that completed.
+    pub truncations: u64,
+    /// Keys a truncation set back or removed.
+    pub truncated_keys: u64,
+    /// Keys added by `import_partition`.
+    pub imported: u64,
 }
 
 struct Bg {
@@ -210,15 +227,17 @@ impl ProducerStateStore {
             )?,
         };
         debug_assert_eq!(writer.next_position(), rec.next_position);
-        let state = State {
-            keys: Keys::new(rec.shards),
-            log: LogQueue::new(rec.next_position),
-            since_snapshot: (rec.report.records_replayed, 0),
-            snapshot_every: (opts.snapshot_every_records, opts.snapshot_every_bytes),
-            snapshot_requested: false,
-            snapshots_written: 0,
-        };
         let always = opts.fsync == FsyncPolicy::Always;
+        let life = Life {
+            always,
+            unknown: opts.unknown,
+            cap: opts.max_producers,
+            refuse: opts.at_capacity == AtCapacity::Refuse,
+        };
+        let keys = Keys::new(rec.shards, rec.meta, opts.max_producers.is_some());
+        let mut state = State::new(keys, LogQueue::new(rec.next_position), life);
+        state.since_snapshot = (rec.report.records_replayed, 0);
+        state.snapshot_every = (opts.snapshot_every_records, opts.snapshot_every_bytes);
         let book = Book {
             files: rec.snapshot_files,
             valid: rec.snapshots,
@@ -252,6 +271,9 @@ impl ProducerStateStore {
         }
         if matches!(shared.opts.fsync, FsyncPolicy::Interval(_)) {
             background.push(spawn("producer-state-tick", Shared::tick)?);
+        }
+        if shared.opts.expiration.is_some() && shared.opts.expiration_interval.is_some() {
+            background.push(spawn("producer-state-expire", Shared::expirer)?);
         }
         let s = shared.clone();
         let flusher = std::thread::Builder::new()
@@ -323,6 +345,7 @@ impl ProducerStateStore {
         check_name(request)?;
         let shared = &*self.shared;
         let hash = hash_key(&request.producer_id, request.partition);
+        let now = shared.opts.clock.now_ms();
         let mut st = shared.lock_state();
         if !shared.is_always() {
             st = shared.room(st);
@@ -331,15 +354,16 @@ impl ProducerStateStore {
             return Err(f.error_for(None));
         }
         if !shared.is_always() {
-            let o = st.submit_buffered(hash, request);
+            let o = st.submit_buffered(hash, request, now)?;
             if o.is_accepted() {
                 shared.after_buffered(st);
             }
             return Ok(o);
         }
         loop {
-            match st.submit_durable(hash, request) {
+            match st.submit_durable(hash, request, now) {
                 Submit::Done(o) => return Ok(o),
+                Submit::Refused(e) => return Err(e),
                 Submit::Queued { group, pos } => {
                     shared.commit(st);
                     return shared
@@ -366,10 +390,11 @@ impl ProducerStateStore {
     /// order.
     pub fn append_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
         let shared = &*self.shared;
+        let now = shared.opts.clock.now_ms();
         let mut st = shared.lock_state();
         if !shared.is_always() {
             st = shared.room(st);
-            return shared.append_all_buffered(st, requests);
+            return shared.append_all_buffered(st, requests, now);
         }
         let mut out: Vec<Result<BatchOutcome>> = Vec::with_capacity(requests.len());
         // Accepted: (index, group, position), to settle once durable.
@@ -384,8 +409,9 @@ impl ProducerStateStore {
                 if let Some(f) = st.log.failed() {
                     break Err(f.error_for(None));
                 }
-                match st.submit_durable(hash, r) {
+                match st.submit_durable(hash, r, now) {
                     Submit::Done(o) => break Ok(o),
+                    Submit::Refused(e) => break Err(e),
                     Submit::Queued { group, pos } => {
                         queued.push((i, group, pos));
                         break Ok(BatchOutcome::Accepted);
@@ -475,6 +501,26 @@ impl ProducerStateStore {
         self.shared.sync()
     }
 
+    /// The log position the next record takes. A single-sequence append
+    /// has no offset of its own: its position stands in for it in
+    /// [`ProducerStateStore::truncate_to`], so a broker that uses those
+    /// reads this (after an append returns, the append's position is this
+    /// minus one, if nothing else was appended meanwhile). Records queued
+    /// but not yet durable count.
+    pub fn next_position(&self) -> u64 {
+        self.shared.lock_state().log.next_position()
+    }
+
+    /// One past the highest offset appended (a batch's offset, a
+    /// single-sequence append's position; `truncate_to(offset)` lowers it
+    /// to `offset`): the highest offset [`ProducerStateStore::truncate_to`]
+    /// accepts, like Kafka's log end offset for the state. 0 for a store
+    /// that has seen no append. Under `Always` the state of durable
+    /// appends.
+    pub fn end_offset(&self) -> i64 {
+        self.shared.lock_state().keys.meta.high.saturating_add(1)
+    }
+
     /// What recovery found when the store was opened.
     pub fn recovery_report(&self) -> &RecoveryReport {
         &self.report
@@ -484,12 +530,19 @@ impl ProducerStateStore {
     pub fn stats(&self) -> StoreStats {
         let st = self.shared.lock_state();
         let log = st.log.stats();
+        let life = st.life_stats;
         StoreStats {
             records_written: log.records_written,
             groups_written: log.groups_written,
             log_fsyncs: log.log_fsyncs,
             snapshots_written: st.snapshots_written,
             peak_buffered_bytes: log.peak_buffered_bytes,
+            expired: life.expired,
+            evicted: life.evicted,
+            partition_removed: life.partition_removed,
+            truncations: life.truncations,
+            truncated_keys: life.truncated_keys,
+            imported: life.imported,
         }
     }
 
@@ -615,6 +668,7 @@ impl Shared {
         &self,
         mut st: MutexGuard<'_, State>,
         requests: &[AppendRequest],
+        now: i64,
     ) -> Vec<Result<BatchOutcome>> {
         if let Some(f) = st.log.failed() {
             return requests
@@ -634,10 +688,10 @@ impl Shared {
                 shards.contains(hash, &r.producer_id, r.partition)
             });
             for (&hash, r) in hashes.iter().zip(chunk) {
-                out.push(check_name(r).map(|()| {
-                    let o = st.submit_buffered(hash, r);
+                out.push(check_name(r).and_then(|()| {
+                    let o = st.submit_buffered(hash, r, now)?;
                     accepted |= o.is_accepted();
-                    o
+                    Ok(o)
                 }));
             }
         }
@@ -676,32 +730,49 @@ impl Shared {
         }
     }
 
+    /// Sweeps for expired keys every `expiration_interval` (its errors
+    /// poison the store, and appends report them; a sweep that found the
+    /// store poisoned stops).
+    fn expirer(&self) {
+        let (Some(exp), Some(every)) = (self.opts.expiration, self.opts.expiration_interval) else {
+            return;
+        };
+        while self.sleep(every) {
+            if self.expire(exp).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Sleeps `d` (the store's background threads); false once the store
+    /// is closing.
+    fn sleep(&self, d: std::time::Duration) -> bool {
+        let next = Instant::now() + d;
+        let mut bg = lock(&self.bg);
+        loop {
+            if bg.stop {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= next {
+                return true;
+            }
+            bg = self
+                .bg_cv
+                .wait_timeout(bg, next - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// `Interval(d)`: writes and fsyncs the buffered records every `d`.
     fn tick(&self) {
         let FsyncPolicy::Interval(every) = self.opts.fsync else {
             return;
         };
-        let mut next = Instant::now() + every;
-        loop {
-            let mut bg = lock(&self.bg);
-            loop {
-                if bg.stop {
-                    return;
-                }
-                let now = Instant::now();
-                if now >= next {
-                    break;
-                }
-                bg = self
-                    .bg_cv
-                    .wait_timeout(bg, next - now)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-            drop(bg);
+        while self.sleep(every) {
             // A failure poisons the store; appends report it.
             let _ = self.sync();
-            next = Instant::now() + every;
         }
     }
 }

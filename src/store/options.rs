@@ -1,14 +1,32 @@
 //! Options of the durable store: when the log is fsync'ed, when snapshots
-//! are taken, how recovery treats damage.
+//! are taken, how recovery treats damage, and the producer lifecycle
+//! (expiration, the bounded table, the unknown-producer rule, the clock).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, StdFs};
 use crate::recovery::RecoveryMode;
+use crate::rules::UnknownProducer;
 use crate::wal::writer::IdSource;
+
+/// What a store at [`StoreOptions::max_producers`] does with a new key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AtCapacity {
+    /// Evict the least recently active keys to make room (the default):
+    /// a 256th of the cap at a time (at least one), never a key with
+    /// records in flight, each eviction logged. The evicted keys are
+    /// remembered by [`ProducerStateStore::was_removed`](crate::ProducerStateStore::was_removed).
+    #[default]
+    EvictLeastRecentlyUsed,
+    /// Refuse the new key with [`Error::TooManyProducers`]; nothing is
+    /// written. Keys with state keep appending.
+    Refuse,
+}
 
 /// When the log is fsync'ed. The default is [`FsyncPolicy::Always`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,7 +75,18 @@ pub struct StoreOptions {
     pub(super) fs: Arc<dyn FileSystem>,
     pub(super) ids: IdSource,
     pub(super) preallocate: bool,
+    pub(super) expiration: Option<Duration>,
+    pub(super) expiration_interval: Option<Duration>,
+    pub(super) max_producers: Option<usize>,
+    pub(super) at_capacity: AtCapacity,
+    pub(super) unknown: UnknownProducer,
+    pub(super) clock: Arc<dyn Clock>,
 }
+
+/// Kafka's `producer.id.expiration.ms` default: one day.
+const DEFAULT_EXPIRATION: Duration = Duration::from_secs(24 * 60 * 60);
+/// Kafka's `producer.id.expiration.check.interval.ms` default: ten minutes.
+const DEFAULT_EXPIRATION_INTERVAL: Duration = Duration::from_secs(10 * 60);
 
 impl Default for StoreOptions {
     fn default() -> Self {
@@ -72,6 +101,12 @@ impl Default for StoreOptions {
             fs: Arc::new(StdFs),
             ids: IdSource::Random,
             preallocate: true,
+            expiration: Some(DEFAULT_EXPIRATION),
+            expiration_interval: Some(DEFAULT_EXPIRATION_INTERVAL),
+            max_producers: None,
+            at_capacity: AtCapacity::default(),
+            unknown: UnknownProducer::default(),
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -87,8 +122,13 @@ impl fmt::Debug for StoreOptions {
             .field("recovery", &self.recovery)
             .field("background_snapshots", &self.background_snapshots)
             .field("preallocate", &self.preallocate)
+            .field("producer_expiration", &self.expiration)
+            .field("expiration_interval", &self.expiration_interval)
+            .field("max_producers", &self.max_producers)
+            .field("at_capacity", &self.at_capacity)
+            .field("unknown_producer", &self.unknown)
             .field("fs", &self.fs)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -188,6 +228,68 @@ impl StoreOptions {
         }
     }
 
+    /// How long a key may go without an accepted append before it expires
+    /// (`None`: never). Default 24 hours, Kafka's
+    /// `producer.id.expiration.ms`. A key expires when `now - last
+    /// activity >= expiration`, `now` read from [`StoreOptions::clock`] by
+    /// the sweep; its last activity is its last accepted batch's timestamp,
+    /// or the clock when its last single-sequence append was accepted. An
+    /// expired key has no state (rule 1 applies to it again). Sweeps run
+    /// every [`StoreOptions::expiration_interval`] and on
+    /// [`expire_now`](crate::ProducerStateStore::expire_now); each one is
+    /// logged, so recovery never decides an expiration again. Must be above
+    /// zero.
+    pub fn producer_expiration(mut self, expiration: Option<Duration>) -> Self {
+        self.expiration = expiration;
+        self
+    }
+
+    /// How often a background thread sweeps for expired keys (`None`: only
+    /// [`expire_now`](crate::ProducerStateStore::expire_now) does). Default
+    /// 10 minutes, Kafka's `producer.id.expiration.check.interval.ms`. A
+    /// sweep holds the store's lock for one shard (a 256th of the state) at
+    /// a time. Must be above zero.
+    pub fn expiration_interval(mut self, every: Option<Duration>) -> Self {
+        self.expiration_interval = every;
+        self
+    }
+
+    /// The most (producer id, partition) keys the store holds (`None`: no
+    /// bound, the default). At the bound a new key evicts the least
+    /// recently active keys or is refused, as [`StoreOptions::at_capacity`]
+    /// says. Must be above zero. A store reopened with a lower bound than
+    /// it holds evicts down to it at its next new key.
+    pub fn max_producers(mut self, max: Option<usize>) -> Self {
+        self.max_producers = max;
+        self
+    }
+
+    /// What a store at [`StoreOptions::max_producers`] does with a new key.
+    /// Default [`AtCapacity::EvictLeastRecentlyUsed`].
+    pub fn at_capacity(mut self, policy: AtCapacity) -> Self {
+        self.at_capacity = policy;
+        self
+    }
+
+    /// What rule 1 does with a key that has no state. Default
+    /// [`UnknownProducer::RequireZero`]; [`UnknownProducer::AcceptAny`] is
+    /// Kafka's behaviour since KIP-360. The log records each append it lets
+    /// through at a sequence other than 0, so a store reopened with the
+    /// other policy replays it unchanged.
+    pub fn unknown_producer(mut self, policy: UnknownProducer) -> Self {
+        self.unknown = policy;
+        self
+    }
+
+    /// The clock the store reads (default [`SystemClock`], the wall
+    /// clock): for the activity of single-sequence appends and the "now"
+    /// of expiration sweeps. Tests pass a [`ManualClock`](crate::ManualClock).
+    /// Recovery never reads it.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// The file system to use. Default [`StdFs`]; tests use [`crate::fs::SimFs`].
     pub fn file_system(mut self, fs: Arc<dyn FileSystem>) -> Self {
         self.fs = fs;
@@ -217,6 +319,21 @@ impl StoreOptions {
                 "snapshot thresholds must be above zero (or None)".into(),
             ));
         }
+        if self.expiration == Some(Duration::ZERO) {
+            return Err(Error::InvalidOptions(
+                "producer_expiration must be above zero (None: keys never expire)".into(),
+            ));
+        }
+        if self.expiration_interval == Some(Duration::ZERO) {
+            return Err(Error::InvalidOptions(
+                "expiration_interval must be above zero (None: sweep only on expire_now)".into(),
+            ));
+        }
+        if self.max_producers == Some(0) {
+            return Err(Error::InvalidOptions(
+                "max_producers must be above zero (None: no bound)".into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -233,6 +350,9 @@ mod tests {
             StoreOptions::default().segment_size((1 << 30) + 1),
             StoreOptions::default().fsync(FsyncPolicy::Interval(Duration::ZERO)),
             StoreOptions::default().snapshot_every_records(Some(0)),
+            StoreOptions::default().producer_expiration(Some(Duration::ZERO)),
+            StoreOptions::default().expiration_interval(Some(Duration::ZERO)),
+            StoreOptions::default().max_producers(Some(0)),
         ];
         for o in bad {
             assert!(

@@ -57,6 +57,12 @@ impl Snapshots {
         }
     }
 
+    /// Holds the book: no snapshot is taken and no file retained or
+    /// deleted until the guard is dropped (truncation reads them).
+    pub(super) fn hold(&self) -> std::sync::MutexGuard<'_, Book> {
+        lock(&self.book)
+    }
+
     /// The error of the last automatic snapshot, if it failed.
     pub(super) fn last_error(&self) -> Option<Arc<Error>> {
         lock(&self.last_error).clone()
@@ -94,7 +100,8 @@ impl Snapshots {
                 st.since_snapshot = (0, 0);
                 return Ok(None);
             }
-            st.keys.capture = Some(Capture::new(p));
+            let meta = st.keys.meta.clone();
+            st.keys.capture = Some(Capture::new(p, meta));
             st.since_snapshot = (0, 0);
             p
         };
@@ -129,6 +136,19 @@ impl Snapshots {
         sync: impl Fn() -> Result<()>,
     ) -> Result<PathBuf> {
         let mut w = snapshot::Writer::create(fs, &self.dir, position)?;
+        {
+            // The store-level state at the position, captured with it.
+            let st = log.lock_state_quietly();
+            let Some(c) = &st.keys.capture else {
+                return Err(Error::Internal(
+                    "a snapshot's capture of the state was lost",
+                ));
+            };
+            let mut section = Vec::new();
+            c.meta.encode(&mut section);
+            drop(st);
+            w.write(&section, 0)?;
+        }
         let mut chunk = Vec::new();
         let mut n = 0u64;
         for i in 0..SHARDS {
@@ -141,14 +161,28 @@ impl Snapshots {
                     ));
                 };
                 let pre = std::mem::take(&mut c.pre[i]);
-                for (id, partition, entry) in keys.shards.shard(i).iter() {
-                    let e = match pre.get(&(id.clone(), partition)) {
+                // Keys removed since the position are in `pre` and no
+                // longer in the shard: encoded from their pre-images.
+                for (id, partition, entry, act) in keys.shards.shard(i).iter_full() {
+                    let (e, a) = match pre.get(&(id.clone(), partition)) {
                         Some(Some(old)) => *old,
                         Some(None) => continue,
-                        None => entry,
+                        None => (entry, act.ms()),
                     };
-                    snapshot::encode_entry(&mut chunk, &id, partition, &e);
+                    snapshot::encode_entry(&mut chunk, &id, partition, &e, a);
                     n += 1;
+                }
+                for ((id, partition), old) in &pre {
+                    if let Some((e, a)) = old
+                        && !keys.shards.shard(i).contains_hashed(
+                            crate::map::hash_key(id, *partition),
+                            id,
+                            *partition,
+                        )
+                    {
+                        snapshot::encode_entry(&mut chunk, id, *partition, e, *a);
+                        n += 1;
+                    }
                 }
                 c.done[i] = true;
             }

@@ -1,5 +1,7 @@
 //! The write-ahead log: append-only segment files of self-delimiting,
-//! checksummed records, one per accepted append.
+//! checksummed records: accepted appends and, from format version 5, the
+//! lifecycle operations (clock readings, removals, atomic groups of key
+//! states) that replay must repeat rather than decide again.
 //!
 //! Records carry no log position: a segment's file name and header give
 //! the log position of its first record and each record is the next.
@@ -18,6 +20,7 @@
 //! which the OS persisted some); damage followed by a record written after
 //! it was durable is damage in the middle of the log. See docs/format.md.
 
+pub(crate) mod op;
 mod prefix_crc;
 pub(crate) mod record;
 pub(crate) mod segment;

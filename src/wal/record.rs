@@ -1,7 +1,10 @@
-//! One log record: the accepted append it makes durable.
+//! One log record: its framing (checksum, length, offset, kind) and the
+//! append records (kinds 1 to 4) and close marker (kind 5); the
+//! lifecycle records of version 5 are in [`super::op`].
 
 #![deny(clippy::indexing_slicing)]
 
+use super::op::{self, LogOp};
 use crate::batch::{AppendRequest, BatchMetadata};
 use crate::codec::{Dec, Put, set_u32, u32_at};
 use crate::error::Corruption;
@@ -11,10 +14,10 @@ use crate::id::ProducerId;
 /// offset in the segment, distance from the durable end, kind.
 pub(crate) const HEADER: usize = 17;
 /// Where the fields of a version-3 header are.
-const AT_LEN: usize = 4;
+pub(super) const AT_LEN: usize = 4;
 const AT_OFFSET: usize = 8;
 const AT_UNSYNCED: usize = 12;
-const AT_KIND: usize = 16;
+pub(super) const AT_KIND: usize = 16;
 const KIND_NUMERIC_SINGLE: u8 = 1;
 const KIND_NUMERIC_BATCH: u8 = 2;
 const KIND_NAMED_SINGLE: u8 = 3;
@@ -28,9 +31,12 @@ const BATCH_TAIL: usize = 4 + 2 + 4 + 4 + 8 + 8;
 /// The longest name a record holds.
 pub(crate) const MAX_NAME: usize = u16::MAX as usize;
 /// The shortest record of any version (a version-3 close marker) and the
-/// longest (a version-3 named batch append).
+/// longest (a version-5 key-state record of one entry with the longest
+/// name); versions 1 to 4 end at a named batch append (65,584 bytes).
 pub(crate) const MIN_LEN: usize = HEADER;
-pub(crate) const MAX_LEN: usize = HEADER + 2 + MAX_NAME + BATCH_TAIL;
+pub(crate) const MAX_LEN: usize = op::MAX_LEN;
+const MAX_APPEND_LEN: usize = HEADER + 2 + MAX_NAME + BATCH_TAIL;
+const _: () = assert!(MAX_APPEND_LEN <= MAX_LEN);
 
 /// How the records of a segment of some format version are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,14 +45,17 @@ pub(crate) struct Layout {
     header: usize,
     /// The most appends a kind-1 record holds: 1 in version 1.
     max_packed: usize,
+    /// Version 5: the lifecycle records (kinds 6 to 10) exist.
+    lifecycle: bool,
 }
 
 impl Layout {
-    /// The layout of a segment of `version` (1, 2 or 3).
+    /// The layout of a segment of `version` (1 to 5).
     pub(crate) fn of(version: u16) -> Layout {
         Layout {
             header: if version >= 3 { HEADER } else { HEADER - 4 },
             max_packed: if version < 2 { 1 } else { MAX_PACKED },
+            lifecycle: version >= 5,
         }
     }
 
@@ -64,7 +73,11 @@ impl Layout {
     }
 
     fn max_len(self) -> usize {
-        self.header + 2 + MAX_NAME + BATCH_TAIL
+        if self.lifecycle {
+            MAX_LEN
+        } else {
+            self.header + 2 + MAX_NAME + BATCH_TAIL
+        }
     }
 }
 
@@ -196,6 +209,14 @@ impl RecordBuf {
         std::mem::replace(&mut self.bytes, spare)
     }
 
+    /// Encodes records other than packable appends with `encode` (see
+    /// [`super::op`]): the kind-1 record open for more appends, if any,
+    /// is closed first.
+    pub(crate) fn push_with<R>(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+        self.open = usize::MAX;
+        encode(&mut self.bytes)
+    }
+
     /// Drops the records.
     pub(crate) fn clear(&mut self) {
         self.open = usize::MAX;
@@ -276,48 +297,48 @@ pub(crate) enum Bad {
 /// A decoded record.
 #[derive(Clone, Debug)]
 pub(crate) struct Decoded<'a> {
-    pub requests: Requests<'a>,
+    pub ops: Ops<'a>,
     pub len: usize,
-    /// A close marker (no append).
+    /// A close marker (no operation).
     pub close: bool,
 }
 
-/// The appends of one record, in log order: one, or the entries of a
+/// The operations of one record, in log order: one, or the appends of a
 /// kind-1 record.
 #[derive(Clone, Debug)]
-pub(crate) enum Requests<'a> {
-    One(Option<AppendRequest>),
+pub(crate) enum Ops<'a> {
+    One(Option<LogOp>),
     Packed(std::slice::ChunksExact<'a, u8>),
 }
 
-impl Iterator for Requests<'_> {
-    type Item = AppendRequest;
+impl Iterator for Ops<'_> {
+    type Item = LogOp;
 
-    fn next(&mut self) -> Option<AppendRequest> {
+    fn next(&mut self) -> Option<LogOp> {
         match self {
-            Requests::One(r) => r.take(),
-            Requests::Packed(entries) => {
+            Ops::One(r) => r.take(),
+            Ops::Packed(entries) => {
                 let mut d = Dec::new(entries.next()?);
-                Some(AppendRequest::single(
+                Some(LogOp::Append(AppendRequest::single(
                     ProducerId::numeric(d.u64()?),
                     d.i32()?,
                     d.i16()?,
                     d.i32()?,
-                ))
+                )))
             }
         }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
         let n = match self {
-            Requests::One(r) => usize::from(r.is_some()),
-            Requests::Packed(entries) => entries.len(),
+            Ops::One(r) => usize::from(r.is_some()),
+            Ops::Packed(entries) => entries.len(),
         };
         (n, Some(n))
     }
 }
 
-impl ExactSizeIterator for Requests<'_> {}
+impl ExactSizeIterator for Ops<'_> {}
 
 /// Decodes the record at the start of `bytes` (which may hold more), found
 /// at offset `at` of a segment whose CRC seed is `seed` (see [`seed`]) and
@@ -357,11 +378,11 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, layout: Layout, at: u64) -> Result
     d.u32();
     let kind = d.u8().unwrap_or(0);
     let mut close = false;
-    let requests = if kind == KIND_NUMERIC_SINGLE {
+    let ops = if kind == KIND_NUMERIC_SINGLE {
         if !packed_len_ok(len, layout) {
             return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
         }
-        Requests::Packed(
+        Ops::Packed(
             d.bytes(d.remaining())
                 .unwrap_or_default()
                 .chunks_exact(PACKED_ENTRY),
@@ -371,19 +392,25 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, layout: Layout, at: u64) -> Result
             return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
         }
         close = true;
-        Requests::One(None)
+        Ops::One(None)
+    } else if layout.lifecycle && op::is_kind(kind) {
+        if !op::len_ok(kind, len) {
+            return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
+        }
+        Ops::One(Some(
+            op::decode_payload(kind, &mut d).map_err(Bad::Invalid)?,
+        ))
     } else {
+        if len > MAX_APPEND_LEN {
+            return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
+        }
         let request = decode_payload(kind, &mut d).map_err(Bad::Invalid)?;
         if d.remaining() != 0 {
             return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
         }
-        Requests::One(Some(request))
+        Ops::One(Some(LogOp::Append(request)))
     };
-    Ok(Decoded {
-        requests,
-        len,
-        close,
-    })
+    Ok(Decoded { ops, len, close })
 }
 
 /// Whether `len` is the length of a kind-1 record of 1 to the layout's
@@ -438,9 +465,10 @@ pub(crate) fn plausible(bytes: &[u8], layout: Layout) -> bool {
         KIND_NUMERIC_SINGLE => packed_len_ok(len, layout),
         KIND_NUMERIC_BATCH => len == layout.header + 8 + BATCH_TAIL,
         KIND_NAMED_SINGLE | KIND_NAMED_BATCH => {
-            (layout.min_len()..=layout.max_len()).contains(&len)
+            (layout.min_len()..=layout.max_len().min(MAX_APPEND_LEN)).contains(&len)
         }
         KIND_CLOSE => layout.positioned() && len == layout.header,
+        k if layout.lifecycle && op::is_kind(k) => op::len_ok(k, len),
         _ => false,
     }
 }
@@ -485,6 +513,13 @@ mod tests {
     use crate::batch::Batch;
 
     const V3: fn() -> Layout = || Layout::of(3);
+
+    fn append(op: LogOp) -> AppendRequest {
+        match op {
+            LogOp::Append(r) => r,
+            other => panic!("not an append: {other:?}"),
+        }
+    }
 
     fn samples() -> Vec<AppendRequest> {
         vec![
@@ -531,7 +566,7 @@ mod tests {
             let d = decode(&buf[at..], sd(salt), layout, at as u64).unwrap();
             assert!(plausible(&buf[at..], layout));
             assert_eq!(unsynced_offset(&buf[at..], layout), Some(1000 + at as u32));
-            out.push((at, d.requests.collect()));
+            out.push((at, d.ops.map(append).collect()));
             at += d.len;
         }
         out
@@ -603,7 +638,7 @@ mod tests {
         buf.extend_from_slice(&marker);
         assert_eq!(marker.len(), HEADER);
         let d = decode(&buf[at..], sd(3), V3(), at as u64).unwrap();
-        assert!(d.close && d.requests.len() == 0 && d.len == HEADER);
+        assert!(d.close && d.ops.len() == 0 && d.len == HEADER);
         assert!(plausible(&buf[at..], V3()));
         // Versions before 3 have none: kind 5 is unknown there.
         assert!(!plausible(&buf[at..], Layout::of(2)));
@@ -689,7 +724,7 @@ mod tests {
         while at < v2.len() {
             let d = decode(&v2[at..], sd(4), Layout::of(2), at as u64).unwrap();
             assert!(plausible(&v2[at..], Layout::of(2)));
-            got.extend(d.requests);
+            got.extend(d.ops.map(append));
             at += d.len;
         }
         assert_eq!(got, reqs);
@@ -704,21 +739,9 @@ mod tests {
             Err(Bad::Invalid(Corruption::BadLength(49)))
         ));
         assert!(!plausible(&buf, Layout::of(1)));
-        assert_eq!(
-            decode(&buf, sd(0), Layout::of(2), 0)
-                .unwrap()
-                .requests
-                .len(),
-            2
-        );
+        assert_eq!(decode(&buf, sd(0), Layout::of(2), 0).unwrap().ops.len(), 2);
         let one = old_layout(&write(&[AppendRequest::single(1u64, 0, 0, 0)], 0, 0), 0);
-        assert_eq!(
-            decode(&one, sd(0), Layout::of(1), 0)
-                .unwrap()
-                .requests
-                .len(),
-            1
-        );
+        assert_eq!(decode(&one, sd(0), Layout::of(1), 0).unwrap().ops.len(), 1);
     }
 
     #[test]
@@ -767,7 +790,10 @@ mod tests {
         );
         assert_eq!(size(AppendRequest::single("p1", 0, 0, 0)), 31);
         assert_eq!(MIN_LEN, 17);
-        assert_eq!(MAX_LEN, 65_584);
+        assert_eq!(MAX_APPEND_LEN, 65_584);
+        assert_eq!(MAX_LEN, 65_675);
+        assert_eq!(Layout::of(5).max_len(), 65_675);
+        assert_eq!(Layout::of(4).max_len(), 65_584);
         assert_eq!(MAX_PACKED_LEN, 65_537);
         assert_eq!(Layout::of(2).min_len(), 25);
         assert_eq!(Layout::of(2).max_len(), 65_580);

@@ -6,19 +6,24 @@
 use std::io::Read;
 use std::path::Path;
 
+use super::op::{GroupKind, LogOp};
 use super::prefix_crc::PrefixCrc;
 use super::record::{self, Bad, Decoded};
-use crate::batch::AppendRequest;
 use crate::codec::{Dec, Put};
 use crate::error::{Corruption, Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATWAL";
-/// The version this crate writes for a preallocated segment (the newest;
-/// it reads [`OLDEST_VERSION`] on): version 3's bytes, and zeros from the
-/// end of its records to the end of the file are its clean end.
-pub(crate) const VERSION: u16 = 4;
-/// The version this crate writes for a segment it does not preallocate
-/// (`StoreOptions::preallocate(false)`).
+/// The version this crate writes (the newest; it reads [`OLDEST_VERSION`]
+/// on): version 3's framing with the lifecycle records (kinds 6 to 10),
+/// preallocated or not as its header's flags say.
+pub(crate) const VERSION: u16 = 5;
+/// Header flag of version 5: the segment is preallocated, and zeros from
+/// the end of its records to the end of the file are its clean end.
+pub(crate) const FLAG_PREALLOCATED: u16 = 1;
+/// Version 3's bytes in a preallocated file (read, no longer written).
+pub(crate) const PREALLOCATED_V4: u16 = 4;
+/// Version 3: records state their offset, no lifecycle records, segments
+/// grow by appends (read, no longer written).
 pub(crate) const APPENDED_VERSION: u16 = 3;
 /// Version 1 holds one append per kind-1 record; versions 1 and 2 have a
 /// shorter header (no store id, no salt) and records without an offset.
@@ -46,6 +51,9 @@ pub(crate) struct Ids {
 pub(crate) struct Header {
     pub first_position: u64,
     pub version: u16,
+    /// Zeros after the records are the clean end (version 4; version 5
+    /// with [`FLAG_PREALLOCATED`]).
+    pub preallocated: bool,
     /// The store id (version 3 on).
     pub store: Option<u64>,
     /// The CRC seed of its records (see [`record::seed`]).
@@ -73,14 +81,25 @@ pub(crate) fn parse_numbered(name: &str, ext: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// The header of a segment of the current version with first position
-/// `pos`.
+/// The header of a segment with first position `pos`, not preallocated
+/// (tests write headers of versions 3 to 5 with it).
+#[cfg(test)]
 pub(crate) fn header(pos: u64, ids: Ids, version: u16) -> Vec<u8> {
-    debug_assert!(version == VERSION || version == APPENDED_VERSION);
+    header_with(pos, ids, version, false)
+}
+
+/// [`header`] of a version-5 segment that is `preallocated` (its flag).
+pub(crate) fn header_with(pos: u64, ids: Ids, version: u16, preallocated: bool) -> Vec<u8> {
+    debug_assert!((APPENDED_VERSION..=VERSION).contains(&version));
+    let flags = if version == VERSION && preallocated {
+        FLAG_PREALLOCATED
+    } else {
+        0
+    };
     let mut h = Vec::with_capacity(HEADER_LEN);
     h.extend_from_slice(MAGIC);
     h.put_u16(version);
-    h.put_u16(0);
+    h.put_u16(flags);
     h.put_u64(pos);
     h.put_u64(ids.store);
     h.put_u64(ids.salt);
@@ -152,7 +171,12 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
             Corruption::ChecksumMismatch { stored, computed },
         ));
     }
-    if flags != 0 {
+    let known_flags = if version == VERSION {
+        FLAG_PREALLOCATED
+    } else {
+        0
+    };
+    if flags & !known_flags != 0 {
         return Err(bad(10, Corruption::BadField("segment flags")));
     }
     let (store, seed) = if version >= 3 {
@@ -163,6 +187,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
     Ok(Header {
         first_position: pos,
         version,
+        preallocated: version == PREALLOCATED_V4 || flags & FLAG_PREALLOCATED != 0,
         store,
         seed,
         len,
@@ -257,11 +282,55 @@ pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<us
     Ok(n)
 }
 
+/// An atomic group being read: where it starts and what of it was read.
+struct OpenGroup {
+    /// The group record's offset and the positions before it.
+    at: u64,
+    records_before: u64,
+    kind: GroupKind,
+    /// Member records still to come.
+    left: u32,
+    /// The group record and its members so far: (position, offset, nth, op).
+    ops: Vec<(u64, u64, u32, LogOp)>,
+}
+
+/// Whether `op`, a record inside an open group of `kind`, may be there.
+fn member_ok(kind: GroupKind, op: &LogOp) -> bool {
+    use super::op::RemoveReason as R;
+    match (kind, op) {
+        (GroupKind::Truncate, LogOp::Remove { reason, .. }) => *reason == R::Truncated,
+        (GroupKind::RemovePartition, LogOp::Remove { reason, .. }) => {
+            *reason == R::PartitionRemoved
+        }
+        (GroupKind::Truncate | GroupKind::Import, LogOp::Set { .. }) => true,
+        _ => false,
+    }
+}
+
+/// Whether `op` may stand outside a group.
+fn alone_ok(op: &LogOp) -> bool {
+    match op {
+        LogOp::Remove { reason, .. } => !reason.in_group(),
+        LogOp::Set { .. } => false,
+        _ => true,
+    }
+}
+
 /// Scans a segment from its first byte, calling `header` with its header
 /// (an error there stops the scan before any record), then
-/// `each(position, offset, nth, request)` for every append of every valid
-/// record in order (`offset` is the record's, `nth` the append's index in
-/// it), and says how the records end.
+/// `each(position, offset, nth, op)` for every operation of every valid
+/// record in order (`offset` is the record's, `nth` the operation's index
+/// in it; an operation that takes no position gets the position of the
+/// next one that does), and says how the records end.
+///
+/// An atomic group (version 5: a group record and the member records it
+/// announces) is handed to `each` only once its last member is read. A
+/// group the records end inside of (cleanly, or at damage) is not part of
+/// the history: the valid records end where it starts, and a clean end
+/// inside it reads as a torn tail there (its records were one write,
+/// never acknowledged). A record that verifies but cannot stand where it
+/// is (a group inside a group, a member of the wrong kind, a member
+/// outside a group) is damage at its offset, like a misplaced record.
 ///
 /// After the first bad record the rest of the file is searched for valid
 /// records (each candidate offset is checked cheaply first, then by CRC).
@@ -280,7 +349,7 @@ pub(crate) fn scan(
     reader: impl Read,
     file_len: u64,
     header: impl FnOnce(&Header) -> Result<()>,
-    mut each: impl FnMut(u64, u64, u32, &AppendRequest) -> Result<()>,
+    mut each: impl FnMut(u64, u64, u32, &LogOp) -> Result<()>,
 ) -> Result<Scan, HeaderError> {
     let io_err = |e| HeaderError::Bad(Error::io("read", path, e));
     let mut w = Window {
@@ -297,53 +366,110 @@ pub(crate) fn scan(
     let mut at = h.len as u64;
     let mut records = 0u64;
     let mut closed = false;
-    let scan = |records, at, end, closed| Scan {
-        first_position,
-        version,
-        records,
-        valid_len: at,
-        file_len,
-        end,
-        store: h.store,
-        closed,
+    let mut group: Option<OpenGroup> = None;
+    // The scan's result; a group still open at the end is not kept.
+    let done = |records: u64, at: u64, end: End, closed: bool, group: Option<OpenGroup>| {
+        let (records, valid_len, end, closed) = match group {
+            None => (records, at, end, closed),
+            Some(g) => {
+                let end = match end {
+                    End::Clean => End::Torn {
+                        offset: g.at,
+                        kind: Corruption::IncompleteGroup,
+                    },
+                    End::Torn { kind, .. } => End::Torn { offset: g.at, kind },
+                    mid => mid,
+                };
+                (g.records_before, g.at, end, false)
+            }
+        };
+        Scan {
+            first_position,
+            version,
+            records,
+            valid_len,
+            file_len,
+            end,
+            store: h.store,
+            closed,
+        }
+    };
+    let misplaced = |at: u64, kind: Corruption| End::MidLog {
+        offset: at,
+        kind,
+        later: at,
     };
     loop {
         let bytes = w.at(at, record::MAX_LEN).map_err(io_err)?;
         if bytes.is_empty() {
-            return Ok(scan(records, at, End::Clean, closed));
+            return Ok(done(records, at, End::Clean, closed, group));
         }
         match record::decode(bytes, seed, layout, at) {
             Ok(Decoded {
-                requests,
-                len,
-                close,
-                ..
+                ops, len, close, ..
             }) => {
-                for (nth, r) in requests.enumerate() {
-                    each(first_position + records, at, nth as u32, &r).map_err(HeaderError::Bad)?;
-                    records += 1;
+                for (nth, op) in ops.enumerate() {
+                    let pos = first_position + records;
+                    let nth = nth as u32;
+                    match (&mut group, &op) {
+                        (None, LogOp::Group { kind, members, .. }) => {
+                            group = Some(OpenGroup {
+                                at,
+                                records_before: records,
+                                kind: *kind,
+                                left: *members,
+                                ops: Vec::new(),
+                            });
+                        }
+                        (Some(_), LogOp::Group { .. }) => {
+                            let kind = Corruption::BadField("group record inside a group");
+                            return Ok(done(records, at, misplaced(at, kind), false, group));
+                        }
+                        (Some(g), op) if !member_ok(g.kind, op) => {
+                            let kind =
+                                Corruption::BadField("record of another kind inside a group");
+                            return Ok(done(records, at, misplaced(at, kind), false, group));
+                        }
+                        (None, op) if !alone_ok(op) => {
+                            let kind = Corruption::BadField("group member outside a group");
+                            return Ok(done(records, at, misplaced(at, kind), false, group));
+                        }
+                        (Some(g), _) => g.left -= 1,
+                        (None, op) => {
+                            each(pos, at, nth, op).map_err(HeaderError::Bad)?;
+                            records += u64::from(op.takes_position());
+                            continue;
+                        }
+                    }
+                    // A group record, or a member of the open group: held
+                    // until the group is complete.
+                    if let Some(g) = &mut group {
+                        g.ops.push((pos, at, nth, op.clone()));
+                        records += u64::from(op.takes_position());
+                        if g.left == 0 {
+                            for (pos, at, nth, op) in std::mem::take(&mut g.ops) {
+                                each(pos, at, nth, &op).map_err(HeaderError::Bad)?;
+                            }
+                            group = None;
+                        }
+                    }
                 }
                 closed = close;
                 at += len as u64;
             }
             Err(Bad::Misplaced(kind)) => {
-                let end = End::MidLog {
-                    offset: at,
-                    kind,
-                    later: at,
-                };
-                return Ok(scan(records, at, end, false));
+                return Ok(done(records, at, misplaced(at, kind), false, group));
             }
             Err(Bad::Incomplete(kind)) | Err(Bad::Invalid(kind)) => {
                 // The search for later writes starts after the damage, or
                 // (preallocated segments) where the zeros after it end: no
                 // record's length field lies wholly in zeros.
                 let mut from = at + 1;
-                if version >= VERSION {
+                if h.preallocated {
                     match first_nonzero_from(&mut w, at).map_err(io_err)? {
                         // A preallocated segment: its records end here,
                         // the rest is the room it was given.
-                        None => return Ok(scan(records, at, End::Clean, closed)),
+                        None => return Ok(done(records, at, End::Clean, closed, group)),
                         Some(nonzero) => from = from.max(nonzero.saturating_sub(7)),
                     }
                 }
@@ -358,7 +484,7 @@ pub(crate) fn scan(
                         later,
                     },
                 };
-                return Ok(scan(records, at, end, false));
+                return Ok(done(records, at, end, false, group));
             }
         }
     }

@@ -228,7 +228,7 @@ impl LogWriter {
     /// segment may hold zeros after them). fsyncs it first: recovery read
     /// those records, maybe from the page cache of a process that crashed,
     /// and new records must not follow bytes that are not durable without
-    /// saying so. A segment of a format version before 3 is not written
+    /// saying so. A segment of a format version before 5 is not written
     /// to: the next group starts a new segment (or, if it holds no record,
     /// it is replaced by a new one).
     #[allow(clippy::too_many_arguments)]
@@ -249,7 +249,9 @@ impl LogWriter {
         let path = dir.join(segment::file_name(last.first_position));
         let (head, alloc) = read_header(fs.as_ref(), &path)?;
         let version = head.version;
-        let writable = version >= segment::APPENDED_VERSION;
+        // Only a segment of the current version may take lifecycle
+        // records; an older one is left as it is.
+        let writable = version >= segment::VERSION;
         if !writable && records == 0 {
             fs.remove_file(&path)
                 .map_err(|e| Error::io("remove", &path, e))?;
@@ -291,6 +293,11 @@ impl LogWriter {
         };
         w.prepare_next();
         Ok(w)
+    }
+
+    /// The first positions of the live segments, oldest first.
+    pub(crate) fn segments(&self) -> Vec<u64> {
+        self.segments.iter().map(|s| s.first_position).collect()
     }
 
     /// Position of the next record.
@@ -562,8 +569,8 @@ fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<(segment::Header, u64
 /// Creates the segment whose first record will have position `pos`, with
 /// a fresh salt; returns it, its path and its records' CRC seed. With
 /// `prep`, a zero-filled file under a temporary name, the header is
-/// written into it (version 4) and it is renamed into place; without, a
-/// new file holds the header alone (version 3).
+/// written into it (version 5, flagged preallocated) and it is renamed
+/// into place; without, a new file holds the header alone (version 5).
 fn new_segment(
     fs: &dyn FileSystem,
     dir: &Path,
@@ -573,18 +580,14 @@ fn new_segment(
     prep: Option<(PathBuf, Box<dyn WriteFile>)>,
 ) -> Result<(Box<dyn WriteFile>, PathBuf, u32)> {
     let path = dir.join(segment::file_name(pos));
-    let version = if prep.is_some() {
-        segment::VERSION
-    } else {
-        segment::APPENDED_VERSION
-    };
-    let header = segment::header(
+    let header = segment::header_with(
         pos,
         Ids {
             store,
             salt: ids.salt(pos),
         },
-        version,
+        segment::VERSION,
+        prep.is_some(),
     );
     let seed = record::seed(header.get(12..36).unwrap_or_default());
     let file = match prep {

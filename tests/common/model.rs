@@ -1,12 +1,17 @@
 //! A deliberately simple reference model of the rules, written from the
 //! issue text, not from the engine: a map of keys to (epoch, last sequence,
-//! a list of retained batches), searched linearly.
+//! a list of retained batches, last activity), searched linearly; and the
+//! lifecycle as the documentation states it (docs/lifecycle.md): the log
+//! clock, expiration, eviction of the least recently active keys, the
+//! unknown-producer policy, partition removal.
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use producer_state::{AppendRequest, BatchMetadata, BatchOutcome, OutOfOrderReason, ProducerEntry};
+use producer_state::{
+    AppendRequest, BatchMetadata, BatchOutcome, OutOfOrderReason, ProducerEntry, ProducerInfo,
+};
 
 pub type Key = (producer_state::ProducerId, i32);
 
@@ -17,19 +22,137 @@ pub struct ModelEntry {
     /// `None` until the key's first append with metadata: keys that only
     /// use the single-sequence append retain nothing.
     pub retained: Option<Vec<(i32, i32, Option<BatchMetadata>)>>,
+    /// The key's last activity: its last batch's timestamp, or the log
+    /// clock when its last single-sequence append was accepted.
+    pub act: i64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What the store was opened with, as far as the model cares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelConfig {
+    pub cap: Option<usize>,
+    /// At the cap: refuse new keys instead of evicting.
+    pub refuse: bool,
+    /// `UnknownProducer::AcceptAny`.
+    pub accept_any: bool,
+    /// `producer_expiration` in milliseconds (`None`: never).
+    pub expiration_ms: Option<i64>,
+}
+
+/// One operation of the effective history (what truncation replays).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HistOp {
+    /// An accepted append, the activity it took, whether rule 1 let it in
+    /// at a sequence above 0, and the offset truncation compares (its
+    /// batch's, else its log position).
+    Append {
+        r: AppendRequest,
+        act: i64,
+        any: bool,
+        offset: i64,
+    },
+    /// Keys removed (expired, evicted, a partition removed).
+    Remove(Vec<Key>),
+    /// Keys imported, and the highest offset they hold.
+    Import {
+        entries: Vec<(Key, ModelEntry)>,
+        high: i64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Model {
     pub keys: HashMap<Key, ModelEntry>,
+    pub config: ModelConfig,
+    /// The log clock: the last time a single-sequence append took.
+    pub clock: i64,
+    /// Keys whose state expired or was evicted.
+    pub removed: HashSet<Key>,
+    /// The history with what truncations removed left out.
+    pub history: Vec<HistOp>,
+    /// The log position the next record takes (as the store counts them:
+    /// the harness sets it after a sweep, whose records are one per shard).
+    pub next_pos: u64,
+    /// The highest offset appended, lowered by truncation (-1: none).
+    pub high: i64,
 }
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            keys: HashMap::new(),
+            config: ModelConfig::default(),
+            clock: 0,
+            removed: HashSet::new(),
+            history: Vec::new(),
+            next_pos: 0,
+            high: -1,
+        }
+    }
+}
+
+/// Why a truncation was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TruncateError {
+    AboveEnd { end: i64 },
+}
+
+/// A new key was refused at the cap (`AtCapacity::Refuse`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused;
 
 fn succ(s: i32) -> i32 {
     if s == i32::MAX { 0 } else { s + 1 }
 }
 
 impl Model {
+    /// An append with the clock at 0 (the model of the engine alone).
     pub fn append(&mut self, r: &AppendRequest) -> BatchOutcome {
+        self.append_at(r, 0)
+    }
+
+    /// An append with the store's clock reading `now`, nothing in flight.
+    pub fn append_at(&mut self, r: &AppendRequest, now: i64) -> BatchOutcome {
+        self.try_append_at(r, now, &HashSet::new())
+            .expect("refused at the cap")
+    }
+
+    /// An append with the store's clock reading `now`; `in_flight` keys
+    /// (of an `append_all` call under `Always`) are never evicted.
+    pub fn try_append_at(
+        &mut self,
+        r: &AppendRequest,
+        now: i64,
+        in_flight: &HashSet<Key>,
+    ) -> Result<BatchOutcome, Refused> {
+        let act = r.metadata().map_or(self.clock.max(now), |m| m.timestamp);
+        let any = self.config.accept_any;
+        let key = (r.producer_id.clone(), r.partition);
+        let new_key = !self.keys.contains_key(&key);
+        let o = self.apply_rules(r, act, any, |m| m.make_room(&key, in_flight))?;
+        if o.is_accepted() {
+            let offset = r.metadata().map_or(self.next_pos as i64, |m| m.offset);
+            self.history.push(HistOp::Append {
+                r: r.clone(),
+                act,
+                any: new_key && r.first_sequence() != 0,
+                offset,
+            });
+            self.next_pos += 1;
+            self.high = self.high.max(offset);
+        }
+        Ok(o)
+    }
+
+    /// The four rules (rule 1 as `accept_any` says), applied with activity
+    /// `act` if accepted; `room` runs before a new key is added.
+    fn apply_rules(
+        &mut self,
+        r: &AppendRequest,
+        act: i64,
+        accept_any: bool,
+        room: impl FnOnce(&mut Model) -> Result<(), Refused>,
+    ) -> Result<BatchOutcome, Refused> {
         let key = (r.producer_id.clone(), r.partition);
         let (epoch, first, last, meta) =
             (r.epoch, r.first_sequence(), r.last_sequence(), r.metadata());
@@ -41,15 +164,16 @@ impl Model {
             None
         };
         let ooo = |reason| BatchOutcome::OutOfOrder { reason };
-        let Some(e) = self.keys.get_mut(&key) else {
+        if !self.keys.contains_key(&key) {
             if let Some(m) = malformed {
-                return ooo(m);
+                return Ok(ooo(m));
             }
-            if first != 0 {
-                return ooo(OutOfOrderReason::UnknownProducer {
+            if first != 0 && !accept_any {
+                return Ok(ooo(OutOfOrderReason::UnknownProducer {
                     first_sequence: first,
-                });
+                }));
             }
+            room(self)?;
             let retained = meta.map(|_| vec![(first, last, meta)]);
             self.keys.insert(
                 key,
@@ -57,23 +181,28 @@ impl Model {
                     epoch,
                     last,
                     retained,
+                    act,
                 },
             );
-            return BatchOutcome::Accepted;
+            self.accepted(meta, act);
+            return Ok(BatchOutcome::Accepted);
+        }
+        let Some(e) = self.keys.get_mut(&key) else {
+            unreachable!()
         };
         if epoch < e.epoch {
-            return BatchOutcome::FencedEpoch {
+            return Ok(BatchOutcome::FencedEpoch {
                 current_epoch: e.epoch,
-            };
+            });
         }
         if let Some(m) = malformed {
-            return ooo(m);
+            return Ok(ooo(m));
         }
         if epoch > e.epoch {
             if first != 0 {
-                return ooo(OutOfOrderReason::NewEpochNotAtZero {
+                return Ok(ooo(OutOfOrderReason::NewEpochNotAtZero {
                     first_sequence: first,
-                });
+                }));
             }
             let retained = match (&e.retained, meta) {
                 (None, None) => None,
@@ -83,11 +212,14 @@ impl Model {
                 epoch,
                 last,
                 retained,
+                act,
             };
-            return BatchOutcome::Accepted;
+            self.accepted(meta, act);
+            return Ok(BatchOutcome::Accepted);
         }
         if first == succ(e.last) {
             e.last = last;
+            e.act = act;
             match (&mut e.retained, meta) {
                 (Some(v), _) => {
                     v.push((first, last, meta));
@@ -98,16 +230,17 @@ impl Model {
                 (None, Some(_)) => e.retained = Some(vec![(first, last, meta)]),
                 (None, None) => {}
             }
-            return BatchOutcome::Accepted;
+            self.accepted(meta, act);
+            return Ok(BatchOutcome::Accepted);
         }
         if let Some(b) = e
             .retained
             .as_ref()
             .and_then(|v| v.iter().find(|b| b.0 == first && b.1 == last))
         {
-            return BatchOutcome::Duplicate { original: b.2 };
+            return Ok(BatchOutcome::Duplicate { original: b.2 });
         }
-        if first <= e.last {
+        Ok(if first <= e.last {
             if first == last {
                 BatchOutcome::Duplicate { original: None }
             } else {
@@ -120,7 +253,252 @@ impl Model {
                 expected: succ(e.last),
                 first_sequence: first,
             })
+        })
+    }
+
+    /// A single-sequence append accepted at `act` moves the log clock
+    /// (replays for truncation move it too: harmless, the clock only grows
+    /// with the harness's).
+    fn accepted(&mut self, meta: Option<BatchMetadata>, act: i64) {
+        if meta.is_none() {
+            self.clock = self.clock.max(act);
         }
+    }
+
+    /// One `append_all` call with the clock at `now`, as the store answers
+    /// it. Under `Always` (`durable`) the keys the call accepted or evicted
+    /// are in flight until something makes the call wait for them: a
+    /// request for such a key that it does not accept, or a full table
+    /// with nothing else to evict.
+    pub fn append_all_at(
+        &mut self,
+        reqs: &[AppendRequest],
+        now: i64,
+        durable: bool,
+    ) -> Vec<Result<BatchOutcome, Refused>> {
+        self.append_all_trace(reqs, now, durable).0
+    }
+
+    /// [`Model::append_all_at`], and the states the log passes through:
+    /// after each request's eviction (its removal record is written before
+    /// its append's), then after the request; a crash may leave any of
+    /// them.
+    pub fn append_all_trace(
+        &mut self,
+        reqs: &[AppendRequest],
+        now: i64,
+        durable: bool,
+    ) -> (Vec<Result<BatchOutcome, Refused>>, Vec<Vec<Model>>) {
+        let mut in_flight: HashSet<Key> = HashSet::new();
+        let mut out = Vec::new();
+        let mut trace = Vec::new();
+        for r in reqs {
+            let key = (r.producer_id.clone(), r.partition);
+            if durable {
+                let accepted = self
+                    .clone()
+                    .try_append_at(r, now, &in_flight)
+                    .is_ok_and(|o| o.is_accepted());
+                let waits = if accepted {
+                    self.would_wait_for_room(&key, &in_flight)
+                } else {
+                    in_flight.contains(&key)
+                };
+                if waits {
+                    in_flight.clear();
+                }
+            }
+            let before = self.clone();
+            let o = self.try_append_at(r, now, &in_flight);
+            let evicted: Vec<Key> = before
+                .keys
+                .keys()
+                .filter(|k| !self.keys.contains_key(*k))
+                .cloned()
+                .collect();
+            let mut states = Vec::new();
+            if !evicted.is_empty() {
+                // The removal record, without the append after it.
+                let mut e = before.clone();
+                for k in &evicted {
+                    e.keys.remove(k);
+                    e.removed.insert(k.clone());
+                }
+                e.history.push(HistOp::Remove(evicted.clone()));
+                e.next_pos += 1;
+                states.push(e);
+            }
+            states.push(self.clone());
+            trace.push(states);
+            if durable && o.is_ok_and(|o| o.is_accepted()) {
+                in_flight.insert(key);
+                // The keys it evicted have their removal in flight.
+                in_flight.extend(evicted);
+            }
+            out.push(o);
+        }
+        (out, trace)
+    }
+
+    /// Whether a new key would find a full table with only keys in flight
+    /// to evict (the store then waits for them).
+    fn would_wait_for_room(&self, key: &Key, in_flight: &HashSet<Key>) -> bool {
+        let full = self.config.cap.is_some_and(|cap| self.keys.len() >= cap);
+        full && !self.config.refuse
+            && !self.keys.contains_key(key)
+            && self.keys.keys().all(|k| k == key || in_flight.contains(k))
+    }
+
+    /// Before `key` gets state: at the cap, evict a 256th of the cap (at
+    /// least one, and enough to get below the cap), the least recently
+    /// active first (activity, then id, then partition), never `key` nor a
+    /// key in flight; or refuse.
+    fn make_room(&mut self, key: &Key, in_flight: &HashSet<Key>) -> Result<(), Refused> {
+        let Some(cap) = self.config.cap else {
+            return Ok(());
+        };
+        if self.keys.len() < cap {
+            return Ok(());
+        }
+        if self.config.refuse {
+            return Err(Refused);
+        }
+        let n = (cap / 256).max(1).max(self.keys.len() + 1 - cap);
+        let mut order: Vec<(i64, Key)> = self
+            .keys
+            .iter()
+            .filter(|(k, _)| *k != key && !in_flight.contains(*k))
+            .map(|(k, e)| (e.act, k.clone()))
+            .collect();
+        order.sort();
+        let victims: Vec<Key> = order.into_iter().take(n).map(|(_, k)| k).collect();
+        if !victims.is_empty() {
+            for k in &victims {
+                self.keys.remove(k);
+                self.removed.insert(k.clone());
+            }
+            self.history.push(HistOp::Remove(victims));
+            self.next_pos += 1;
+        }
+        Ok(())
+    }
+
+    /// An expiration sweep with the clock at `now`: returns how many keys
+    /// expired.
+    pub fn expire(&mut self, now: i64) -> usize {
+        let Some(exp) = self.config.expiration_ms else {
+            return 0;
+        };
+        let cutoff = now.saturating_sub(exp);
+        let gone: Vec<Key> = self
+            .keys
+            .iter()
+            .filter(|(_, e)| e.act <= cutoff)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &gone {
+            self.keys.remove(k);
+            self.removed.insert(k.clone());
+        }
+        if !gone.is_empty() {
+            self.history.push(HistOp::Remove(gone.clone()));
+        }
+        gone.len()
+    }
+
+    /// Removes a partition's keys: returns how many. (One group record and
+    /// one removal record: the model's keys are few.)
+    pub fn remove_partition(&mut self, partition: i32) -> usize {
+        let gone: Vec<Key> = self
+            .keys
+            .keys()
+            .filter(|(_, p)| *p == partition)
+            .cloned()
+            .collect();
+        for k in &gone {
+            self.keys.remove(k);
+        }
+        if !gone.is_empty() {
+            self.history.push(HistOp::Remove(gone.clone()));
+            self.next_pos += 2;
+        }
+        gone.len()
+    }
+
+    /// `truncate_to(offset)`: the state of the history without the appends
+    /// at or above `offset` (and imports whose highest offset is), appends
+    /// that no longer apply dropped, removals as they were. Returns how
+    /// many keys changed. (Whether a retained snapshot reaches that far is
+    /// the store's to say: the harness asks it.)
+    pub fn truncate(&mut self, offset: i64) -> Result<usize, TruncateError> {
+        let end = self.high.saturating_add(1);
+        if offset > end {
+            return Err(TruncateError::AboveEnd { end });
+        }
+        if offset == end {
+            return Ok(0);
+        }
+        self.history.retain(|op| match op {
+            HistOp::Append { offset: o, .. } => *o < offset,
+            HistOp::Import { high, .. } => *high < offset,
+            HistOp::Remove(_) => true,
+        });
+        let mut fresh = Model {
+            config: self.config,
+            ..Model::default()
+        };
+        for op in &self.history {
+            match op {
+                HistOp::Append { r, act, any, .. } => {
+                    let _ = fresh.apply_rules(r, *act, *any, |_| Ok(()));
+                }
+                HistOp::Remove(keys) => {
+                    for k in keys {
+                        fresh.keys.remove(k);
+                    }
+                }
+                HistOp::Import { entries, .. } => {
+                    for (k, e) in entries {
+                        fresh.keys.insert(k.clone(), e.clone());
+                    }
+                }
+            }
+        }
+        let mut changed = 0;
+        let (mut removed, mut set) = (false, false);
+        for (k, e) in &self.keys {
+            match fresh.keys.get(k) {
+                None => (changed, removed) = (changed + 1, true),
+                Some(f) if f != e => (changed, set) = (changed + 1, true),
+                Some(_) => {}
+            }
+        }
+        for k in fresh.keys.keys() {
+            if !self.keys.contains_key(k) {
+                (changed, set) = (changed + 1, true);
+            }
+        }
+        self.keys = fresh.keys;
+        self.high = offset - 1;
+        self.next_pos += 1 + u64::from(removed) + u64::from(set);
+        Ok(changed)
+    }
+
+    /// Imports keys (of another store's partition): their highest batch
+    /// offset is what truncation undoes the import at.
+    pub fn import(&mut self, entries: Vec<(Key, ModelEntry)>) {
+        let high = entries
+            .iter()
+            .filter_map(|(_, e)| e.retained.as_ref()?.iter().rev().find_map(|b| b.2))
+            .map(|m| m.offset)
+            .max()
+            .unwrap_or(-1);
+        for (k, e) in &entries {
+            self.keys.insert(k.clone(), e.clone());
+        }
+        self.history.push(HistOp::Import { entries, high });
+        self.next_pos += 2;
+        self.high = self.high.max(high);
     }
 
     pub fn entry(&self, key: &Key) -> Option<&ModelEntry> {
@@ -137,4 +515,10 @@ pub fn same_entry(engine: &ProducerEntry, model: &ModelEntry) -> bool {
     engine.epoch() == model.epoch
         && engine.last_sequence() == model.last
         && retained == model.retained.clone().unwrap_or_default()
+}
+
+/// True when the store's description of a key says what the model's
+/// entry does, activity included.
+pub fn same_info(info: &ProducerInfo, model: &ModelEntry) -> bool {
+    same_entry(&info.entry, model) && info.last_activity == model.act
 }

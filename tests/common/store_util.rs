@@ -7,17 +7,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use producer_state::fs::SimFs;
-use producer_state::{AppendRequest, Batch, FsyncPolicy, ProducerStateStore, StoreOptions};
+use producer_state::{
+    AppendRequest, Batch, FsyncPolicy, ManualClock, ProducerStateStore, StoreOptions,
+};
 
-use super::model::{Model, same_entry};
+use super::model::{Model, same_info};
 
 pub fn dir() -> PathBuf {
     PathBuf::from("/store")
 }
 
 /// Small segments and frequent snapshots, so a short workload rolls
-/// segments and takes snapshots several times; snapshots inline, so runs
-/// are deterministic.
+/// segments and takes snapshots several times; snapshots inline, a fixed
+/// clock and no background expiration, so runs are deterministic (the
+/// same IO operations every time). The clock stands at 0, the log clock
+/// of a new store: single-sequence appends log no clock record, so an
+/// append-only history writes exactly the records it always did.
 pub fn sim_opts(fs: &SimFs) -> StoreOptions {
     StoreOptions::default()
         .file_system(Arc::new(fs.clone()))
@@ -26,6 +31,8 @@ pub fn sim_opts(fs: &SimFs) -> StoreOptions {
         .snapshot_every_records(Some(400))
         .snapshot_every_bytes(None)
         .background_snapshots(false)
+        .clock(Arc::new(ManualClock::new(0)))
+        .expiration_interval(None)
 }
 
 /// A deterministic workload of `n` appends over a few keys: mostly in
@@ -79,15 +86,17 @@ pub fn workload(n: usize) -> Vec<AppendRequest> {
     out
 }
 
-/// True when the store holds exactly the model's state.
+/// True when the store holds exactly the model's state, each key's last
+/// activity included.
 pub fn matches(store: &ProducerStateStore, model: &Model) -> bool {
     if store.len() != model.keys.len() {
         return false;
     }
-    model
-        .keys
-        .iter()
-        .all(|((id, p), m)| store.get(id.clone(), *p).is_some_and(|e| same_entry(&e, m)))
+    model.keys.iter().all(|((id, p), m)| {
+        store
+            .describe(id.clone(), *p)
+            .is_some_and(|i| same_info(&i, m))
+    })
 }
 
 /// A description of the difference, for assertion messages.
@@ -98,9 +107,9 @@ pub fn diff(store: &ProducerStateStore, model: &Model) -> String {
         model.keys.len()
     );
     for ((id, p), m) in &model.keys {
-        let e = store.get(id.clone(), *p);
-        if !e.is_some_and(|e| same_entry(&e, m)) {
-            out += &format!("  {id}/{p}: store {e:?}, model {m:?}\n");
+        let i = store.describe(id.clone(), *p);
+        if !i.as_ref().is_some_and(|i| same_info(i, m)) {
+            out += &format!("  {id}/{p}: store {i:?}, model {m:?}\n");
         }
     }
     out

@@ -1,0 +1,397 @@
+//! One key's bytes: the entry encoding shared by snapshots (versions 2 and
+//! 3), the log's set-entries records and partition exports.
+//!
+//! An entry is a shape byte, the key, the fixed fields (partition, epoch,
+//! last sequence and, from version 3, the key's last activity) and the
+//! retained batches as spans and deltas in per-entry widths. The reader
+//! checks one length per entry and then reads every field at a fixed
+//! offset with no allocation, which is what keeps loading a snapshot at
+//! the speed of reading it. The layout is in docs/format.md ("Entries").
+
+#![deny(clippy::indexing_slicing)]
+
+use crate::batch::RetainedBatch;
+use crate::codec::Put;
+use crate::entry::{ProducerEntry, RETAINED_BATCHES};
+use crate::error::Corruption;
+use crate::id::ProducerId;
+
+/// The longest entry with an activity: a 65,535-byte name and a full
+/// window with 8-byte deltas.
+pub(crate) const MAX_ENTRY: usize =
+    1 + 2 + u16::MAX as usize + 18 + 2 + RETAINED_BATCHES * 4 + 16 + (RETAINED_BATCHES - 1) * 16;
+
+// Versions 2 and 3 (docs/format.md, "Entries").
+const SHAPE_NAMED: u8 = 1 << 3;
+/// Reserved for per-key sections a later version may add after an entry
+/// (transaction state): version 3 writes 0 and refuses 1.
+const SHAPE_SECTIONS: u8 = 1 << 6;
+/// Bytes of a span for each span width class.
+const SPAN_BYTES: [usize; 4] = [0, 1, 2, 4];
+/// Bytes of an offset or timestamp delta for each delta width class.
+const DELTA_BYTES: [usize; 8] = [0, 1, 2, 3, 4, 5, 6, 8];
+
+/// The smallest class of `table` whose width holds `v`.
+#[inline]
+fn class_of(v: u64, table: &[usize]) -> usize {
+    let need = (64 - v.leading_zeros() as usize).div_ceil(8);
+    table.iter().position(|&b| b >= need).unwrap_or(0)
+}
+
+#[inline]
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+#[inline]
+fn unzigzag(u: u64) -> i64 {
+    ((u >> 1) as i64) ^ -((u & 1) as i64)
+}
+
+/// Appends the low `w` bytes of `v`, little-endian.
+#[inline]
+fn put_uint(buf: &mut Vec<u8>, v: u64, w: usize) {
+    buf.extend_from_slice(v.to_le_bytes().get(..w).unwrap_or_default());
+}
+
+/// The `w`-byte little-endian integer at `at`. The caller checked that
+/// `buf` holds it; with 8 bytes to spare this is one load and a mask.
+#[inline(always)]
+fn uint_at(buf: &[u8], at: usize, w: usize) -> u64 {
+    let mut a = [0u8; 8];
+    match buf.get(at..at + 8) {
+        Some(b) => a.copy_from_slice(b),
+        None => {
+            if let (Some(dst), Some(src)) = (a.get_mut(..w), buf.get(at..at + w)) {
+                dst.copy_from_slice(src);
+            }
+        }
+    }
+    u64::from_le_bytes(a) & ((1u128 << (8 * w)) - 1) as u64
+}
+
+/// Appends one entry's encoding to `buf`: version 2's without
+/// `activity`, version 3's (the key's last activity after the last
+/// sequence) with it.
+pub(crate) fn encode_entry(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    e: &ProducerEntry,
+    activity: Option<i64>,
+) {
+    // The retained batches, newest first.
+    let mut batches = [RetainedBatch {
+        first_sequence: 0,
+        last_sequence: 0,
+        metadata: None,
+    }; RETAINED_BATCHES];
+    let mut n = 0;
+    for (slot, b) in batches.iter_mut().zip(e.retained_batches()) {
+        *slot = b;
+        n += 1;
+    }
+    let batches = batches.get_mut(..n).unwrap_or_default();
+    batches.reverse();
+    let mut max_span = 0u32;
+    let mut mask = 0u16;
+    let mut metas = [(0i64, 0i64); RETAINED_BATCHES];
+    let mut m = 0;
+    for (k, b) in batches.iter().enumerate() {
+        max_span = max_span.max(b.last_sequence.wrapping_sub(b.first_sequence) as u32);
+        if let (Some(meta), Some(slot)) = (b.metadata, metas.get_mut(m)) {
+            mask |= 1 << k;
+            *slot = (meta.offset, meta.timestamp);
+            m += 1;
+        }
+    }
+    let metas = metas.get(..m).unwrap_or_default();
+    let deltas = |(a, b): (&(i64, i64), &(i64, i64))| {
+        (zigzag(a.0.wrapping_sub(b.0)), zigzag(a.1.wrapping_sub(b.1)))
+    };
+    let (mut max_do, mut max_dt) = (0u64, 0u64);
+    for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
+        max_do |= d_o;
+        max_dt |= d_t;
+    }
+    let s = class_of(u64::from(max_span), &SPAN_BYTES);
+    let (o, t) = (
+        class_of(max_do, &DELTA_BYTES),
+        class_of(max_dt, &DELTA_BYTES),
+    );
+    let named = id.as_numeric().is_none();
+    buf.put_u8(n as u8 | if named { SHAPE_NAMED } else { 0 } | (s as u8) << 4);
+    match id.as_numeric() {
+        Some(v) => buf.put_u64(v),
+        None => {
+            let name = id.name_bytes().unwrap_or_default();
+            buf.put_u16(name.len() as u16);
+            buf.extend_from_slice(name);
+        }
+    }
+    buf.put_i32(partition);
+    buf.put_i16(e.epoch());
+    buf.put_i32(e.last_sequence());
+    if let Some(a) = activity {
+        buf.put_i64(a);
+    }
+    if n == 0 {
+        return;
+    }
+    buf.put_u16(mask | (o as u16) << 5 | (t as u16) << 8);
+    let (sw, ow, tw) = (
+        SPAN_BYTES.get(s).copied().unwrap_or(4),
+        DELTA_BYTES.get(o).copied().unwrap_or(8),
+        DELTA_BYTES.get(t).copied().unwrap_or(8),
+    );
+    for b in batches.iter() {
+        put_uint(
+            buf,
+            u64::from(b.last_sequence.wrapping_sub(b.first_sequence) as u32),
+            sw,
+        );
+    }
+    if let Some(&(offset, timestamp)) = metas.first() {
+        buf.put_i64(offset);
+        buf.put_i64(timestamp);
+    }
+    for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
+        put_uint(buf, d_o, ow);
+        put_uint(buf, d_t, tw);
+    }
+}
+
+/// A decoded entry: key, entry, last activity (0 in version 2, which
+/// has none) and the bytes it took.
+pub(crate) type Decoded = (ProducerId, i32, ProducerEntry, i64, usize);
+
+/// Decodes one entry at the start of `buf`, of version 3 (`activity`: it
+/// has the field) or 2; `None` if the bytes end first (the caller reads
+/// more), `Err` if they are not a valid entry. Once the shape says how
+/// long the entry is, one length check covers every field, and each field
+/// is then a load and a mask at a fixed offset; nothing is allocated (but
+/// for names too long to store inline).
+#[inline]
+pub(crate) fn decode_entry(
+    buf: &[u8],
+    activity: bool,
+) -> Option<std::result::Result<Decoded, Corruption>> {
+    let shape = *buf.first()?;
+    let n = usize::from(shape & 7);
+    if shape & SHAPE_SECTIONS != 0 {
+        return Some(Err(Corruption::BadField(
+            "entry shape (per-key sections: none defined in this version)",
+        )));
+    }
+    if shape & 0xc0 != 0 || n > RETAINED_BATCHES {
+        return Some(Err(Corruption::BadField("entry shape")));
+    }
+    let (id, mut at) = if shape & SHAPE_NAMED == 0 {
+        (ProducerId::numeric(uint_at(buf, 1, 8)), 9)
+    } else {
+        let len = usize::from(u16::from_le_bytes([*buf.get(1)?, *buf.get(2)?]));
+        match std::str::from_utf8(buf.get(3..3 + len)?) {
+            Ok(name) => (ProducerId::named(name), 3 + len),
+            Err(_) => return Some(Err(Corruption::BadField("producer name (not UTF-8)"))),
+        }
+    };
+    let fixed = if activity { 18 } else { 10 };
+    if buf.len() < at + fixed {
+        return None;
+    }
+    let partition = uint_at(buf, at, 4) as u32 as i32;
+    let epoch = uint_at(buf, at + 4, 2) as u16 as i16;
+    let last = uint_at(buf, at + 6, 4) as u32 as i32;
+    let act = if activity {
+        uint_at(buf, at + 10, 8) as i64
+    } else {
+        0
+    };
+    at += fixed;
+    let mut spans = [0u32; RETAINED_BATCHES];
+    let mut meta = [(0i64, 0i64); RETAINED_BATCHES];
+    let mut mask = 0u8;
+    if n > 0 {
+        if buf.len() < at + 2 {
+            return None;
+        }
+        let layout = uint_at(buf, at, 2) as u16;
+        at += 2;
+        mask = (layout & 0x1f) as u8;
+        let m = mask.count_ones() as usize;
+        let sw = SPAN_BYTES
+            .get(usize::from(shape >> 4 & 3))
+            .copied()
+            .unwrap_or(4);
+        let ow = DELTA_BYTES
+            .get(usize::from(layout >> 5 & 7))
+            .copied()
+            .unwrap_or(8);
+        let tw = DELTA_BYTES
+            .get(usize::from(layout >> 8 & 7))
+            .copied()
+            .unwrap_or(8);
+        if layout >> 11 != 0 || mask >> n != 0 || (m < 2 && ow + tw != 0) {
+            return Some(Err(Corruption::BadField("entry layout")));
+        }
+        let need = n * sw + if m > 0 { 16 + (m - 1) * (ow + tw) } else { 0 };
+        if buf.len() < at + need {
+            return None;
+        }
+        for span in spans.iter_mut().take(n) {
+            *span = uint_at(buf, at, sw) as u32;
+            at += sw;
+        }
+        let mut prev = (uint_at(buf, at, 8) as i64, uint_at(buf, at + 8, 8) as i64);
+        at += if m > 0 { 16 } else { 0 };
+        let mut j = 0;
+        for (k, slot) in meta.iter_mut().enumerate().take(n) {
+            if mask >> k & 1 == 0 {
+                continue;
+            }
+            if j > 0 {
+                let d_o = unzigzag(uint_at(buf, at, ow));
+                let d_t = unzigzag(uint_at(buf, at + ow, tw));
+                at += ow + tw;
+                prev = (prev.0.wrapping_sub(d_o), prev.1.wrapping_sub(d_t));
+            }
+            *slot = prev;
+            j += 1;
+        }
+    }
+    Some(
+        match ProducerEntry::from_newest_first(epoch, last, n, mask, &spans, &meta) {
+            Some(e) => Ok((id, partition, e, act, at)),
+            None => Err(Corruption::BadField("entry (sequences inconsistent)")),
+        },
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::batch::BatchMetadata;
+
+    /// Entries of every shape: window sizes 0 to 5, metadata anywhere,
+    /// spans and gaps of every width, wrapped sequences, both id kinds.
+    fn entries_of_every_shape() -> Vec<(ProducerId, i32, ProducerEntry)> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut out = Vec::new();
+        for i in 0..3000u64 {
+            let n = (rnd() % 6) as usize;
+            let width = |r: u64| match r % 5 {
+                0 => 0,
+                1 => r >> 60,
+                2 => r >> 48,
+                3 => r >> 33,
+                _ => r,
+            };
+            let mut batches = Vec::new();
+            let mut seq = if i % 7 == 0 {
+                i32::MAX - 3
+            } else {
+                (rnd() >> 40) as i32
+            };
+            let (mut o, mut t) = (rnd() as i64, rnd() as i64);
+            for _ in 0..n {
+                let meta = rnd() % 4 != 0;
+                let span = if meta {
+                    (width(rnd()) % 100_000) as i32
+                } else {
+                    0
+                };
+                let first = seq;
+                let last = first.saturating_add(span);
+                o = o.wrapping_sub(width(rnd()) as i64);
+                t = t.wrapping_add(width(rnd()) as i64);
+                batches.push(RetainedBatch {
+                    first_sequence: first,
+                    last_sequence: last,
+                    metadata: meta.then_some(BatchMetadata {
+                        offset: o,
+                        timestamp: t,
+                    }),
+                });
+                seq = crate::rules::next_sequence(last);
+            }
+            let last = batches
+                .last()
+                .map_or((rnd() >> 33) as i32, |b| b.last_sequence);
+            let e = ProducerEntry::from_parts((rnd() >> 48) as i16, last, &batches)
+                .unwrap_or_else(|| panic!("{batches:?}"));
+            let id = if i % 3 == 0 {
+                ProducerId::named(&"n".repeat((i % 40) as usize))
+            } else {
+                ProducerId::numeric(rnd())
+            };
+            out.push((id, rnd() as i32, e));
+        }
+        out
+    }
+
+    #[test]
+    fn entries_of_every_shape_round_trip_even_at_the_end_of_the_buffer() {
+        for (i, (id, p, e)) in entries_of_every_shape().into_iter().enumerate() {
+            // Version 2 (no activity) and version 3, with activities of
+            // every sign and width.
+            let act = (i as i64).wrapping_mul(0x5851_f42d_4c95_7f2d);
+            for activity in [None, Some(act)] {
+                let with = activity.is_some();
+                let want = activity.unwrap_or(0);
+                let mut b = Vec::new();
+                encode_entry(&mut b, &id, p, &e, activity);
+                // Exactly the entry (no bytes to spare for the wide loads),
+                // then with bytes after it.
+                let (did, dp, de, da, len) = decode_entry(&b, with).unwrap().unwrap();
+                assert_eq!((&did, dp, &de, da, len), (&id, p, &e, want, b.len()));
+                let mut longer = b.clone();
+                longer.extend_from_slice(&[0xff; 9]);
+                let (_, _, de, _, len) = decode_entry(&longer, with).unwrap().unwrap();
+                assert_eq!((de, len), (e, b.len()));
+                for cut in 0..b.len() {
+                    assert!(
+                        decode_entry(&b[..cut], with).is_none_or(|r| r.is_err()),
+                        "cut {cut}"
+                    );
+                }
+                // And the same state re-encodes to the same bytes.
+                let mut again = Vec::new();
+                encode_entry(&mut again, &did, dp, &de, activity);
+                assert_eq!(again, b);
+            }
+        }
+    }
+
+    #[test]
+    fn the_reserved_sections_bit_is_refused_and_the_longest_entry_fits() {
+        let e = ProducerEntry::start(0, 0, 0, None);
+        let mut b = Vec::new();
+        encode_entry(&mut b, &ProducerId::numeric(1), 0, &e, Some(5));
+        b[0] |= SHAPE_SECTIONS;
+        assert!(matches!(
+            decode_entry(&b, true),
+            Some(Err(Corruption::BadField(_)))
+        ));
+        // The longest name with a full window of 8-byte deltas.
+        let name = "n".repeat(u16::MAX as usize);
+        let mut full = ProducerEntry::start(0, 0, 0, None);
+        for k in 0..5i64 {
+            let meta = Some(crate::batch::BatchMetadata {
+                offset: k.wrapping_mul(i64::MAX / 3),
+                timestamp: -k.wrapping_mul(i64::MAX / 5),
+            });
+            let first = k as i32 * 1_000_000;
+            full.accept(k == 0, 0, first, first + 100_000, meta);
+        }
+        let mut b = Vec::new();
+        encode_entry(&mut b, &ProducerId::named(&name), 1, &full, Some(1));
+        assert_eq!(b.len(), MAX_ENTRY);
+    }
+}
