@@ -6,8 +6,9 @@
 //! recover to exactly what was acknowledged, plus at most what the
 //! operation in flight may have left: for an append, its eviction alone or
 //! all of it; for a sweep, any of the keys it was removing (it logs one
-//! record per shard); for a partition removal or a truncation (one atomic
-//! group each), all of it or nothing.
+//! record per shard); for a partition removal, a truncation or an import
+//! (one atomic group each), all of it or nothing (a partition moved out
+//! and back in is two groups).
 
 mod common;
 
@@ -33,6 +34,8 @@ enum LOp {
     RemovePartition(i32),
     /// Truncate this far below the end.
     Truncate(i64),
+    /// Export a partition, remove it and import it back.
+    Move(i32),
 }
 
 fn config() -> ModelConfig {
@@ -70,6 +73,7 @@ fn workload(n: usize) -> Vec<LOp> {
             6..9 => LOp::Expire,
             9..11 => LOp::RemovePartition(((x >> 8) % 4) as i32),
             11..14 => LOp::Truncate(((x >> 8) % 12) as i64),
+            14..16 => LOp::Move(((x >> 8) % 4) as i32),
             _ => {
                 let k = (x >> 8) % 16;
                 let p = (k % 4) as i32;
@@ -95,6 +99,7 @@ fn workload(n: usize) -> Vec<LOp> {
             LOp::Truncate(back) => {
                 let _ = model.truncate(model.high + 1 - back);
             }
+            LOp::Move(_) => {}
         }
         out.push(op);
     }
@@ -162,6 +167,22 @@ fn run(fs: &SimFs, ops: &[LOp]) -> Outcome {
                 out.exact = vec![after.clone()];
                 store.remove_partition(*p).map(|got| assert_eq!(got, n))
             }
+            LOp::Move(p) => {
+                let mine: Vec<_> = acked
+                    .keys
+                    .iter()
+                    .filter(|((_, kp), _)| kp == p)
+                    .map(|(k, e)| (k.clone(), e.clone()))
+                    .collect();
+                after.remove_partition(*p);
+                let removed = after.clone();
+                after.import(mine);
+                out.exact = vec![removed, after.clone()];
+                store.export_partition(*p).and_then(|e| {
+                    store.remove_partition(*p)?;
+                    store.import_partition(&e).map(|n| assert_eq!(n, e.len()))
+                })
+            }
             LOp::Truncate(back) => {
                 let offset = acked.high + 1 - back;
                 after.truncate(offset).expect("within the end");
@@ -226,16 +247,18 @@ fn a_crash_at_every_io_operation_of_the_lifecycle_loses_nothing_acknowledged() {
     assert!(kinds(&|o| matches!(o, LOp::Expire)) > 5);
     assert!(kinds(&|o| matches!(o, LOp::RemovePartition(_))) > 3);
     assert!(kinds(&|o| matches!(o, LOp::Truncate(_))) > 5);
+    assert!(kinds(&|o| matches!(o, LOp::Move(_))) > 3);
     let stats = o.stats.expect("completed");
     assert!(
         stats.evicted > 20
             && stats.expired > 10
             && stats.partition_removed > 5
             && stats.truncations > 5
-            && stats.truncated_keys > 5,
+            && stats.truncated_keys > 5
+            && stats.imported > 3,
         "{stats:?}"
     );
-    assert!(total > 1000, "{total} operations");
+    assert!(total > 800, "{total} operations");
 
     for n in 0..total {
         let fs = SimFs::new();

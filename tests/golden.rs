@@ -58,6 +58,10 @@ enum Step {
     Clock(i64),
     /// An expiration sweep.
     Expire,
+    /// A partition exported, removed and imported back: two groups.
+    Move(i32),
+    /// A truncation to this offset.
+    Truncate(i64),
 }
 
 /// The history of version 1: every record kind, a new session, a zombie, a retry.
@@ -124,6 +128,22 @@ fn history_v5() -> Vec<Step> {
         h.push(Step::One(AppendRequest::single(k, 0, 0, 0), false));
     }
     h.push(Step::One(AppendRequest::single(99u64, 0, 3, 5), false));
+    // A partition moved out and back in (a removal group, an import
+    // group), then two batches and a truncation to position 68, that of
+    // the append of 99/0: it cuts the batch at offset 5000 (a key set back
+    // to what the import gave it) and the one at 6000 (a key removed), and
+    // keeps 99/0 (the import, whose highest offset is -1, holds it): a
+    // group of a removal and a key state.
+    h.push(Step::Move(0));
+    h.push(Step::One(
+        AppendRequest::batch(12u64, 0, 0, Batch::new(1, 2, 5_000, 1_700_000_000_005)),
+        false,
+    ));
+    h.push(Step::One(
+        AppendRequest::batch(77u64, 5, 0, Batch::new(0, 0, 6_000, 1_700_000_000_006)),
+        false,
+    ));
+    h.push(Step::Truncate(68));
     h
 }
 
@@ -195,7 +215,25 @@ fn write_history_with(
             Step::Expire => {
                 assert_eq!(store.expire_now().unwrap(), model.expire(clock.now_ms()));
             }
+            Step::Move(p) => {
+                let export = store.export_partition(*p).unwrap();
+                let mine: Vec<_> = model
+                    .keys
+                    .iter()
+                    .filter(|((_, kp), _)| kp == p)
+                    .map(|(k, e)| (k.clone(), e.clone()))
+                    .collect();
+                model.remove_partition(*p);
+                model.import(mine);
+                store.remove_partition(*p).unwrap();
+                assert_eq!(store.import_partition(&export).unwrap(), export.len());
+            }
+            Step::Truncate(offset) => {
+                model.truncate(*offset).unwrap();
+                store.truncate_to(*offset).unwrap();
+            }
         }
+        model.next_pos = store.next_position();
     }
     store.close().unwrap();
     model
@@ -248,9 +286,12 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
         "{:?}",
         fresh.iter().map(|f| &f.0).collect::<Vec<_>>()
     );
+    // The one taken at position 5, and the one the truncation asked for.
     assert_eq!(
         fresh.iter().filter(|(n, _)| n.ends_with(".snap")).count(),
-        1
+        2,
+        "{:?}",
+        fresh.iter().map(|f| &f.0).collect::<Vec<_>>()
     );
 
     if std::env::var("GOLDEN_REGENERATE").is_ok() {
@@ -287,8 +328,10 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
     let store = ProducerStateStore::open_with(&gdir, opts_v5(&golden_fs, &far)).unwrap();
     assert!(matches(&store, &model), "{}", diff(&store, &model));
     let report = store.recovery_report();
-    assert_eq!(report.snapshot.as_ref().map(|s| s.position), Some(5));
-    assert_eq!(report.records_replayed, report.next_position - 5);
+    // The newest snapshot, the one after the truncation.
+    let newest = report.snapshot.as_ref().map(|s| s.position).unwrap();
+    assert_eq!(newest, 78);
+    assert_eq!(report.records_replayed, report.next_position - newest);
     assert_eq!(report.torn_bytes_dropped(), 0);
     assert_eq!(
         report.clean_shutdown,
@@ -328,7 +371,14 @@ fn a_preallocated_store_holds_the_committed_records_and_zeros() {
             assert!(cb.len() < 1024);
             want.resize(1024, 0);
         }
-        assert!(want == *fb, "{cn}: not the committed records, preallocated");
+        let at = want.iter().zip(fb.iter()).position(|(a, b)| a != b);
+
+        assert!(
+            want == *fb,
+            "{cn}: not the committed records, preallocated (first difference at {at:?}, lengths {} {})",
+            want.len(),
+            fb.len()
+        );
     }
     let clock = ManualClock::new(0);
     let store =
@@ -365,7 +415,7 @@ fn an_older_store_opens_and_continues(
         let reqs = match step {
             Step::One(r, _) => vec![r],
             Step::All(reqs) => reqs,
-            Step::Clock(_) | Step::Expire => unreachable!("no lifecycle in older histories"),
+            _ => unreachable!("no lifecycle in older histories"),
         };
         for r in reqs {
             appends += u64::from(model.append(&r).is_accepted());
@@ -584,9 +634,15 @@ fn the_first_bytes_are_as_documented() {
     assert_eq!(&payload[2..10], &42u64.to_le_bytes());
     assert_eq!(&payload[10..14], &0i32.to_le_bytes());
 
-    // The last segment: an eviction of the named key p1/0 (reason 2), the
+    // The last segment: an eviction of the named key p1/0 (reason 2); the
     // marker of an append accepted for an unknown producer at a sequence
-    // above 0 (kind 10), that append, and the close marker.
+    // above 0 (kind 10, at 199) before that append (99/0, sequence 5); the
+    // partition moved out and in: a group record (kind 8: group kind 2,
+    // members 1, argument the partition 0) and one removal (reason 3),
+    // then a group (kind 3, import; argument the highest offset, -1) and
+    // one record of key states (kind 9, version-3 entries); later the
+    // truncation to 68: a group (kind 1, argument 68) and a removal
+    // (reason 4) of 77/5; the close marker last.
     let (name, seg) = committed(GOLDEN)
         .into_iter()
         .rfind(|(n, _)| n.ends_with(".wal"))
@@ -594,29 +650,51 @@ fn the_first_bytes_are_as_documented() {
     let first: u64 = name[..20].parse().unwrap();
     assert_eq!(&seg[12..20], &first.to_le_bytes());
     assert_eq!(&seg[20..28], store_id);
-    assert_eq!(
-        &seg[40 + 4..40 + 8],
-        &27u32.to_le_bytes(),
-        "17 + reason + key"
-    );
-    assert_eq!(
-        &seg[40 + 16..40 + 27],
-        &[7, 2, 1, 2, 0, b'p', b'1', 0, 0, 0, 0]
-    );
-    let marker = seg.len() - 17;
-    assert_eq!(&seg[marker + 4..marker + 8], &17u32.to_le_bytes());
-    assert_eq!(
-        &seg[marker + 8..marker + 12],
-        &(marker as u32).to_le_bytes()
-    );
-    assert_eq!(seg[marker + 16], 5);
-    let unknown = marker - 35 - 17;
-    assert_eq!(&seg[unknown + 4..unknown + 8], &17u32.to_le_bytes());
-    assert_eq!(seg[unknown + 16], 10);
-    assert_eq!(
-        &seg[unknown + 17 + 17..unknown + 17 + 25],
-        &99u64.to_le_bytes()
-    );
+    let seed = crc32c::crc32c(&seg[12..36]);
+    let mut records = Vec::new();
+    let mut at = 40;
+    while at < seg.len() {
+        let len = u32::from_le_bytes(seg[at + 4..at + 8].try_into().unwrap()) as usize;
+        assert_eq!(&seg[at + 8..at + 12], &(at as u32).to_le_bytes());
+        assert_eq!(
+            &seg[at..at + 4],
+            &crc32c::crc32c_append(seed, &seg[at + 4..at + len]).to_le_bytes()
+        );
+        records.push((at, seg[at + 16], seg[at + 17..at + len].to_vec()));
+        at += len;
+    }
+    assert_eq!(at, seg.len());
+    let find = |kind: u8, payload: &[u8]| {
+        records
+            .iter()
+            .position(|(_, k, p)| *k == kind && p.starts_with(payload))
+            .unwrap_or_else(|| panic!("no record of kind {kind} starting {payload:?}"))
+    };
+    assert_eq!(records[0].1, 7);
+    assert_eq!(records[0].2, [2, 1, 2, 0, b'p', b'1', 0, 0, 0, 0]);
+    let unknown = find(10, &[]);
+    assert_eq!(records[unknown].0, 199);
+    assert_eq!(records[unknown + 1].1, 1);
+    assert_eq!(&records[unknown + 1].2[..8], &99u64.to_le_bytes());
+    assert_eq!(&records[unknown + 1].2[14..18], &5i32.to_le_bytes());
+    let group = |kind: u8, members: u32, arg: i64| {
+        let mut p = vec![kind];
+        p.extend_from_slice(&members.to_le_bytes());
+        p.extend_from_slice(&arg.to_le_bytes());
+        p
+    };
+    let removal = find(8, &group(2, 1, 0));
+    assert_eq!(records[removal + 1].1, 7);
+    assert_eq!(records[removal + 1].2[0], 3, "partition removed");
+    let import = find(8, &group(3, 1, -1));
+    assert_eq!(records[import + 1].1, 9);
+    let truncate = find(8, &group(1, 1, 68));
+    assert_eq!(records[truncate + 1].1, 7);
+    let mut cut = vec![4, 0];
+    cut.extend_from_slice(&77u64.to_le_bytes());
+    cut.extend_from_slice(&5i32.to_le_bytes());
+    assert_eq!(records[truncate + 1].2, cut, "77/5 truncated");
+    assert_eq!(records.last().map(|r| (r.1, r.2.len())), Some((5, 0)));
 }
 
 const SNAP_V1: &str = "tests/golden/snapshot-v1";

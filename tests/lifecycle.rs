@@ -423,3 +423,84 @@ fn bad_options_are_refused_before_anything_is_created() {
     let clock = ManualClock::new(5);
     assert_eq!(clock.now_ms(), 5);
 }
+
+#[test]
+fn a_partition_moves_to_another_store_with_its_retry_window_and_activity() {
+    let (fa, fb) = (SimFs::new(), SimFs::new());
+    let clock = ManualClock::new(T0);
+    let a = reopen(&fa, opts(&fa, &clock));
+    let mut batches = Vec::new();
+    for i in 0..8 {
+        let b = Batch::new(i * 2, i * 2 + 1, 1_000 + i64::from(i), T0 + i64::from(i));
+        a.append_batch(42u64, 5, 1, b).unwrap();
+        batches.push(b);
+    }
+    a.append("single", 5, 0, 0).unwrap();
+    a.append(7u64, 6, 0, 0).unwrap();
+    let export = a.export_partition(5).unwrap();
+    assert_eq!(export.partition(), 5);
+    assert_eq!(export.len(), 2);
+    assert_eq!(export.high_offset(), 1_007);
+    let moved = producer_state::PartitionExport::from_bytes(&export.to_bytes()).unwrap();
+    assert_eq!(moved, export);
+
+    let b = reopen(&fb, opts(&fb, &clock));
+    b.append("single", 5, 0, 0).unwrap();
+    // A key this store holds: refused, nothing imported.
+    match b.import_partition(&moved) {
+        Err(Error::ImportConflict { partition: 5, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(b.len(), 1);
+    assert!(b.get(42u64, 5).is_none());
+    b.remove_partition(5).unwrap();
+    assert_eq!(b.import_partition(&moved).unwrap(), 2);
+    assert_eq!(b.stats().imported, 2);
+    for info in export.iter() {
+        assert_eq!(b.describe(info.producer_id.clone(), 5).as_ref(), Some(info));
+    }
+    // The retry window came along: retries answer as they did on `a`.
+    for old in &batches[3..] {
+        assert_eq!(
+            b.append_batch(42u64, 5, 1, *old).unwrap(),
+            BatchOutcome::Duplicate {
+                original: Some(old.metadata())
+            }
+        );
+    }
+    assert_eq!(
+        b.append_batch(42u64, 5, 1, Batch::new(16, 16, 2_000, T0))
+            .unwrap(),
+        BatchOutcome::Accepted
+    );
+    // Durable, and an empty export imports nothing.
+    drop(b);
+    let b = reopen(&fb, opts(&fb, &clock));
+    assert_eq!(b.get(42u64, 5).unwrap().last_sequence(), 16);
+    assert_eq!(
+        b.import_partition(&a.export_partition(99).unwrap())
+            .unwrap(),
+        0
+    );
+
+    // A store at its cap refuses or evicts to make room.
+    let fc = SimFs::new();
+    let c = reopen(
+        &fc,
+        opts(&fc, &clock)
+            .max_producers(Some(2))
+            .at_capacity(AtCapacity::Refuse),
+    );
+    c.append(1u64, 0, 0, 0).unwrap();
+    assert!(matches!(
+        c.import_partition(&moved),
+        Err(Error::TooManyProducers { max: 2 })
+    ));
+    assert_eq!(c.len(), 1);
+    let fd = SimFs::new();
+    let d = reopen(&fd, opts(&fd, &clock).max_producers(Some(2)));
+    d.append(1u64, 0, 0, 0).unwrap();
+    assert_eq!(d.import_partition(&moved).unwrap(), 2);
+    assert_eq!(d.len(), 2);
+    assert!(d.get(1u64, 0).is_none(), "evicted for the import");
+}

@@ -29,7 +29,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::model::{HistOp, Key, Model, ModelConfig, TruncateError};
+use common::model::{HistOp, Key, Model, ModelConfig, ModelEntry, TruncateError, same_info};
 use common::ops::{Op, Seq, op, request};
 use common::store_util::{diff, dir, matches, sim_opts};
 use producer_state::fs::{Fault, SimFs, Unsynced};
@@ -57,6 +57,9 @@ enum Step {
     RemovePartition(u8),
     /// `truncate_to(high + 1 - back)` (255: one above the end).
     Truncate(u8),
+    /// Export a partition, try to import it back (a conflict), remove it,
+    /// import it back.
+    Move(u8),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -70,6 +73,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => Just(Step::Expire),
         1 => (0u8..3).prop_map(Step::RemovePartition),
         3 => prop_oneof![10 => 0u8..40, 1 => Just(255u8)].prop_map(Step::Truncate),
+        1 => (0u8..3).prop_map(Step::Move),
     ]
 }
 
@@ -446,6 +450,63 @@ impl Run {
                         prop_assert!(matches(self.store(), &self.model), "step {}", i);
                     }
                     Err(_) if self.fs.crashed() => self.crashed(i, &[], None, Some(after))?,
+                    Err(e) => prop_assert!(false, "step {}: {}", i, e),
+                }
+            }
+            Step::Move(p) => {
+                let p = i32::from(*p);
+                self.model.next_pos = self.store().next_position();
+                let export = match self.store().export_partition(p) {
+                    Ok(e) => e,
+                    Err(_) if self.fs.crashed() => return self.crashed(i, &[], None, None),
+                    Err(e) => return Err(TestCaseError::fail(format!("step {i}: {e}"))),
+                };
+                let mine: Vec<(Key, ModelEntry)> = self
+                    .model
+                    .keys
+                    .iter()
+                    .filter(|((_, kp), _)| *kp == p)
+                    .map(|(k, e)| (k.clone(), e.clone()))
+                    .collect();
+                prop_assert_eq!(export.len(), mine.len(), "step {}", i);
+                for info in export.iter() {
+                    let m = self.model.entry(&(info.producer_id.clone(), p));
+                    prop_assert!(
+                        m.is_some_and(|m| same_info(info, m)),
+                        "step {}: {:?}",
+                        i,
+                        info
+                    );
+                }
+                if !export.is_empty() {
+                    let conflict = self.store().import_partition(&export);
+                    prop_assert!(
+                        matches!(conflict, Err(Error::ImportConflict { .. })),
+                        "step {}: {:?}",
+                        i,
+                        conflict
+                    );
+                }
+                let mut removed = self.model.clone();
+                removed.remove_partition(p);
+                let mut after = removed.clone();
+                after.import(mine);
+                let moved = self
+                    .store()
+                    .remove_partition(p)
+                    .and_then(|_| self.store().import_partition(&export));
+                match moved {
+                    Ok(n) => {
+                        prop_assert_eq!(n, export.len(), "step {}", i);
+                        // Two groups: a crash may keep the first alone.
+                        self.since_sync.push(Possible::Exact(removed));
+                        self.model = after;
+                        self.done();
+                    }
+                    // Two groups: none, the first or both may be durable.
+                    Err(_) if self.fs.crashed() => {
+                        self.crashed(i, &[vec![removed, after]], None, None)?
+                    }
                     Err(e) => prop_assert!(false, "step {}: {}", i, e),
                 }
             }

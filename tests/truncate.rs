@@ -227,3 +227,50 @@ fn truncation_keeps_expirations_and_undoes_nothing_else() {
     let s = ProducerStateStore::open_with(dir(), o(&img)).unwrap();
     assert!(matches(&s, &m), "{}", diff(&s, &m));
 }
+
+#[test]
+fn truncation_undoes_an_import_whose_offsets_it_reaches() {
+    let (fa, fb) = (SimFs::new(), SimFs::new());
+    let a = ProducerStateStore::open_with(dir(), opts(&fa)).unwrap();
+    a.append_request(&batch(1, 4, 0, 2, 500)).unwrap();
+    let export = a.export_partition(4).unwrap();
+    let b = ProducerStateStore::open_with(dir(), opts(&fb)).unwrap();
+    let mut m = Model::default();
+    append(&b, &mut m, &[batch(2, 0, 0, 1, 10), batch(2, 0, 1, 1, 20)]);
+    m.next_pos = b.next_position();
+    b.import_partition(&export).unwrap();
+    m.import(
+        export
+            .iter()
+            .map(|i| {
+                let e = common::model::ModelEntry {
+                    epoch: i.epoch(),
+                    last: i.last_sequence(),
+                    retained: Some(
+                        i.retained_batches()
+                            .map(|b| (b.first_sequence, b.last_sequence, b.metadata))
+                            .collect(),
+                    ),
+                    act: i.last_activity,
+                };
+                ((i.producer_id.clone(), i.partition), e)
+            })
+            .collect(),
+    );
+    assert!(matches(&b, &m), "{}", diff(&b, &m));
+    assert_eq!(b.end_offset(), 501);
+    // At the end: nothing to undo.
+    b.truncate_to(501).unwrap();
+    assert!(b.get(1u64, 4).is_some());
+    // Reaching its offset (500) undoes the import whole; the appends
+    // below stay.
+    m.truncate(300).unwrap();
+    b.truncate_to(300).unwrap();
+    assert!(matches(&b, &m), "{}", diff(&b, &m));
+    assert!(b.get(1u64, 4).is_none(), "the import is undone");
+    assert_eq!(b.get(2u64, 0).unwrap().last_sequence(), 1);
+    m.truncate(15).unwrap();
+    b.truncate_to(15).unwrap();
+    assert!(matches(&b, &m), "{}", diff(&b, &m));
+    assert_eq!(b.get(2u64, 0).unwrap().last_sequence(), 0);
+}

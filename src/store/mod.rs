@@ -57,6 +57,7 @@
 mod commit;
 mod keys;
 mod lifecycle;
+mod moves;
 mod options;
 mod order;
 mod rewind;
