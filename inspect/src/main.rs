@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use producer_state::fs::{ReadOnlyFs, StdFs};
 use producer_state::inspect::{
-    self, Contents, DirectoryReport, DryRun, Effect, FileKind, FileReport, LogOp, Problem, Role,
-    SegmentEnd, Verdict,
+    self, Contents, DirectoryReport, DryRun, Effect, FileKind, FileReport, GroupKind, LogOp,
+    Problem, RemoveReason, Role, SegmentEnd, Verdict,
 };
 use producer_state::kafka::{self, KafkaProducerEntry};
 use producer_state::{AppendRequest, Error, ProducerEntry, ProducerId, RecoveryReport, Repair};
@@ -113,6 +113,9 @@ struct EntryView {
     partition: Option<i32>,
     epoch: i16,
     last_sequence: i32,
+    /// This crate's files: the key's last activity (milliseconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_activity: Option<i64>,
     retained_batches: Vec<BatchView>,
     /// Kafka only.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -134,13 +137,25 @@ struct KafkaFields {
 struct RecordView {
     position: u64,
     byte_offset: u64,
-    producer_id: String,
-    partition: i32,
-    epoch: i16,
-    first_sequence: i32,
-    last_sequence: i32,
+    /// What the record does: `append`, `clock`, `accepted-unknown`,
+    /// `expired`, `evicted`, `partition-removed`, `truncated` (a key
+    /// removed), `group` (an atomic group), `key-state` (a key set).
+    op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    producer_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partition: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epoch: Option<i16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_sequence: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_sequence: Option<i32>,
     offset: Option<i64>,
     timestamp: Option<i64>,
+    /// Groups: what the group does; clock records: the time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -442,6 +457,7 @@ fn entry_of(id: &ProducerId, partition: Option<i32>, e: &ProducerEntry) -> Entry
         partition,
         epoch: e.epoch(),
         last_sequence: e.last_sequence(),
+        last_activity: None,
         retained_batches: e.retained_batches().map(|b| batch_view(&b)).collect(),
         kafka: None,
         key,
@@ -453,9 +469,13 @@ fn entries_of(state: &inspect::RecoveredState, f: &Filter, list: bool) -> Vec<En
         return Vec::new();
     }
     let mut v: Vec<EntryView> = state
-        .iter()
-        .filter(|(id, p, _)| f.keeps(id, Some(*p)))
-        .map(|(id, p, e)| entry_of(&id, Some(p), &e))
+        .infos()
+        .filter(|i| f.keeps(&i.producer_id, Some(i.partition)))
+        .map(|i| {
+            let mut v = entry_of(&i.producer_id, Some(i.partition), &i.entry);
+            v.last_activity = Some(i.last_activity);
+            v
+        })
         .collect();
     v.sort_by(|a, b| a.key.cmp(&b.key));
     v
@@ -531,13 +551,98 @@ fn request_record(position: u64, at: u64, r: &AppendRequest) -> RecordView {
     RecordView {
         position,
         byte_offset: at,
-        producer_id: id_view(&r.producer_id).0,
-        partition: r.partition,
-        epoch: r.epoch,
-        first_sequence: r.first_sequence(),
-        last_sequence: r.last_sequence(),
+        op: "append",
+        producer_id: Some(id_view(&r.producer_id).0),
+        partition: Some(r.partition),
+        epoch: Some(r.epoch),
+        first_sequence: Some(r.first_sequence()),
+        last_sequence: Some(r.last_sequence()),
         offset: r.metadata().map(|m| m.offset),
         timestamp: r.metadata().map(|m| m.timestamp),
+        detail: None,
+    }
+}
+
+/// A record that concerns no one key.
+fn store_record(position: u64, at: u64, op: &'static str, detail: String) -> RecordView {
+    RecordView {
+        position,
+        byte_offset: at,
+        op,
+        producer_id: None,
+        partition: None,
+        epoch: None,
+        first_sequence: None,
+        last_sequence: None,
+        offset: None,
+        timestamp: None,
+        detail: Some(detail),
+    }
+}
+
+/// The records of one log operation that `f` keeps: one per key it
+/// concerns (removals, key states), or one for the record.
+fn op_records(position: u64, at: u64, op: &LogOp, f: &Filter, out: &mut Vec<RecordView>) {
+    let unfiltered = f.producer.is_none() && f.partition.is_none();
+    match op {
+        LogOp::Append(r) if f.keeps(&r.producer_id, Some(r.partition)) => {
+            out.push(request_record(position, at, r));
+        }
+        LogOp::Clock(ms) if unfiltered => {
+            let t = utc(*ms).unwrap_or_else(|| ms.to_string());
+            out.push(store_record(position, at, "clock", format!("{ms} ({t})")));
+        }
+        LogOp::AcceptedUnknown if unfiltered => {
+            let d = "the next append was accepted for a producer without state".to_string();
+            out.push(store_record(position, at, "accepted-unknown", d));
+        }
+        LogOp::Group { kind, members, arg } if unfiltered => {
+            let what = match kind {
+                GroupKind::Truncate => format!("truncate to offset {arg}"),
+                GroupKind::RemovePartition => format!("remove partition {arg}"),
+                GroupKind::Import => format!("import (highest offset {arg})"),
+                _ => format!("{kind} {arg}"),
+            };
+            let d = format!("{what}: the next {members} record(s), all or none");
+            out.push(store_record(position, at, "group", d));
+        }
+        LogOp::Remove { reason, keys } => {
+            let op = match reason {
+                RemoveReason::Expired => "expired",
+                RemoveReason::Evicted => "evicted",
+                RemoveReason::PartitionRemoved => "partition-removed",
+                _ => "truncated",
+            };
+            for (id, p) in keys.iter().filter(|(id, p)| f.keeps(id, Some(*p))) {
+                let mut v = store_record(position, at, op, String::new());
+                v.producer_id = Some(id_view(id).0);
+                v.partition = Some(*p);
+                v.detail = None;
+                out.push(v);
+            }
+        }
+        LogOp::Set { entries } => {
+            for i in entries
+                .iter()
+                .filter(|i| f.keeps(&i.producer_id, Some(i.partition)))
+            {
+                let newest = i.newest_batch();
+                out.push(RecordView {
+                    position,
+                    byte_offset: at,
+                    op: "key-state",
+                    producer_id: Some(id_view(&i.producer_id).0),
+                    partition: Some(i.partition),
+                    epoch: Some(i.epoch()),
+                    first_sequence: newest.map(|b| b.first_sequence),
+                    last_sequence: Some(i.last_sequence()),
+                    offset: newest.and_then(|b| b.metadata).map(|m| m.offset),
+                    timestamp: Some(i.last_activity),
+                    detail: Some(format!("{} retained batch(es)", i.retained_batches().len())),
+                });
+            }
+        }
+        _ => {}
     }
 }
 
@@ -555,11 +660,8 @@ fn inspect_segment(
         &ReadOnlyFs(StdFs),
         path,
         |pos, at, op| {
-            if let LogOp::Append(r) = op
-                && list
-                && f.keeps(&r.producer_id, Some(r.partition))
-            {
-                records.push(request_record(pos, at, r));
+            if list {
+                op_records(pos, at, op, f, &mut records);
             }
         },
         &mut |b| p.tick(b),
@@ -610,6 +712,7 @@ fn kafka_entry(k: &KafkaProducerEntry, partition: Option<i32>) -> EntryView {
         partition,
         epoch: k.epoch,
         last_sequence: k.last_sequence,
+        last_activity: None,
         retained_batches: first.map(|b| batch_view(&b)).into_iter().collect(),
         kafka: Some(KafkaFields {
             last_offset: k.last_offset,
@@ -1001,8 +1104,14 @@ fn print_human(w: &mut dyn Write, out: &Output) -> io::Result<()> {
                     e.partition.map_or("-".into(), |p| p.to_string()),
                     e.epoch.to_string(),
                     e.last_sequence.to_string(),
-                    batches_text(&e.retained_batches),
                 ];
+                if !kafka {
+                    row.push(
+                        e.last_activity
+                            .map_or("-".into(), |t| utc(t).unwrap_or_else(|| t.to_string())),
+                    );
+                }
+                row.push(batches_text(&e.retained_batches));
                 if let Some(k) = &e.kafka {
                     row.push(k.coordinator_epoch.to_string());
                     row.push(k.current_txn_first_offset.to_string());
@@ -1011,6 +1120,9 @@ fn print_human(w: &mut dyn Write, out: &Output) -> io::Result<()> {
             })
             .collect();
         let mut header = vec!["PRODUCER", "PARTITION", "EPOCH", "LAST SEQ"];
+        if !kafka {
+            header.push("LAST ACTIVITY");
+        }
         if kafka {
             header.extend([
                 "LAST BATCH (first..last @offset time)",
@@ -1028,16 +1140,24 @@ fn print_human(w: &mut dyn Write, out: &Output) -> io::Result<()> {
             .records
             .iter()
             .map(|r| {
+                let dash = || "-".to_string();
+                let sequences = match (r.first_sequence, r.last_sequence) {
+                    (Some(a), Some(b)) => format!("{a}..{b}"),
+                    (None, Some(b)) => format!("..{b}"),
+                    _ => dash(),
+                };
                 vec![
                     r.position.to_string(),
                     r.byte_offset.to_string(),
-                    r.producer_id.clone(),
-                    r.partition.to_string(),
-                    r.epoch.to_string(),
-                    format!("{}..{}", r.first_sequence, r.last_sequence),
-                    r.offset.map_or("-".into(), |o| o.to_string()),
+                    r.op.to_string(),
+                    r.producer_id.clone().unwrap_or_else(dash),
+                    r.partition.map_or_else(dash, |p| p.to_string()),
+                    r.epoch.map_or_else(dash, |e| e.to_string()),
+                    sequences,
+                    r.offset.map_or_else(dash, |o| o.to_string()),
                     r.timestamp
-                        .map_or("-".into(), |t| utc(t).unwrap_or_else(|| t.to_string())),
+                        .map_or_else(dash, |t| utc(t).unwrap_or_else(|| t.to_string())),
+                    r.detail.clone().unwrap_or_default(),
                 ]
             })
             .collect();
@@ -1046,12 +1166,14 @@ fn print_human(w: &mut dyn Write, out: &Output) -> io::Result<()> {
             &[
                 "POSITION",
                 "BYTE",
+                "OP",
                 "PRODUCER",
                 "PARTITION",
                 "EPOCH",
                 "SEQUENCES",
                 "OFFSET",
                 "TIME",
+                "DETAIL",
             ],
             &rows,
         )?;

@@ -689,3 +689,52 @@ fn a_snapshot_is_shown_with_the_version_its_header_states() {
     let (code, v) = json(&[v1]);
     assert_eq!((code, v["version"].as_u64()), (0, Some(1)), "{v}");
 }
+
+#[test]
+fn a_segment_shows_its_lifecycle_records() {
+    // The committed version-5 store holds every kind of lifecycle record.
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/golden/store-v5");
+    let ops = |name: &str| -> Vec<String> {
+        let (code, v) = json(&[&format!("{golden}/{name}")]);
+        assert_eq!(code, 0, "{v}");
+        v["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["op"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let mid = ops("00000000000000000038.wal");
+    assert!(
+        mid.iter().any(|o| o == "clock") && mid.iter().any(|o| o == "expired"),
+        "{mid:?}"
+    );
+    let last = ops("00000000000000000063.wal");
+    for op in [
+        "evicted",
+        "accepted-unknown",
+        "group",
+        "partition-removed",
+        "key-state",
+        "truncated",
+        "append",
+    ] {
+        assert!(last.iter().any(|o| o == op), "{op} not in {last:?}");
+    }
+    // Filtered by producer: only that key's records, none of the store's.
+    let (code, v) = json(&[
+        &format!("{golden}/00000000000000000063.wal"),
+        "--producer",
+        "77",
+    ]);
+    assert_eq!(code, 0);
+    let recs = v["records"].as_array().unwrap();
+    assert_eq!(recs.len(), 2, "{v}");
+    assert!(recs.iter().all(|r| r["producer_id"] == "77"));
+    assert_eq!(recs[1]["op"], "truncated");
+    // The table shows the operation and what a group does.
+    let (code, out, _) = run(&[&format!("{golden}/00000000000000000063.wal")]);
+    assert_eq!(code, 0);
+    assert!(out.contains("truncate to offset 68"), "{out}");
+    assert!(out.contains("OP"), "{out}");
+}

@@ -32,6 +32,7 @@ use crate::fs::FileSystem;
 #[cfg(doc)]
 use crate::fs::ReadOnlyFs;
 use crate::id::ProducerId;
+use crate::info::ProducerInfo;
 use crate::kafka::{self, KafkaProducerEntry};
 use crate::recovery::{self, RecoveryMode, RecoveryReport};
 use crate::shards::{SHARDS, Shards};
@@ -386,6 +387,13 @@ impl RecoveredState {
     /// Every key and its entry, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
         (0..SHARDS).flat_map(move |i| self.0.shard(i).iter())
+    }
+
+    /// Every key with its entry and last activity (snapshot version 3;
+    /// older snapshots kept none: a key's newest batch timestamp, or 0),
+    /// in no particular order.
+    pub fn infos(&self) -> impl Iterator<Item = ProducerInfo> + '_ {
+        (0..SHARDS).flat_map(move |i| self.0.infos(i))
     }
 }
 
