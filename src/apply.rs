@@ -43,8 +43,9 @@ pub(crate) enum KeyOp {
     Append(AppendRequest, Apply<Activity>),
     /// The key is removed (nothing if it has no state).
     Remove(ProducerId, i32),
-    /// The key is set to this state.
-    Set(ProducerInfo),
+    /// The key is set to this state (boxed: rare, and a record's size is
+    /// what a replay batch moves).
+    Set(Box<ProducerInfo>),
 }
 
 impl KeyOp {
@@ -530,7 +531,7 @@ mod tests {
             at: 0,
             nth: 0,
             hash: hash_key(&set.producer_id, 0),
-            op: KeyOp::Set(set.clone()),
+            op: KeyOp::Set(Box::new(set.clone())),
         });
         let mut sink = Sequential::dropping(&mut one);
         run(&mut sink, recs).unwrap();

@@ -14,7 +14,9 @@
 //! cleared and becomes the current. So the filter remembers the last
 //! `CAPACITY` to `2 x CAPACITY` removals, in 2 MiB at most (nothing until
 //! the first removal), and a lookup's false positive rate stays below
-//! about 0.3% (0.14% per full generation: 5 hashes, 16 bits per key).
+//! about 0.5% (16 bits per key, 5 of them set, all in one 512-bit block
+//! so that an insert or a lookup costs one cache miss; the block costs a
+//! little accuracy against bits spread over the whole generation).
 //!
 //! Deterministic: its bits depend only on the keys removed and their order,
 //! which the log holds, and a snapshot stores them; the hash of a key is
@@ -79,12 +81,21 @@ impl std::fmt::Debug for RemovedFilter {
     }
 }
 
-/// The bit positions of a key with hash `hash` (double hashing).
+/// Bits of one block: a key's bits all lie in one block of 512 bits (one
+/// cache line), so an insert or a lookup costs one cache miss, not one per
+/// bit (a blocked Bloom filter).
+const BLOCK_LOG2: u32 = 9;
+
+/// The bit positions of a key with hash `hash`: a block chosen by its top
+/// bits, and bits in it from a second mix of the hash.
 #[inline]
 fn positions(hash: u64) -> impl Iterator<Item = usize> {
-    let h1 = hash;
-    let h2 = hash.rotate_left(32).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..HASHES).map(move |i| (h1.wrapping_add(i.wrapping_mul(h2)) >> (64 - BITS_LOG2)) as usize)
+    let block = ((hash >> (64 - (BITS_LOG2 - BLOCK_LOG2))) as usize) << BLOCK_LOG2;
+    let mut h = hash.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (0..HASHES).map(move |_| {
+        h = h.rotate_left(BLOCK_LOG2);
+        block + (h as usize & ((1 << BLOCK_LOG2) - 1))
+    })
 }
 
 impl RemovedFilter {
@@ -263,7 +274,7 @@ mod tests {
         let fp = (10 * n..10 * n + 100_000)
             .filter(|&k| f.contains(h(k)))
             .count();
-        assert!(fp < 400, "{fp} false positives of 100,000 when full");
+        assert!(fp < 500, "{fp} false positives of 100,000 when full");
     }
 
     #[test]

@@ -47,6 +47,15 @@
 //!   any other damage with [`Error::Corrupt`] naming the file and byte
 //!   offset (unless opened with [`RecoveryMode::Salvage`]).
 //!
+//! The store also runs each key's life (`docs/lifecycle.md`): keys idle
+//! for [`StoreOptions::producer_expiration`] expire, a table bounded by
+//! [`StoreOptions::max_producers`] evicts its least recently active keys
+//! (or refuses new ones), [`ProducerStateStore::truncate_to`] rolls the
+//! state back to a log offset, and partitions are removed, exported and
+//! imported. Every such decision is a record in the log: recovery never
+//! reads a clock or picks a victim, so a directory reopened at any later
+//! time holds exactly the state the live store had.
+//!
 //! Every byte on disk is described in `docs/format.md`. All IO goes through
 //! the [`fs::FileSystem`] seam; [`fs::SimFs`] simulates crashes for tests.
 //! [`inspect`] reads store files without writing or locking (the
@@ -106,13 +115,15 @@
 //!
 //! | situation | Kafka's broker | this crate |
 //! |---|---|---|
-//! | unknown producer, first sequence != 0 | accepted (KIP-360: state may have expired) | `OUT_OF_ORDER` (rule 1) |
+//! | unknown producer, first sequence != 0 | accepted (KIP-360: state may have expired) | `OUT_OF_ORDER` (rule 1) by default; accepted under [`UnknownProducer::AcceptAny`]. [`ProducerStateStore::was_removed`] tells an expired or evicted producer from one never seen |
 //! | single-sequence retry older than the 5-batch window | `OUT_OF_ORDER_SEQUENCE` | `DUPLICATE` without metadata (rule 4) |
 //! | multi-record retry older than the window, or a partial overlap | `OUT_OF_ORDER_SEQUENCE` | `OUT_OF_ORDER` (`OverlapsAccepted`) |
 //! | batch whose sequences wrap inside it (first `MAX-10`, last `9`) | accepted | `OUT_OF_ORDER` (`LastBeforeFirst`); the wrap happens between batches |
 //! | lower epoch | `INVALID_PRODUCER_EPOCH` | `FENCED_EPOCH` |
 //! | retry window after a restart | shrinks to 1 batch (snapshot v1 keeps only the last) | all retained batches survive |
-//! | transactions, markers, coordinator epochs, expiration | supported | not modelled |
+//! | producer expiration | decided again from the wall clock whenever a snapshot is loaded (replicas and restarts can disagree) | logged: the removals and every key's last activity are records, replay reads no clock |
+//! | bounded number of producers | none (KIP-936 proposed) | [`StoreOptions::max_producers`]: least recently active evicted (logged, deterministic) or new keys refused |
+//! | transactions, markers, coordinator epochs | supported | not modelled |
 //!
 //! The duplicate check runs at rule 4 against the same epoch only, like
 //! Kafka's (`findDuplicateBatch` compares the epoch and exact first and last

@@ -14,8 +14,10 @@
 //! A slot may carry a small per-key extra (`X`): nothing for the in-memory
 //! engine (its slot stays 24 bytes), the key's last activity for the
 //! durable store (8 bytes, a 32-byte slot: about 17 bytes more per key at
-//! 1M keys). Windows freed by removed keys are reused, so a table whose
-//! keys come and go (expiration, eviction) keeps a bounded arena.
+//! 1M keys). Windows freed by removed keys are reused, and a table whose
+//! removed keys' tombstones use up its room is rebuilt at its size rather
+//! than grown, so a table whose keys come and go (expiration, eviction)
+//! keeps the memory of the keys it holds.
 //!
 //! The hash is fixed (no random seed): the layout and the benchmarks are
 //! reproducible, and producer ids are handed out by the broker, not chosen
@@ -329,6 +331,7 @@ fn append_in<S, X: Extra>(
         if outcome.is_accepted() {
             let entry = ProducerEntry::start(epoch, first, last, meta);
             let st = State::from_entry(&entry, arena);
+            keep_room(table, &rehash);
             table.insert_unique(hash, new_slot(st, how.x), rehash);
         }
         outcome
@@ -600,6 +603,9 @@ impl<X: Extra> StateMap<X> {
         match id.as_numeric() {
             Some(pid) => {
                 let key = split_pid(pid);
+                keep_room(&mut self.numeric, |s| {
+                    hash_numeric(join_pid(s.pid), s.partition)
+                });
                 match self.numeric.entry(
                     hash,
                     |s| s.pid == key && s.partition == partition,
@@ -617,22 +623,25 @@ impl<X: Extra> StateMap<X> {
                     }
                 }
             }
-            None => match self.named.entry(
-                hash,
-                |s| s.partition == partition && same_name(&s.id, id),
-                |s| hash_key(&s.id, s.partition),
-            ) {
-                hashbrown::hash_table::Entry::Occupied(_) => false,
-                hashbrown::hash_table::Entry::Vacant(v) => {
-                    v.insert(NamedSlot {
-                        id: id.clone(),
-                        partition,
-                        st: State::from_entry(entry, arena),
-                        x,
-                    });
-                    true
+            None => {
+                keep_room(&mut self.named, |s| hash_key(&s.id, s.partition));
+                match self.named.entry(
+                    hash,
+                    |s| s.partition == partition && same_name(&s.id, id),
+                    |s| hash_key(&s.id, s.partition),
+                ) {
+                    hashbrown::hash_table::Entry::Occupied(_) => false,
+                    hashbrown::hash_table::Entry::Vacant(v) => {
+                        v.insert(NamedSlot {
+                            id: id.clone(),
+                            partition,
+                            st: State::from_entry(entry, arena),
+                            x,
+                        });
+                        true
+                    }
                 }
-            },
+            }
         }
     }
 
@@ -664,6 +673,13 @@ impl<X: Extra> StateMap<X> {
 
     /// Every key with its extra, without building entries: what eviction
     /// order and listings filter on before they look closer.
+    /// Every key's extra (for the store, its last activity), in no
+    /// particular order.
+    pub(crate) fn extras(&self) -> impl Iterator<Item = X> + '_ {
+        let numeric = self.numeric.iter().map(|s| s.x);
+        numeric.chain(self.named.iter().map(|s| s.x))
+    }
+
     pub(crate) fn keys(&self) -> impl Iterator<Item = (ProducerId, i32, X)> + '_ {
         let numeric = self
             .numeric
@@ -695,9 +711,38 @@ fn upsert<S, X: Extra>(
         false
     } else {
         let st = State::from_entry(entry, arena);
+        keep_room(table, &rehash);
         table.insert_unique(hash, new_slot(st, x), rehash);
         true
     }
+}
+
+/// Before inserting a new key: when the table has no room left, rebuilds
+/// it sized for its live keys instead of letting it grow. A table whose
+/// keys come and go (expiration, eviction) collects tombstones, which use
+/// up its room while the live keys stay as many; hashbrown then grows it
+/// to twice the buckets as soon as the live keys fill more than half of
+/// its capacity, so a store churning at a cap of 1M keys would end with
+/// the table of 2M. Rebuilt, it keeps its size (and a table of fewer live
+/// keys shrinks); when the live keys do fill it, the new table is the one
+/// hashbrown would have grown to. A rebuild moves each key once and comes
+/// after as many inserts as the table had room for, so it costs less than
+/// one move per insert.
+#[inline(always)]
+fn keep_room<S>(table: &mut HashTable<S>, rehash: impl Fn(&S) -> u64) {
+    if table.len() == table.capacity() {
+        rebuild(table, rehash);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn rebuild<S>(table: &mut HashTable<S>, rehash: impl Fn(&S) -> u64) {
+    let mut fresh = HashTable::with_capacity(table.len() + 1);
+    for s in table.drain() {
+        fresh.insert_unique(rehash(&s), s, &rehash);
+    }
+    *table = fresh;
 }
 
 #[cfg(test)]
@@ -712,6 +757,42 @@ mod tests {
         assert_eq!(std::mem::size_of::<NumSlot<Activity>>(), 32);
         assert_eq!(std::mem::align_of::<NumSlot<Activity>>(), 4);
         assert_eq!(std::mem::size_of::<State>(), 12);
+    }
+
+    #[test]
+    fn a_table_whose_keys_come_and_go_keeps_its_size() {
+        // 3,900 live keys (just over half of the 8,192-bucket table's
+        // capacity, as a shard of a store capped at 1M keys), replaced one
+        // by one 100,000 times: the erased keys' tombstones use up the
+        // table's room; hashbrown alone would double it, the rebuild keeps
+        // it (and the keys).
+        let mut m: StateMap<Activity> = StateMap::default();
+        let e = ProducerEntry::start(0, 0, 0, None);
+        let id = |k: u64| ProducerId::from(k);
+        let put = |m: &mut StateMap<Activity>, k: u64| {
+            let h = hash_key(&id(k), 0);
+            assert!(m.insert_hashed(h, &id(k), 0, &e, Activity::new(k as i64)));
+        };
+        for k in 0..3_900 {
+            put(&mut m, k);
+        }
+        let size = m.numeric.allocation_size();
+        for k in 3_900..103_900u64 {
+            let old = k - 3_900;
+            assert!(m.remove_hashed(hash_key(&id(old), 0), &id(old), 0));
+            put(&mut m, k);
+            assert!(m.numeric.allocation_size() <= size, "grew at {k}");
+        }
+        assert_eq!(m.len(), 3_900);
+        for k in 100_000..103_900u64 {
+            assert_eq!(m.get(&id(k), 0), Some(e));
+        }
+        // Live keys that do fill it still grow it.
+        for k in 200_000..210_000 {
+            put(&mut m, k);
+        }
+        assert!(m.numeric.allocation_size() > size);
+        assert_eq!(m.len(), 13_900);
     }
 
     #[test]

@@ -147,7 +147,7 @@ impl Replayer {
                     return Ok(());
                 }
                 for e in entries {
-                    push(rec(KeyOp::Set(e.clone())))?;
+                    push(rec(KeyOp::Set(Box::new(e.clone()))))?;
                 }
                 self.end_of_member();
             }

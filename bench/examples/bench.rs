@@ -5,7 +5,7 @@
 //! `docs/throughput.svg` from the numbers it measured. `--quick` shortens
 //! every measurement (for a smoke run); `--dir PATH` puts the files on
 //! another disk (default: a temporary directory); `--only SECTION` runs one
-//! of `never`, `snapshot`, `recovery`; `--replot` redraws the SVG from the
+//! of `never`, `snapshot`, `recovery`, `lifecycle`; `--replot` redraws the SVG from the
 //! last full run's JSON report.
 //!
 //! Timed runs are repeated (three rounds, interleaved where several
@@ -30,7 +30,13 @@
 //!   reading the same bytes (from the page cache and, with `O_DIRECT`,
 //!   from the device);
 //! - a bare group commit (no store: threads, a buffer, a flusher, futex
-//!   wake-ups) at the same thread counts: the machine's floor for latency.
+//!   wake-ups) at the same thread counts: the machine's floor for latency;
+//! - the producer lifecycle (`--only lifecycle`; see `bench/lifecycle.rs`):
+//!   10M distinct producer ids through a store capped at 1M keys (memory
+//!   against the 1M-key store, throughput against an uncapped store), the
+//!   longest append pause during a sweep that expires 1M keys, and
+//!   `truncate_to` on a 1M-key store with a 10M-record log against its
+//!   recovery.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -45,6 +51,9 @@ use producer_state::{
     StoreOptions,
 };
 use serde_json::{Value, json};
+
+#[path = "bench/lifecycle.rs"]
+mod lifecycle;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -114,9 +123,21 @@ fn next(t: usize, i: u64) -> (u64, i32, i32) {
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    if arg("--child").as_deref() == Some("churn") {
+        // One measurement of the lifecycle rows, in a process of its own.
+        let dir = PathBuf::from(arg("--dir").ok_or("--dir")?);
+        let keys = arg("--keys").ok_or("--keys")?.parse()?;
+        let cap = arg("--cap").map(|c| c.parse()).transpose()?;
+        return lifecycle::churn_child(&dir, keys, cap);
+    }
     let quick = args.iter().any(|a| a == "--quick");
-    // `--only snapshot|recovery|never|threads`: run one section (the files
-    // in docs/ are only written by a full run).
+    // `--only snapshot|recovery|never|threads|lifecycle|expiration`: run one
+    // section (the files in docs/ are only written by a full run).
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -185,6 +206,20 @@ fn main() -> Result<()> {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&recovery(&cfg, 1_000_000, 10_000_000)?)?
+            );
+        }
+        if only.as_deref() == Some("expiration") {
+            // The expiration sweeps alone (part of the lifecycle rows).
+            let keys = if quick { 100_000 } else { 1_000_000 };
+            for policy in [FsyncPolicy::Never, FsyncPolicy::Always] {
+                let row = lifecycle::expiration_pause(&cfg.dir, keys, policy)?;
+                println!("{}", serde_json::to_string_pretty(&row)?);
+            }
+        }
+        if run("lifecycle") {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&lifecycle_rows(&cfg, quick)?)?
             );
         }
         return Ok(());
@@ -329,6 +364,17 @@ fn main() -> Result<()> {
         println!("| {k} | {v} |");
     }
 
+    // 8. The producer lifecycle.
+    println!("\n## The producer lifecycle\n");
+    let life = lifecycle_rows(&cfg, quick)?;
+    println!("| measure | value |");
+    println!("|---|---:|");
+    for (section, rows) in life.as_object().into_iter().flatten() {
+        for (k, v) in rows.as_object().into_iter().flatten() {
+            println!("| {section}: {k} | {v} |");
+        }
+    }
+
     let report = json!({
         "quick": quick,
         "disk": limit.iter().map(|(n, s)| json!({"records_per_fsync": n, "stat": s.json()})).collect::<Vec<_>>(),
@@ -350,6 +396,7 @@ fn main() -> Result<()> {
         "never_vs_engine": never_rows,
         "snapshot": snap,
         "recovery": rec,
+        "lifecycle": life,
     });
     if !quick {
         std::fs::write(
@@ -879,6 +926,25 @@ fn never_vs_engine(cfg: &Cfg, keys: u64, ops: usize) -> Result<Never> {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The lifecycle rows (see `bench/lifecycle.rs`).
+fn lifecycle_rows(cfg: &Cfg, quick: bool) -> Result<Value> {
+    let (keys, records) = if quick {
+        (100_000, 1_000_000)
+    } else {
+        (1_000_000, 10_000_000)
+    };
+    let churn = lifecycle::churn(&cfg.dir, quick)?;
+    let sweep_never = lifecycle::expiration_pause(&cfg.dir, keys, FsyncPolicy::Never)?;
+    let sweep_always = lifecycle::expiration_pause(&cfg.dir, keys, FsyncPolicy::Always)?;
+    let truncation = lifecycle::truncation(&cfg.dir, keys, records)?;
+    Ok(json!({
+        "churn": churn,
+        "expiration_sweep_never": sweep_never,
+        "expiration_sweep_always": sweep_always,
+        "truncation": truncation,
+    }))
 }
 
 /// Builds a store with `keys` keys through buffered bulk appends.

@@ -399,6 +399,17 @@ impl<S: Host> GroupCommit<S> {
         self.state_waiters.load(Ordering::Relaxed) > 0
     }
 
+    /// For work that takes the state lock once per shard (a snapshot, an
+    /// expiration sweep), between two shards with the lock released: lets
+    /// the threads that queued for the lock meanwhile take it first
+    /// (bounded to 1 ms, should one never get there).
+    pub(super) fn let_waiters_in(&self) {
+        let waited = std::time::Instant::now();
+        while self.has_waiters() && waited.elapsed() < std::time::Duration::from_millis(1) {
+            std::thread::yield_now();
+        }
+    }
+
     /// The log writer (for retention, which detaches old segments).
     pub(super) fn writer(&self) -> MutexGuard<'_, LogWriter> {
         lock(&self.writer)

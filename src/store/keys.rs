@@ -326,7 +326,7 @@ impl Keys {
     ) -> bool {
         let new = self.shards.install(hash, id, partition, entry, act);
         if let Some(o) = &mut self.order {
-            o.note(shard_of(hash), act, id, partition);
+            o.note(shard_of(hash), act, id, partition, new);
         }
         new
     }
@@ -342,6 +342,12 @@ impl Keys {
     ) -> bool {
         if matches!(reason, RemoveReason::Expired | RemoveReason::Evicted) {
             self.meta.filter.insert(hash);
+        }
+        // An eviction's victim left its list when it was chosen.
+        if reason != RemoveReason::Evicted
+            && let Some(o) = &mut self.order
+        {
+            o.removed(shard_of(hash));
         }
         self.shards.remove(hash, id, partition)
     }
@@ -359,7 +365,13 @@ impl Keys {
         if o.is_accepted()
             && let Some(order) = &mut self.order
         {
-            order.note(shard_of(hash), how.x.ms(), &r.producer_id, r.partition);
+            order.note(
+                shard_of(hash),
+                how.x.ms(),
+                &r.producer_id,
+                r.partition,
+                created,
+            );
         }
         (o, created)
     }
@@ -693,10 +705,19 @@ impl State {
                     pos,
                 });
             } else {
-                for (hash, id, p) in &chunk {
-                    self.keys.save_pre_image(*hash, id, *p, pos);
-                    if self.keys.remove(*hash, id, *p, reason) {
-                        self.spec_len -= 1;
+                for part in chunk.chunks(32) {
+                    // Look the keys up first: their cache misses overlap
+                    // (see `shards::warm`).
+                    let found = part
+                        .iter()
+                        .filter(|(h, id, p)| self.keys.shards.contains(*h, id, *p))
+                        .count();
+                    std::hint::black_box(found);
+                    for (hash, id, p) in part {
+                        self.keys.save_pre_image(*hash, id, *p, pos);
+                        if self.keys.remove(*hash, id, *p, reason) {
+                            self.spec_len -= 1;
+                        }
                     }
                 }
             }

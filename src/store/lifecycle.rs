@@ -42,7 +42,10 @@ impl Shared {
     /// each under the lock alone, the keys whose last activity is at least
     /// `expiration` old and that have no records in flight are removed
     /// (one logged removal per shard, more for a shard of over 64 KiB of
-    /// keys). Returns how many; under `Always` once they are durable.
+    /// keys), and between two shards the appenders that queued for the
+    /// lock take it first (under `Always`, once the shard before is
+    /// durable). Returns how many; under `Always` once they are
+    /// durable.
     pub(super) fn expire(&self, expiration: Duration) -> Result<usize> {
         let now = self.opts.clock.now_ms();
         let exp = i64::try_from(expiration.as_millis()).unwrap_or(i64::MAX);
@@ -51,7 +54,16 @@ impl Shared {
         let mut total = 0;
         let mut last = None;
         for s in 0..SHARDS {
-            let mut st = self.lock_state();
+            if s > 0 {
+                self.log.let_waiters_in();
+            }
+            if let Some((group, pos)) = last.take() {
+                // Under `Always`, one shard's removals in the log at a
+                // time: a group commit never carries many shards of them,
+                // so an append that joins one waits about one fsync.
+                self.await_durable(group, pos)?;
+            }
+            let mut st = self.log.lock_state_quietly();
             if !self.is_always() {
                 st = self.room(st);
             }
@@ -152,7 +164,7 @@ impl ProducerStateStore {
     /// one it never saw, for a key that has no state (docs/lifecycle.md
     /// says what a broker should answer in each case). Never false for a
     /// key among the last 524,288 to 1,048,576 removals; true for a key
-    /// never removed with a probability under about 0.3%. Partition
+    /// never removed with a probability under about 0.5%. Partition
     /// removals and truncations are not counted: the key was not forgotten
     /// by this store's choice.
     pub fn was_removed(&self, producer_id: impl Into<ProducerId>, partition: i32) -> bool {

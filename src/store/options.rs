@@ -210,12 +210,11 @@ impl StoreOptions {
     /// zeros at any time); the zeros are written once per segment (disk
     /// bandwidth, not latency: off the append path with background work);
     /// the first open writes the first segment's zeros. Recovery reads the
-    /// zeros after the last record as the log's clean end (format version
-    /// 4, docs/format.md). With `false` segments grow by appends (version
-    /// 3) and each fsync of a group that extends the file also commits its
-    /// new length. Builds before version 4 refuse a preallocated segment
-    /// (`Error::UnsupportedVersion`) instead of misreading its zeros as a
-    /// torn tail.
+    /// zeros after the last record as the log's clean end (the header's
+    /// preallocated flag, format version 5, docs/format.md). With `false`
+    /// segments grow by appends and each fsync of a group that extends the
+    /// file also commits its new length. Builds before version 5 refuse a
+    /// version-5 segment either way (`Error::UnsupportedVersion`).
     pub fn preallocate(mut self, on: bool) -> Self {
         self.preallocate = on;
         self

@@ -14,23 +14,46 @@
 //! bound: every key of the shard at or below the bound is in the list. An
 //! eviction merges the shards' list heads. An entry whose key has since
 //! been touched (its activity changed) or removed is stale and passed
-//! over; a key whose new activity falls at or below its shard's bound
-//! (a batch with an old timestamp, a clock set back) makes the list
-//! unusable, and the next eviction rebuilds it. Under steady churn a
-//! shard's list lasts many evictions: at 1M keys a rebuild scans about
-//! 4,000 keys for 128 victims.
+//! over (a list is checked entry by entry only once a key of its shard
+//! was touched or removed otherwise than by eviction: under churn, where
+//! new keys come and the least active go, never); a key whose new
+//! activity falls at or below its shard's bound (a batch with an old
+//! timestamp, a clock set back) makes the list unusable, and the next
+//! eviction rebuilds it. Under steady churn a shard's list lasts many
+//! evictions: at 1M keys a rebuild scans about 4,000 keys' activities for
+//! 256 victims (it finds the 256th least activity first, then builds only
+//! the keys at or below it).
 //!
 //! Keys with records in flight are never victims: the caller excludes them.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::id::ProducerId;
 use crate::map::{Activity, hash_key};
 use crate::shards::{SHARDS, Shards};
 
 /// Keys a shard's list holds when it is built.
-const CANDIDATES: usize = 128;
+const CANDIDATES: usize = 256;
+
+/// Hashes a key's hash (already well mixed) to itself.
+#[derive(Default)]
+struct HashIsKey(u64);
+
+impl Hasher for HashIsKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
 
 /// A key in eviction order.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -56,6 +79,9 @@ struct ShardOrder {
     /// with `built`: every key of the shard is).
     bound: Option<Cand>,
     built: bool,
+    /// A key of the shard was touched or removed since the list was
+    /// built: an entry may be stale, check each against the state.
+    stale: bool,
 }
 
 impl ShardOrder {
@@ -63,19 +89,37 @@ impl ShardOrder {
     /// says (victims already taken, keys in flight: these come back
     /// through [`Order::note`] when their records apply).
     fn rebuild(&mut self, map: &crate::shards::Map, skip: impl Fn(&ProducerId, i32) -> bool) {
-        let mut all: Vec<Cand> = map
-            .keys()
-            .filter(|(id, partition, _)| !skip(id, *partition))
-            .map(|(id, partition, a): (ProducerId, i32, Activity)| Cand {
-                act: a.ms(),
-                id,
-                partition,
-            })
-            .collect();
-        if all.len() > CANDIDATES {
-            all.select_nth_unstable(CANDIDATES - 1);
-            all.truncate(CANDIDATES);
+        // First the activity at or below which the list's keys lie: the
+        // CANDIDATES-th least of all (the skipped keys too, so the list may
+        // come out shorter, which is fine), from the activities alone: no
+        // key is built or compared for the thousands that do not qualify.
+        let mut limit = i64::MAX;
+        if map.len() > CANDIDATES {
+            let mut acts: Vec<i64> = map.extras().map(Activity::ms).collect();
+            let (_, nth, _) = acts.select_nth_unstable(CANDIDATES - 1);
+            limit = *nth;
+        }
+        let collect = |limit: i64| -> Vec<Cand> {
+            map.keys()
+                .filter(|(id, partition, a)| a.ms() <= limit && !skip(id, *partition))
+                .map(|(id, partition, a): (ProducerId, i32, Activity)| Cand {
+                    act: a.ms(),
+                    id,
+                    partition,
+                })
+                .collect()
+        };
+        let mut all = collect(limit);
+        if all.is_empty() && limit < i64::MAX {
+            // Every key at or below it is skipped: list from all of them.
+            limit = i64::MAX;
+            all = collect(limit);
+        }
+        if limit < i64::MAX || all.len() > CANDIDATES {
+            // Every key of the shard at or before the last listed one is
+            // listed (or skipped).
             all.sort_unstable();
+            all.truncate(CANDIDATES);
             self.bound = all.last().cloned();
         } else {
             all.sort_unstable();
@@ -83,6 +127,7 @@ impl ShardOrder {
         }
         self.cands = all.into();
         self.built = true;
+        self.stale = false;
     }
 }
 
@@ -100,10 +145,17 @@ impl Default for Order {
 }
 
 impl Order {
-    /// A key of shard `shard` now has activity `act` (it was created,
-    /// appended to, or set).
+    /// A key of shard `shard` now has activity `act`: it was created
+    /// (`created`), or appended to or set.
     #[inline]
-    pub(crate) fn note(&mut self, shard: usize, act: i64, id: &ProducerId, partition: i32) {
+    pub(crate) fn note(
+        &mut self,
+        shard: usize,
+        act: i64,
+        id: &ProducerId,
+        partition: i32,
+        created: bool,
+    ) {
         let Some(o) = self.shards.get_mut(shard) else {
             return;
         };
@@ -117,6 +169,18 @@ impl Order {
         if inside {
             o.built = false;
             o.cands.clear();
+        } else if !created {
+            // It may be in the list with its old activity.
+            o.stale = true;
+        }
+    }
+
+    /// A key of shard `shard` was removed otherwise than by an eviction
+    /// this order chose: its entry, if it has one, is stale.
+    #[inline]
+    pub(crate) fn removed(&mut self, shard: usize) {
+        if let Some(o) = self.shards.get_mut(shard) {
+            o.stale = true;
         }
     }
 
@@ -129,11 +193,13 @@ impl Order {
         n: usize,
         excluded: impl Fn(u64, &ProducerId, i32) -> bool,
     ) -> Vec<(u64, ProducerId, i32)> {
-        let mut out = Vec::new();
+        let mut out: Vec<(u64, ProducerId, i32)> = Vec::new();
         if n == 0 {
             return out;
         }
-        let mut chosen: HashSet<(ProducerId, i32)> = HashSet::new();
+        // The victims taken, by hash (confirmed against `out` on a match).
+        let mut chosen: HashSet<u64, BuildHasherDefault<HashIsKey>> =
+            HashSet::with_capacity_and_hasher(n.min(1 << 16), BuildHasherDefault::default());
         let mut heap = BinaryHeap::new();
         for (i, o) in self.shards.iter_mut().enumerate() {
             if shards.shard(i).len() == 0 {
@@ -155,9 +221,9 @@ impl Order {
             };
             o.cands.pop_front();
             let hash = hash_key(&c.id, c.partition);
-            let current = shards.activity(hash, &c.id, c.partition) == Some(c.act);
+            let current = !o.stale || shards.activity(hash, &c.id, c.partition) == Some(c.act);
             if current && !excluded(hash, &c.id, c.partition) {
-                chosen.insert((c.id.clone(), c.partition));
+                chosen.insert(hash);
                 out.push((hash, c.id, c.partition));
             }
             if o.cands.is_empty() && o.bound.is_some() {
@@ -165,7 +231,12 @@ impl Order {
                 // removed after this call): passed over, like keys in
                 // flight.
                 o.rebuild(shards.shard(i), |id, p| {
-                    chosen.contains(&(id.clone(), p)) || excluded(hash_key(id, p), id, p)
+                    let h = hash_key(id, p);
+                    let taken = chosen.contains(&h)
+                        && out
+                            .iter()
+                            .any(|(oh, oid, op)| *oh == h && oid == id && *op == p);
+                    taken || excluded(h, id, p)
                 });
             }
             if let Some(f) = o.cands.front() {
@@ -249,7 +320,13 @@ mod tests {
             let id = ProducerId::numeric(k);
             let h = hash_key(&id, 0);
             s.install(h, &id, 0, &e, 100_000 + k as i64);
-            order.note(crate::shards::shard_of(h), 100_000 + k as i64, &id, 0);
+            order.note(
+                crate::shards::shard_of(h),
+                100_000 + k as i64,
+                &id,
+                0,
+                false,
+            );
         }
         let got = order.victims(&s, 5, |_, id, _| id.as_numeric() == Some(12));
         assert_eq!(ids(&got), vec![10, 11, 13, 14, 15]);
@@ -257,7 +334,7 @@ mod tests {
         let id = ProducerId::numeric(4_999);
         let h = hash_key(&id, 0);
         s.install(h, &id, 0, &e, -1);
-        order.note(crate::shards::shard_of(h), -1, &id, 0);
+        order.note(crate::shards::shard_of(h), -1, &id, 0, false);
         assert_eq!(ids(&order.victims(&s, 1, |_, _, _| false)), vec![4_999]);
         assert_eq!(expected(&s, 1, &[]), vec![4_999]);
     }

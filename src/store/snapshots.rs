@@ -14,7 +14,6 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use super::commit::{GroupCommit, lock};
 use super::keys::{Capture, State};
@@ -186,12 +185,7 @@ impl Snapshots {
                 }
                 c.done[i] = true;
             }
-            // Let appenders that queued for the lock meanwhile take it
-            // before the next shard (bounded, should one never get there).
-            let waited = Instant::now();
-            while log.has_waiters() && waited.elapsed() < Duration::from_millis(1) {
-                std::thread::yield_now();
-            }
+            log.let_waiters_in();
             // Write in pieces of about 1 MiB: few IO calls, bounded memory.
             if chunk.len() >= 1 << 20 || i == SHARDS - 1 {
                 w.write(&chunk, n)?;

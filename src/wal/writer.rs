@@ -7,12 +7,12 @@
 //! into it; the segment it replaces is fsync'ed first, so every segment but
 //! the last is complete on disk.
 //!
-//! Preallocation (the default, format version 4): a segment is made as a
-//! temporary file `<active segment>.wal.prep` of `segment_size` zeros,
-//! written (not a hole, not `fallocate`, whose unwritten extents still
-//! cost a metadata commit on ext4) and fsync'ed; at the roll its header is
-//! written into it, fsync'ed, and it is renamed into place and the
-//! directory fsync'ed. Records then overwrite blocks that are allocated and
+//! Preallocation (the default; the preallocated flag of format version
+//! 5): a segment is made as a temporary file `<active segment>.wal.prep`
+//! of `segment_size` zeros, written (not a hole, not `fallocate`, whose
+//! unwritten extents still cost a metadata commit on ext4) and fsync'ed;
+//! at the roll its header is written into it, fsync'ed, and it is renamed
+//! into place and the directory fsync'ed. Records then overwrite blocks that are allocated and
 //! written, so the `fdatasync` of a group commits no file-system metadata
 //! (about 1.4x faster here). The next segment is prepared on a thread of
 //! its own once the active one is half full (or, without background work,
@@ -97,8 +97,8 @@ fn mix(seed: u64, i: u64) -> u64 {
 /// How the writer lays out new segments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {
-    /// Preallocate each segment to `segment_size` (version 4), or let it
-    /// grow by appends (version 3).
+    /// Preallocate each segment to `segment_size` (version 5 with the
+    /// preallocated flag), or let it grow by appends (the flag clear).
     pub preallocate: bool,
     /// Prepare the next preallocated segment on a thread of its own; if
     /// not, the append that rolls prepares it (deterministic, for tests).
