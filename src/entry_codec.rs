@@ -15,6 +15,7 @@ use crate::codec::Put;
 use crate::entry::{ProducerEntry, RETAINED_BATCHES};
 use crate::error::Corruption;
 use crate::id::ProducerId;
+use crate::info::ProducerInfo;
 
 /// The longest entry with an activity: a 65,535-byte name and a full
 /// window with 8-byte deltas.
@@ -164,6 +165,38 @@ pub(crate) fn encode_entry(
 /// A decoded entry: key, entry, last activity (0 in version 2, which
 /// has none) and the bytes it took.
 pub(crate) type Decoded = (ProducerId, i32, ProducerEntry, i64, usize);
+
+/// Decodes version-3 entries filling `bytes` exactly, as key states
+/// (the key-state record, a partition export), each passed to `check`
+/// with its offset. `Err` carries the offset in `bytes` of the entry that
+/// is wrong and what is wrong with it (bytes that end inside an entry:
+/// `BadLength` of what was left).
+pub(crate) fn decode_infos(
+    bytes: &[u8],
+    mut check: impl FnMut(&ProducerInfo) -> std::result::Result<(), Corruption>,
+) -> std::result::Result<Vec<ProducerInfo>, (usize, Corruption)> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        let rest = bytes.get(at..).unwrap_or_default();
+        match decode_entry(rest, true) {
+            Some(Ok((producer_id, partition, entry, last_activity, len))) => {
+                let info = ProducerInfo {
+                    producer_id,
+                    partition,
+                    entry,
+                    last_activity,
+                };
+                check(&info).map_err(|kind| (at, kind))?;
+                out.push(info);
+                at += len;
+            }
+            Some(Err(kind)) => return Err((at, kind)),
+            None => return Err((at, Corruption::BadLength(rest.len() as u64))),
+        }
+    }
+    Ok(out)
+}
 
 /// Decodes one entry at the start of `buf`, of version 3 (`activity`: it
 /// has the field) or 2; `None` if the bytes end first (the caller reads

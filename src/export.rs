@@ -171,31 +171,17 @@ impl PartitionExport {
         if flags != 0 {
             return Err(bad(10, Corruption::BadField("export flags")));
         }
-        let mut entries = Vec::new();
         let mut seen: HashSet<ProducerId> = HashSet::new();
-        let mut at = HEADER_LEN;
-        while at < body_end {
-            let rest = body.get(at..).unwrap_or_default();
-            let (producer_id, p, entry, last_activity, len) =
-                match entry_codec::decode_entry(rest, true) {
-                    Some(Ok(e)) => e,
-                    Some(Err(kind)) => return Err(bad(at, kind)),
-                    None => return Err(bad(at, Corruption::BadLength(rest.len() as u64))),
-                };
-            if p != partition {
-                return Err(bad(at, Corruption::BadField("entry of another partition")));
+        let entries = entry_codec::decode_infos(body.get(HEADER_LEN..).unwrap_or_default(), |e| {
+            if e.partition != partition {
+                Err(Corruption::BadField("entry of another partition"))
+            } else if !seen.insert(e.producer_id.clone()) {
+                Err(Corruption::DuplicateKey)
+            } else {
+                Ok(())
             }
-            if !seen.insert(producer_id.clone()) {
-                return Err(bad(at, Corruption::DuplicateKey));
-            }
-            entries.push(ProducerInfo {
-                producer_id,
-                partition,
-                entry,
-                last_activity,
-            });
-            at += len;
-        }
+        })
+        .map_err(|(at, kind)| bad(HEADER_LEN + at, kind))?;
         if entries.len() as u64 != count {
             let found = entries.len() as u64;
             return Err(bad(

@@ -951,9 +951,20 @@ fn lifecycle_rows(cfg: &Cfg, quick: bool) -> Result<Value> {
 fn build(dir: &Path, keys: u64, per_key: u64, opts: StoreOptions) -> Result<ProducerStateStore> {
     let _ = std::fs::remove_dir_all(dir);
     let store = ProducerStateStore::open_with(dir, opts)?;
+    append_rounds(&store, 0..keys, per_key)?;
+    Ok(store)
+}
+
+/// `rounds` single-sequence appends to each key of `keys` (numeric ids,
+/// sequence = round), in `append_all` calls of 10,000.
+fn append_rounds(
+    store: &ProducerStateStore,
+    keys: std::ops::Range<u64>,
+    rounds: u64,
+) -> Result<()> {
     let mut chunk = Vec::with_capacity(10_000);
-    for round in 0..per_key {
-        for k in 0..keys {
+    for round in 0..rounds {
+        for k in keys.clone() {
             chunk.push(AppendRequest::single(
                 k,
                 (k % PARTITIONS) as i32,
@@ -971,7 +982,7 @@ fn build(dir: &Path, keys: u64, per_key: u64, opts: StoreOptions) -> Result<Prod
     for o in store.append_all(&chunk) {
         assert!(o?.is_accepted());
     }
-    Ok(store)
+    Ok(())
 }
 
 /// Snapshot duration and the longest append pause while it runs.
@@ -1039,67 +1050,99 @@ fn snapshot_with_appender(
     opts: StoreOptions,
 ) -> Result<Vec<(&'static str, Value)>> {
     let store = Arc::new(ProducerStateStore::open_with(dir, opts)?);
-    let stop = Arc::new(AtomicBool::new(false));
-    let log: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::new(Mutex::new(Vec::new()));
-    let h = {
-        let (store, stop, log) = (store.clone(), stop.clone(), log.clone());
-        std::thread::spawn(move || {
-            let mut local = Vec::new();
-            let mut next: HashMap<u64, i32> = HashMap::new();
-            let store_ref = &store;
-            let mut x = 12345u64;
-            while !stop.load(Ordering::Relaxed) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let k = x % keys;
-                let s = next.entry(k).or_insert_with(|| {
-                    store_ref
-                        .get(k, (k % PARTITIONS) as i32)
-                        .map_or(0, |e| e.last_sequence() + 1)
-                });
-                let t = Instant::now();
-                let o = store
-                    .append(k, (k % PARTITIONS) as i32, 0, *s)
-                    .expect("append");
-                assert_eq!(o, AppendOutcome::Accepted);
-                local.push((t, t.elapsed().as_nanos() as u64));
-                *s += 1;
-            }
-            *log.lock().expect("log") = local;
-        })
-    };
-    std::thread::sleep(Duration::from_millis(300));
-    let t0 = Instant::now();
-    store.snapshot()?;
-    let t1 = Instant::now();
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    h.join().map_err(|_| "appender panicked")?;
-    let log = log.lock().expect("log");
-    let overlaps = |(t, d): &&(Instant, u64)| *t + Duration::from_nanos(*d) >= t0 && *t <= t1;
-    let longest = |during: bool| {
-        log.iter()
-            .filter(|e| overlaps(e) == during)
-            .map(|(_, d)| *d)
-            .max()
-            .unwrap_or(0) as f64
-            / 1e6
-    };
+    let mut next: HashMap<u64, i32> = HashMap::new();
+    let mut x = 12345u64;
+    let ((), took, p) = while_appending(
+        &store,
+        move |store| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let k = x % keys;
+            let s = next.entry(k).or_insert_with(|| {
+                store
+                    .get(k, (k % PARTITIONS) as i32)
+                    .map_or(0, |e| e.last_sequence() + 1)
+            });
+            *s += 1;
+            (k, (k % PARTITIONS) as i32, *s - 1)
+        },
+        || store.snapshot().map(drop).map_err(Into::into),
+    )?;
     let out = vec![
-        ("snapshot_ms_with_appender", json!(ms(t1 - t0))),
+        ("snapshot_ms_with_appender", json!(ms(took))),
+        ("appends_during_snapshot", json!(p.appends_during)),
         (
-            "appends_during_snapshot",
-            json!(log.iter().filter(|(t, _)| *t >= t0 && *t <= t1).count()),
+            "longest_append_ms_during_snapshot",
+            json!(p.longest_during_ms),
         ),
-        ("longest_append_ms_during_snapshot", json!(longest(true))),
-        ("longest_append_ms_otherwise", json!(longest(false))),
+        ("longest_append_ms_otherwise", json!(p.longest_otherwise_ms)),
     ];
-    drop(log);
     Arc::try_unwrap(store)
         .map_err(|_| "store still shared")?
         .close()?;
     Ok(out)
+}
+
+/// Runs `work` while a thread appends (one `append` at a time) the
+/// (key, partition, sequence) that `next` gives, from 300 ms before to
+/// 300 ms after: what `work` returned, how long it took, and what the
+/// appender saw meanwhile.
+fn while_appending<T>(
+    store: &Arc<ProducerStateStore>,
+    mut next: impl FnMut(&ProducerStateStore) -> (u64, i32, i32) + Send + 'static,
+    work: impl FnOnce() -> Result<T>,
+) -> Result<(T, Duration, Pauses)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let h = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut log = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let (k, p, s) = next(&store);
+                let t = Instant::now();
+                let o = store.append(k, p, 0, s).expect("append");
+                assert_eq!(o, AppendOutcome::Accepted);
+                log.push((t, t.elapsed().as_nanos() as u64));
+            }
+            log
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let out = work();
+    let t1 = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let log = h.join().map_err(|_| "appender panicked")?;
+    Ok((out?, t1 - t0, Pauses::of(&log, t0, t1)))
+}
+
+/// What an appender saw while some work ran from `t0` to `t1`, from its
+/// log of (start, nanoseconds) per append.
+struct Pauses {
+    longest_during_ms: f64,
+    longest_otherwise_ms: f64,
+    appends_during: usize,
+}
+
+impl Pauses {
+    fn of(log: &[(Instant, u64)], t0: Instant, t1: Instant) -> Pauses {
+        let overlaps = |(t, d): &&(Instant, u64)| *t + Duration::from_nanos(*d) >= t0 && *t <= t1;
+        let longest = |during: bool| {
+            log.iter()
+                .filter(|e| overlaps(e) == during)
+                .map(|(_, d)| *d)
+                .max()
+                .unwrap_or(0) as f64
+                / 1e6
+        };
+        Pauses {
+            longest_during_ms: longest(true),
+            longest_otherwise_ms: longest(false),
+            appends_during: log.iter().filter(|(t, _)| *t >= t0 && *t <= t1).count(),
+        }
+    }
 }
 
 /// Recovery time of `keys` keys and `records` records, against reading the bytes.

@@ -63,13 +63,7 @@ impl Shared {
                 // so an append that joins one waits about one fsync.
                 self.await_durable(group, pos)?;
             }
-            let mut st = self.log.lock_state_quietly();
-            if !self.is_always() {
-                st = self.room(st);
-            }
-            if let Some(f) = st.log.failed() {
-                return Err(f.error_for(None));
-            }
+            let mut st = self.lock_to_write(true)?;
             let keys = &st.keys;
             let gone: Vec<(u64, ProducerId, i32)> = keys
                 .shards
@@ -186,13 +180,7 @@ impl ProducerStateStore {
     /// As [`ProducerStateStore::expire_now`].
     pub fn remove_partition(&self, partition: i32) -> Result<usize> {
         let shared = &*self.shared;
-        let mut st = shared.lock_state();
-        if !shared.is_always() {
-            st = shared.room(st);
-        }
-        if let Some(f) = st.log.failed() {
-            return Err(f.error_for(None));
-        }
+        let mut st = shared.lock_to_write(false)?;
         let keys = st.keys.spec_keys_of_partition(partition);
         if keys.is_empty() {
             return Ok(0);

@@ -347,13 +347,7 @@ impl ProducerStateStore {
         let shared = &*self.shared;
         let hash = hash_key(&request.producer_id, request.partition);
         let now = shared.now_for(std::slice::from_ref(request));
-        let mut st = shared.lock_state();
-        if !shared.is_always() {
-            st = shared.room(st);
-        }
-        if let Some(f) = st.log.failed() {
-            return Err(f.error_for(None));
-        }
+        let mut st = shared.lock_to_write(false)?;
         if !shared.is_always() {
             let o = st.submit_buffered(hash, request, now)?;
             if o.is_accepted() {
@@ -621,6 +615,26 @@ impl Shared {
     #[inline]
     fn lock_state(&self) -> MutexGuard<'_, State> {
         self.log.lock_state()
+    }
+
+    /// Takes the state lock to write records (`quietly`: without making
+    /// the lock's holders let it in, see [`GroupCommit::lock_state`]): under
+    /// the buffered policies once the buffer has room; the store's failure
+    /// if it failed.
+    #[inline]
+    fn lock_to_write(&self, quietly: bool) -> Result<MutexGuard<'_, State>> {
+        let mut st = if quietly {
+            self.log.lock_state_quietly()
+        } else {
+            self.lock_state()
+        };
+        if !self.is_always() {
+            st = self.room(st);
+        }
+        if let Some(f) = st.log.failed() {
+            return Err(f.error_for(None));
+        }
+        Ok(st)
     }
 
     /// The clock's reading for a call appending `requests`: read only if

@@ -58,13 +58,7 @@ impl ProducerStateStore {
     /// for appends.
     pub fn import_partition(&self, export: &PartitionExport) -> Result<usize> {
         let shared = &*self.shared;
-        let mut st = shared.lock_state();
-        if !shared.is_always() {
-            st = shared.room(st);
-        }
-        if let Some(f) = st.log.failed() {
-            return Err(f.error_for(None));
-        }
+        let mut st = shared.lock_to_write(false)?;
         if export.is_empty() {
             return Ok(0);
         }

@@ -372,23 +372,7 @@ pub(super) fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<LogOp, Corrupt
         }
         KIND_SET => {
             let rest = d.bytes(d.remaining()).unwrap_or_default();
-            let mut at = 0;
-            let mut entries = Vec::new();
-            while at < rest.len() {
-                match entry_codec::decode_entry(rest.get(at..).unwrap_or_default(), true) {
-                    Some(Ok((producer_id, partition, entry, last_activity, len))) => {
-                        entries.push(ProducerInfo {
-                            producer_id,
-                            partition,
-                            entry,
-                            last_activity,
-                        });
-                        at += len;
-                    }
-                    Some(Err(kind)) => return Err(kind),
-                    None => return Err(Corruption::BadLength((rest.len() - at) as u64)),
-                }
-            }
+            let entries = entry_codec::decode_infos(rest, |_| Ok(())).map_err(|(_, kind)| kind)?;
             if entries.is_empty() {
                 return Err(Corruption::BadField("key-state record of no key"));
             }

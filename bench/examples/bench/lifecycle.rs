@@ -14,16 +14,13 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use producer_state::{
-    AppendOutcome, AppendRequest, FsyncPolicy, ManualClock, ProducerStateStore, StoreOptions,
-};
+use producer_state::{FsyncPolicy, ManualClock, ProducerStateStore, StoreOptions};
 use serde_json::{Value, json};
 
-use super::{PARTITIONS, Result, median, ms, round2};
+use super::{Result, append_rounds, build, median, ms, round2, while_appending};
 
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -40,20 +37,8 @@ fn rss_bytes() -> u64 {
 /// `first..first + keys`) in `append_all` calls of 10,000; returns the
 /// seconds it took.
 fn append_keys(store: &ProducerStateStore, first: u64, keys: u64) -> Result<f64> {
-    let mut chunk = Vec::with_capacity(10_000);
     let t = Instant::now();
-    for k in first..first + keys {
-        chunk.push(AppendRequest::single(k, (k % PARTITIONS) as i32, 0, 0));
-        if chunk.len() == 10_000 {
-            for o in store.append_all(&chunk) {
-                assert!(o?.is_accepted());
-            }
-            chunk.clear();
-        }
-    }
-    for o in store.append_all(&chunk) {
-        assert!(o?.is_accepted());
-    }
+    append_rounds(store, first..first + keys, 1)?;
     Ok(t.elapsed().as_secs_f64())
 }
 
@@ -171,48 +156,22 @@ pub fn expiration_pause(dir: &Path, keys: u64, policy: FsyncPolicy) -> Result<Va
         }
         let store = Arc::new(ProducerStateStore::open_with(&dir, opts)?);
         clock.advance(Duration::from_secs(7200));
-        let stop = Arc::new(AtomicBool::new(false));
-        let log: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::new(Mutex::new(Vec::new()));
-        let h = {
-            let (store, stop, log) = (store.clone(), stop.clone(), log.clone());
-            std::thread::spawn(move || {
-                let mut local = Vec::new();
-                let mut k = 1u64 << 40;
-                while !stop.load(Ordering::Relaxed) {
-                    let t = Instant::now();
-                    let o = store.append(k, 0, 0, 0).expect("append");
-                    assert_eq!(o, AppendOutcome::Accepted);
-                    local.push((t, t.elapsed().as_nanos() as u64));
-                    k += 1;
-                }
-                *log.lock().expect("log") = local;
-            })
-        };
-        std::thread::sleep(Duration::from_millis(300));
-        let t0 = Instant::now();
-        let n = store.expire_now()?;
-        let t1 = Instant::now();
-        std::thread::sleep(Duration::from_millis(300));
-        stop.store(true, Ordering::Relaxed);
-        h.join().map_err(|_| "appender panicked")?;
+        let mut k = 1u64 << 40;
+        let (n, took, p) = while_appending(
+            &store,
+            move |_| {
+                k += 1;
+                (k, 0, 0)
+            },
+            || Ok(store.expire_now()?),
+        )?;
         assert_eq!(n as u64, keys);
-        let log = log.lock().expect("log");
-        let overlaps = |(t, d): &&(Instant, u64)| *t + Duration::from_nanos(*d) >= t0 && *t <= t1;
-        let longest = |during: bool| {
-            log.iter()
-                .filter(|e| overlaps(e) == during)
-                .map(|(_, d)| *d)
-                .max()
-                .unwrap_or(0) as f64
-                / 1e6
-        };
         rounds.push((
-            ms(t1 - t0),
-            longest(true),
-            longest(false),
-            log.iter().filter(|(t, _)| *t >= t0 && *t <= t1).count() as f64,
+            ms(took),
+            p.longest_during_ms,
+            p.longest_otherwise_ms,
+            p.appends_during as f64,
         ));
-        drop(log);
         Arc::try_unwrap(store)
             .map_err(|_| "store still shared")?
             .close()?;
@@ -263,31 +222,7 @@ pub fn truncation(dir: &Path, keys: u64, records: u64) -> Result<Value> {
                 .snapshot_every_bytes(None)
                 .expiration_interval(None)
         };
-        let _ = std::fs::remove_dir_all(&built);
-        {
-            let store = ProducerStateStore::open_with(&built, opts())?;
-            for round in 0..records / keys {
-                let mut chunk = Vec::with_capacity(10_000);
-                for k in 0..keys {
-                    chunk.push(AppendRequest::single(
-                        k,
-                        (k % PARTITIONS) as i32,
-                        0,
-                        round as i32,
-                    ));
-                    if chunk.len() == 10_000 {
-                        for o in store.append_all(&chunk) {
-                            assert!(o?.is_accepted());
-                        }
-                        chunk.clear();
-                    }
-                }
-                for o in store.append_all(&chunk) {
-                    assert!(o?.is_accepted());
-                }
-            }
-            store.close()?;
-        }
+        build(&built, keys, records / keys, opts())?.close()?;
         let offset = (records - keys / 2) as i64;
         let (mut opens, mut truncations) = (Vec::new(), Vec::new());
         for _ in 0..3 {
