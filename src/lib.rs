@@ -143,6 +143,7 @@ mod rules;
 mod shards;
 mod snapshot;
 mod store;
+pub mod telemetry;
 mod wal;
 
 pub use batch::{AppendRequest, Batch, BatchMetadata, RetainedBatch};

@@ -290,4 +290,8 @@ impl Host for State {
     fn after_group(&mut self) -> bool {
         self.note_snapshot_due()
     }
+
+    fn live_keys(&self) -> usize {
+        self.keys.shards.len()
+    }
 }
