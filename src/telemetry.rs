@@ -26,8 +26,7 @@
 //!   recorded once the group's appenders have been woken. Nothing is
 //!   recorded per append in a group.
 //! - The live-producers gauge is the store's count of keys, taken under
-//!   its lock after a group commit at most every
-//!   [`SAMPLE_EVERY`](self#constant.SAMPLE_EVERY) (100 ms), and exactly at
+//!   its lock after a group commit at most every 100 ms, and exactly at
 //!   open, `sync`, every snapshot and close.
 //! - No log event is per append: recovery, snapshots, expiration sweeps
 //!   and the one failure that poisons a store.

@@ -301,7 +301,6 @@ impl ProducerStateStore {
     /// then poisoned), [`Error::Poisoned`] after an earlier failure,
     /// [`Error::ProducerIdTooLong`] for a name over 65,535 bytes. Outcomes
     /// such as `DUPLICATE` are not errors.
-    #[inline]
     pub fn append(
         &self,
         producer_id: impl Into<ProducerId>,
