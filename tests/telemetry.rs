@@ -23,7 +23,9 @@ use common::store_util::{dir, path, sim_opts};
 use producer_state::fs::{Fault, FileSystem, SimFs, Unsynced};
 use producer_state::telemetry::testing::Capture;
 use producer_state::telemetry::{METRICS, MetricKind};
-use producer_state::{AppendOutcome, AppendRequest, Error, ProducerStateStore, StoreOptions};
+use producer_state::{
+    AppendOutcome, AppendRequest, Error, FsyncPolicy, ProducerStateStore, StoreOptions,
+};
 
 /// Opens a store whose metrics go to `rec`.
 fn open(rec: &Capture, opts: StoreOptions) -> ProducerStateStore {
@@ -48,11 +50,22 @@ fn gauge(rec: &Capture) -> f64 {
     rec.gauge("producer_state_producers", &[]).unwrap()
 }
 
+/// Every append is counted once, by outcome, in the metrics and in
+/// `StoreStats` alike: under `Always` (accepted appends counted as their
+/// group is durable) and under a buffered policy (counted as applied).
 #[test]
 fn every_append_is_counted_once_by_outcome_in_metrics_and_stats_alike() {
+    counts_every_answer(FsyncPolicy::Always);
+    counts_every_answer(FsyncPolicy::Never);
+}
+
+fn counts_every_answer(policy: FsyncPolicy) {
     let fs = SimFs::new();
     let rec = Capture::default();
-    let store = open(&rec, sim_opts(&fs).snapshot_every_records(None));
+    let store = open(
+        &rec,
+        sim_opts(&fs).fsync(policy).snapshot_every_records(None),
+    );
     // Single-sequence appends over five keys: mostly in order, with
     // retries, gaps, new sessions and zombies.
     let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -113,6 +126,8 @@ fn every_append_is_counted_once_by_outcome_in_metrics_and_stats_alike() {
         ("fenced_epoch", Some(AppendOutcome::FencedEpoch)),
         ("error", None),
     ];
+    // Under a buffered policy, records reach the log on sync.
+    store.sync().unwrap();
     let s = store.stats();
     let stats = [s.accepted, s.duplicates, s.out_of_order, s.fenced, s.errors];
     for ((label, kind), from_stats) in want.into_iter().zip(stats) {
@@ -128,23 +143,15 @@ fn every_append_is_counted_once_by_outcome_in_metrics_and_stats_alike() {
         s.records_written, s.accepted,
         "one record per accepted append"
     );
-    assert_eq!(
-        counter(&rec, "producer_state_log_records_total"),
-        s.records_written
-    );
-    assert_eq!(
-        counter(&rec, "producer_state_log_bytes_total"),
-        s.bytes_written
-    );
     assert!(s.bytes_written >= 18 * s.records_written);
-    assert_eq!(
-        counter(&rec, "producer_state_log_writes_total"),
-        s.groups_written
-    );
-    assert_eq!(
-        counter(&rec, "producer_state_log_fsyncs_total"),
-        s.log_fsyncs
-    );
+    for (name, from_stats) in [
+        ("producer_state_log_records_total", s.records_written),
+        ("producer_state_log_bytes_total", s.bytes_written),
+        ("producer_state_log_writes_total", s.groups_written),
+        ("producer_state_log_fsyncs_total", s.log_fsyncs),
+    ] {
+        assert_eq!(counter(&rec, name), from_stats, "{name}");
+    }
     let fsyncs = samples(&rec, "producer_state_fsync_duration_seconds");
     assert_eq!(fsyncs.len() as u64, s.log_fsyncs);
     let total: f64 = fsyncs.iter().sum();

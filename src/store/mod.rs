@@ -236,6 +236,7 @@ impl ProducerStateStore {
             snapshot_every: (opts.snapshot_every_records, opts.snapshot_every_bytes),
             snapshot_requested: false,
             snapshots_written: 0,
+            answered: [0; 4],
         };
         let always = opts.fsync == FsyncPolicy::Always;
         let book = Book {
@@ -525,14 +526,13 @@ impl ProducerStateStore {
     pub fn stats(&self) -> StoreStats {
         let st = self.shared.lock_state();
         let log = st.log.stats();
-        let [accepted, duplicates, out_of_order, fenced, errors] =
-            self.shared.log.telemetry().answers();
+        let [accepted, duplicates, out_of_order, fenced] = st.answered;
         StoreStats {
             accepted,
             duplicates,
             out_of_order,
             fenced,
-            errors,
+            errors: self.shared.log.telemetry().errors(),
             records_written: log.records_written,
             bytes_written: log.bytes_written,
             groups_written: log.groups_written,
