@@ -1,12 +1,13 @@
 //! Metrics and log events: every metric's name, and every report the store
-//! makes through the `metrics` and `tracing` facades, in this one file.
+//! makes through the `metrics` and `tracing` facades, in this one module.
 //!
 //! Names are an interface (dashboards and alerts are written against them),
-//! so they are listed once, in [`METRICS`]: the store describes them to the
-//! recorder from that list, and `docs/metrics.md` documents the same list
-//! (a test holds the two together). The store's own files make one call
-//! into this module at each point where something happens; what is
-//! reported there, and how, is decided here.
+//! so they are listed once, in [`METRICS`] (`names.rs`): the store
+//! describes them to the recorder from that list, and `docs/metrics.md`
+//! documents the same list (a test holds the two together). The store's
+//! own files make one call into this module at each point where something
+//! happens; what is reported there, and how, is decided here (`mod.rs`),
+//! through the facade's handles or their no-op stand-ins (`handles.rs`).
 //!
 //! # What it costs
 //!
@@ -46,6 +47,12 @@
 //! [`StoreStats`]: crate::StoreStats
 //! [`StoreOptions::metric_label`]: crate::StoreOptions::metric_label
 
+mod handles;
+mod names;
+#[doc(hidden)]
+#[cfg(feature = "metrics")]
+pub mod testing;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -53,337 +60,19 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::outcome::{AppendOutcome, BatchOutcome};
 use crate::recovery::RecoveryReport;
+use handles::{Counter, Gauge, Histogram, appends, counter, describe, gauge, histogram, labels};
+pub(crate) use names::check_labels;
+use names::*;
+pub use names::{METRICS, Metric, MetricKind};
 
 /// The `target` of every event the store logs: `RUST_LOG=producer_state=debug`
 /// (with `tracing-subscriber`'s env filter) shows them all.
 pub const TARGET: &str = "producer_state";
 
-/// What a metric measures over time.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MetricKind {
-    /// Only goes up (`_total`): rate it.
-    Counter,
-    /// Goes up and down: read it.
-    Gauge,
-    /// A distribution of samples: quantiles, or buckets in Prometheus.
-    Histogram,
-}
-
-/// One metric the store reports.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Metric {
-    /// Its name, Prometheus style.
-    pub name: &'static str,
-    /// Counter, gauge or histogram.
-    pub kind: MetricKind,
-    /// The unit of its values: `seconds`, `bytes`, or `count`.
-    pub unit: &'static str,
-    /// Labels it carries besides those of [`StoreOptions::metric_label`](crate::StoreOptions::metric_label).
-    pub labels: &'static [&'static str],
-    /// What it counts, and when it moves.
-    pub help: &'static str,
-}
-
-const APPENDS: &str = "producer_state_appends_total";
-const LOG_RECORDS: &str = "producer_state_log_records_total";
-const LOG_BYTES: &str = "producer_state_log_bytes_total";
-const LOG_WRITES: &str = "producer_state_log_writes_total";
-const LOG_FSYNCS: &str = "producer_state_log_fsyncs_total";
-const FSYNC_SECONDS: &str = "producer_state_fsync_duration_seconds";
-const GROUP_RECORDS: &str = "producer_state_group_records";
-const SNAPSHOTS: &str = "producer_state_snapshots_total";
-const SNAPSHOT_FAILURES: &str = "producer_state_snapshot_failures_total";
-const SNAPSHOT_SECONDS: &str = "producer_state_snapshot_duration_seconds";
-const SNAPSHOT_BYTES: &str = "producer_state_snapshot_size_bytes";
-const RECOVERY_SECONDS: &str = "producer_state_recovery_duration_seconds";
-const RECOVERY_RECORDS: &str = "producer_state_recovery_records_total";
-const RECOVERY_TORN_BYTES: &str = "producer_state_recovery_torn_bytes_total";
-const RECOVERY_SKIPPED: &str = "producer_state_recovery_skipped_snapshots_total";
-const RECOVERY_SALVAGED_BYTES: &str = "producer_state_recovery_salvaged_bytes_total";
-const POISONED: &str = "producer_state_poisoned_total";
-const PRODUCERS: &str = "producer_state_producers";
-const EXPIRATIONS: &str = "producer_state_expirations_total";
-const EVICTIONS: &str = "producer_state_evictions_total";
-
-/// The label of [`APPENDS`] and its values, in [`outcome_index`] order.
-const OUTCOME: &str = "outcome";
-const OUTCOMES: [&str; 5] = [
-    "accepted",
-    "duplicate",
-    "out_of_order",
-    "fenced_epoch",
-    "error",
-];
-
-const fn metric(
-    name: &'static str,
-    kind: MetricKind,
-    unit: &'static str,
-    help: &'static str,
-) -> Metric {
-    Metric {
-        name,
-        kind,
-        unit,
-        labels: &[],
-        help,
-    }
-}
-
-use MetricKind::{Counter as C, Gauge as G, Histogram as H};
-
-/// Every metric the store reports (`docs/metrics.md` explains each).
-pub const METRICS: &[Metric] = &[
-    Metric {
-        labels: &[OUTCOME],
-        ..metric(
-            APPENDS,
-            C,
-            "count",
-            "Appends answered, by outcome: accepted, duplicate, out_of_order, fenced_epoch, or error (the call returned an error)",
-        )
-    },
-    metric(LOG_RECORDS, C, "count", "Records written to the log"),
-    metric(LOG_BYTES, C, "bytes", "Bytes of records written to the log"),
-    metric(
-        LOG_WRITES,
-        C,
-        "count",
-        "Writes of record groups to the log (one per group commit)",
-    ),
-    metric(
-        LOG_FSYNCS,
-        C,
-        "count",
-        "fsyncs of the log by group commits and sync",
-    ),
-    metric(
-        FSYNC_SECONDS,
-        H,
-        "seconds",
-        "Latency of each fsync of the log",
-    ),
-    metric(
-        GROUP_RECORDS,
-        H,
-        "count",
-        "Records per group written to the log (group commit size)",
-    ),
-    metric(SNAPSHOTS, C, "count", "Snapshots written"),
-    metric(
-        SNAPSHOT_FAILURES,
-        C,
-        "count",
-        "Snapshots that failed (the log is unaffected)",
-    ),
-    metric(
-        SNAPSHOT_SECONDS,
-        H,
-        "seconds",
-        "Time to write a snapshot, from its start to its file being durable",
-    ),
-    metric(SNAPSHOT_BYTES, H, "bytes", "Size of each snapshot written"),
-    metric(
-        RECOVERY_SECONDS,
-        H,
-        "seconds",
-        "Time recovery took when a store opened",
-    ),
-    metric(
-        RECOVERY_RECORDS,
-        C,
-        "count",
-        "Log records recovery replayed on top of its snapshot",
-    ),
-    metric(
-        RECOVERY_TORN_BYTES,
-        C,
-        "bytes",
-        "Bytes of torn log tail recovery cut off (never durable, never acknowledged)",
-    ),
-    metric(
-        RECOVERY_SKIPPED,
-        C,
-        "count",
-        "Damaged snapshots recovery passed over for an older one",
-    ),
-    metric(
-        RECOVERY_SALVAGED_BYTES,
-        C,
-        "bytes",
-        "Bytes of damaged log salvage moved aside (their appends are forgotten)",
-    ),
-    metric(
-        POISONED,
-        C,
-        "count",
-        "Stores poisoned by a failed write or fsync (they refuse appends until reopened)",
-    ),
-    metric(
-        PRODUCERS,
-        G,
-        "count",
-        "Keys (producer id, partition) with state, summed over the open stores",
-    ),
-    metric(EXPIRATIONS, C, "count", "Keys expired for inactivity"),
-    metric(
-        EVICTIONS,
-        C,
-        "count",
-        "Keys evicted to keep the table within its cap",
-    ),
-];
-
 /// How often, at most, a group commit refreshes the live-producers gauge
 /// (counting the keys takes the store's lock for a pass over its 256
 /// shards' lengths).
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(100);
-
-/// Refuses labels a Prometheus scrape could not carry: a name that is
-/// not `[a-zA-Z_][a-zA-Z0-9_]*` or starts with `__` (reserved), one given
-/// twice, or `outcome` (the label
-/// of the appends counter). Whatever the features: options that open with
-/// them on must open with them off.
-pub(crate) fn check_labels(labels: &[(String, String)]) -> std::result::Result<(), String> {
-    for (i, (k, _)) in labels.iter().enumerate() {
-        let b = k.as_bytes();
-        let valid = b
-            .first()
-            .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
-            && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_');
-        if !valid {
-            return Err(format!(
-                "metric label {k:?} is not a label name (letters, digits and _, not starting with a digit)"
-            ));
-        }
-        if k.starts_with("__") {
-            return Err(format!(
-                "metric label {k:?} starts with __, which Prometheus reserves"
-            ));
-        }
-        if k == OUTCOME {
-            return Err(format!(
-                "metric label {k:?} is the store's own label of {APPENDS}"
-            ));
-        }
-        if labels[..i].iter().any(|(earlier, _)| earlier == k) {
-            return Err(format!("metric label {k:?} is given twice"));
-        }
-    }
-    Ok(())
-}
-
-#[cfg(feature = "metrics")]
-use metrics::{Counter, Gauge, Histogram};
-#[cfg(not(feature = "metrics"))]
-use off::{Counter, Gauge, Histogram};
-
-/// Labels every metric of one store carries.
-#[cfg(feature = "metrics")]
-type Labels = Vec<metrics::Label>;
-#[cfg(not(feature = "metrics"))]
-type Labels = off::Labels;
-
-#[cfg(feature = "metrics")]
-fn labels(pairs: &[(String, String)]) -> Labels {
-    pairs
-        .iter()
-        .map(|(k, v)| metrics::Label::new(k.clone(), v.clone()))
-        .collect()
-}
-
-#[cfg(feature = "metrics")]
-fn counter(name: &'static str, labels: &Labels) -> Counter {
-    metrics::counter!(target: TARGET, name, labels.clone())
-}
-
-#[cfg(feature = "metrics")]
-fn gauge(name: &'static str, labels: &Labels) -> Gauge {
-    metrics::gauge!(target: TARGET, name, labels.clone())
-}
-
-#[cfg(feature = "metrics")]
-fn histogram(name: &'static str, labels: &Labels) -> Histogram {
-    metrics::histogram!(target: TARGET, name, labels.clone())
-}
-
-/// The counter of appends answered with outcome `outcome`.
-#[cfg(feature = "metrics")]
-fn appends(outcome: &'static str, labels: &Labels) -> Counter {
-    let mut l = labels.clone();
-    l.push(metrics::Label::new(OUTCOME, outcome));
-    metrics::counter!(target: TARGET, APPENDS, l)
-}
-
-/// Tells the recorder what every metric is (Prometheus prints it as
-/// `# HELP`).
-#[cfg(feature = "metrics")]
-fn describe() {
-    for m in METRICS {
-        let unit = match m.unit {
-            "seconds" => metrics::Unit::Seconds,
-            "bytes" => metrics::Unit::Bytes,
-            _ => metrics::Unit::Count,
-        };
-        match m.kind {
-            C => metrics::describe_counter!(m.name, unit, m.help),
-            G => metrics::describe_gauge!(m.name, unit, m.help),
-            H => metrics::describe_histogram!(m.name, unit, m.help),
-        }
-    }
-}
-
-/// Zero-sized stand-ins for the facade's handles when the `metrics`
-/// feature is off: the store's calls compile to nothing.
-#[cfg(not(feature = "metrics"))]
-mod off {
-    pub(super) struct Labels;
-    pub(super) struct Counter;
-    pub(super) struct Gauge;
-    pub(super) struct Histogram;
-
-    impl Counter {
-        #[inline(always)]
-        pub(super) fn increment(&self, _: u64) {}
-    }
-
-    impl Gauge {
-        #[inline(always)]
-        pub(super) fn increment(&self, _: f64) {}
-        #[inline(always)]
-        pub(super) fn decrement(&self, _: f64) {}
-    }
-
-    impl Histogram {
-        #[inline(always)]
-        pub(super) fn record(&self, _: f64) {}
-    }
-}
-
-#[cfg(not(feature = "metrics"))]
-fn labels(_: &[(String, String)]) -> Labels {
-    off::Labels
-}
-#[cfg(not(feature = "metrics"))]
-fn counter(_: &'static str, _: &Labels) -> Counter {
-    Counter
-}
-#[cfg(not(feature = "metrics"))]
-fn gauge(_: &'static str, _: &Labels) -> Gauge {
-    Gauge
-}
-#[cfg(not(feature = "metrics"))]
-fn histogram(_: &'static str, _: &Labels) -> Histogram {
-    Histogram
-}
-#[cfg(not(feature = "metrics"))]
-fn appends(_: &'static str, _: &Labels) -> Counter {
-    Counter
-}
-#[cfg(not(feature = "metrics"))]
-fn describe() {}
 
 /// The index of an answer in [`OUTCOMES`].
 #[inline]
@@ -710,183 +399,9 @@ impl Telemetry {
     }
 }
 
-/// A recorder that keeps every value it is given, for tests of what the
-/// store reports (this crate's, and an embedder's). Not part of the API.
-#[doc(hidden)]
-#[cfg(feature = "metrics")]
-pub mod testing {
-    use std::collections::BTreeMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex, MutexGuard};
-
-    use metrics::{
-        Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata,
-        Recorder, SharedString, Unit,
-    };
-
-    /// One series: a counter's count, a gauge's value (as `f64` bits), or a
-    /// histogram's samples.
-    #[derive(Default)]
-    struct Series {
-        value: AtomicU64,
-        samples: Mutex<Vec<f64>>,
-    }
-
-    impl CounterFn for Series {
-        fn increment(&self, v: u64) {
-            self.value.fetch_add(v, Ordering::Relaxed);
-        }
-        fn absolute(&self, v: u64) {
-            self.value.fetch_max(v, Ordering::Relaxed);
-        }
-    }
-
-    impl GaugeFn for Series {
-        fn increment(&self, v: f64) {
-            let _ = self
-                .value
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                    Some((f64::from_bits(b) + v).to_bits())
-                });
-        }
-        fn decrement(&self, v: f64) {
-            GaugeFn::increment(self, -v);
-        }
-        fn set(&self, v: f64) {
-            self.value.store(v.to_bits(), Ordering::Relaxed);
-        }
-    }
-
-    impl HistogramFn for Series {
-        fn record(&self, v: f64) {
-            lock(&self.samples).push(v);
-        }
-    }
-
-    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-        m.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Each metric's unit and description, by name.
-    type Descriptions = BTreeMap<String, (Option<Unit>, String)>;
-
-    /// The recorder: series by `name{label="value",...}` (labels sorted),
-    /// and the descriptions given. Clones share the series.
-    #[derive(Clone, Default)]
-    pub struct Capture {
-        series: Arc<Mutex<BTreeMap<String, Arc<Series>>>>,
-        described: Arc<Mutex<Descriptions>>,
-    }
-
-    /// `name{k="v",...}` with the labels sorted, as [`Capture`] keys series.
-    pub fn series_key(name: &str, labels: &[(&str, &str)]) -> String {
-        let mut l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-        l.sort();
-        format!("{name}{{{}}}", l.join(","))
-    }
-
-    impl Capture {
-        fn series(&self, key: &Key) -> Arc<Series> {
-            let labels: Vec<(&str, &str)> = key.labels().map(|l| (l.key(), l.value())).collect();
-            let k = series_key(key.name(), &labels);
-            lock(&self.series).entry(k).or_default().clone()
-        }
-
-        fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<Arc<Series>> {
-            lock(&self.series).get(&series_key(name, labels)).cloned()
-        }
-
-        /// A counter's count (`None`: never registered).
-        pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
-            self.get(name, labels)
-                .map(|s| s.value.load(Ordering::Relaxed))
-        }
-
-        /// A gauge's value (`None`: never registered).
-        pub fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-            self.get(name, labels)
-                .map(|s| f64::from_bits(s.value.load(Ordering::Relaxed)))
-        }
-
-        /// A histogram's samples (`None`: never registered).
-        pub fn samples(&self, name: &str, labels: &[(&str, &str)]) -> Option<Vec<f64>> {
-            self.get(name, labels).map(|s| lock(&s.samples).clone())
-        }
-
-        /// Every series registered, as `name{labels}`.
-        pub fn keys(&self) -> Vec<String> {
-            lock(&self.series).keys().cloned().collect()
-        }
-
-        /// The unit and description a metric was described with.
-        pub fn description(&self, name: &str) -> Option<(Option<Unit>, String)> {
-            lock(&self.described).get(name).cloned()
-        }
-
-        fn describe(&self, key: KeyName, unit: Option<Unit>, text: SharedString) {
-            lock(&self.described).insert(key.as_str().to_owned(), (unit, text.into_owned()));
-        }
-    }
-
-    impl Recorder for Capture {
-        fn describe_counter(&self, key: KeyName, unit: Option<Unit>, text: SharedString) {
-            self.describe(key, unit, text);
-        }
-        fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, text: SharedString) {
-            self.describe(key, unit, text);
-        }
-        fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, text: SharedString) {
-            self.describe(key, unit, text);
-        }
-        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-            Counter::from_arc(self.series(key))
-        }
-        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-            Gauge::from_arc(self.series(key))
-        }
-        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-            Histogram::from_arc(self.series(key))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_name_is_prometheus_style_and_listed_once() {
-        let mut names: Vec<&str> = METRICS.iter().map(|m| m.name).collect();
-        for m in METRICS {
-            assert!(m.name.starts_with("producer_state_"), "{}", m.name);
-            assert!(
-                m.name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
-                "{}",
-                m.name
-            );
-            assert_eq!(
-                m.kind == MetricKind::Counter,
-                m.name.ends_with("_total"),
-                "counters, and only they, end in _total: {}",
-                m.name
-            );
-            if m.unit == "seconds" || m.unit == "bytes" {
-                let suffix = format!("_{}", m.unit);
-                assert!(
-                    m.name.ends_with(&suffix) || m.name.ends_with(&format!("{suffix}_total")),
-                    "the unit is in the name: {}",
-                    m.name
-                );
-            }
-            assert!(!m.help.is_empty());
-        }
-        let n = names.len();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), n, "a name listed twice");
-    }
 
     #[test]
     fn errors_are_counted_per_call_and_per_batch() {
