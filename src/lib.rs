@@ -53,6 +53,12 @@
 //! `inspect-snapshot` tool is built on it), and [`kafka`] reads and writes
 //! Apache Kafka's producer snapshot files.
 //!
+//! The store reports metrics through the `metrics` facade and log events
+//! through `tracing` (default features; nothing happens until the
+//! application installs a recorder or a subscriber): [`telemetry`] lists
+//! them, and `docs/metrics.md` explains each. [`StoreStats`] counts the
+//! same without a recorder.
+//!
 //! # Types and widths
 //!
 //! The integer parameters have the widths of Kafka's wire protocol, so a
@@ -143,6 +149,7 @@ mod rules;
 mod shards;
 mod snapshot;
 mod store;
+pub mod telemetry;
 mod wal;
 
 pub use batch::{AppendRequest, Batch, BatchMetadata, RetainedBatch};

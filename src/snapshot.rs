@@ -502,6 +502,12 @@ impl Writer {
         Ok(())
     }
 
+    /// The keys written so far, and the bytes the file has once finished.
+    pub(crate) fn size(&self) -> (u64, u64) {
+        let framing = (HEADER_LEN + TRAILER_LEN) as u64;
+        (self.entries, framing + self.body_len)
+    }
+
     /// Writes the trailer and the real header, fsyncs, renames into place
     /// and fsyncs the directory. Returns the final path.
     pub(crate) fn finish(mut self, fs: &dyn FileSystem, dir: &Path) -> Result<PathBuf> {

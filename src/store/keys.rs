@@ -178,6 +178,12 @@ pub(super) struct State {
     /// A threshold was crossed and the snapshot has not started yet.
     pub(super) snapshot_requested: bool,
     pub(super) snapshots_written: u64,
+    /// Appends answered accepted, duplicate, out of order, fenced (in
+    /// [`AppendOutcome`](crate::AppendOutcome) order), counted where they
+    /// are decided: under this lock, for nothing. Under `Always` an
+    /// accepted append is counted when its record is durable (it is
+    /// answered `ACCEPTED` exactly then).
+    pub(super) answered: [u64; 4],
 }
 
 impl State {
@@ -202,7 +208,10 @@ impl State {
             Err(outcome) => {
                 return match in_flight {
                     Some((group, pos)) => Submit::Wait { group, pos },
-                    None => Submit::Done(outcome),
+                    None => {
+                        self.answered[outcome.outcome() as usize] += 1;
+                        Submit::Done(outcome)
+                    }
                 };
             }
         };
@@ -251,6 +260,7 @@ impl State {
                 .save_pre_image(hash, &r.producer_id, r.partition, pos);
         }
         let outcome = self.keys.shards.append(hash, r);
+        self.answered[outcome.outcome() as usize] += 1;
         if outcome.is_accepted() {
             self.enqueue_record(r);
         }
@@ -280,6 +290,7 @@ impl Host for State {
     }
 
     fn apply_durable(&mut self, items: Vec<Queued>) {
+        self.answered[0] += items.len() as u64;
         self.keys.apply_durable(items);
     }
 
@@ -289,5 +300,9 @@ impl Host for State {
 
     fn after_group(&mut self) -> bool {
         self.note_snapshot_due()
+    }
+
+    fn live_keys(&self) -> usize {
+        self.keys.shards.len()
     }
 }

@@ -57,6 +57,7 @@ pub struct StoreOptions {
     pub(super) fs: Arc<dyn FileSystem>,
     pub(super) ids: IdSource,
     pub(super) preallocate: bool,
+    pub(super) metric_labels: Vec<(String, String)>,
 }
 
 impl Default for StoreOptions {
@@ -72,6 +73,7 @@ impl Default for StoreOptions {
             fs: Arc::new(StdFs),
             ids: IdSource::Random,
             preallocate: true,
+            metric_labels: Vec::new(),
         }
     }
 }
@@ -88,6 +90,7 @@ impl fmt::Debug for StoreOptions {
             .field("background_snapshots", &self.background_snapshots)
             .field("preallocate", &self.preallocate)
             .field("fs", &self.fs)
+            .field("metric_labels", &self.metric_labels)
             .finish()
     }
 }
@@ -194,6 +197,23 @@ impl StoreOptions {
         self
     }
 
+    /// Adds a label to every metric this store reports (see
+    /// [`crate::telemetry`] and docs/metrics.md), for example
+    /// `("partition", "orders-3")` in a broker with a store per partition.
+    /// Default: none, so that the stores of a process share each series
+    /// (counters and histograms add up; the live-producers gauge is their
+    /// sum). Every distinct value is a new series in the recorder: label
+    /// by something with few values. Without the `metrics` feature labels
+    /// are checked and ignored.
+    ///
+    /// `open` refuses ([`Error::InvalidOptions`]) a key that is not a
+    /// Prometheus label name (`[a-zA-Z_][a-zA-Z0-9_]*`, not starting with
+    /// `__`), a key given twice, and `outcome`, the store's own label.
+    pub fn metric_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metric_labels.push((key.into(), value.into()));
+        self
+    }
+
     pub(super) fn validate(&self) -> Result<()> {
         if self.keep_snapshots < 2 {
             return Err(Error::InvalidOptions(format!(
@@ -217,7 +237,7 @@ impl StoreOptions {
                 "snapshot thresholds must be above zero (or None)".into(),
             ));
         }
-        Ok(())
+        crate::telemetry::check_labels(&self.metric_labels).map_err(Error::InvalidOptions)
     }
 }
 
@@ -233,6 +253,14 @@ mod tests {
             StoreOptions::default().segment_size((1 << 30) + 1),
             StoreOptions::default().fsync(FsyncPolicy::Interval(Duration::ZERO)),
             StoreOptions::default().snapshot_every_records(Some(0)),
+            StoreOptions::default().metric_label("", "x"),
+            StoreOptions::default().metric_label("1st", "x"),
+            StoreOptions::default().metric_label("store-name", "x"),
+            StoreOptions::default().metric_label("outcome", "x"),
+            StoreOptions::default().metric_label("__name__", "x"),
+            StoreOptions::default()
+                .metric_label("partition", "1")
+                .metric_label("partition", "2"),
         ];
         for o in bad {
             assert!(
@@ -241,5 +269,9 @@ mod tests {
             );
         }
         assert!(StoreOptions::default().validate().is_ok());
+        let labelled = StoreOptions::default()
+            .metric_label("partition", "orders-3")
+            .metric_label("_store", "");
+        assert!(labelled.validate().is_ok());
     }
 }
