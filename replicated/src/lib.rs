@@ -1,0 +1,101 @@
+//! producer-state as a replicated state machine on openraft.
+//!
+//! A partition that lives on three brokers survives the loss of one, and a
+//! producer's retry that reaches the new leader after a failover must
+//! still be answered `DUPLICATE` with the original offset. This crate runs
+//! the producer-state classifier as the state machine of an openraft group
+//! (the 0.9 line, storage-v2 traits):
+//!
+//! - a [`Command`] (one append, or an `append_all` group) is proposed
+//!   unclassified; every replica classifies it when it applies the
+//!   committed entry ([`command::apply`]), so all replicas compute the same
+//!   outcomes from the same log, and the leader answers the client with
+//!   the outcome of its own apply;
+//! - the offset of an accepted append is its place in the log
+//!   ([`command::offset_of`]), the same on every replica;
+//! - the Raft log ([`LogStore`]) is the only write-ahead log: the state is
+//!   in memory and made durable by snapshots in the core crate's own
+//!   checksummed format, which hold the applied log id beside the state
+//!   ([`StateMachine`]); after a restart the snapshot is loaded and the
+//!   committed entries after it are applied once;
+//! - a lagging or new replica is sent that snapshot; it is verified before
+//!   it replaces anything ([`state::verify_snapshot`]).
+//!
+//! [`Cluster`] runs replicas in one process over a [`Router`] that can
+//! drop, delay, duplicate and reorder messages and cut links: the tests
+//! and the `replicated` example use it. The durability reasoning and the
+//! measured costs are in docs/scaling.md; the bytes of the files in
+//! docs/format.md.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use producer_state_raft::{Append, Cluster, ClusterOptions, Command, Outcome};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let cluster = Cluster::start(dir.path(), ClusterOptions::default()).await?;
+//! let batch = Command::Append(Append::batch(42u64, 0, 0, 0, 9, 1_700_000_000_000));
+//! let (_, first) = cluster.submit(batch.clone()).await?;
+//! let (_, retry) = cluster.submit(batch).await?;
+//! let Outcome::Accepted { offset } = first.outcomes[0] else { unreachable!() };
+//! assert_eq!(retry.outcomes[0], Outcome::Duplicate { original: Some((offset, 1_700_000_000_000)) });
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+// openraft's trait methods return its `StorageError` (224 bytes); the
+// helpers that build one return it too rather than box and unbox it.
+#![allow(clippy::result_large_err)]
+
+pub mod command;
+mod log;
+pub mod network;
+mod node;
+pub mod state;
+
+use std::io::Write;
+use std::path::Path;
+
+pub use command::{Append, Command, Outcome, Producer, Response};
+pub use log::{LogOpened, LogStats, LogStore, OpenLogError};
+pub use network::{Faults, Router};
+pub use node::{Cluster, ClusterObserver, ClusterOptions, Replica, StartError, SubmitError};
+pub use state::{ApplyObserver, SnapshotError, StateMachine};
+
+/// A replica's id.
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// The openraft type configuration of a producer-state group.
+    pub TypeConfig:
+        D = Command,
+        R = Response,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = std::io::Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// Replaces `dir/name` with `bytes`: a temporary file, written (and
+/// fsync'ed when `durable`), renamed over the old one, and the directory
+/// fsync'ed when `durable`. A crash leaves the old file or the new one.
+pub(crate) fn write_atomically(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    durable: bool,
+) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    if durable {
+        f.sync_data()?;
+    }
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name))?;
+    if durable {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,465 @@
+//! The Raft log on disk: the one write-ahead log of a replica.
+//!
+//! Under Raft the log already is a write-ahead log: an entry is
+//! acknowledged to the leader only after it is fsync'ed here, and a
+//! committed entry is on a majority of these logs. So the state machine
+//! keeps the producer state in memory and never writes a second log (see
+//! docs/scaling.md, "Durability", for the choice and its measurement).
+//!
+//! Files in the replica's directory (bytes in docs/format.md):
+//!
+//! - `raft.log`: records `[len u32][crc32c u32][payload]`, one per entry,
+//!   appended and fdatasync'ed before openraft hears the entries are
+//!   flushed (one fsync per `append` call: openraft hands over every entry
+//!   that queued while the last fsync ran, so concurrent producers share
+//!   fsyncs, a group commit);
+//! - `raft-meta.json`: the vote and the last purged log id, replaced
+//!   atomically (temporary file, fsync, rename, directory fsync);
+//! - `raft-committed.json`: the committed log id, a hint written without
+//!   fsync (openraft re-applies committed entries at start up to it; if it
+//!   is lost or unreadable, the replica learns the commit from the leader
+//!   and applies then: nothing is applied twice either way).
+//!
+//! On open, a log whose last record is cut or fails its checksum, with no
+//! valid record after it, ends there: those bytes were never acknowledged
+//! (an append is acknowledged only after its fsync) and are cut. Damage
+//! followed by a valid record is refused as corruption: a replica must not
+//! forget entries it acknowledged, since a majority may have counted them.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{
+    CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, StorageError, StorageIOError,
+    Vote,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, Reader};
+use crate::{NodeId, TypeConfig, write_atomically};
+
+pub(crate) const LOG_FILE: &str = "raft.log";
+const META_FILE: &str = "raft-meta.json";
+const COMMITTED_FILE: &str = "raft-committed.json";
+const RECORD_HEADER: usize = 8;
+/// A record's payload is at most this long (a command of 65,536 appends
+/// with 64 KiB names would be larger; `Command::validate` bounds it).
+const MAX_PAYLOAD: u32 = 1 << 30;
+
+const KIND_BLANK: u8 = 0;
+const KIND_NORMAL: u8 = 1;
+const KIND_MEMBERSHIP: u8 = 2;
+
+type SErr = StorageError<NodeId>;
+
+#[derive(Default, Serialize, Deserialize)]
+struct Meta {
+    vote: Option<Vote<NodeId>>,
+    last_purged: Option<LogId<NodeId>>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    file: File,
+    /// Bytes of `raft.log` that hold records.
+    len: u64,
+    /// Every entry not purged, with the file offset of its record.
+    entries: BTreeMap<u64, (u64, Entry<TypeConfig>)>,
+    meta: Meta,
+    committed: Option<LogId<NodeId>>,
+}
+
+/// Counters of one log, for benchmarks and tests.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    /// fdatasync calls on `raft.log`.
+    pub fsyncs: AtomicU64,
+    /// Entries appended.
+    pub entries: AtomicU64,
+}
+
+/// A replica's Raft log (cloneable handle; openraft's log reader is a
+/// clone).
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Mutex<Inner>>,
+    stats: Arc<LogStats>,
+}
+
+/// What opening a log found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOpened {
+    /// Entries read from `raft.log`.
+    pub entries: usize,
+    /// Bytes cut from its end: an append torn by a crash, never acknowledged.
+    pub torn_bytes: u64,
+}
+
+fn io_err(e: std::io::Error) -> SErr {
+    StorageIOError::write_logs(&e).into()
+}
+
+pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; RECORD_HEADER]);
+    out.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
+    out.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
+    out.extend_from_slice(&e.log_id.index.to_le_bytes());
+    match &e.payload {
+        EntryPayload::Blank => out.push(KIND_BLANK),
+        EntryPayload::Normal(c) => {
+            out.push(KIND_NORMAL);
+            c.encode(out);
+        }
+        EntryPayload::Membership(m) => {
+            out.push(KIND_MEMBERSHIP);
+            // Membership entries are rare and small; openraft's own serde
+            // shape is their format.
+            out.extend_from_slice(&serde_json::to_vec(m).unwrap_or_default());
+        }
+    }
+    let payload_len = (out.len() - start - RECORD_HEADER) as u32;
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c(&payload_len.to_le_bytes()),
+        &out[start + RECORD_HEADER..],
+    );
+    out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// One record at the start of `bytes`: the entry and the record's length;
+/// `None` if these bytes are not a whole valid record.
+fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize)> {
+    let mut r = Reader(bytes);
+    let len = r.u32().ok()?;
+    let crc = r.u32().ok()?;
+    if len > MAX_PAYLOAD {
+        return None;
+    }
+    let payload = r.take(len as usize).ok()?;
+    let computed = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), payload);
+    if computed != crc {
+        return None;
+    }
+    let mut p = Reader(payload);
+    let term = p.u64().ok()?;
+    let node_id = p.u64().ok()?;
+    let index = p.u64().ok()?;
+    let payload = match p.u8().ok()? {
+        KIND_BLANK if p.0.is_empty() => EntryPayload::Blank,
+        KIND_NORMAL => EntryPayload::Normal(Command::decode(p.0).ok()?),
+        KIND_MEMBERSHIP => EntryPayload::Membership(serde_json::from_slice(p.0).ok()?),
+        _ => return None,
+    };
+    let entry = Entry {
+        log_id: LogId::new(CommittedLeaderId::new(term, node_id), index),
+        payload,
+    };
+    Some((entry, RECORD_HEADER + len as usize))
+}
+
+/// The log could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenLogError {
+    /// An IO call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Bytes that are not a valid record are followed by valid ones, or a
+    /// metadata file does not parse: entries this replica acknowledged
+    /// would be lost, so it refuses to start.
+    #[error("{path} is damaged at byte {offset}: {what}")]
+    Corrupt {
+        /// The damaged file.
+        path: PathBuf,
+        /// Where.
+        offset: u64,
+        /// What is wrong.
+        what: &'static str,
+    },
+}
+
+impl LogStore {
+    /// Opens (or creates) the log in `dir`, cutting a torn tail.
+    pub fn open(dir: &Path) -> Result<(LogStore, LogOpened), OpenLogError> {
+        let io = |op, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| OpenLogError::Io { op, path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+        let meta_path = dir.join(META_FILE);
+        let meta: Meta = match std::fs::read(&meta_path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|_| OpenLogError::Corrupt {
+                path: meta_path.clone(),
+                offset: 0,
+                what: "not the vote and purge record",
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Meta::default(),
+            Err(e) => return Err(io("read", &meta_path)(e)),
+        };
+        // A hint only: unreadable is the same as absent (module docs).
+        let committed = std::fs::read(dir.join(COMMITTED_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Option<LogId<NodeId>>>(&b).ok())
+            .flatten();
+        let path = dir.join(LOG_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io("open", &path))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io("read", &path))?;
+        let mut entries = BTreeMap::new();
+        let mut at = 0usize;
+        let mut prev: Option<u64> = None;
+        while at < bytes.len() {
+            match decode_record(&bytes[at..]) {
+                Some((e, n)) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
+                    prev = Some(e.log_id.index);
+                    let purged = meta.last_purged.is_some_and(|p| e.log_id.index <= p.index);
+                    if !purged {
+                        entries.insert(e.log_id.index, (at as u64, e));
+                    }
+                    at += n;
+                }
+                Some(_) => {
+                    return Err(OpenLogError::Corrupt {
+                        path,
+                        offset: at as u64,
+                        what: "a record out of index order",
+                    });
+                }
+                None => {
+                    if (at + 1..bytes.len()).any(|s| decode_record(&bytes[s..]).is_some()) {
+                        return Err(OpenLogError::Corrupt {
+                            path,
+                            offset: at as u64,
+                            what: "a damaged record followed by valid ones",
+                        });
+                    }
+                    break;
+                }
+            }
+        }
+        let torn_bytes = (bytes.len() - at) as u64;
+        if torn_bytes > 0 {
+            file.set_len(at as u64).map_err(io("truncate", &path))?;
+            file.sync_data().map_err(io("fsync", &path))?;
+        }
+        file.seek(SeekFrom::Start(at as u64))
+            .map_err(io("seek", &path))?;
+        let opened = LogOpened {
+            entries: entries.len(),
+            torn_bytes,
+        };
+        let inner = Inner {
+            dir: dir.to_path_buf(),
+            file,
+            len: at as u64,
+            entries,
+            meta,
+            committed,
+        };
+        Ok((
+            LogStore {
+                inner: Arc::new(Mutex::new(inner)),
+                stats: Arc::new(LogStats::default()),
+            },
+            opened,
+        ))
+    }
+
+    /// The log's counters.
+    pub fn stats(&self) -> Arc<LogStats> {
+        self.stats.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave half an update that
+        // matters: the file is the truth and is re-read on the next open.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Inner {
+    fn save_meta(&self) -> Result<(), SErr> {
+        let bytes = serde_json::to_vec(&self.meta).map_err(|e| StorageIOError::write_vote(&e))?;
+        write_atomically(&self.dir, META_FILE, &bytes, true)
+            .map_err(|e| StorageIOError::write_vote(&e).into())
+    }
+
+    /// Rewrites `raft.log` with only the entries kept, when purged records
+    /// are more than half of it: the file stays within twice the unpurged
+    /// log.
+    fn compact(&mut self) -> Result<(), SErr> {
+        let first_offset = self.entries.values().next().map_or(self.len, |(o, _)| *o);
+        if first_offset < 1 << 16 || first_offset < self.len / 2 {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        let mut offsets = Vec::with_capacity(self.entries.len());
+        for (_, e) in self.entries.values() {
+            offsets.push(buf.len() as u64);
+            encode_entry(e, &mut buf);
+        }
+        write_atomically(&self.dir, LOG_FILE, &buf, true).map_err(io_err)?;
+        let path = self.dir.join(LOG_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_err)?;
+        file.seek(SeekFrom::End(0)).map_err(io_err)?;
+        self.file = file;
+        self.len = buf.len() as u64;
+        for ((_, (o, _)), n) in self.entries.iter_mut().zip(offsets) {
+            *o = n;
+        }
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, SErr> {
+        let inner = self.lock();
+        Ok(inner
+            .entries
+            .range(range)
+            .map(|(_, (_, e))| e.clone())
+            .collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, SErr> {
+        let inner = self.lock();
+        let last_purged = inner.meta.last_purged;
+        let last = inner
+            .entries
+            .values()
+            .next_back()
+            .map(|(_, e)| e.log_id)
+            .or(last_purged);
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), SErr> {
+        let mut inner = self.lock();
+        inner.meta.vote = Some(*vote);
+        inner.save_meta()
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, SErr> {
+        Ok(self.lock().meta.vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), SErr> {
+        let mut inner = self.lock();
+        inner.committed = committed;
+        let bytes = serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(&e))?;
+        write_atomically(&inner.dir, COMMITTED_FILE, &bytes, false)
+            .map_err(|e| StorageIOError::write(&e).into())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, SErr> {
+        Ok(self.lock().committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), SErr>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut inner = self.lock();
+        let mut buf = Vec::new();
+        let mut added = Vec::new();
+        for e in entries {
+            let offset = inner.len + buf.len() as u64;
+            encode_entry(&e, &mut buf);
+            added.push((offset, e));
+        }
+        let mut result = inner.file.write_all(&buf);
+        if result.is_ok() {
+            result = inner.file.sync_data();
+        }
+        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok(()) => {
+                inner.len += buf.len() as u64;
+                self.stats
+                    .entries
+                    .fetch_add(added.len() as u64, Ordering::Relaxed);
+                for (o, e) in added {
+                    inner.entries.insert(e.log_id.index, (o, e));
+                }
+                drop(inner);
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                // What reached the file is not acknowledged; openraft stops
+                // this replica on a storage error, and the next open cuts
+                // or refuses the bytes.
+                let msg = e.to_string();
+                callback.log_io_completed(Err(std::io::Error::other(msg)));
+                Err(io_err(e))
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
+        let mut inner = self.lock();
+        let Some(offset) = inner.entries.get(&log_id.index).map(|(o, _)| *o) else {
+            return Ok(());
+        };
+        inner.file.set_len(offset).map_err(io_err)?;
+        inner.file.sync_data().map_err(io_err)?;
+        inner.file.seek(SeekFrom::Start(offset)).map_err(io_err)?;
+        inner.len = offset;
+        let _ = inner.entries.split_off(&log_id.index);
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
+        let mut inner = self.lock();
+        inner.meta.last_purged = Some(log_id);
+        inner.save_meta()?;
+        let keep = inner.entries.split_off(&(log_id.index + 1));
+        inner.entries = keep;
+        inner.compact()
+    }
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore").finish_non_exhaustive()
+    }
+}
