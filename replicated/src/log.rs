@@ -230,12 +230,16 @@ impl LogStore {
         let mut prev: Option<u64> = None;
         while at < bytes.len() {
             match decode_record(&bytes[at..]) {
+                // Records up to the last purged one are skipped whatever
+                // their order: a purge to a snapshot's log id can pass the
+                // end of the log (an installed snapshot), and the next
+                // record then follows the snapshot, not the last record.
+                Some((e, n)) if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) => {
+                    at += n;
+                }
                 Some((e, n)) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
                     prev = Some(e.log_id.index);
-                    let purged = meta.last_purged.is_some_and(|p| e.log_id.index <= p.index);
-                    if !purged {
-                        entries.insert(e.log_id.index, (at as u64, e));
-                    }
+                    entries.insert(e.log_id.index, (at as u64, e));
                     at += n;
                 }
                 Some(_) => {
@@ -454,6 +458,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         inner.save_meta()?;
         let keep = inner.entries.split_off(&(log_id.index + 1));
         inner.entries = keep;
+        if inner.entries.is_empty() {
+            // Everything is purged (often: a snapshot was installed past
+            // the end of the log): start the file again.
+            inner.file.set_len(0).map_err(io_err)?;
+            inner.file.sync_data().map_err(io_err)?;
+            inner.file.seek(SeekFrom::Start(0)).map_err(io_err)?;
+            inner.len = 0;
+            return Ok(());
+        }
         inner.compact()
     }
 }
