@@ -217,3 +217,97 @@ async fn a_new_replica_catches_up_by_snapshot_and_a_damaged_transfer_is_refused(
     assert_eq!(mgr.get(7u64, 3).unwrap().last_sequence(), 119);
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_every_replica_restarts_the_state_is_back_and_no_entry_is_applied_twice() {
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let applies: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let seen = applies.clone();
+    let options = ClusterOptions {
+        snapshot_every: 30,
+        keep_logs: 5,
+        observer: Some(Arc::new(move |node, index, _, _| {
+            seen.lock().unwrap().push((node, index))
+        })),
+        ..opts()
+    };
+    let cluster = Cluster::start(dir.path(), options.clone()).await.unwrap();
+    let mut offsets = Vec::new();
+    for n in 0..100 {
+        let (_, r) = cluster.submit(batch(5, n)).await.unwrap();
+        offsets.push(accepted_offset(&r.outcomes[0]));
+    }
+    let last = cluster
+        .replica(cluster.leader().unwrap())
+        .unwrap()
+        .state()
+        .0
+        .unwrap();
+    cluster
+        .wait_applied(last.index, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let before: Vec<_> = (1..=3)
+        .map(|id| cluster.replica(id).unwrap().state())
+        .collect();
+    cluster.shutdown().await;
+    drop(cluster);
+
+    // Each replica restarts from its snapshot (at most 30 entries old) and
+    // its log; what it applies now are only the entries after the
+    // snapshot, each once.
+    applies.lock().unwrap().clear();
+    let cluster = Cluster::start(dir.path(), options).await.unwrap();
+    for id in 1..=3 {
+        let snapshot_at = std::fs::metadata(cluster.dir(id).join("raft-snapshot")).is_ok();
+        assert!(snapshot_at, "node {id} wrote a snapshot");
+    }
+    let (_, r) = cluster.submit(batch(5, 99)).await.unwrap();
+    assert_eq!(
+        r.outcomes[0],
+        Outcome::Duplicate {
+            original: Some((offsets[99], 1099))
+        }
+    );
+    let now = cluster
+        .replica(cluster.leader().unwrap())
+        .unwrap()
+        .state()
+        .0
+        .unwrap();
+    cluster
+        .wait_applied(now.index, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let applies = applies.lock().unwrap().clone();
+    for id in 1..=3u64 {
+        let mine: Vec<u64> = applies
+            .iter()
+            .filter(|(n, _)| *n == id)
+            .map(|(_, i)| *i)
+            .collect();
+        let unique: std::collections::BTreeSet<_> = mine.iter().collect();
+        assert_eq!(
+            unique.len(),
+            mine.len(),
+            "node {id} applied an entry twice: {mine:?}"
+        );
+        assert!(
+            mine.windows(2).all(|w| w[1] == w[0] + 1),
+            "node {id}: {mine:?}"
+        );
+        assert!(
+            mine.len() <= 30 + 5 + 3,
+            "node {id} re-applied {} entries: more than since its snapshot",
+            mine.len()
+        );
+        let (at, state) = cluster.replica(id).unwrap().state();
+        assert_eq!(at, Some(now), "node {id}");
+        let (_, old) = &before[(id - 1) as usize];
+        let entry = state.get(5u64, 0).unwrap();
+        assert_eq!(Some(entry), old.get(5u64, 0), "node {id}");
+    }
+    assert_same_state(&cluster);
+    cluster.shutdown().await;
+}
