@@ -52,6 +52,7 @@ mod log;
 pub mod network;
 mod node;
 pub mod state;
+mod writer;
 
 use std::io::Write;
 use std::path::Path;

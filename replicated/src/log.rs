@@ -8,11 +8,11 @@
 //!
 //! Files in the replica's directory (bytes in docs/format.md):
 //!
-//! - `raft.log`: records `[len u32][crc32c u32][payload]`, one per entry,
+//! - `raft.log`: a 16-byte header, then records
+//!   `[len u32][crc32c u32][payload]`, one per entry,
 //!   appended and fdatasync'ed before openraft hears the entries are
-//!   flushed (one fsync per `append` call: openraft hands over every entry
-//!   that queued while the last fsync ran, so concurrent producers share
-//!   fsyncs, a group commit);
+//!   flushed, by a writer thread that fsyncs every append queued while the
+//!   last fsync ran at once (a group commit; `writer.rs`);
 //! - `raft-meta.json`: the vote and the last purged log id, replaced
 //!   atomically (temporary file, fsync, rename, directory fsync);
 //! - `raft-committed.json`: the committed log id, a hint written without
@@ -28,11 +28,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -41,14 +42,29 @@ use openraft::{
     Vote,
 };
 use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 
 use crate::command::{Command, Reader};
+use crate::writer::{self, Op};
 use crate::{NodeId, TypeConfig, write_atomically};
 
 pub(crate) const LOG_FILE: &str = "raft.log";
 const META_FILE: &str = "raft-meta.json";
 const COMMITTED_FILE: &str = "raft-committed.json";
 const RECORD_HEADER: usize = 8;
+const LOG_MAGIC: &[u8; 8] = b"PSRAFTLG";
+const LOG_VERSION: u16 = 1;
+/// `raft.log` starts with magic, version, reserved, and a CRC of those.
+const LOG_HEADER: usize = 16;
+
+fn log_header() -> [u8; LOG_HEADER] {
+    let mut h = [0u8; LOG_HEADER];
+    h[..8].copy_from_slice(LOG_MAGIC);
+    h[8..10].copy_from_slice(&LOG_VERSION.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..12]);
+    h[12..16].copy_from_slice(&crc.to_le_bytes());
+    h
+}
 /// A record's payload is at most this long (a command of 65,536 appends
 /// with 64 KiB names would be larger; `Command::validate` bounds it).
 const MAX_PAYLOAD: u32 = 1 << 30;
@@ -67,8 +83,9 @@ struct Meta {
 
 struct Inner {
     dir: PathBuf,
-    file: File,
-    /// Bytes of `raft.log` that hold records.
+    /// The writer thread's queue (`writer.rs`).
+    writer: Sender<Op>,
+    /// Bytes of `raft.log` that hold records, counting those queued.
     len: u64,
     /// Every entry not purged, with the file offset of its record.
     entries: BTreeMap<u64, (u64, Entry<TypeConfig>)>,
@@ -225,8 +242,36 @@ impl LogStore {
             .map_err(io("open", &path))?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io("read", &path))?;
+        let header = log_header();
+        if bytes.len() < LOG_HEADER && header.starts_with(&bytes) {
+            // New, or a creation cut short before any record: start it.
+            file.set_len(0).map_err(io("truncate", &path))?;
+            file.seek(SeekFrom::Start(0)).map_err(io("seek", &path))?;
+            file.write_all(&header).map_err(io("write", &path))?;
+            file.sync_data().map_err(io("fsync", &path))?;
+            bytes = header.to_vec();
+        }
+        match bytes.get(..LOG_HEADER) {
+            Some(h) if h == header => {}
+            Some(h)
+                if h[..8] == LOG_MAGIC[..] && h[12..] == crc32c::crc32c(&h[..12]).to_le_bytes() =>
+            {
+                return Err(OpenLogError::Corrupt {
+                    path,
+                    offset: 8,
+                    what: "a log version this build does not read",
+                });
+            }
+            _ => {
+                return Err(OpenLogError::Corrupt {
+                    path,
+                    offset: 0,
+                    what: "not a producer-state-raft log (header)",
+                });
+            }
+        }
         let mut entries = BTreeMap::new();
-        let mut at = 0usize;
+        let mut at = LOG_HEADER;
         let mut prev: Option<u64> = None;
         while at < bytes.len() {
             match decode_record(&bytes[at..]) {
@@ -272,9 +317,12 @@ impl LogStore {
             entries: entries.len(),
             torn_bytes,
         };
+        let stats = Arc::new(LogStats::default());
+        let writer = writer::spawn(dir.to_path_buf(), file, stats.clone())
+            .map_err(io("spawn the log writer for", &path))?;
         let inner = Inner {
             dir: dir.to_path_buf(),
-            file,
+            writer,
             len: at as u64,
             entries,
             meta,
@@ -283,7 +331,7 @@ impl LogStore {
         Ok((
             LogStore {
                 inner: Arc::new(Mutex::new(inner)),
-                stats: Arc::new(LogStats::default()),
+                stats,
             },
             opened,
         ))
@@ -308,34 +356,41 @@ impl Inner {
             .map_err(|e| StorageIOError::write_vote(&e).into())
     }
 
-    /// Rewrites `raft.log` with only the entries kept, when purged records
-    /// are more than half of it: the file stays within twice the unpurged
-    /// log.
-    fn compact(&mut self) -> Result<(), SErr> {
+    /// Queues a rewrite of `raft.log` with only the entries kept, when
+    /// purged records are more than half of it (and more than 64 KiB): the
+    /// file stays within about twice the unpurged log. The caller awaits
+    /// the answer.
+    fn compact(&mut self) -> Option<oneshot::Receiver<std::io::Result<()>>> {
         let first_offset = self.entries.values().next().map_or(self.len, |(o, _)| *o);
         if first_offset < 1 << 16 || first_offset < self.len / 2 {
-            return Ok(());
+            return None;
         }
-        let mut buf = Vec::new();
-        let mut offsets = Vec::with_capacity(self.entries.len());
-        for (_, e) in self.entries.values() {
-            offsets.push(buf.len() as u64);
+        let mut buf = log_header().to_vec();
+        for (o, e) in self.entries.values_mut() {
+            *o = buf.len() as u64;
             encode_entry(e, &mut buf);
         }
-        write_atomically(&self.dir, LOG_FILE, &buf, true).map_err(io_err)?;
-        let path = self.dir.join(LOG_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io_err)?;
-        file.seek(SeekFrom::End(0)).map_err(io_err)?;
-        self.file = file;
         self.len = buf.len() as u64;
-        for ((_, (o, _)), n) in self.entries.iter_mut().zip(offsets) {
-            *o = n;
-        }
-        Ok(())
+        Some(self.queue(|reply| Op::Replace(buf, reply)))
+    }
+
+    /// Queues an operation whose answer the caller awaits.
+    fn queue(
+        &self,
+        op: impl FnOnce(oneshot::Sender<std::io::Result<()>>) -> Op,
+    ) -> oneshot::Receiver<std::io::Result<()>> {
+        let (tx, rx) = oneshot::channel();
+        // If the writer is gone, `rx` reports it (its sender is dropped).
+        let _ = self.writer.send(op(tx));
+        rx
+    }
+}
+
+/// The writer's answer to a queued operation.
+async fn answer(rx: oneshot::Receiver<std::io::Result<()>>) -> Result<(), SErr> {
+    match rx.await {
+        Ok(r) => r.map_err(io_err),
+        Err(_) => Err(io_err(std::io::Error::other("the log writer stopped"))),
     }
 }
 
@@ -404,70 +459,57 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut inner = self.lock();
         let mut buf = Vec::new();
-        let mut added = Vec::new();
+        let mut n = 0;
         for e in entries {
             let offset = inner.len + buf.len() as u64;
             encode_entry(&e, &mut buf);
-            added.push((offset, e));
+            // Readable at once (the leader may send an entry before its own
+            // fsync; it counts itself only when `callback` reports it).
+            inner.entries.insert(e.log_id.index, (offset, e));
+            n += 1;
         }
-        let mut result = inner.file.write_all(&buf);
-        if result.is_ok() {
-            result = inner.file.sync_data();
-        }
-        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        match result {
-            Ok(()) => {
-                inner.len += buf.len() as u64;
-                self.stats
-                    .entries
-                    .fetch_add(added.len() as u64, Ordering::Relaxed);
-                for (o, e) in added {
-                    inner.entries.insert(e.log_id.index, (o, e));
-                }
-                drop(inner);
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                // What reached the file is not acknowledged; openraft stops
-                // this replica on a storage error, and the next open cuts
-                // or refuses the bytes.
-                let msg = e.to_string();
-                callback.log_io_completed(Err(std::io::Error::other(msg)));
-                Err(io_err(e))
-            }
-        }
-    }
-
-    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
-        let mut inner = self.lock();
-        let Some(offset) = inner.entries.get(&log_id.index).map(|(o, _)| *o) else {
-            return Ok(());
-        };
-        inner.file.set_len(offset).map_err(io_err)?;
-        inner.file.sync_data().map_err(io_err)?;
-        inner.file.seek(SeekFrom::Start(offset)).map_err(io_err)?;
-        inner.len = offset;
-        let _ = inner.entries.split_off(&log_id.index);
+        inner.len += buf.len() as u64;
+        self.stats.entries.fetch_add(n, Ordering::Relaxed);
+        // The writer reports the entries flushed after its fsync; if it is
+        // gone, dropping the callback tells openraft the IO failed.
+        let _ = inner.writer.send(Op::Append(buf, callback));
         Ok(())
     }
 
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
+        let rx = {
+            let mut inner = self.lock();
+            let Some(offset) = inner.entries.get(&log_id.index).map(|(o, _)| *o) else {
+                return Ok(());
+            };
+            inner.len = offset;
+            let _ = inner.entries.split_off(&log_id.index);
+            inner.queue(|reply| Op::Truncate(offset, reply))
+        };
+        answer(rx).await
+    }
+
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
-        let mut inner = self.lock();
-        inner.meta.last_purged = Some(log_id);
-        inner.save_meta()?;
-        let keep = inner.entries.split_off(&(log_id.index + 1));
-        inner.entries = keep;
-        if inner.entries.is_empty() {
-            // Everything is purged (often: a snapshot was installed past
-            // the end of the log): start the file again.
-            inner.file.set_len(0).map_err(io_err)?;
-            inner.file.sync_data().map_err(io_err)?;
-            inner.file.seek(SeekFrom::Start(0)).map_err(io_err)?;
-            inner.len = 0;
-            return Ok(());
+        let rx = {
+            let mut inner = self.lock();
+            inner.meta.last_purged = Some(log_id);
+            inner.save_meta()?;
+            let keep = inner.entries.split_off(&(log_id.index + 1));
+            inner.entries = keep;
+            if inner.entries.is_empty() {
+                // Everything is purged (often: a snapshot was installed
+                // past the end of the log): start the file again.
+                let start = LOG_HEADER as u64;
+                inner.len = start;
+                Some(inner.queue(|reply| Op::Truncate(start, reply)))
+            } else {
+                inner.compact()
+            }
+        };
+        match rx {
+            Some(rx) => answer(rx).await,
+            None => Ok(()),
         }
-        inner.compact()
     }
 }
 

@@ -196,12 +196,19 @@ impl StateMachine {
         lock(&self.shared.applied).last_applied
     }
 
-    /// Persists a snapshot (envelope and crate bytes) atomically.
-    fn persist(&self, meta: &Meta, data: &[u8]) -> Result<(), SErr> {
-        let bytes = encode_file(meta, data)
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
-        write_atomically(&self.shared.dir, SNAPSHOT_FILE, &bytes, true)
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e).into())
+    /// Persists a snapshot (envelope and crate bytes) atomically, on a
+    /// blocking thread: its fsyncs must not hold up a runtime worker.
+    async fn persist(&self, meta: &Meta, data: &[u8]) -> Result<(), SErr> {
+        let err = |e: String| -> SErr {
+            StorageIOError::write_snapshot(Some(meta.signature()), openraft::AnyError::error(e))
+                .into()
+        };
+        let bytes = encode_file(meta, data).map_err(|e| err(e.to_string()))?;
+        let dir = self.shared.dir.clone();
+        tokio::task::spawn_blocking(move || write_atomically(&dir, SNAPSHOT_FILE, &bytes, true))
+            .await
+            .map_err(|e| err(e.to_string()))?
+            .map_err(|e| err(e.to_string()))
     }
 }
 
@@ -270,7 +277,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             snapshot_id,
         };
         // Durable before openraft may purge the log it replaces.
-        self.persist(&meta, &data)?;
+        self.persist(&meta, &data).await?;
         *lock(&self.shared.current) = Some((meta.clone(), Arc::new(data.clone())));
         Ok(Snapshot {
             meta,
@@ -333,7 +340,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // path a snapshot takes, damaged bytes never replace the state.
         let mgr = verify_snapshot(meta, &data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
-        self.persist(meta, &data)?;
+        self.persist(meta, &data).await?;
         {
             let mut a = lock(&self.shared.applied);
             a.mgr = mgr;

@@ -21,6 +21,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for OnD
 }
 
 #[test]
-fn the_log_and_state_machine_pass_openraft_s_storage_suite() -> Result<(), StorageError<NodeId>> {
-    Suite::test_all(OnDisk)
+fn the_log_and_state_machine_pass_openraft_s_storage_suite() {
+    if let Err(e) = Suite::test_all(OnDisk) {
+        panic!("openraft's storage suite failed: {e}");
+    }
 }
