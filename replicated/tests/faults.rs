@@ -221,9 +221,9 @@ async fn run_seed(seed: u64) {
         .await
         .unwrap();
 
-    let conflicts = conflicts.lock().unwrap();
+    let conflicts = conflicts.lock().unwrap().clone();
     assert!(conflicts.is_empty(), "seed {seed}: {conflicts:#?}");
-    let applied = applied.lock().unwrap();
+    let applied = applied.lock().unwrap().clone();
 
     // The committed log: every index some replica applied, the same
     // command on every replica that applied it.
@@ -296,7 +296,7 @@ async fn run_seed(seed: u64) {
     }
     // Every answer is the reference's outcome at its index; an acknowledged
     // append is in the reference where its answer says.
-    let acks = acks.lock().unwrap();
+    let acks = std::mem::take(&mut *acks.lock().unwrap());
     let mut last_acked: BTreeMap<(Producer, i32), (i16, i32)> = BTreeMap::new();
     for ack in acks.iter() {
         assert_eq!(
