@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use producer_state::{AppendRequest, Batch, ProducerStateStore, StoreOptions};
-use producer_state_raft::{Append, Cluster, ClusterOptions, Command, Outcome};
+use producer_state_raft::{Append, Cluster, ClusterOptions, Command, Outcome, Proposer};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -112,7 +112,13 @@ fn single(dir: &Path, producers: usize, time: Duration) -> Result<Run> {
 
 /// Three replicas; with `second_wal`, each replica also writes every
 /// applied entry through a durable store.
-async fn replicated(dir: &Path, producers: usize, time: Duration, second_wal: bool) -> Result<Run> {
+async fn replicated(
+    dir: &Path,
+    producers: usize,
+    time: Duration,
+    batched: bool,
+    second_wal: bool,
+) -> Result<Run> {
     let mut options = ClusterOptions {
         snapshot_every: 20_000,
         keep_logs: 1_000,
@@ -160,18 +166,17 @@ async fn replicated(dir: &Path, producers: usize, time: Duration, second_wal: bo
         ));
     }
     let cluster = Arc::new(Cluster::start(dir, options).await?);
+    let proposer = batched.then(|| Proposer::new(cluster.clone()));
     let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
     let before = cluster.replica(leader).ok_or("no leader")?;
-    let (f0, e0) = (
-        before.log_stats().fsyncs.load(Ordering::Relaxed),
-        before.log_stats().entries.load(Ordering::Relaxed),
-    );
+    let f0 = before.log_stats().fsyncs.load(Ordering::Relaxed);
     let start = Instant::now();
     let deadline = start + time;
     let stop = Arc::new(AtomicBool::new(false));
     let tasks: Vec<_> = (0..producers as u64)
         .map(|p| {
             let cluster = cluster.clone();
+            let proposer = proposer.clone();
             let stop = stop.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
@@ -187,7 +192,10 @@ async fn replicated(dir: &Path, producers: usize, time: Duration, second_wal: bo
                         b.timestamp,
                     ));
                     let t = Instant::now();
-                    let (_, r) = cluster.submit(cmd).await.expect("answered");
+                    let r = match &proposer {
+                        Some(p) => p.submit(cmd).await.expect("answered").response,
+                        None => cluster.submit(cmd).await.expect("answered").1,
+                    };
                     lat.push(t.elapsed());
                     assert!(matches!(r.outcomes[0], Outcome::Accepted { .. }));
                     n += 1;
@@ -201,14 +209,12 @@ async fn replicated(dir: &Path, producers: usize, time: Duration, second_wal: bo
         lat.extend(t.await?);
     }
     let took = start.elapsed();
-    let (f1, e1) = (
-        before.log_stats().fsyncs.load(Ordering::Relaxed),
-        before.log_stats().entries.load(Ordering::Relaxed),
-    );
+    let f1 = before.log_stats().fsyncs.load(Ordering::Relaxed);
+    drop(proposer);
     cluster.shutdown().await;
     let n = lat.len() as u64;
     let mut run = percentiles(lat, n, took);
-    run.fsyncs_per_append = (f1 - f0) as f64 / ((e1 - e0).max(1)) as f64;
+    run.fsyncs_per_append = (f1 - f0) as f64 / n.max(1) as f64;
     Ok(run)
 }
 
@@ -227,41 +233,26 @@ async fn replication(base: &Path, time: Duration) -> Result<()> {
         time.as_secs_f64()
     );
     println!(
-        "| producers | single store appends/s | p50 µs | p99 µs | 3 replicas appends/s | p50 µs | p99 µs | Raft fsyncs per append | replicated / single | + second WAL appends/s | p99 µs | second WAL / Raft log only |"
+        "| producers | single store appends/s | p50 µs | p99 µs \
+         | 3 replicas, an entry per request: appends/s | p50 µs | p99 µs | leader fsyncs per append \
+         | 3 replicas, batched proposals: appends/s | p50 µs | p99 µs | leader fsyncs per append \
+         | batched / single | + a second WAL per replica: appends/s | p99 µs | second WAL / Raft log only |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &producers in &PRODUCERS {
-        let (mut s, mut r, mut w) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut s, mut r, mut b, mut w) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for round in 0..ROUNDS {
-            s.push(single(
-                &fresh(base, &format!("single-{producers}-{round}"))?,
-                producers,
-                time,
-            )?);
-            r.push(
-                replicated(
-                    &fresh(base, &format!("raft-{producers}-{round}"))?,
-                    producers,
-                    time,
-                    false,
-                )
-                .await?,
-            );
-            w.push(
-                replicated(
-                    &fresh(base, &format!("wal-{producers}-{round}"))?,
-                    producers,
-                    time,
-                    true,
-                )
-                .await?,
-            );
+            let d = |name: &str| fresh(base, &format!("{name}-{producers}-{round}"));
+            s.push(single(&d("single")?, producers, time)?);
+            r.push(replicated(&d("raft")?, producers, time, false, false).await?);
+            b.push(replicated(&d("batched")?, producers, time, true, false).await?);
+            w.push(replicated(&d("wal")?, producers, time, true, true).await?);
             let _ = std::fs::remove_dir_all(base);
             std::fs::create_dir_all(base)?;
         }
-        let (s, r, w) = (summarise(&s), summarise(&r), summarise(&w));
+        let (s, r, b, w) = (summarise(&s), summarise(&r), summarise(&b), summarise(&w));
         println!(
-            "| {producers} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2}x | {:.0} | {:.0} | {:.2}x |",
+            "| {producers} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.3} | {:.2}x | {:.0} | {:.0} | {:.2}x |",
             s.per_sec,
             s.p50_us,
             s.p99_us,
@@ -269,10 +260,14 @@ async fn replication(base: &Path, time: Duration) -> Result<()> {
             r.p50_us,
             r.p99_us,
             r.fsyncs_per_append,
-            r.per_sec / s.per_sec,
+            b.per_sec,
+            b.p50_us,
+            b.p99_us,
+            b.fsyncs_per_append,
+            b.per_sec / s.per_sec,
             w.per_sec,
             w.p99_us,
-            w.per_sec / r.per_sec
+            w.per_sec / b.per_sec
         );
     }
     println!();

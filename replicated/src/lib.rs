@@ -21,7 +21,9 @@
 //! - a lagging or new replica is sent that snapshot; it is verified before
 //!   it replaces anything ([`state::verify_snapshot`]).
 //!
-//! [`Cluster`] runs replicas in one process over a [`Router`] that can
+//! [`Proposer`] batches concurrent requests into shared entries (openraft
+//! 0.9 commits one log append per fsync, so without it concurrent
+//! producers share no fsync). [`Cluster`] runs replicas in one process over a [`Router`] that can
 //! drop, delay, duplicate and reorder messages and cut links: the tests
 //! and the `replicated` example use it. The durability reasoning and the
 //! measured costs are in docs/scaling.md; the bytes of the files in
@@ -51,6 +53,7 @@ pub mod command;
 mod log;
 pub mod network;
 mod node;
+mod proposer;
 pub mod state;
 mod writer;
 
@@ -61,6 +64,7 @@ pub use command::{Append, Command, Outcome, Producer, Response};
 pub use log::{LogOpened, LogStats, LogStore, OpenLogError};
 pub use network::{Faults, Router};
 pub use node::{Cluster, ClusterObserver, ClusterOptions, Replica, StartError, SubmitError};
+pub use proposer::{Answer, Proposer};
 pub use state::{ApplyObserver, SnapshotError, StateMachine};
 
 /// A replica's id.
