@@ -15,10 +15,12 @@
 //!    - three replicas in this process (in-memory network, no faults), the
 //!      Raft log fsync'ed on every replica before it acknowledges, the
 //!      state in memory (this crate's design), producers as tasks calling
-//!      `Cluster::submit`;
-//!    - the same cluster with a second WAL per replica: every applied
+//!      `Cluster::submit` (one entry per request);
+//!    - the same with the producers' requests batched into shared entries
+//!      by a `Proposer`;
+//!    - the batched cluster with a second WAL per replica: every applied
 //!      entry also goes through a `ProducerStateStore` with
-//!      `FsyncPolicy::Always` (the design not taken).
+//!      `FsyncPolicy::Always` in one `append_all` (the design not taken).
 //! 2. **Partitions.** P partitions with 64 producers each, as P stores
 //!    (one per partition) or one store holding every partition: resident
 //!    memory, threads and files after opening and filling them, and 16
