@@ -36,6 +36,18 @@ fn log_path(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("raft.log")
 }
 
+/// A closed log of entries 1..=10 of term 1, and its file's bytes.
+async fn ten_entries() -> (tempfile::TempDir, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    log.blocking_append((1..=10).map(|i| entry(1, i)))
+        .await
+        .unwrap();
+    drop(log);
+    let full = std::fs::read(log_path(dir.path())).unwrap();
+    (dir, full)
+}
+
 #[tokio::test]
 async fn entries_and_the_vote_come_back_after_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
@@ -56,13 +68,7 @@ async fn entries_and_the_vote_come_back_after_a_reopen() {
 
 #[tokio::test]
 async fn a_torn_tail_is_cut_and_reported_and_the_log_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = LogStore::open(dir.path()).unwrap();
-    log.blocking_append((1..=10).map(|i| entry(1, i)))
-        .await
-        .unwrap();
-    drop(log);
-    let full = std::fs::read(log_path(dir.path())).unwrap();
+    let (dir, full) = ten_entries().await;
     // Every cut inside the last record leaves the first nine.
     let (mut probe, _) = LogStore::open(dir.path()).unwrap();
     let nine = all(&mut probe).await[..9].to_vec();
@@ -97,13 +103,7 @@ async fn a_torn_tail_is_cut_and_reported_and_the_log_goes_on() {
 
 #[tokio::test]
 async fn damage_followed_by_valid_records_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = LogStore::open(dir.path()).unwrap();
-    log.blocking_append((1..=10).map(|i| entry(1, i)))
-        .await
-        .unwrap();
-    drop(log);
-    let full = std::fs::read(log_path(dir.path())).unwrap();
+    let (dir, full) = ten_entries().await;
     // A bit flipped in every byte of the first half: each one is refused,
     // never a panic, never a shorter log.
     for at in 0..full.len() / 2 {
