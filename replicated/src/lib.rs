@@ -29,8 +29,9 @@
 //! measured costs are in docs/scaling.md; the bytes of the files in
 //! docs/format.md.
 //!
-//! ```no_run
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! ```
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use producer_state_raft::{Append, Cluster, ClusterOptions, Command, Outcome};
 //!
 //! let dir = tempfile::tempdir()?;
@@ -40,6 +41,7 @@
 //! let (_, retry) = cluster.submit(batch).await?;
 //! let Outcome::Accepted { offset } = first.outcomes[0] else { unreachable!() };
 //! assert_eq!(retry.outcomes[0], Outcome::Duplicate { original: Some((offset, 1_700_000_000_000)) });
+//! cluster.shutdown().await;
 //! # Ok(()) }
 //! ```
 
