@@ -59,8 +59,10 @@ mod proposer;
 pub mod state;
 mod writer;
 
-use std::io::Write;
+use std::io::Read;
 use std::path::Path;
+
+use producer_state::fs::FileSystem;
 
 pub use command::{Append, Command, Outcome, Producer, Response};
 pub use log::{LogOpened, LogStats, LogStore, OpenLogError};
@@ -88,21 +90,36 @@ openraft::declare_raft_types!(
 /// fsync'ed when `durable`), renamed over the old one, and the directory
 /// fsync'ed when `durable`. A crash leaves the old file or the new one.
 pub(crate) fn write_atomically(
+    fs: &dyn FileSystem,
     dir: &Path,
     name: &str,
     bytes: &[u8],
     durable: bool,
 ) -> std::io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
+    if fs.kind(&tmp)?.is_some() {
+        fs.remove_file(&tmp)?;
+    }
+    let mut f = fs.create_new(&tmp)?;
     f.write_all(bytes)?;
     if durable {
         f.sync_data()?;
     }
     drop(f);
-    std::fs::rename(&tmp, dir.join(name))?;
+    fs.rename(&tmp, &dir.join(name))?;
     if durable {
-        std::fs::File::open(dir)?.sync_all()?;
+        fs.sync_dir(dir)?;
     }
     Ok(())
+}
+
+/// The bytes of `path`, or `None` if it does not exist.
+pub(crate) fn read_file(fs: &dyn FileSystem, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    if fs.kind(path)?.is_none() {
+        return Ok(None);
+    }
+    let mut f = fs.open_read(path)?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    Ok(Some(bytes))
 }

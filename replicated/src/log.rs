@@ -28,8 +28,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::fs::OpenOptions;
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,7 +44,8 @@ use tokio::sync::oneshot;
 
 use crate::command::{Command, Reader};
 use crate::writer::{self, Op};
-use crate::{NodeId, TypeConfig, write_atomically};
+use crate::{NodeId, TypeConfig, read_file, write_atomically};
+use producer_state::fs::{FileSystem, StdFs};
 
 pub(crate) const LOG_FILE: &str = "raft.log";
 const META_FILE: &str = "raft-meta.json";
@@ -82,6 +81,7 @@ struct Meta {
 }
 
 struct Inner {
+    fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     /// The writer thread's queue (`writer.rs`).
     writer: Sender<Op>,
@@ -212,43 +212,44 @@ pub enum OpenLogError {
 impl LogStore {
     /// Opens (or creates) the log in `dir`, cutting a torn tail.
     pub fn open(dir: &Path) -> Result<(LogStore, LogOpened), OpenLogError> {
+        LogStore::open_with(Arc::new(StdFs), dir)
+    }
+
+    /// [`LogStore::open`] through a file system of the core crate's seam
+    /// (`SimFs` in the crash tests).
+    pub fn open_with(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+    ) -> Result<(LogStore, LogOpened), OpenLogError> {
         let io = |op, path: &Path| {
             let path = path.to_path_buf();
             move |source| OpenLogError::Io { op, path, source }
         };
-        std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+        fs.create_dir_all(dir).map_err(io("create", dir))?;
         let meta_path = dir.join(META_FILE);
-        let meta: Meta = match std::fs::read(&meta_path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|_| OpenLogError::Corrupt {
+        let meta: Meta = match read_file(fs.as_ref(), &meta_path).map_err(io("read", &meta_path))? {
+            Some(b) => serde_json::from_slice(&b).map_err(|_| OpenLogError::Corrupt {
                 path: meta_path.clone(),
                 offset: 0,
                 what: "not the vote and purge record",
             })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Meta::default(),
-            Err(e) => return Err(io("read", &meta_path)(e)),
+            None => Meta::default(),
         };
         // A hint only: unreadable is the same as absent (module docs).
-        let committed = std::fs::read(dir.join(COMMITTED_FILE))
+        let committed = read_file(fs.as_ref(), &dir.join(COMMITTED_FILE))
             .ok()
+            .flatten()
             .and_then(|b| serde_json::from_slice::<Option<LogId<NodeId>>>(&b).ok())
             .flatten();
         let path = dir.join(LOG_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io("open", &path))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).map_err(io("read", &path))?;
+        let mut bytes = read_file(fs.as_ref(), &path)
+            .map_err(io("read", &path))?
+            .unwrap_or_default();
         let header = log_header();
         if bytes.len() < LOG_HEADER && header.starts_with(&bytes) {
             // New, or a creation cut short before any record: start it.
-            file.set_len(0).map_err(io("truncate", &path))?;
-            file.seek(SeekFrom::Start(0)).map_err(io("seek", &path))?;
-            file.write_all(&header).map_err(io("write", &path))?;
-            file.sync_data().map_err(io("fsync", &path))?;
+            write_atomically(fs.as_ref(), dir, LOG_FILE, &header, true)
+                .map_err(io("create", &path))?;
             bytes = header.to_vec();
         }
         match bytes.get(..LOG_HEADER) {
@@ -307,20 +308,20 @@ impl LogStore {
             }
         }
         let torn_bytes = (bytes.len() - at) as u64;
+        let mut file = fs.open_append(&path).map_err(io("open", &path))?;
         if torn_bytes > 0 {
             file.set_len(at as u64).map_err(io("truncate", &path))?;
             file.sync_data().map_err(io("fsync", &path))?;
         }
-        file.seek(SeekFrom::Start(at as u64))
-            .map_err(io("seek", &path))?;
         let opened = LogOpened {
             entries: entries.len(),
             torn_bytes,
         };
         let stats = Arc::new(LogStats::default());
-        let writer = writer::spawn(dir.to_path_buf(), file, stats.clone())
+        let writer = writer::spawn(fs.clone(), dir.to_path_buf(), file, stats.clone())
             .map_err(io("spawn the log writer for", &path))?;
         let inner = Inner {
+            fs,
             dir: dir.to_path_buf(),
             writer,
             len: at as u64,
@@ -352,7 +353,7 @@ impl LogStore {
 impl Inner {
     fn save_meta(&self) -> Result<(), SErr> {
         let bytes = serde_json::to_vec(&self.meta).map_err(|e| StorageIOError::write_vote(&e))?;
-        write_atomically(&self.dir, META_FILE, &bytes, true)
+        write_atomically(self.fs.as_ref(), &self.dir, META_FILE, &bytes, true)
             .map_err(|e| StorageIOError::write_vote(&e).into())
     }
 
@@ -444,7 +445,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut inner = self.lock();
         inner.committed = committed;
         let bytes = serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(&e))?;
-        write_atomically(&inner.dir, COMMITTED_FILE, &bytes, false)
+        write_atomically(inner.fs.as_ref(), &inner.dir, COMMITTED_FILE, &bytes, false)
             .map_err(|e| StorageIOError::write(&e).into())
     }
 

@@ -33,7 +33,8 @@ use openraft::{
 use producer_state::ProducerStateManager;
 
 use crate::command::{self, Command, Reader, Response};
-use crate::{NodeId, TypeConfig, write_atomically};
+use crate::{NodeId, TypeConfig, read_file, write_atomically};
+use producer_state::fs::{FileSystem, StdFs};
 
 const SNAPSHOT_FILE: &str = "raft-snapshot";
 const MAGIC: &[u8; 8] = b"PSRAFTSN";
@@ -120,6 +121,7 @@ struct Applied {
 }
 
 struct Shared {
+    fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     applied: Mutex<Applied>,
     current: Mutex<Option<(Meta, Arc<Vec<u8>>)>>,
@@ -152,9 +154,23 @@ impl StateMachine {
         dir: &Path,
         observer: Option<ApplyObserver>,
     ) -> Result<StateMachine, SnapshotError> {
+        StateMachine::open_with(Arc::new(StdFs), dir, observer)
+    }
+
+    /// [`StateMachine::open`] through a file system of the core crate's
+    /// seam (`SimFs` in the crash tests).
+    pub fn open_with(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        observer: Option<ApplyObserver>,
+    ) -> Result<StateMachine, SnapshotError> {
         let path = dir.join(SNAPSHOT_FILE);
-        let (applied, current) = match std::fs::read(&path) {
-            Ok(bytes) => {
+        let read = read_file(fs.as_ref(), &path).map_err(|source| SnapshotError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let (applied, current) = match read {
+            Some(bytes) => {
                 let (meta, data) = decode_file(&path, &bytes)?;
                 let mgr = verify_snapshot(&meta, &data)?;
                 let applied = Applied {
@@ -164,7 +180,7 @@ impl StateMachine {
                 };
                 (applied, Some((meta, Arc::new(data))))
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+            None => (
                 Applied {
                     mgr: ProducerStateManager::new(),
                     last_applied: None,
@@ -172,10 +188,10 @@ impl StateMachine {
                 },
                 None,
             ),
-            Err(source) => return Err(SnapshotError::Io { path, source }),
         };
         Ok(StateMachine {
             shared: Arc::new(Shared {
+                fs,
                 dir: dir.to_path_buf(),
                 applied: Mutex::new(applied),
                 current: Mutex::new(current),
@@ -204,11 +220,13 @@ impl StateMachine {
                 .into()
         };
         let bytes = encode_file(meta, data).map_err(|e| err(e.to_string()))?;
-        let dir = self.shared.dir.clone();
-        tokio::task::spawn_blocking(move || write_atomically(&dir, SNAPSHOT_FILE, &bytes, true))
-            .await
-            .map_err(|e| err(e.to_string()))?
-            .map_err(|e| err(e.to_string()))
+        let (fs, dir) = (self.shared.fs.clone(), self.shared.dir.clone());
+        tokio::task::spawn_blocking(move || {
+            write_atomically(fs.as_ref(), &dir, SNAPSHOT_FILE, &bytes, true)
+        })
+        .await
+        .map_err(|e| err(e.to_string()))?
+        .map_err(|e| err(e.to_string()))
     }
 }
 

@@ -16,14 +16,13 @@
 //! operation fails too (nothing is retried: the replica stops, and the
 //! next open cuts or refuses what reached the file).
 
-use std::fs::{File, OpenOptions};
-use std::io::{Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
 use openraft::storage::LogFlushed;
+use producer_state::fs::{FileSystem, WriteFile};
 use tokio::sync::oneshot;
 
 use crate::log::{LOG_FILE, LogStats};
@@ -40,17 +39,24 @@ pub(crate) enum Op {
 }
 
 struct Writer {
+    fs: Arc<dyn FileSystem>,
     dir: PathBuf,
-    file: File,
+    file: Box<dyn WriteFile>,
     stats: Arc<LogStats>,
     /// The first failure, repeated to every later operation.
     failed: Option<String>,
 }
 
-/// Starts the writer of `file` (positioned at the end of its records).
-pub(crate) fn spawn(dir: PathBuf, file: File, stats: Arc<LogStats>) -> std::io::Result<Sender<Op>> {
+/// Starts the writer of `file` (opened to append after its records).
+pub(crate) fn spawn(
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+    file: Box<dyn WriteFile>,
+    stats: Arc<LogStats>,
+) -> std::io::Result<Sender<Op>> {
     let (tx, rx) = std::sync::mpsc::channel();
     let mut w = Writer {
+        fs,
         dir,
         file,
         stats,
@@ -85,20 +91,14 @@ impl Writer {
                 Op::Truncate(len, reply) => {
                     let r = self.guard(|w| {
                         w.file.set_len(len)?;
-                        w.file.sync_data()?;
-                        w.file.seek(SeekFrom::Start(len)).map(|_| ())
+                        w.file.sync_data()
                     });
                     let _ = reply.send(r);
                 }
                 Op::Replace(bytes, reply) => {
                     let r = self.guard(|w| {
-                        write_atomically(&w.dir, LOG_FILE, &bytes, true)?;
-                        let mut file = OpenOptions::new()
-                            .read(true)
-                            .write(true)
-                            .open(w.dir.join(LOG_FILE))?;
-                        file.seek(SeekFrom::End(0))?;
-                        w.file = file;
+                        write_atomically(w.fs.as_ref(), &w.dir, LOG_FILE, &bytes, true)?;
+                        w.file = w.fs.open_append(&w.dir.join(LOG_FILE))?;
                         Ok(())
                     });
                     let _ = reply.send(r);
