@@ -20,11 +20,14 @@
 //!   is lost or unreadable, the replica learns the commit from the leader
 //!   and applies then: nothing is applied twice either way).
 //!
-//! On open, a log whose last record is cut or fails its checksum, with no
-//! valid record after it, ends there: those bytes were never acknowledged
-//! (an append is acknowledged only after its fsync) and are cut. Damage
-//! followed by a valid record is refused as corruption: a replica must not
-//! forget entries it acknowledged, since a majority may have counted them.
+//! Every record names the write it went out in (the last index of that
+//! write). On open, damage (a record cut short or failing its checksum)
+//! followed by nothing valid, or only by records of the same write, is
+//! what a crash leaves of a write whose fsync never returned: never
+//! acknowledged, it is cut there. Damage followed by a later write's
+//! records is refused as corruption: a write starts only after the one
+//! before it was fsync'ed, so the damaged records were acknowledged, and a
+//! replica must not forget entries a majority may have counted.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -129,6 +132,9 @@ pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) {
     out.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
     out.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
     out.extend_from_slice(&e.log_id.index.to_le_bytes());
+    // The last index of the write this record goes out in: filled in by
+    // `seal_group` once the write is formed.
+    out.extend_from_slice(&0u64.to_le_bytes());
     match &e.payload {
         EntryPayload::Blank => out.push(KIND_BLANK),
         EntryPayload::Normal(c) => {
@@ -143,17 +149,42 @@ pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) {
         }
     }
     let payload_len = (out.len() - start - RECORD_HEADER) as u32;
-    let crc = crc32c::crc32c_append(
-        crc32c::crc32c(&payload_len.to_le_bytes()),
-        &out[start + RECORD_HEADER..],
-    );
     out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    seal_record(&mut out[start..], 0);
+}
+
+/// Where a record's write-group field is: after length, CRC, term, node
+/// and index.
+const GROUP_AT: usize = RECORD_HEADER + 24;
+
+/// Sets the write-group field of the record at the start of `rec` and
+/// its CRC; returns the record's length.
+fn seal_record(rec: &mut [u8], group_end: u64) -> usize {
+    let len = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
+    rec[GROUP_AT..GROUP_AT + 8].copy_from_slice(&group_end.to_le_bytes());
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c(&rec[..4]),
+        &rec[RECORD_HEADER..RECORD_HEADER + len],
+    );
+    rec[4..8].copy_from_slice(&crc.to_le_bytes());
+    RECORD_HEADER + len
+}
+
+/// Marks every record in `buf` (whole records, as `encode_entry` wrote
+/// them) as part of one write whose last entry has index `group_end`.
+/// The writer calls it on each write before it is written: after a crash,
+/// records of one write that did not reach the disk whole can be told
+/// from damage to an earlier, fsync'ed write (`LogStore::open`).
+pub(crate) fn seal_group(buf: &mut [u8], group_end: u64) {
+    let mut at = 0;
+    while at < buf.len() {
+        at += seal_record(&mut buf[at..], group_end);
+    }
 }
 
 /// One record at the start of `bytes`: the entry and the record's length;
 /// `None` if these bytes are not a whole valid record.
-fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize)> {
+fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize, u64)> {
     let mut r = Reader(bytes);
     let len = r.u32().ok()?;
     let crc = r.u32().ok()?;
@@ -169,6 +200,10 @@ fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize)> {
     let term = p.u64().ok()?;
     let node_id = p.u64().ok()?;
     let index = p.u64().ok()?;
+    let group_end = p.u64().ok()?;
+    if group_end < index {
+        return None;
+    }
     let payload = match p.u8().ok()? {
         KIND_BLANK if p.0.is_empty() => EntryPayload::Blank,
         KIND_NORMAL => EntryPayload::Normal(Command::decode(p.0).ok()?),
@@ -179,7 +214,29 @@ fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize)> {
         log_id: LogId::new(CommittedLeaderId::new(term, node_id), index),
         payload,
     };
-    Some((entry, RECORD_HEADER + len as usize))
+    Some((entry, RECORD_HEADER + len as usize, group_end))
+}
+
+/// Whether the bytes of `bytes` from `at` (where no valid record starts)
+/// are what a crash leaves of the last write: nothing valid after `at`,
+/// or only records of one write (one write-group value) that is not a
+/// later write than the unfinished one `last` belongs to. A write is
+/// acknowledged only after its fsync, and the next write starts only
+/// after that fsync, so records of a later write behind the damage prove
+/// the damaged write was fsync'ed: that damage is refused.
+fn torn_write(bytes: &[u8], at: usize, last: Option<(u64, u64)>) -> bool {
+    let mut groups = (at + 1..bytes.len())
+        .filter_map(|s| decode_record(&bytes[s..]))
+        .map(|(e, _, g)| (e.log_id.index, g));
+    let Some((first_index, group)) = groups.next() else {
+        return true;
+    };
+    if groups.any(|(_, g)| g != group) {
+        return false;
+    }
+    // The last valid record's write went on past it, and the records
+    // behind the damage start after that write: that write was whole.
+    !last.is_some_and(|(index, g)| g > index && first_index > g)
 }
 
 /// The log could not be opened.
@@ -274,17 +331,21 @@ impl LogStore {
         let mut entries = BTreeMap::new();
         let mut at = LOG_HEADER;
         let mut prev: Option<u64> = None;
+        // Index and write group of the last valid record.
+        let mut last: Option<(u64, u64)> = None;
         while at < bytes.len() {
             match decode_record(&bytes[at..]) {
                 // Records up to the last purged one are skipped whatever
                 // their order: a purge to a snapshot's log id can pass the
                 // end of the log (an installed snapshot), and the next
                 // record then follows the snapshot, not the last record.
-                Some((e, n)) if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) => {
+                Some((e, n, g)) if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) => {
+                    last = Some((e.log_id.index, g));
                     at += n;
                 }
-                Some((e, n)) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
+                Some((e, n, g)) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
                     prev = Some(e.log_id.index);
+                    last = Some((e.log_id.index, g));
                     entries.insert(e.log_id.index, (at as u64, e));
                     at += n;
                 }
@@ -296,11 +357,11 @@ impl LogStore {
                     });
                 }
                 None => {
-                    if (at + 1..bytes.len()).any(|s| decode_record(&bytes[s..]).is_some()) {
+                    if !torn_write(&bytes, at, last) {
                         return Err(OpenLogError::Corrupt {
                             path,
                             offset: at as u64,
-                            what: "a damaged record followed by valid ones",
+                            what: "a damaged record followed by a later write's records",
                         });
                     }
                     break;
@@ -371,6 +432,9 @@ impl Inner {
             *o = buf.len() as u64;
             encode_entry(e, &mut buf);
         }
+        // One write: its records are one group.
+        let last = self.entries.keys().next_back().copied().unwrap_or(0);
+        seal_group(&mut buf[LOG_HEADER..], last);
         self.len = buf.len() as u64;
         Some(self.queue(|reply| Op::Replace(buf, reply)))
     }
@@ -471,9 +535,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         inner.len += buf.len() as u64;
         self.stats.entries.fetch_add(n, Ordering::Relaxed);
+        let last = inner.entries.keys().next_back().copied().unwrap_or(0);
         // The writer reports the entries flushed after its fsync; if it is
         // gone, dropping the callback tells openraft the IO failed.
-        let _ = inner.writer.send(Op::Append(buf, callback));
+        let _ = inner.writer.send(Op::Append(buf, last, callback));
         Ok(())
     }
 

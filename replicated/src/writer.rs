@@ -25,13 +25,14 @@ use openraft::storage::LogFlushed;
 use producer_state::fs::{FileSystem, WriteFile};
 use tokio::sync::oneshot;
 
-use crate::log::{LOG_FILE, LogStats};
+use crate::log::{LOG_FILE, LogStats, seal_group};
 use crate::{TypeConfig, write_atomically};
 
 /// One change to the file.
 pub(crate) enum Op {
-    /// Append these records; report them flushed after the fsync.
-    Append(Vec<u8>, LogFlushed<TypeConfig>),
+    /// Append these records (the last of index `.1`); report them flushed
+    /// after the fsync.
+    Append(Vec<u8>, u64, LogFlushed<TypeConfig>),
     /// Cut the file to this length and fsync.
     Truncate(u64, oneshot::Sender<std::io::Result<()>>),
     /// Replace the file atomically by these bytes.
@@ -74,11 +75,15 @@ impl Writer {
         let mut next = rx.recv().ok();
         while let Some(op) = next.take() {
             match op {
-                Op::Append(bytes, done) => {
+                Op::Append(bytes, last, done) => {
                     let mut group = vec![(bytes, done)];
+                    let mut group_end = last;
                     loop {
                         match rx.try_recv() {
-                            Ok(Op::Append(b, d)) => group.push((b, d)),
+                            Ok(Op::Append(b, l, d)) => {
+                                group.push((b, d));
+                                group_end = group_end.max(l);
+                            }
                             Ok(other) => {
                                 next = Some(other);
                                 break;
@@ -86,7 +91,7 @@ impl Writer {
                             Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                         }
                     }
-                    self.append(group);
+                    self.append(group, group_end);
                 }
                 Op::Truncate(len, reply) => {
                     let r = self.guard(|w| {
@@ -124,11 +129,15 @@ impl Writer {
         r
     }
 
-    fn append(&mut self, group: Vec<(Vec<u8>, LogFlushed<TypeConfig>)>) {
+    fn append(&mut self, mut group: Vec<(Vec<u8>, LogFlushed<TypeConfig>)>, group_end: u64) {
+        // One write, marked as such in every record (`log::seal_group`).
+        let mut bytes = Vec::with_capacity(group.iter().map(|(b, _)| b.len()).sum());
+        for (b, _) in &mut group {
+            bytes.append(b);
+        }
+        seal_group(&mut bytes, group_end);
         let r = self.guard(|w| {
-            for (bytes, _) in &group {
-                w.file.write_all(bytes)?;
-            }
+            w.file.write_all(&bytes)?;
             w.file.sync_data()
         });
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);

@@ -89,10 +89,16 @@ async fn the_golden_files_decode_to_their_history_and_are_written_byte_for_byte(
         }
     }
     for f in ["raft.log", "raft-snapshot"] {
-        assert_eq!(
+        let (now, kept) = (
             std::fs::read(fresh.path().join(f)).unwrap(),
             std::fs::read(golden().join(f)).unwrap(),
-            "{f} is no longer written as the golden file"
+        );
+        let first_difference = now.iter().zip(&kept).position(|(a, b)| a != b);
+        assert!(
+            now == kept,
+            "{f} is no longer written as the golden file: {} bytes against {}, first difference at {first_difference:?}",
+            now.len(),
+            kept.len()
         );
     }
     // Decoding: a copy of the golden files opens to the history.

@@ -36,16 +36,22 @@ fn log_path(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("raft.log")
 }
 
-/// A closed log of entries 1..=10 of term 1, and its file's bytes.
-async fn ten_entries() -> (tempfile::TempDir, Vec<u8>) {
+/// A closed log of entries 1..=10 of term 1, written in two appends (so
+/// two writes: 1..=5, then 6..=10), its file's bytes, and where the second
+/// write starts.
+async fn ten_entries() -> (tempfile::TempDir, Vec<u8>, usize) {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = LogStore::open(dir.path()).unwrap();
-    log.blocking_append((1..=10).map(|i| entry(1, i)))
+    log.blocking_append((1..=5).map(|i| entry(1, i)))
+        .await
+        .unwrap();
+    let second = std::fs::metadata(log_path(dir.path())).unwrap().len() as usize;
+    log.blocking_append((6..=10).map(|i| entry(1, i)))
         .await
         .unwrap();
     drop(log);
     let full = std::fs::read(log_path(dir.path())).unwrap();
-    (dir, full)
+    (dir, full, second)
 }
 
 #[tokio::test]
@@ -68,7 +74,7 @@ async fn entries_and_the_vote_come_back_after_a_reopen() {
 
 #[tokio::test]
 async fn a_torn_tail_is_cut_and_reported_and_the_log_goes_on() {
-    let (dir, full) = ten_entries().await;
+    let (dir, full, _) = ten_entries().await;
     // Every cut inside the last record leaves the first nine.
     let (mut probe, _) = LogStore::open(dir.path()).unwrap();
     let nine = all(&mut probe).await[..9].to_vec();
@@ -102,11 +108,15 @@ async fn a_torn_tail_is_cut_and_reported_and_the_log_goes_on() {
 }
 
 #[tokio::test]
-async fn damage_followed_by_valid_records_is_refused() {
-    let (dir, full) = ten_entries().await;
-    // A bit flipped in every byte of the first half: each one is refused,
-    // never a panic, never a shorter log.
-    for at in 0..full.len() / 2 {
+async fn damage_before_a_later_write_is_refused_and_in_the_last_write_is_cut() {
+    let (dir, full, second) = ten_entries().await;
+    let (mut probe, _) = LogStore::open(dir.path()).unwrap();
+    let written = all(&mut probe).await;
+    drop(probe);
+    // A bit flipped anywhere in the header or the first write, which the
+    // second write follows (so the first was fsync'ed): refused, never a
+    // panic, never a shorter log.
+    for at in 0..second {
         let mut bad = full.clone();
         bad[at] ^= 0x20;
         std::fs::write(log_path(dir.path()), &bad).unwrap();
@@ -115,6 +125,23 @@ async fn damage_followed_by_valid_records_is_refused() {
             Err(e) => panic!("flip at {at}: {e}"),
             Ok(_) => panic!("flip at {at} was accepted"),
         }
+    }
+    // In the last write, damage looks like that write torn by a crash
+    // before its fsync (its sectors persisted out of order): the log is cut
+    // there, keeping the first write and whole records before the damage.
+    for at in second..full.len() {
+        let mut bad = full.clone();
+        bad[at] ^= 0x20;
+        std::fs::write(log_path(dir.path()), &bad).unwrap();
+        let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+        let kept = all(&mut log).await;
+        assert!(
+            kept.len() >= 5 && kept.len() < 10,
+            "flip at {at}: {}",
+            kept.len()
+        );
+        assert_eq!(kept[..], written[..kept.len()], "flip at {at}");
+        assert!(opened.torn_bytes > 0);
     }
 }
 
