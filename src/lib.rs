@@ -134,27 +134,36 @@ pub mod fs;
 mod id;
 pub mod inspect;
 pub mod kafka;
+mod kafka_rules;
+mod kafka_state;
 mod loader;
 mod manager;
 mod map;
 mod outcome;
 mod recovery;
 mod rules;
+mod semantics;
 mod shards;
 mod snapshot;
 mod store;
+mod txn;
 mod wal;
 
-pub use batch::{AppendRequest, Batch, BatchMetadata, RetainedBatch};
+pub use batch::{AppendOptions, AppendRequest, Batch, BatchMetadata, Origin, RetainedBatch};
 pub use entry::{Batches, ProducerEntry, RETAINED_BATCHES};
 pub use error::{Corruption, Error, Result};
 pub use id::{INLINE_NAME_LEN, NegativeProducerId, ProducerId};
+pub use kafka_state::KafkaProducerState;
 pub use manager::ProducerStateManager;
-pub use outcome::{AppendOutcome, BatchOutcome, OutOfOrderReason, ParseOutcomeError};
+pub use outcome::{
+    AppendOutcome, BatchOutcome, KafkaError, OutOfOrderReason, ParseOutcomeError, TxnStateReason,
+};
 pub use recovery::{
     Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
 };
+pub use semantics::Semantics;
 pub use store::{FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
+pub use txn::{AbortedTxn, CompletedTxn, Marker, MarkerKind, MarkerOutcome};
 
 // Brokers share one store between their request threads, and move errors
 // into `Box<dyn Error + Send + Sync>` or `anyhow`: a change that made one

@@ -488,6 +488,47 @@ impl StateMap {
         }
     }
 
+    /// Removes one key, returning its entry. Its window, if any, stays in
+    /// the arena until the map is dropped (the Kafka-mode engine removes a
+    /// key once, when it moves to the transactional side table, or when it
+    /// expires).
+    pub(crate) fn remove(&mut self, id: &ProducerId, partition: i32) -> Option<ProducerEntry> {
+        let hash = hash_key(id, partition);
+        let st = match id.as_numeric() {
+            Some(pid) => {
+                let key = split_pid(pid);
+                self.numeric
+                    .find_entry(hash, |s| s.pid == key && s.partition == partition)
+                    .ok()
+                    .map(|e| e.remove().0.st)
+            }
+            None => self
+                .named
+                .find_entry(hash, |s| s.partition == partition && same_name(&s.id, id))
+                .ok()
+                .map(|e| e.remove().0.st),
+        }?;
+        Some(st.to_entry(&self.windows))
+    }
+
+    /// Keeps only the keys for which `keep` is true (windows of removed keys
+    /// stay in the arena, as for [`StateMap::remove`]).
+    pub(crate) fn retain(
+        &mut self,
+        mut keep: impl FnMut(&ProducerId, i32, &ProducerEntry) -> bool,
+    ) {
+        let w = &self.windows;
+        self.numeric.retain(|s| {
+            keep(
+                &ProducerId::numeric(join_pid(s.pid)),
+                s.partition,
+                &s.st.to_entry(w),
+            )
+        });
+        self.named
+            .retain(|s| keep(&s.id, s.partition, &s.st.to_entry(w)));
+    }
+
     /// Every key and its entry, numeric keys first, otherwise in no
     /// particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
