@@ -285,6 +285,9 @@ pub(crate) struct KafkaState {
 
 impl KafkaState {
     /// Classifies a data batch under Kafka's rules and applies it if accepted.
+    /// Never inlined: the seed path that branches around it stays as small
+    /// as it was.
+    #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn append(
         &mut self,

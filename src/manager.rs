@@ -10,7 +10,7 @@
 //! table (`kafka_state.rs`) the transactional ones; the seed path does not
 //! look at it.
 
-use crate::batch::{AppendOptions, AppendRequest, Batch, Origin};
+use crate::batch::{AppendOptions, AppendRequest, Batch, BatchMetadata, Origin};
 use crate::entry::ProducerEntry;
 use crate::error::{Error, Result};
 use crate::id::ProducerId;
@@ -76,6 +76,33 @@ impl ProducerStateManager {
         }
     }
 
+    /// A plain client append under Kafka's rules; out of line, so the seed
+    /// path that branches around it is the code it was.
+    #[inline(never)]
+    fn kafka_append(
+        &mut self,
+        id: &ProducerId,
+        partition: i32,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        meta: Option<BatchMetadata>,
+    ) -> BatchOutcome {
+        match &mut self.kafka {
+            Some(k) => k.append(
+                &mut self.map,
+                id,
+                partition,
+                epoch,
+                first,
+                last,
+                meta,
+                AppendOptions::client(),
+            ),
+            None => self.map.append(id, partition, epoch, first, last, meta),
+        }
+    }
+
     fn kafka_ref(&self, what: &'static str) -> Result<&KafkaState> {
         self.kafka.as_deref().ok_or(Error::Unsupported {
             what,
@@ -96,24 +123,14 @@ impl ProducerStateManager {
         sequence: i32,
     ) -> AppendOutcome {
         let id = producer_id.into();
-        match &mut self.kafka {
-            None => self
-                .map
-                .append(&id, partition, epoch, sequence, sequence, None)
-                .outcome(),
-            Some(k) => k
-                .append(
-                    &mut self.map,
-                    &id,
-                    partition,
-                    epoch,
-                    sequence,
-                    sequence,
-                    None,
-                    AppendOptions::client(),
-                )
-                .outcome(),
+        if self.kafka.is_some() {
+            return self
+                .kafka_append(&id, partition, epoch, sequence, sequence, None)
+                .outcome();
         }
+        self.map
+            .append(&id, partition, epoch, sequence, sequence, None)
+            .outcome()
     }
 
     /// Classifies a batch and records it (with its offset and timestamp, for
@@ -153,44 +170,33 @@ impl ProducerStateManager {
             batch.last_sequence,
             Some(batch.metadata()),
         );
-        match &mut self.kafka {
-            None => self.map.append(&id, partition, epoch, first, last, meta),
-            Some(k) => k.append(
-                &mut self.map,
-                &id,
-                partition,
-                epoch,
-                first,
-                last,
-                meta,
-                AppendOptions::client(),
-            ),
+        if self.kafka.is_some() {
+            return self.kafka_append(&id, partition, epoch, first, last, meta);
         }
+        self.map.append(&id, partition, epoch, first, last, meta)
     }
 
     /// Classifies one request (single or batch) and records it if accepted.
     pub fn append_request(&mut self, request: &AppendRequest) -> BatchOutcome {
         let r = request;
-        match &mut self.kafka {
-            None => self.map.append(
+        if self.kafka.is_some() {
+            return self.kafka_append(
                 &r.producer_id,
                 r.partition,
                 r.epoch,
                 r.first,
                 r.last,
                 r.metadata,
-            ),
-            Some(k) => k.append(
-                &mut self.map,
-                &r.producer_id,
-                r.partition,
-                r.epoch,
-                r.first,
-                r.last,
-                r.metadata,
-                AppendOptions::client(),
-            ),
+            );
         }
+        self.map.append(
+            &r.producer_id,
+            r.partition,
+            r.epoch,
+            r.first,
+            r.last,
+            r.metadata,
+        )
     }
 
     /// Classifies a batch with its origin and transactional flags, and

@@ -169,10 +169,11 @@ impl Model {
         let known = self.keys.contains_key(&(pid, p));
         let k = self.keys.get(&(pid, p)).cloned().unwrap_or(MKey::EMPTY);
         if !repl {
-            if known && epoch == k.epoch {
-                if let Some(b) = k.batches.iter().find(|b| b.0 == first && b.1 == last) {
-                    return Verdict::Duplicate(b.2, b.3);
-                }
+            if known
+                && epoch == k.epoch
+                && let Some(b) = k.batches.iter().find(|b| b.0 == first && b.1 == last)
+            {
+                return Verdict::Duplicate(b.2, b.3);
             }
             if txn && k.txn.is_none() && !verified {
                 return Verdict::TxnState;
@@ -210,6 +211,7 @@ impl Model {
         Verdict::Accepted
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn marker(
         &mut self,
         pid: u64,
