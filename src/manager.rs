@@ -122,14 +122,29 @@ impl ProducerStateManager {
         epoch: i16,
         sequence: i32,
     ) -> AppendOutcome {
-        let id = producer_id.into();
+        // The id is made in each branch, so the seed path keeps it in
+        // registers as before (its address never escapes to a call).
         if self.kafka.is_some() {
             return self
-                .kafka_append(&id, partition, epoch, sequence, sequence, None)
+                .kafka_append(
+                    &producer_id.into(),
+                    partition,
+                    epoch,
+                    sequence,
+                    sequence,
+                    None,
+                )
                 .outcome();
         }
         self.map
-            .append(&id, partition, epoch, sequence, sequence, None)
+            .append(
+                &producer_id.into(),
+                partition,
+                epoch,
+                sequence,
+                sequence,
+                None,
+            )
             .outcome()
     }
 
@@ -164,16 +179,16 @@ impl ProducerStateManager {
         epoch: i16,
         batch: Batch,
     ) -> BatchOutcome {
-        let id = producer_id.into();
         let (first, last, meta) = (
             batch.first_sequence,
             batch.last_sequence,
             Some(batch.metadata()),
         );
         if self.kafka.is_some() {
-            return self.kafka_append(&id, partition, epoch, first, last, meta);
+            return self.kafka_append(&producer_id.into(), partition, epoch, first, last, meta);
         }
-        self.map.append(&id, partition, epoch, first, last, meta)
+        self.map
+            .append(&producer_id.into(), partition, epoch, first, last, meta)
     }
 
     /// Classifies one request (single or batch) and records it if accepted.
