@@ -136,7 +136,16 @@ impl FullEntry {
         }
     }
 
-    fn add_batch(&mut self, epoch: i16, first: i32, last: i32, meta: Option<BatchMetadata>) {
+    /// Caches an accepted batch; a transactional one with no transaction
+    /// open opens one at its offset, which is returned.
+    fn add_batch(
+        &mut self,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        meta: Option<BatchMetadata>,
+        options: AppendOptions,
+    ) -> Option<i64> {
         self.set_epoch(epoch);
         if self.batches.len() == RETAINED_BATCHES {
             self.batches.pop_front();
@@ -150,6 +159,15 @@ impl FullEntry {
         if let Some(m) = meta {
             self.last_timestamp = m.timestamp;
         }
+        // Transactional appends always carry an offset (`append_with`
+        // takes a `Batch`).
+        let opened = meta
+            .filter(|_| options.is_transactional() && self.txn_first_offset.is_none())
+            .map(|m| m.offset);
+        if opened.is_some() {
+            self.txn_first_offset = opened;
+        }
+        opened
     }
 
     fn apply_marker(&mut self, epoch: i16, marker: &Marker) {
@@ -312,13 +330,10 @@ impl KafkaState {
                 options,
                 |f, l| e.find(f, l),
             );
-            if out.is_accepted() {
-                let opens = options.is_transactional() && e.txn_first_offset.is_none();
-                e.add_batch(epoch, first, last, meta);
-                if opens && let Some(m) = meta {
-                    e.txn_first_offset = Some(m.offset);
-                    self.txns.open(partition, id, m.offset);
-                }
+            if out.is_accepted()
+                && let Some(opened) = e.add_batch(epoch, first, last, meta, options)
+            {
+                self.txns.open(partition, id, opened);
             }
             return out;
         }
@@ -361,11 +376,8 @@ impl KafkaState {
             }
             None => FullEntry::EMPTY,
         };
-        let opens = options.is_transactional() && full.txn_first_offset.is_none();
-        full.add_batch(epoch, first, last, meta);
-        if opens && let Some(m) = meta {
-            full.txn_first_offset = Some(m.offset);
-            self.txns.open(partition, id, m.offset);
+        if let Some(opened) = full.add_batch(epoch, first, last, meta, options) {
+            self.txns.open(partition, id, opened);
         }
         self.full.insert(key, full);
         out
