@@ -373,7 +373,9 @@ impl ProducerStateManager {
     /// snapshot, as Kafka's broker reloads one: each producer keeps only
     /// its newest batch (the retry window shrinks to one batch), and open
     /// transactions are open again. Returns the entries that could not be
-    /// loaded (negative producer ids).
+    /// loaded (negative producer ids). Kafka also leaves out producers that
+    /// expired while it was down: call
+    /// [`ProducerStateManager::expire_producers`] after loading for that.
     ///
     /// # Errors
     ///

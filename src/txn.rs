@@ -283,7 +283,7 @@ impl TxnIndex {
         }
     }
 
-    /// Open transactions of every partition: (partition, producer, first offset).
+    /// How many transactions are open, over all partitions.
     #[cfg(test)]
     pub(crate) fn open_count(&self) -> usize {
         self.partitions.values().map(|p| p.open.len()).sum()
