@@ -560,3 +560,66 @@ fn seed_semantics_refuse_what_they_do_not_model() {
     assert_eq!(mgr.first_unstable_offset(0), None);
     assert_eq!(mgr.last_stable_offset(0, 10), 10);
 }
+
+#[test]
+fn expiration_spares_open_transactions_and_forgets_the_rest() {
+    // Kafka's testProducersWithOngoingTransactionsDontExpire and
+    // testPidExpirationTimeout, for plain and transactional keys alike.
+    let day = 86_400_000;
+    let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
+    let txn = AppendOptions::client().transactional().verified();
+    let plain = AppendOptions::client();
+    mgr.append_with(1u64, 0, 5, Batch::new(0, 0, 0, 1_000), plain)
+        .unwrap();
+    mgr.append_with(2u64, 0, 0, Batch::new(0, 0, 1, 1_000), txn)
+        .unwrap();
+    mgr.append_with(3u64, 0, 0, Batch::new(0, 0, 2, 1_000), txn)
+        .unwrap();
+    mgr.append_marker(
+        3u64,
+        0,
+        0,
+        Marker::commit(0, 3, 1_000 + day),
+        Origin::Coordinator,
+    )
+    .unwrap();
+    assert_eq!(mgr.expire_producers(1_000 + day - 1, day).unwrap(), 0);
+    // Producer 1 is a day silent; 2 has its transaction open; 3's marker
+    // is its last timestamp.
+    assert_eq!(mgr.expire_producers(1_000 + day, day).unwrap(), 1);
+    assert!(mgr.kafka_state(1u64, 0).is_none());
+    assert!(mgr.kafka_state(2u64, 0).is_some() && mgr.kafka_state(3u64, 0).is_some());
+    assert_eq!(mgr.first_unstable_offset(0), Some(1));
+    // Expired, producer 1 is unknown again: any sequence, its epoch too.
+    assert!(
+        mgr.append_with(1u64, 0, 5, Batch::new(1, 1, 4, 2), plain)
+            .unwrap()
+            .is_accepted()
+    );
+    assert_eq!(mgr.expire_producers(1_000 + 2 * day, day).unwrap(), 2);
+    assert_eq!(mgr.len(), 1, "only the open transaction is left");
+}
+
+#[test]
+fn side_table_keys_show_in_len_iter_and_get() {
+    let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
+    let txn = AppendOptions::client().transactional().verified();
+    mgr.append_batch("plain", 0, 0, Batch::new(0, 2, 0, 1));
+    mgr.append_with("txn", 0, 0, Batch::new(0, 2, 3, 1), txn)
+        .unwrap();
+    mgr.append_marker(9u64, 1, 4, Marker::abort(0, 6, 1), Origin::Coordinator)
+        .unwrap();
+    assert_eq!(mgr.len(), 3);
+    assert_eq!(mgr.iter().count(), 3);
+    let e = mgr.get("txn", 0).unwrap();
+    assert_eq!(
+        (e.epoch(), e.last_sequence(), e.retained_batches().len()),
+        (0, 2, 1)
+    );
+    // Known only from a marker: an epoch and no sequence.
+    let e = mgr.get(9u64, 1).unwrap();
+    assert_eq!((e.epoch(), e.last_sequence()), (4, -1));
+    // Named producer ids have no place in Kafka's snapshot format.
+    assert!(mgr.kafka_snapshot_entries(0).unwrap().is_empty());
+    assert_eq!(mgr.kafka_snapshot_entries(1).unwrap().len(), 1);
+}
