@@ -33,7 +33,7 @@ use crate::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
 use crate::id::ProducerId;
 use crate::kafka::{KafkaProducerEntry, Unrepresentable};
 use crate::kafka_rules::{self, KafkaCurrent, first_sequence_of, sequence_span};
-use crate::map::{StateMap, hash_key};
+use crate::map::{Decided, StateMap, hash_key};
 use crate::outcome::BatchOutcome;
 use crate::rules::next_sequence;
 use crate::txn::{Marker, MarkerKind, MarkerOutcome, TxnIndex};
@@ -318,9 +318,8 @@ impl KafkaState {
         meta: Option<BatchMetadata>,
         options: AppendOptions,
     ) -> BatchOutcome {
-        let key = (id.clone(), partition);
         if !self.full.is_empty()
-            && let Some(e) = self.full.get_mut(&key)
+            && let Some(e) = self.full.get_mut(&(id.clone(), partition))
         {
             let out = kafka_rules::classify_data(
                 Some(e.current()),
@@ -338,48 +337,63 @@ impl KafkaState {
             return out;
         }
         let hash = hash_key(id, partition);
-        let current = map.get_hashed(hash, id, partition);
-        let out = kafka_rules::classify_data(
-            current.as_ref().map(regular_current),
+        let (out, decided) = map.append_decided(
+            hash,
+            id,
+            partition,
             epoch,
             first,
             last,
-            options,
-            |f, l| current.as_ref().and_then(|e| e.find(f, l)),
-        );
-        if !out.is_accepted() {
-            return out;
-        }
-        let fits = !options.is_transactional()
-            && first >= 0
-            && last >= 0
-            && current.as_ref().is_none_or(|e| {
-                epoch != e.epoch()
-                    || e.retained_batches().len() == 0
-                    || first == next_sequence(e.last_sequence())
-            });
-        if fits {
-            let entry = match current {
-                Some(mut e) => {
-                    e.accept(epoch != e.epoch(), epoch, first, last, meta);
-                    e
+            meta,
+            |cur, find| {
+                let out = kafka_rules::classify_data(
+                    cur.map(|(c, _)| KafkaCurrent {
+                        epoch: c.epoch,
+                        last_sequence: c.last_sequence,
+                        coordinator_epoch: -1,
+                        txn_open: false,
+                    }),
+                    epoch,
+                    first,
+                    last,
+                    options,
+                    find,
+                );
+                if !out.is_accepted() {
+                    return (out, Decided::Rejected);
                 }
-                None => ProducerEntry::start(epoch, first, last, meta),
-            };
-            map.insert_hashed(hash, id, partition, &entry);
+                // What the compact entry holds: no transaction, sequences
+                // not below 0, and a window of consecutive batches of one
+                // epoch (a new epoch or an empty window starts one over).
+                let fits = !options.is_transactional()
+                    && first >= 0
+                    && last >= 0
+                    && cur.is_none_or(|(c, windowed)| {
+                        epoch != c.epoch || !windowed || first == next_sequence(c.last_sequence)
+                    });
+                let new_session = cur.is_some_and(|(c, _)| c.epoch != epoch);
+                (
+                    out,
+                    if fits {
+                        Decided::Apply { new_session }
+                    } else {
+                        Decided::Elsewhere
+                    },
+                )
+            },
+        );
+        if decided != Decided::Elsewhere {
             return out;
         }
+        let current = map.remove(id, partition);
         let mut full = match current {
-            Some(e) => {
-                map.remove(id, partition);
-                FullEntry::from_regular(&e)
-            }
+            Some(e) => FullEntry::from_regular(&e),
             None => FullEntry::EMPTY,
         };
         if let Some(opened) = full.add_batch(epoch, first, last, meta, options) {
             self.txns.open(partition, id, opened);
         }
-        self.full.insert(key, full);
+        self.full.insert((id.clone(), partition), full);
         out
     }
 
