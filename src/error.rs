@@ -110,6 +110,18 @@ pub enum Error {
     /// The options cannot work together.
     #[error("invalid store options: {0}")]
     InvalidOptions(String),
+    /// The engine's semantics have no such operation: transactions,
+    /// markers, the replication origin and Kafka's snapshot view exist
+    /// only under [`Semantics::Kafka`](crate::Semantics::Kafka), and the
+    /// crate's own snapshot format only holds a seed engine.
+    #[error("{what} is not supported under the {semantics} semantics")]
+    Unsupported {
+        /// What was asked.
+        what: &'static str,
+        /// The engine's semantics.
+        semantics: crate::Semantics,
+    },
+
     /// A named producer id is longer than the log format can hold.
     #[error("producer id name is {len} bytes; the log holds names of at most {max} bytes")]
     ProducerIdTooLong {
