@@ -114,7 +114,7 @@ pub enum Error {
     /// markers, the replication origin and Kafka's snapshot view exist
     /// only under [`Semantics::Kafka`](crate::Semantics::Kafka), and the
     /// crate's own snapshot format only holds a seed engine.
-    #[error("{what} is not supported under the {semantics} semantics")]
+    #[error("{what} is not supported under the {semantics} semantics; {}", semantics_hint(*semantics))]
     Unsupported {
         /// What was asked.
         what: &'static str,
@@ -323,5 +323,13 @@ impl fmt::Display for Corruption {
                 "the segment belongs to store {found:#018x}, not to this log's store {expected:#018x}"
             ),
         }
+    }
+}
+
+/// What [`Error::Unsupported`] advises: the other semantics.
+fn semantics_hint(semantics: crate::Semantics) -> &'static str {
+    match semantics {
+        crate::Semantics::Seed => "create the engine with Semantics::Kafka to use it",
+        _ => "it needs an engine with Semantics::Seed",
     }
 }

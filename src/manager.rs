@@ -734,4 +734,22 @@ mod tests {
         assert_eq!(mgr.append("", 0, 0, 0), Accepted);
         assert_eq!(mgr.append("", 0, 0, 0), Duplicate);
     }
+
+    #[test]
+    fn a_kafka_mode_engine_is_not_encoded_into_the_seed_format() {
+        let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
+        mgr.append(1u64, 0, 0, 0);
+        let err = mgr.encode_snapshot(1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Unsupported {
+                    semantics: Semantics::Kafka,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("Semantics::Seed"), "{err}");
+    }
 }
