@@ -31,7 +31,7 @@ use crate::batch::BatchMetadata;
 use crate::entry::{Head, ProducerEntry, Window};
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
-use crate::rules::{self, UnknownProducer};
+use crate::rules::{self, Current, UnknownProducer};
 
 /// No window: the key only used single-sequence appends.
 const NO_WINDOW: u32 = u32::MAX;
@@ -338,6 +338,66 @@ fn append_in<S, X: Extra>(
     }
 }
 
+/// What a caller's own rules decided for an append to a compact key (see
+/// [`StateMap::append_decided`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Decided {
+    /// Not accepted: nothing changes.
+    Rejected,
+    /// Accepted, and the compact entry can hold the result: applied in place
+    /// (`new_session`: the epoch changed, the window starts over).
+    Apply { new_session: bool },
+    /// Accepted, but the compact entry cannot hold the result: nothing is
+    /// changed here; the caller moves the key elsewhere.
+    Elsewhere,
+}
+
+/// [`StateMap::append_decided`] for one slot kind.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn append_decided_in<S, X: Extra>(
+    table: &mut HashTable<S>,
+    arena: &mut Arena,
+    hash: u64,
+    eq: impl FnMut(&S) -> bool,
+    state: impl Fn(&mut S) -> (&mut State, &mut X),
+    new_slot: impl FnOnce(State, X) -> S,
+    rehash: impl Fn(&S) -> u64,
+    epoch: i16,
+    first: i32,
+    last: i32,
+    meta: Option<BatchMetadata>,
+    x: X,
+    decide: impl FnOnce(
+        Option<(Current, bool)>,
+        &dyn Fn(i32, i32) -> Option<Option<BatchMetadata>>,
+    ) -> (BatchOutcome, Decided),
+) -> (BatchOutcome, Decided) {
+    if let Some(slot) = table.find_mut(hash, eq) {
+        let (st, slot_x) = state(slot);
+        let (outcome, decided) = {
+            let (st, a): (&State, &Arena) = (st, arena);
+            decide(Some((st.head.current(), st.head.windowed())), &|f, l| {
+                st.find(a, f, l)
+            })
+        };
+        if let Decided::Apply { new_session } = decided {
+            st.accept(arena, new_session, epoch, first, last, meta);
+            *slot_x = x;
+        }
+        (outcome, decided)
+    } else {
+        let (outcome, decided) = decide(None, &|_, _| None);
+        if let Decided::Apply { .. } = decided {
+            let entry = ProducerEntry::start(epoch, first, last, meta);
+            let st = State::from_entry(&entry, arena);
+            keep_room(table, &rehash);
+            table.insert_unique(hash, new_slot(st, x), rehash);
+        }
+        (outcome, decided)
+    }
+}
+
 impl<X: Extra> StateMap<X> {
     /// Number of keys with state.
     pub(crate) fn len(&self) -> usize {
@@ -442,6 +502,73 @@ impl<X: Extra> StateMap<X> {
             meta,
             how,
         )
+    }
+
+    /// Classifies an append by the caller's rules (`decide` sees the key's
+    /// epoch and last sequence, whether it retains batches, and a lookup of
+    /// its retained batches) and applies it in place when told to: one
+    /// probe, as [`StateMap::append`] does for the seed rules.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn append_decided(
+        &mut self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        meta: Option<BatchMetadata>,
+        x: X,
+        decide: impl FnOnce(
+            Option<(Current, bool)>,
+            &dyn Fn(i32, i32) -> Option<Option<BatchMetadata>>,
+        ) -> (BatchOutcome, Decided),
+    ) -> (BatchOutcome, Decided) {
+        match id.as_numeric() {
+            Some(pid) => {
+                let key = split_pid(pid);
+                append_decided_in(
+                    &mut self.numeric,
+                    &mut self.arena,
+                    hash,
+                    |s| s.pid == key && s.partition == partition,
+                    |s| (&mut s.st, &mut s.x),
+                    |st, x| NumSlot {
+                        pid: key,
+                        partition,
+                        st,
+                        x,
+                    },
+                    |s| hash_numeric(join_pid(s.pid), s.partition),
+                    epoch,
+                    first,
+                    last,
+                    meta,
+                    x,
+                    decide,
+                )
+            }
+            None => append_decided_in(
+                &mut self.named,
+                &mut self.arena,
+                hash,
+                |s| s.partition == partition && same_name(&s.id, id),
+                |s| (&mut s.st, &mut s.x),
+                |st, x| NamedSlot {
+                    id: id.clone(),
+                    partition,
+                    st,
+                    x,
+                },
+                |s| hash_key(&s.id, s.partition),
+                epoch,
+                first,
+                last,
+                meta,
+                x,
+                decide,
+            ),
+        }
     }
 
     /// The entry of one key.
@@ -642,6 +769,57 @@ impl<X: Extra> StateMap<X> {
                     }
                 }
             }
+        }
+    }
+
+    /// Removes one key, returning its entry (its window is freed for
+    /// reuse).
+    pub(crate) fn remove(&mut self, id: &ProducerId, partition: i32) -> Option<ProducerEntry> {
+        let hash = hash_key(id, partition);
+        let st = match id.as_numeric() {
+            Some(pid) => {
+                let key = split_pid(pid);
+                self.numeric
+                    .find_entry(hash, |s| s.pid == key && s.partition == partition)
+                    .ok()
+                    .map(|e| e.remove().0.st)
+            }
+            None => self
+                .named
+                .find_entry(hash, |s| s.partition == partition && same_name(&s.id, id))
+                .ok()
+                .map(|e| e.remove().0.st),
+        }?;
+        let entry = st.to_entry(&self.arena);
+        self.arena.release(st.win);
+        Some(entry)
+    }
+
+    /// Keeps only the keys for which `keep` is true (the windows of the
+    /// others are freed for reuse).
+    pub(crate) fn retain(
+        &mut self,
+        mut keep: impl FnMut(&ProducerId, i32, &ProducerEntry) -> bool,
+    ) {
+        let a = &self.arena;
+        let mut freed = Vec::new();
+        self.numeric.retain(|s| {
+            let id = ProducerId::numeric(join_pid(s.pid));
+            let kept = keep(&id, s.partition, &s.st.to_entry(a));
+            if !kept {
+                freed.push(s.st.win);
+            }
+            kept
+        });
+        self.named.retain(|s| {
+            let kept = keep(&s.id, s.partition, &s.st.to_entry(a));
+            if !kept {
+                freed.push(s.st.win);
+            }
+            kept
+        });
+        for win in freed {
+            self.arena.release(win);
         }
     }
 

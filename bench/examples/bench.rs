@@ -50,6 +50,7 @@ use producer_state::{
     AppendOutcome, AppendRequest, FsyncPolicy, ProducerStateManager, ProducerStateStore,
     StoreOptions,
 };
+use producer_state_bench::{in_order_stream, median};
 use serde_json::{Value, json};
 
 #[path = "bench/lifecycle.rs"]
@@ -826,19 +827,7 @@ fn wal_bytes(dir: &Path) -> Result<u64> {
 /// writes of the same log bytes, without and with the segment fsyncs.
 /// Medians of 5 interleaved rounds.
 fn never_vs_engine(cfg: &Cfg, keys: u64, ops: usize) -> Result<Never> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut seqs = vec![0i32; keys as usize];
-    let stream: Vec<(u64, i32)> = (0..ops)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let k = x % keys;
-            let s = seqs[k as usize];
-            seqs[k as usize] += 1;
-            (k, s)
-        })
-        .collect();
+    let stream = in_order_stream(keys, ops);
     let opts = || {
         StoreOptions::default()
             .fsync(FsyncPolicy::Never)
@@ -921,11 +910,6 @@ fn never_vs_engine(cfg: &Cfg, keys: u64, ops: usize) -> Result<Never> {
         write_floor: median(floor),
         disk_floor: median(disk),
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The lifecycle rows (see `bench/lifecycle.rs`).

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use producer_state::fs::StdFs;
 use producer_state::{AppendRequest, Batch, FsyncPolicy, ProducerStateStore, StoreOptions};
+use producer_state_bench::{arg, median};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -112,19 +113,9 @@ fn round(dir: &Path, keys: u64, i: u64) -> Result<Round> {
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let arg = |name: &str| arg(&args, name);
     let keys: u64 = arg("--keys").map_or(Ok(1_000_000), |v| v.parse())?;
     let rounds: u64 = arg("--rounds").map_or(Ok(5), |v| v.parse())?;
     let tmp = tempfile::tempdir()?;

@@ -22,9 +22,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use crate::batch::AppendRequest;
 use crate::error::{Error, Result};
+use crate::telemetry::{Group, Poison, Telemetry};
 use crate::wal::record::RecordBuf;
 #[cfg(test)]
 use crate::wal::writer::IdSource;
@@ -158,8 +160,10 @@ pub(super) enum Leader {
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct LogStats {
     pub(super) records_written: u64,
+    pub(super) bytes_written: u64,
     pub(super) groups_written: u64,
     pub(super) log_fsyncs: u64,
+    pub(super) fsync_time: Duration,
     pub(super) peak_buffered_bytes: u64,
 }
 
@@ -328,6 +332,14 @@ pub(super) trait Host {
     /// lock is let go (the store: a snapshot threshold was crossed). The
     /// leader passes it on through the `on_due` its caller gave.
     fn after_group(&mut self) -> bool;
+    /// How many keys the host holds (for the live-producers gauge).
+    fn live_keys(&self) -> usize;
+    /// Keys expired and evicted since the store opened (for the
+    /// expiration and eviction counters, published with each group: every
+    /// removal is a record, so a group follows it).
+    fn removed_keys(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -350,10 +362,16 @@ pub(super) struct GroupCommit<S> {
     /// Notified after every group (for `sync`, which is not a hot path).
     group_done: Condvar,
     writer: Mutex<LogWriter>,
+    telemetry: Telemetry,
 }
 
 impl<S: Host> GroupCommit<S> {
-    pub(super) fn new(always: bool, mut state: S, writer: LogWriter) -> GroupCommit<S> {
+    pub(super) fn new(
+        always: bool,
+        mut state: S,
+        writer: LogWriter,
+        telemetry: Telemetry,
+    ) -> GroupCommit<S> {
         let signal = Signal::default();
         signal.durable.store(state.log().durable, Ordering::Relaxed);
         GroupCommit {
@@ -363,7 +381,13 @@ impl<S: Host> GroupCommit<S> {
             signal,
             group_done: Condvar::new(),
             writer: Mutex::new(writer),
+            telemetry,
         }
+    }
+
+    /// The store's metrics and events.
+    pub(super) fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
     }
 
     pub(super) fn is_always(&self) -> bool {
@@ -492,6 +516,8 @@ impl<S: Host> GroupCommit<S> {
             let mut w = lock(&self.writer);
             drop(st);
 
+            let bytes = buf.len() as u64;
+            let mut fsync = None;
             let result = (|| {
                 if !buf.is_empty() {
                     w.write(&mut buf, first, end - first)?;
@@ -503,8 +529,10 @@ impl<S: Host> GroupCommit<S> {
                 };
                 drop(w);
                 if let Some((mut h, token)) = handle {
+                    let started = Instant::now();
                     h.sync_data()
                         .map_err(|e| Error::io("fsync", &token.path, e))?;
+                    fsync = Some(started.elapsed());
                     lock(&self.writer).synced(&token);
                 }
                 Ok::<(), Error>(())
@@ -519,13 +547,16 @@ impl<S: Host> GroupCommit<S> {
                 if !buf.is_empty() {
                     log.stats.groups_written += 1;
                     log.stats.records_written += end - first;
+                    log.stats.bytes_written += bytes;
                 }
                 if needs_sync {
                     log.stats.log_fsyncs += 1;
+                    log.stats.fsync_time += fsync.unwrap_or_default();
                     log.durable = end;
                 }
                 Ok(())
             });
+            let mut poisoned = None;
             match &result {
                 Ok(()) if needs_sync => st.apply_durable(queued),
                 Ok(()) => {}
@@ -536,6 +567,7 @@ impl<S: Host> GroupCommit<S> {
                         // waiting on it.
                         let range = (log.durable, log.next_position);
                         log.failed = Some(Failure::from_error(e, range));
+                        poisoned = log.failed.clone();
                         log.queued.clear();
                         log.buf.clear();
                         self.signal.failed.store(true, Ordering::Release);
@@ -553,9 +585,32 @@ impl<S: Host> GroupCommit<S> {
             self.signal.completed.store(group + 1, Ordering::Release);
             let failed = log.failed.is_some();
             due |= self.always && st.after_group();
+            let live = self.telemetry.producers_due().then(|| st.live_keys());
+            let (expired, evicted) = st.removed_keys();
             drop(st);
             self.signal.wake(group, failed);
             self.group_done.notify_all();
+            // Reported once the group's appenders are on their way.
+            if result.is_ok() {
+                let records = if bytes > 0 { end - first } else { 0 };
+                self.telemetry.group(&Group {
+                    records,
+                    bytes,
+                    fsync,
+                });
+            }
+            if let (Some(f), Err(e)) = (&poisoned, &result) {
+                self.telemetry.poisoned(&Poison {
+                    op: f.op,
+                    path: &f.path,
+                    error: e,
+                    records: f.group.1 - f.group.0,
+                });
+            }
+            if let Some(live) = live {
+                self.telemetry.producers(live);
+            }
+            self.telemetry.removed(expired, evicted);
 
             st = self.lock_state();
             let log = st.log();
@@ -691,6 +746,9 @@ mod tests {
             self.due = self.due.saturating_sub(1);
             due
         }
+        fn live_keys(&self) -> usize {
+            self.applied.len()
+        }
     }
 
     fn open(fs: &Arc<SimFs>, always: bool) -> GroupCommit<Recorder> {
@@ -716,7 +774,7 @@ mod tests {
             discarded: 0,
             due: 0,
         };
-        GroupCommit::new(always, host, writer)
+        GroupCommit::new(always, host, writer, Telemetry::new(dir, &[]))
     }
 
     /// Runs the flusher thread of `gc` until `stop`.

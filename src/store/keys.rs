@@ -472,6 +472,12 @@ pub(super) struct State {
     pub(super) spec_len: usize,
     pub(super) life: Life,
     pub(super) life_stats: LifeStats,
+    /// Appends answered accepted, duplicate, out of order, fenced (in
+    /// [`AppendOutcome`](crate::AppendOutcome) order), counted where they
+    /// are decided: under this lock, for nothing. Under `Always` an
+    /// accepted append is counted when its record is durable (it is
+    /// answered `ACCEPTED` exactly then).
+    pub(super) answered: [u64; 4],
 }
 
 impl State {
@@ -487,6 +493,7 @@ impl State {
             snapshots_written: 0,
             life,
             life_stats: LifeStats::default(),
+            answered: [0; 4],
         }
     }
 
@@ -553,7 +560,10 @@ impl State {
             Err(outcome) => {
                 return match in_flight {
                     Some((group, pos)) => Submit::Wait { group, pos },
-                    None => Submit::Done(outcome),
+                    None => {
+                        self.answered[outcome.outcome() as usize] += 1;
+                        Submit::Done(outcome)
+                    }
                 };
             }
         };
@@ -623,6 +633,7 @@ impl State {
             x: Activity::new(act),
         };
         let (outcome, new_key) = self.keys.append_now(hash, r, how);
+        self.answered[outcome.outcome() as usize] += 1;
         if outcome.is_accepted() {
             self.log_clock(r, act);
             if new_key && r.first != 0 {
@@ -841,6 +852,11 @@ impl Host for State {
     }
 
     fn apply_durable(&mut self, items: Vec<Queued>) {
+        let appends = items
+            .iter()
+            .filter(|q| matches!(q, Queued::Append { .. }))
+            .count();
+        self.answered[0] += appends as u64;
         self.keys.apply_durable(items);
     }
 
@@ -852,5 +868,13 @@ impl Host for State {
 
     fn after_group(&mut self) -> bool {
         self.note_snapshot_due()
+    }
+
+    fn removed_keys(&self) -> (u64, u64) {
+        (self.life_stats.expired, self.life_stats.evicted)
+    }
+
+    fn live_keys(&self) -> usize {
+        self.keys.shards.len()
     }
 }

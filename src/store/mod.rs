@@ -67,7 +67,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::batch::{AppendRequest, Batch};
 use crate::entry::ProducerEntry;
@@ -78,6 +78,7 @@ use crate::map::hash_key;
 use crate::outcome::{AppendOutcome, BatchOutcome};
 use crate::recovery::{self, RecoveryReport};
 use crate::shards::{SHARDS, warm};
+use crate::telemetry::Telemetry;
 use crate::wal::record::MAX_NAME;
 use crate::wal::writer::LogWriter;
 
@@ -91,18 +92,35 @@ use snapshots::{Book, Snapshots};
 /// stay in the first-level cache.
 const WARM: usize = 32;
 
-/// Counters of the store's IO since it was opened.
+/// Counters of the store's answers and IO since it was opened, for
+/// callers without a metrics recorder (the same events reach one as the
+/// metrics of docs/metrics.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreStats {
+    /// Appends answered `ACCEPTED` (every append call and every request of
+    /// an `append_all` counts once, whichever method made it).
+    pub accepted: u64,
+    /// Appends answered `DUPLICATE`.
+    pub duplicates: u64,
+    /// Appends answered `OUT_OF_ORDER`.
+    pub out_of_order: u64,
+    /// Appends answered `FENCED_EPOCH`.
+    pub fenced: u64,
+    /// Appends answered with an error (IO, poisoned, name too long).
+    pub errors: u64,
     /// Records written to the log, counted in positions: accepted appends
     /// and lifecycle records (removals, key states, groups); clock records
     /// and markers take none.
     pub records_written: u64,
+    /// Bytes of those records.
+    pub bytes_written: u64,
     /// Writes of record groups (one per group commit).
     pub groups_written: u64,
-    /// fsyncs of the log.
+    /// fsyncs of the log (by group commits and `sync`).
     pub log_fsyncs: u64,
+    /// Time spent in those fsyncs.
+    pub log_fsync_time: Duration,
     /// Snapshots written.
     pub snapshots_written: u64,
     /// The most bytes of records held in memory, not yet handed to the OS
@@ -203,6 +221,7 @@ impl ProducerStateStore {
         let dir = dir.as_ref().to_path_buf();
         let fs = opts.fs.clone();
         let guard = crate::directory::lock(fs.as_ref(), &dir)?;
+        let telemetry = Telemetry::new(&dir, &opts.metric_labels);
 
         let rec = recovery::recover(fs.as_ref(), &dir, opts.recovery)?;
         let writer = match rec.active {
@@ -247,7 +266,7 @@ impl ProducerStateStore {
         let shared = Arc::new(Shared {
             snapshots: Snapshots::new(dir.clone(), fs.clone(), opts.keep_snapshots, book),
             dir,
-            log: GroupCommit::new(always, state, writer),
+            log: GroupCommit::new(always, state, writer, telemetry),
             bg: Mutex::new(Bg {
                 stop: false,
                 snapshot_wanted: false,
@@ -286,6 +305,7 @@ impl ProducerStateStore {
             .lock_state()
             .log
             .set_flusher(flusher.thread().clone());
+        shared.log.telemetry().recovered(&rec.report);
         Ok(ProducerStateStore {
             shared,
             background,
@@ -343,6 +363,14 @@ impl ProducerStateStore {
     ///
     /// As [`ProducerStateStore::append`].
     pub fn append_request(&self, request: &AppendRequest) -> Result<BatchOutcome> {
+        let answer = self.decide(request);
+        self.shared.log.telemetry().answered(&answer);
+        answer
+    }
+
+    /// [`ProducerStateStore::append_request`], before its answer is counted.
+    #[inline]
+    fn decide(&self, request: &AppendRequest) -> Result<BatchOutcome> {
         check_name(request)?;
         let shared = &*self.shared;
         let hash = hash_key(&request.producer_id, request.partition);
@@ -384,6 +412,13 @@ impl ProducerStateStore {
     /// call, which then waits for it to be durable). Outcomes are in input
     /// order.
     pub fn append_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
+        let answers = self.decide_all(requests);
+        self.shared.log.telemetry().answered_all(&answers);
+        answers
+    }
+
+    /// [`ProducerStateStore::append_all`], before its answers are counted.
+    fn decide_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
         let shared = &*self.shared;
         let now = shared.now_for(requests);
         let mut st = shared.lock_state();
@@ -481,7 +516,11 @@ impl ProducerStateStore {
     /// [`Error::Io`] if writing it failed (the log is unaffected and the
     /// store keeps accepting appends), [`Error::Poisoned`] if the store is.
     pub fn snapshot(&self) -> Result<Option<PathBuf>> {
-        self.shared.take_snapshot()
+        let taken = self.shared.take_snapshot();
+        if let Err(e) = &taken {
+            self.shared.log.telemetry().snapshot_failed(e, false);
+        }
+        taken
     }
 
     /// Makes every accepted append durable now (writes and fsyncs whatever
@@ -493,7 +532,9 @@ impl ProducerStateStore {
     /// [`Error::Io`] if the write or fsync failed (the store is poisoned
     /// from then on), [`Error::Poisoned`] after an earlier failure.
     pub fn sync(&self) -> Result<()> {
-        self.shared.sync()
+        let synced = self.shared.sync();
+        self.shared.log.telemetry().producers(self.len());
+        synced
     }
 
     /// The log position the next record takes. A single-sequence append
@@ -526,10 +567,18 @@ impl ProducerStateStore {
         let st = self.shared.lock_state();
         let log = st.log.stats();
         let life = st.life_stats;
+        let [accepted, duplicates, out_of_order, fenced] = st.answered;
         StoreStats {
+            accepted,
+            duplicates,
+            out_of_order,
+            fenced,
+            errors: self.shared.log.telemetry().errors(),
             records_written: log.records_written,
+            bytes_written: log.bytes_written,
             groups_written: log.groups_written,
             log_fsyncs: log.log_fsyncs,
+            log_fsync_time: log.fsync_time,
             snapshots_written: st.snapshots_written,
             peak_buffered_bytes: log.peak_buffered_bytes,
             expired: life.expired,
@@ -580,6 +629,8 @@ impl ProducerStateStore {
         if let Some(h) = self.flusher.take() {
             let _ = h.join();
         }
+        // Nothing changes the keys any more: take them out of the gauge.
+        self.shared.log.telemetry().producers(0);
         // Everything is durable and nothing more is written: mark the log
         // closed cleanly, unless something failed.
         result?;
@@ -735,7 +786,16 @@ impl Shared {
             let mut bg = lock(&self.bg);
             bg.snapshot_wanted = true;
             self.bg_cv.notify_all();
-        } else if let Err(e) = self.take_snapshot() {
+        } else {
+            self.auto_snapshot();
+        }
+    }
+
+    /// Takes the snapshot a threshold asked for; nobody waits for its
+    /// error, so it is kept and reported.
+    fn auto_snapshot(&self) {
+        if let Err(e) = self.take_snapshot() {
+            self.log.telemetry().snapshot_failed(&e, true);
             self.snapshots.set_error(e);
         }
     }
@@ -752,9 +812,7 @@ impl Shared {
             }
             bg.snapshot_wanted = false;
             drop(bg);
-            if let Err(e) = self.take_snapshot() {
-                self.snapshots.set_error(e);
-            }
+            self.auto_snapshot();
         }
     }
 

@@ -81,6 +81,7 @@ pub struct StoreOptions {
     pub(super) at_capacity: AtCapacity,
     pub(super) unknown: UnknownProducer,
     pub(super) clock: Arc<dyn Clock>,
+    pub(super) metric_labels: Vec<(String, String)>,
 }
 
 /// Kafka's `producer.id.expiration.ms` default: one day.
@@ -107,6 +108,7 @@ impl Default for StoreOptions {
             at_capacity: AtCapacity::default(),
             unknown: UnknownProducer::default(),
             clock: Arc::new(SystemClock),
+            metric_labels: Vec::new(),
         }
     }
 }
@@ -128,6 +130,7 @@ impl fmt::Debug for StoreOptions {
             .field("at_capacity", &self.at_capacity)
             .field("unknown_producer", &self.unknown)
             .field("fs", &self.fs)
+            .field("metric_labels", &self.metric_labels)
             .finish_non_exhaustive()
     }
 }
@@ -295,6 +298,23 @@ impl StoreOptions {
         self
     }
 
+    /// Adds a label to every metric this store reports (see
+    /// [`crate::telemetry`] and docs/metrics.md), for example
+    /// `("partition", "orders-3")` in a broker with a store per partition.
+    /// Default: none, so that the stores of a process share each series
+    /// (counters and histograms add up; the live-producers gauge is their
+    /// sum). Every distinct value is a new series in the recorder: label
+    /// by something with few values. Without the `metrics` feature labels
+    /// are checked and ignored.
+    ///
+    /// `open` refuses ([`Error::InvalidOptions`]) a key that is not a
+    /// Prometheus label name (`[a-zA-Z_][a-zA-Z0-9_]*`, not starting with
+    /// `__`), a key given twice, and `outcome`, the store's own label.
+    pub fn metric_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metric_labels.push((key.into(), value.into()));
+        self
+    }
+
     pub(super) fn validate(&self) -> Result<()> {
         if self.keep_snapshots < 2 {
             return Err(Error::InvalidOptions(format!(
@@ -333,7 +353,7 @@ impl StoreOptions {
                 "max_producers must be above zero (None: no bound)".into(),
             ));
         }
-        Ok(())
+        crate::telemetry::check_labels(&self.metric_labels).map_err(Error::InvalidOptions)
     }
 }
 
@@ -352,6 +372,14 @@ mod tests {
             StoreOptions::default().producer_expiration(Some(Duration::ZERO)),
             StoreOptions::default().expiration_interval(Some(Duration::ZERO)),
             StoreOptions::default().max_producers(Some(0)),
+            StoreOptions::default().metric_label("", "x"),
+            StoreOptions::default().metric_label("1st", "x"),
+            StoreOptions::default().metric_label("store-name", "x"),
+            StoreOptions::default().metric_label("outcome", "x"),
+            StoreOptions::default().metric_label("__name__", "x"),
+            StoreOptions::default()
+                .metric_label("partition", "1")
+                .metric_label("partition", "2"),
         ];
         for o in bad {
             assert!(
@@ -360,5 +388,9 @@ mod tests {
             );
         }
         assert!(StoreOptions::default().validate().is_ok());
+        let labelled = StoreOptions::default()
+            .metric_label("partition", "orders-3")
+            .metric_label("_store", "");
+        assert!(labelled.validate().is_ok());
     }
 }

@@ -14,6 +14,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use super::commit::{GroupCommit, lock};
 use super::keys::{Capture, State};
@@ -74,13 +75,15 @@ impl Snapshots {
 
     /// Takes a snapshot of the state behind `log`'s lock now; `sync` makes
     /// the log durable (buffered policies: a snapshot must not be ahead of
-    /// its log).
+    /// its log). A snapshot written is reported to the store's telemetry
+    /// (a failure is the caller's to report: it knows who gets the error).
     pub(super) fn take(
         &self,
         log: &GroupCommit<State>,
         sync: impl Fn() -> Result<()>,
     ) -> Result<Option<PathBuf>> {
         let mut book = lock(&self.book);
+        let started = Instant::now();
         let fs = self.fs.as_ref();
         let position = {
             let mut st = log.lock_state();
@@ -106,8 +109,8 @@ impl Snapshots {
         };
         let written = self.write(fs, log, position, sync);
         log.lock_state().keys.capture = None;
-        let path = match written {
-            Ok(p) => p,
+        let (path, keys, bytes) = match written {
+            Ok(w) => w,
             Err(e) => {
                 let tmp = self.dir.join(format!(
                     "{}{}",
@@ -118,7 +121,14 @@ impl Snapshots {
                 return Err(e);
             }
         };
-        log.lock_state().snapshots_written += 1;
+        let live = {
+            let mut st = log.lock_state();
+            st.snapshots_written += 1;
+            st.keys.shards.len()
+        };
+        let t = log.telemetry();
+        t.snapshot_written(position, keys, bytes, started.elapsed());
+        t.producers(live);
         book.files.insert(position);
         book.valid.retain(|&p| p != position);
         book.valid.push(position);
@@ -127,13 +137,14 @@ impl Snapshots {
         Ok(Some(path))
     }
 
+    /// Writes the snapshot at `position`; returns its path, keys and bytes.
     fn write(
         &self,
         fs: &dyn FileSystem,
         log: &GroupCommit<State>,
         position: u64,
         sync: impl Fn() -> Result<()>,
-    ) -> Result<PathBuf> {
+    ) -> Result<(PathBuf, u64, u64)> {
         let mut w = snapshot::Writer::create(fs, &self.dir, position)?;
         {
             // The store-level state at the position, captured with it.
@@ -199,7 +210,8 @@ impl Snapshots {
             // ahead of its log.
             sync()?;
         }
-        w.finish(fs, &self.dir)
+        let (keys, bytes) = w.size();
+        Ok((w.finish(fs, &self.dir)?, keys, bytes))
     }
 
     /// Deletes snapshots beyond the newest `keep_snapshots`, and the log

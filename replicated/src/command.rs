@@ -1,0 +1,522 @@
+//! What a Raft entry carries, what applying it answers, and its bytes.
+//!
+//! A [`Command`] is the raw request: the leader does not classify it. Every
+//! replica classifies it when it applies the committed entry (design A of
+//! the notes: a deterministic state machine), so all replicas compute the
+//! same outcome from the same log, and the leader answers the client with
+//! the outcome of its own apply. The offset of an accepted append is not
+//! chosen by anyone: it is the append's place in the replicated log
+//! ([`offset_of`]), the same on every replica and never reused.
+//!
+//! The command enum is `#[non_exhaustive]`: lifecycle operations (producer
+//! expiration, eviction, partition moves; issue 13) become new variants
+//! with new tags in [`Command::encode`], decided from the log and never from
+//! a replica's clock (docs/scaling.md).
+
+use producer_state::{
+    AppendRequest, Batch, BatchMetadata, BatchOutcome, ProducerId, ProducerStateManager,
+};
+use serde::{Deserialize, Serialize};
+
+/// The most appends one entry may carry: an append's slot in its entry is
+/// the low 16 bits of its offset.
+pub const MAX_APPENDS_PER_ENTRY: usize = 1 << 16;
+
+/// The offset given to the append in slot `slot` of the entry at Raft log
+/// index `index`: `index * 2^16 + slot`. Unique over the whole log, growing
+/// in log order, and the same on every replica; `None` past `i64::MAX`
+/// (log index 2^47, which no log reaches).
+pub fn offset_of(index: u64, slot: usize) -> Option<i64> {
+    if slot >= MAX_APPENDS_PER_ENTRY {
+        return None;
+    }
+    let off = index
+        .checked_mul(MAX_APPENDS_PER_ENTRY as u64)?
+        .checked_add(slot as u64)?;
+    i64::try_from(off).ok()
+}
+
+/// Who produces: Kafka's numeric producer id, or a name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Producer {
+    /// A broker-assigned producer id.
+    Id(u64),
+    /// A named producer (at most 65,535 bytes of UTF-8).
+    Name(String),
+}
+
+impl From<u64> for Producer {
+    fn from(id: u64) -> Self {
+        Producer::Id(id)
+    }
+}
+
+impl From<&str> for Producer {
+    fn from(name: &str) -> Self {
+        Producer::Name(name.to_string())
+    }
+}
+
+impl Producer {
+    fn to_id(&self) -> ProducerId {
+        match self {
+            Producer::Id(n) => ProducerId::numeric(*n),
+            Producer::Name(s) => ProducerId::named(s),
+        }
+    }
+}
+
+/// One append as the client sends it, before anyone classified it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Append {
+    /// Who is producing.
+    pub producer: Producer,
+    /// To which partition.
+    pub partition: i32,
+    /// The producer's epoch.
+    pub epoch: i16,
+    /// First sequence of the request.
+    pub first_sequence: i32,
+    /// Last sequence (equal to the first for a single append).
+    pub last_sequence: i32,
+    /// `Some(timestamp)` for a batch, whose offset and timestamp are
+    /// retained to answer its retries; `None` for a single-sequence append
+    /// (`ProducerStateManager::append`), which retains neither.
+    pub timestamp: Option<i64>,
+}
+
+impl Append {
+    /// A single-sequence append.
+    pub fn single(
+        producer: impl Into<Producer>,
+        partition: i32,
+        epoch: i16,
+        sequence: i32,
+    ) -> Self {
+        Append {
+            producer: producer.into(),
+            partition,
+            epoch,
+            first_sequence: sequence,
+            last_sequence: sequence,
+            timestamp: None,
+        }
+    }
+
+    /// A batch of sequences `first..=last` with its timestamp.
+    pub fn batch(
+        producer: impl Into<Producer>,
+        partition: i32,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        timestamp: i64,
+    ) -> Self {
+        Append {
+            producer: producer.into(),
+            partition,
+            epoch,
+            first_sequence: first,
+            last_sequence: last,
+            timestamp: Some(timestamp),
+        }
+    }
+
+    /// The engine's request for this append at `offset`.
+    fn request(&self, offset: i64) -> AppendRequest {
+        match self.timestamp {
+            Some(ts) => AppendRequest::batch(
+                self.producer.to_id(),
+                self.partition,
+                self.epoch,
+                Batch::new(self.first_sequence, self.last_sequence, offset, ts),
+            ),
+            // A single append has one sequence; a "single" whose sequences
+            // differ can only come from a hand-built value, and is classified
+            // as a batch without a timestamp.
+            None if self.first_sequence == self.last_sequence => AppendRequest::single(
+                self.producer.to_id(),
+                self.partition,
+                self.epoch,
+                self.first_sequence,
+            ),
+            None => AppendRequest::batch(
+                self.producer.to_id(),
+                self.partition,
+                self.epoch,
+                Batch::new(self.first_sequence, self.last_sequence, offset, 0),
+            ),
+        }
+    }
+}
+
+/// The payload of one Raft entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Command {
+    /// One append (single-sequence or batch).
+    Append(Append),
+    /// Several appends classified in order as one entry: a produce request
+    /// for many partitions, like the store's `append_all`. One Raft round
+    /// and one log fsync for the whole group.
+    AppendAll(Vec<Append>),
+}
+
+impl Command {
+    /// The appends of the command, in the order they are classified.
+    pub fn appends(&self) -> &[Append] {
+        match self {
+            Command::Append(a) => std::slice::from_ref(a),
+            Command::AppendAll(v) => v,
+        }
+    }
+}
+
+/// What one append came to on the replica that applied it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// New data, now at `offset` (see [`offset_of`]).
+    Accepted {
+        /// The offset this append was given.
+        offset: i64,
+    },
+    /// A retry of data already accepted: the original offset and timestamp
+    /// when still retained (a batch among its key's last five).
+    Duplicate {
+        /// The original append's offset and timestamp.
+        original: Option<(i64, i64)>,
+    },
+    /// Rejected: a gap, a sequence not valid here. The engine's reason.
+    OutOfOrder {
+        /// The reason, as the engine words it.
+        reason: String,
+    },
+    /// An epoch older than the one on file.
+    FencedEpoch {
+        /// The epoch on file.
+        current_epoch: i16,
+    },
+}
+
+impl Outcome {
+    /// `ACCEPTED`, `DUPLICATE`, `OUT_OF_ORDER` or `FENCED_EPOCH`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Outcome::Accepted { .. } => "ACCEPTED",
+            Outcome::Duplicate { .. } => "DUPLICATE",
+            Outcome::OutOfOrder { .. } => "OUT_OF_ORDER",
+            Outcome::FencedEpoch { .. } => "FENCED_EPOCH",
+        }
+    }
+
+    fn from_engine(o: BatchOutcome, offset: i64) -> Outcome {
+        match o {
+            BatchOutcome::Accepted => Outcome::Accepted { offset },
+            BatchOutcome::Duplicate { original } => Outcome::Duplicate {
+                original: original.map(|BatchMetadata { offset, timestamp }| (offset, timestamp)),
+            },
+            BatchOutcome::OutOfOrder { reason } => Outcome::OutOfOrder {
+                reason: reason.to_string(),
+            },
+            BatchOutcome::FencedEpoch { current_epoch } => Outcome::FencedEpoch { current_epoch },
+            other => Outcome::OutOfOrder {
+                reason: format!("{other:?}"),
+            },
+        }
+    }
+}
+
+/// The answer to one entry: one outcome per append, in order. Entries
+/// that carry no command (Raft's blank and membership entries) answer an
+/// empty list.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// One outcome per append of the command.
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Classifies every append of `command`, the entry at log `index`, against
+/// `mgr`, in order. Deterministic: the same state and the same entry give
+/// the same outcomes and the same new state on every replica.
+pub fn apply(mgr: &mut ProducerStateManager, index: u64, command: &Command) -> Response {
+    let outcomes = command
+        .appends()
+        .iter()
+        .enumerate()
+        .map(|(slot, a)| {
+            // Commands with too many appends are refused before they are
+            // proposed (`Command::validate`); one that comes from the log
+            // anyway is rejected whole, identically on every replica.
+            let Some(offset) = offset_of(index, slot) else {
+                return Outcome::OutOfOrder {
+                    reason: "the entry holds more appends than offsets can number".into(),
+                };
+            };
+            Outcome::from_engine(mgr.append_request(&a.request(offset)), offset)
+        })
+        .collect();
+    Response { outcomes }
+}
+
+impl Command {
+    /// Refuses a command that cannot be proposed: no appends, more than
+    /// [`MAX_APPENDS_PER_ENTRY`], or a name longer than 65,535 bytes.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        let appends = self.appends();
+        if appends.is_empty() {
+            return Err("a command must carry at least one append");
+        }
+        if appends.len() > MAX_APPENDS_PER_ENTRY {
+            return Err("a command carries at most 65,536 appends");
+        }
+        if appends
+            .iter()
+            .any(|a| matches!(&a.producer, Producer::Name(n) if n.len() > u16::MAX as usize))
+        {
+            return Err("a producer name is at most 65,535 bytes");
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Bytes (docs/format.md, "Raft log of producer-state-raft").
+
+const TAG_APPEND: u8 = 1;
+const TAG_APPEND_ALL: u8 = 2;
+const PRODUCER_ID: u8 = 0;
+const PRODUCER_NAME: u8 = 1;
+const HAS_TIMESTAMP: u8 = 1;
+
+impl Command {
+    /// Appends the command's bytes to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Command::Append(a) => {
+                out.push(TAG_APPEND);
+                encode_append(a, out);
+            }
+            Command::AppendAll(v) => {
+                out.push(TAG_APPEND_ALL);
+                out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                for a in v {
+                    encode_append(a, out);
+                }
+            }
+        }
+    }
+
+    /// Reads a command written by [`Command::encode`]; it must use every
+    /// byte. `Err` names what is wrong; never a panic.
+    pub fn decode(bytes: &[u8]) -> Result<Command, &'static str> {
+        let mut r = Reader(bytes);
+        let cmd = match r.u8()? {
+            TAG_APPEND => Command::Append(decode_append(&mut r)?),
+            TAG_APPEND_ALL => {
+                let n = r.u32()? as usize;
+                if n == 0 || n > MAX_APPENDS_PER_ENTRY {
+                    return Err("append count");
+                }
+                let mut v = Vec::with_capacity(n.min(bytes.len() / 20));
+                for _ in 0..n {
+                    v.push(decode_append(&mut r)?);
+                }
+                Command::AppendAll(v)
+            }
+            _ => return Err("unknown command tag"),
+        };
+        if !r.0.is_empty() {
+            return Err("bytes after the command");
+        }
+        Ok(cmd)
+    }
+}
+
+fn encode_append(a: &Append, out: &mut Vec<u8>) {
+    match &a.producer {
+        Producer::Id(n) => {
+            out.push(PRODUCER_ID);
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        Producer::Name(s) => {
+            out.push(PRODUCER_NAME);
+            out.extend_from_slice(&(s.len() as u16).to_le_bytes());
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
+    out.extend_from_slice(&a.partition.to_le_bytes());
+    out.extend_from_slice(&a.epoch.to_le_bytes());
+    out.extend_from_slice(&a.first_sequence.to_le_bytes());
+    out.extend_from_slice(&a.last_sequence.to_le_bytes());
+    match a.timestamp {
+        Some(ts) => {
+            out.push(HAS_TIMESTAMP);
+            out.extend_from_slice(&ts.to_le_bytes());
+        }
+        None => out.push(0),
+    }
+}
+
+fn decode_append(r: &mut Reader<'_>) -> Result<Append, &'static str> {
+    let producer = match r.u8()? {
+        PRODUCER_ID => Producer::Id(r.u64()?),
+        PRODUCER_NAME => {
+            let n = r.u16()? as usize;
+            let name = std::str::from_utf8(r.take(n)?).map_err(|_| "producer name not UTF-8")?;
+            Producer::Name(name.to_string())
+        }
+        _ => return Err("unknown producer kind"),
+    };
+    let partition = r.u32()? as i32;
+    let epoch = r.u16()? as i16;
+    let first_sequence = r.u32()? as i32;
+    let last_sequence = r.u32()? as i32;
+    let timestamp = match r.u8()? {
+        0 => None,
+        HAS_TIMESTAMP => Some(r.u64()? as i64),
+        _ => return Err("timestamp flag"),
+    };
+    Ok(Append {
+        producer,
+        partition,
+        epoch,
+        first_sequence,
+        last_sequence,
+        timestamp,
+    })
+}
+
+/// A bounds-checked little-endian reader.
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
+
+impl<'a> Reader<'a> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
+        if self.0.len() < n {
+            return Err("ends early");
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], &'static str> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    pub(crate) fn u8(&mut self) -> Result<u8, &'static str> {
+        Ok(self.array::<1>()?[0])
+    }
+    pub(crate) fn u16(&mut self) -> Result<u16, &'static str> {
+        self.array().map(u16::from_le_bytes)
+    }
+    pub(crate) fn u32(&mut self) -> Result<u32, &'static str> {
+        self.array().map(u32::from_le_bytes)
+    }
+    pub(crate) fn u64(&mut self) -> Result<u64, &'static str> {
+        self.array().map(u64::from_le_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<Command> {
+        vec![
+            Command::Append(Append::single(7u64, 0, 0, 0)),
+            Command::Append(Append::batch("orders", -3, i16::MIN, 5, 9, -1)),
+            Command::AppendAll(vec![
+                Append::batch(u64::MAX, i32::MAX, 2, 0, 4, i64::MAX),
+                Append::single("", i32::MIN, -1, i32::MAX),
+            ]),
+        ]
+    }
+
+    #[test]
+    fn commands_round_trip_and_every_cut_or_extra_byte_is_refused() {
+        for c in sample() {
+            let mut b = Vec::new();
+            c.encode(&mut b);
+            assert_eq!(Command::decode(&b), Ok(c.clone()));
+            for cut in 0..b.len() {
+                assert!(Command::decode(&b[..cut]).is_err(), "{c:?} cut at {cut}");
+            }
+            b.push(0);
+            assert_eq!(Command::decode(&b), Err("bytes after the command"));
+        }
+        assert!(Command::decode(&[TAG_APPEND_ALL, 0, 0, 0, 0]).is_err());
+        assert!(Command::decode(&[9]).is_err());
+    }
+
+    #[test]
+    fn offsets_number_slots_within_an_entry_and_stop_at_the_limits() {
+        assert_eq!(offset_of(0, 0), Some(0));
+        assert_eq!(offset_of(3, 2), Some(3 * 65536 + 2));
+        assert_eq!(offset_of(3, MAX_APPENDS_PER_ENTRY), None);
+        assert_eq!(offset_of(1 << 47, 0), None);
+        assert_eq!(offset_of((1 << 47) - 1, 65535), Some(i64::MAX));
+    }
+
+    #[test]
+    fn apply_classifies_in_order_and_a_retry_gets_the_original_offset() {
+        let mut mgr = ProducerStateManager::new();
+        let group = Command::AppendAll(vec![
+            Append::batch(1u64, 0, 0, 0, 9, 100),
+            Append::batch(1u64, 0, 0, 10, 19, 101),
+            Append::batch(1u64, 0, 0, 0, 9, 102),
+            Append::single(2u64, 0, 0, 3),
+        ]);
+        let r = apply(&mut mgr, 5, &group);
+        let base = 5 * 65536;
+        assert_eq!(
+            r.outcomes,
+            [
+                Outcome::Accepted { offset: base },
+                Outcome::Accepted { offset: base + 1 },
+                Outcome::Duplicate {
+                    original: Some((base, 100))
+                },
+                Outcome::OutOfOrder {
+                    reason: r.outcomes[3].clone().reason_or_empty()
+                },
+            ]
+        );
+        assert_eq!(r.outcomes[3].word(), "OUT_OF_ORDER");
+        let retry = apply(
+            &mut mgr,
+            9,
+            &Command::Append(Append::batch(1u64, 0, 0, 10, 19, 7)),
+        );
+        assert_eq!(
+            retry.outcomes,
+            [Outcome::Duplicate {
+                original: Some((base + 1, 101))
+            }]
+        );
+        let fenced = apply(
+            &mut mgr,
+            10,
+            &Command::Append(Append::single(1u64, 0, -1, 0)),
+        );
+        assert_eq!(fenced.outcomes, [Outcome::FencedEpoch { current_epoch: 0 }]);
+    }
+
+    impl Outcome {
+        fn reason_or_empty(self) -> String {
+            match self {
+                Outcome::OutOfOrder { reason } => reason,
+                _ => String::new(),
+            }
+        }
+    }
+
+    #[test]
+    fn validate_refuses_what_cannot_be_numbered_or_encoded() {
+        assert!(Command::AppendAll(vec![]).validate().is_err());
+        let many = vec![Append::single(1u64, 0, 0, 0); MAX_APPENDS_PER_ENTRY + 1];
+        assert!(Command::AppendAll(many).validate().is_err());
+        let long = Append::single("x".repeat(70_000).as_str(), 0, 0, 0);
+        assert!(Command::Append(long).validate().is_err());
+        assert!(sample().iter().all(|c| c.validate().is_ok()));
+    }
+}

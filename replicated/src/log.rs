@@ -1,0 +1,586 @@
+//! The Raft log on disk: the one write-ahead log of a replica.
+//!
+//! Under Raft the log already is a write-ahead log: an entry is
+//! acknowledged to the leader only after it is fsync'ed here, and a
+//! committed entry is on a majority of these logs. So the state machine
+//! keeps the producer state in memory and never writes a second log (see
+//! docs/scaling.md, "Durability", for the choice and its measurement).
+//!
+//! Files in the replica's directory (bytes in docs/format.md):
+//!
+//! - `raft.log`: a 16-byte header, then records
+//!   `[len u32][crc32c u32][payload]`, one per entry,
+//!   appended and fdatasync'ed before openraft hears the entries are
+//!   flushed, by a writer thread that fsyncs every append queued while the
+//!   last fsync ran at once (a group commit; `writer.rs`);
+//! - `raft-meta.json`: the vote and the last purged log id, replaced
+//!   atomically (temporary file, fsync, rename, directory fsync);
+//! - `raft-committed.json`: the committed log id, a hint written without
+//!   fsync (openraft re-applies committed entries at start up to it; if it
+//!   is lost or unreadable, the replica learns the commit from the leader
+//!   and applies then: nothing is applied twice either way).
+//!
+//! Every record names the write it went out in (the last index of that
+//! write). On open, damage (a record cut short or failing its checksum)
+//! followed by nothing valid, or only by records of the same write, is
+//! what a crash leaves of a write whose fsync never returned: never
+//! acknowledged, it is cut there. Damage followed by a later write's
+//! records is refused as corruption: a write starts only after the one
+//! before it was fsync'ed, so the damaged records were acknowledged, and a
+//! replica must not forget entries a majority may have counted.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{
+    CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, StorageError, StorageIOError,
+    Vote,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::command::{Command, Reader};
+use crate::writer::{self, Op};
+use crate::{NodeId, TypeConfig, read_file, write_atomically};
+use producer_state::fs::{FileSystem, StdFs};
+
+pub(crate) const LOG_FILE: &str = "raft.log";
+const META_FILE: &str = "raft-meta.json";
+const COMMITTED_FILE: &str = "raft-committed.json";
+const RECORD_HEADER: usize = 8;
+const LOG_MAGIC: &[u8; 8] = b"PSRAFTLG";
+const LOG_VERSION: u16 = 1;
+/// `raft.log` starts with magic, version, reserved, and a CRC of those.
+const LOG_HEADER: usize = 16;
+
+fn log_header() -> [u8; LOG_HEADER] {
+    let mut h = [0u8; LOG_HEADER];
+    h[..8].copy_from_slice(LOG_MAGIC);
+    h[8..10].copy_from_slice(&LOG_VERSION.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..12]);
+    h[12..16].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+/// A record's payload is at most this long (a command of 65,536 appends
+/// with 64 KiB names would be larger; `Command::validate` bounds it).
+const MAX_PAYLOAD: u32 = 1 << 30;
+
+const KIND_BLANK: u8 = 0;
+const KIND_NORMAL: u8 = 1;
+const KIND_MEMBERSHIP: u8 = 2;
+
+type SErr = StorageError<NodeId>;
+
+#[derive(Default, Serialize, Deserialize)]
+struct Meta {
+    vote: Option<Vote<NodeId>>,
+    last_purged: Option<LogId<NodeId>>,
+}
+
+struct Inner {
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+    /// The writer thread's queue (`writer.rs`).
+    writer: Sender<Op>,
+    /// Bytes of `raft.log` that hold records, counting those queued.
+    len: u64,
+    /// Every entry not purged, with the file offset of its record.
+    entries: BTreeMap<u64, (u64, Entry<TypeConfig>)>,
+    meta: Meta,
+    committed: Option<LogId<NodeId>>,
+}
+
+/// Counters of one log, for benchmarks and tests.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    /// fdatasync calls on `raft.log`.
+    pub fsyncs: AtomicU64,
+    /// Entries appended.
+    pub entries: AtomicU64,
+}
+
+/// A replica's Raft log (cloneable handle; openraft's log reader is a
+/// clone).
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Mutex<Inner>>,
+    stats: Arc<LogStats>,
+}
+
+/// What opening a log found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOpened {
+    /// Entries read from `raft.log`.
+    pub entries: usize,
+    /// Bytes cut from its end: an append torn by a crash, never acknowledged.
+    pub torn_bytes: u64,
+}
+
+fn io_err(e: std::io::Error) -> SErr {
+    StorageIOError::write_logs(&e).into()
+}
+
+pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; RECORD_HEADER]);
+    out.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
+    out.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
+    out.extend_from_slice(&e.log_id.index.to_le_bytes());
+    // The last index of the write this record goes out in: filled in by
+    // `seal_group` once the write is formed.
+    out.extend_from_slice(&0u64.to_le_bytes());
+    match &e.payload {
+        EntryPayload::Blank => out.push(KIND_BLANK),
+        EntryPayload::Normal(c) => {
+            out.push(KIND_NORMAL);
+            c.encode(out);
+        }
+        EntryPayload::Membership(m) => {
+            out.push(KIND_MEMBERSHIP);
+            // Membership entries are rare and small; openraft's own serde
+            // shape is their format.
+            out.extend_from_slice(&serde_json::to_vec(m).unwrap_or_default());
+        }
+    }
+    let payload_len = (out.len() - start - RECORD_HEADER) as u32;
+    out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
+    seal_record(&mut out[start..], 0);
+}
+
+/// Where a record's write-group field is: after length, CRC, term, node
+/// and index.
+const GROUP_AT: usize = RECORD_HEADER + 24;
+
+/// Sets the write-group field of the record at the start of `rec` and
+/// its CRC; returns the record's length.
+fn seal_record(rec: &mut [u8], group_end: u64) -> usize {
+    let len = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
+    rec[GROUP_AT..GROUP_AT + 8].copy_from_slice(&group_end.to_le_bytes());
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c(&rec[..4]),
+        &rec[RECORD_HEADER..RECORD_HEADER + len],
+    );
+    rec[4..8].copy_from_slice(&crc.to_le_bytes());
+    RECORD_HEADER + len
+}
+
+/// Marks every record in `buf` (whole records, as `encode_entry` wrote
+/// them) as part of one write whose last entry has index `group_end`.
+/// The writer calls it on each write before it is written: after a crash,
+/// records of one write that did not reach the disk whole can be told
+/// from damage to an earlier, fsync'ed write (`LogStore::open`).
+pub(crate) fn seal_group(buf: &mut [u8], group_end: u64) {
+    let mut at = 0;
+    while at < buf.len() {
+        at += seal_record(&mut buf[at..], group_end);
+    }
+}
+
+/// One record at the start of `bytes`: the entry and the record's length;
+/// `None` if these bytes are not a whole valid record.
+fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize, u64)> {
+    let mut r = Reader(bytes);
+    let len = r.u32().ok()?;
+    let crc = r.u32().ok()?;
+    if len > MAX_PAYLOAD {
+        return None;
+    }
+    let payload = r.take(len as usize).ok()?;
+    let computed = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), payload);
+    if computed != crc {
+        return None;
+    }
+    let mut p = Reader(payload);
+    let term = p.u64().ok()?;
+    let node_id = p.u64().ok()?;
+    let index = p.u64().ok()?;
+    let group_end = p.u64().ok()?;
+    if group_end < index {
+        return None;
+    }
+    let payload = match p.u8().ok()? {
+        KIND_BLANK if p.0.is_empty() => EntryPayload::Blank,
+        KIND_NORMAL => EntryPayload::Normal(Command::decode(p.0).ok()?),
+        KIND_MEMBERSHIP => EntryPayload::Membership(serde_json::from_slice(p.0).ok()?),
+        _ => return None,
+    };
+    let entry = Entry {
+        log_id: LogId::new(CommittedLeaderId::new(term, node_id), index),
+        payload,
+    };
+    Some((entry, RECORD_HEADER + len as usize, group_end))
+}
+
+/// Whether the bytes of `bytes` from `at` (where no valid record starts)
+/// are what a crash leaves of the last write: nothing valid after `at`,
+/// or only records of one write (one write-group value) that is not a
+/// later write than the unfinished one `last` belongs to. A write is
+/// acknowledged only after its fsync, and the next write starts only
+/// after that fsync, so records of a later write behind the damage prove
+/// the damaged write was fsync'ed: that damage is refused.
+fn torn_write(bytes: &[u8], at: usize, last: Option<(u64, u64)>) -> bool {
+    let mut groups = (at + 1..bytes.len())
+        .filter_map(|s| decode_record(&bytes[s..]))
+        .map(|(e, _, g)| (e.log_id.index, g));
+    let Some((first_index, group)) = groups.next() else {
+        return true;
+    };
+    if groups.any(|(_, g)| g != group) {
+        return false;
+    }
+    // The last valid record's write went on past it, and the records
+    // behind the damage start after that write: that write was whole.
+    !last.is_some_and(|(index, g)| g > index && first_index > g)
+}
+
+/// The log could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenLogError {
+    /// An IO call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Bytes that are not a valid record are followed by valid ones, or a
+    /// metadata file does not parse: entries this replica acknowledged
+    /// would be lost, so it refuses to start.
+    #[error("{path} is damaged at byte {offset}: {what}")]
+    Corrupt {
+        /// The damaged file.
+        path: PathBuf,
+        /// Where.
+        offset: u64,
+        /// What is wrong.
+        what: &'static str,
+    },
+}
+
+impl LogStore {
+    /// Opens (or creates) the log in `dir`, cutting a torn tail.
+    pub fn open(dir: &Path) -> Result<(LogStore, LogOpened), OpenLogError> {
+        LogStore::open_with(Arc::new(StdFs), dir)
+    }
+
+    /// [`LogStore::open`] through a file system of the core crate's seam
+    /// (`SimFs` in the crash tests).
+    pub fn open_with(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+    ) -> Result<(LogStore, LogOpened), OpenLogError> {
+        let io = |op, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| OpenLogError::Io { op, path, source }
+        };
+        fs.create_dir_all(dir).map_err(io("create", dir))?;
+        let meta_path = dir.join(META_FILE);
+        let meta: Meta = match read_file(fs.as_ref(), &meta_path).map_err(io("read", &meta_path))? {
+            Some(b) => serde_json::from_slice(&b).map_err(|_| OpenLogError::Corrupt {
+                path: meta_path.clone(),
+                offset: 0,
+                what: "not the vote and purge record",
+            })?,
+            None => Meta::default(),
+        };
+        // A hint only: unreadable is the same as absent (module docs).
+        let committed = read_file(fs.as_ref(), &dir.join(COMMITTED_FILE))
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<Option<LogId<NodeId>>>(&b).ok())
+            .flatten();
+        let path = dir.join(LOG_FILE);
+        let mut bytes = read_file(fs.as_ref(), &path)
+            .map_err(io("read", &path))?
+            .unwrap_or_default();
+        let header = log_header();
+        if bytes.len() < LOG_HEADER && header.starts_with(&bytes) {
+            // New, or a creation cut short before any record: start it.
+            write_atomically(fs.as_ref(), dir, LOG_FILE, &header, true)
+                .map_err(io("create", &path))?;
+            bytes = header.to_vec();
+        }
+        match bytes.get(..LOG_HEADER) {
+            Some(h) if h == header => {}
+            Some(h)
+                if h[..8] == LOG_MAGIC[..] && h[12..] == crc32c::crc32c(&h[..12]).to_le_bytes() =>
+            {
+                return Err(OpenLogError::Corrupt {
+                    path,
+                    offset: 8,
+                    what: "a log version this build does not read",
+                });
+            }
+            _ => {
+                return Err(OpenLogError::Corrupt {
+                    path,
+                    offset: 0,
+                    what: "not a producer-state-raft log (header)",
+                });
+            }
+        }
+        let mut entries = BTreeMap::new();
+        let mut at = LOG_HEADER;
+        let mut prev: Option<u64> = None;
+        // Index and write group of the last valid record.
+        let mut last: Option<(u64, u64)> = None;
+        while at < bytes.len() {
+            match decode_record(&bytes[at..]) {
+                // Records up to the last purged one are skipped whatever
+                // their order: a purge to a snapshot's log id can pass the
+                // end of the log (an installed snapshot), and the next
+                // record then follows the snapshot, not the last record.
+                Some((e, n, g)) if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) => {
+                    last = Some((e.log_id.index, g));
+                    at += n;
+                }
+                Some((e, n, g)) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
+                    prev = Some(e.log_id.index);
+                    last = Some((e.log_id.index, g));
+                    entries.insert(e.log_id.index, (at as u64, e));
+                    at += n;
+                }
+                Some(_) => {
+                    return Err(OpenLogError::Corrupt {
+                        path,
+                        offset: at as u64,
+                        what: "a record out of index order",
+                    });
+                }
+                None => {
+                    if !torn_write(&bytes, at, last) {
+                        return Err(OpenLogError::Corrupt {
+                            path,
+                            offset: at as u64,
+                            what: "a damaged record followed by a later write's records",
+                        });
+                    }
+                    break;
+                }
+            }
+        }
+        let torn_bytes = (bytes.len() - at) as u64;
+        let mut file = fs.open_append(&path).map_err(io("open", &path))?;
+        if torn_bytes > 0 {
+            file.set_len(at as u64).map_err(io("truncate", &path))?;
+            file.sync_data().map_err(io("fsync", &path))?;
+        }
+        let opened = LogOpened {
+            entries: entries.len(),
+            torn_bytes,
+        };
+        let stats = Arc::new(LogStats::default());
+        let writer = writer::spawn(fs.clone(), dir.to_path_buf(), file, stats.clone())
+            .map_err(io("spawn the log writer for", &path))?;
+        let inner = Inner {
+            fs,
+            dir: dir.to_path_buf(),
+            writer,
+            len: at as u64,
+            entries,
+            meta,
+            committed,
+        };
+        Ok((
+            LogStore {
+                inner: Arc::new(Mutex::new(inner)),
+                stats,
+            },
+            opened,
+        ))
+    }
+
+    /// The log's counters.
+    pub fn stats(&self) -> Arc<LogStats> {
+        self.stats.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave half an update that
+        // matters: the file is the truth and is re-read on the next open.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Inner {
+    fn save_meta(&self) -> Result<(), SErr> {
+        let bytes = serde_json::to_vec(&self.meta).map_err(|e| StorageIOError::write_vote(&e))?;
+        write_atomically(self.fs.as_ref(), &self.dir, META_FILE, &bytes, true)
+            .map_err(|e| StorageIOError::write_vote(&e).into())
+    }
+
+    /// Queues a rewrite of `raft.log` with only the entries kept, when
+    /// purged records are more than half of it (and more than 64 KiB): the
+    /// file stays within about twice the unpurged log. The caller awaits
+    /// the answer.
+    fn compact(&mut self) -> Option<oneshot::Receiver<std::io::Result<()>>> {
+        let first_offset = self.entries.values().next().map_or(self.len, |(o, _)| *o);
+        if first_offset < 1 << 16 || first_offset < self.len / 2 {
+            return None;
+        }
+        let mut buf = log_header().to_vec();
+        for (o, e) in self.entries.values_mut() {
+            *o = buf.len() as u64;
+            encode_entry(e, &mut buf);
+        }
+        // One write: its records are one group.
+        let last = self.entries.keys().next_back().copied().unwrap_or(0);
+        seal_group(&mut buf[LOG_HEADER..], last);
+        self.len = buf.len() as u64;
+        Some(self.queue(|reply| Op::Replace(buf, reply)))
+    }
+
+    /// Queues an operation whose answer the caller awaits.
+    fn queue(
+        &self,
+        op: impl FnOnce(oneshot::Sender<std::io::Result<()>>) -> Op,
+    ) -> oneshot::Receiver<std::io::Result<()>> {
+        let (tx, rx) = oneshot::channel();
+        // If the writer is gone, `rx` reports it (its sender is dropped).
+        let _ = self.writer.send(op(tx));
+        rx
+    }
+}
+
+/// The writer's answer to a queued operation.
+async fn answer(rx: oneshot::Receiver<std::io::Result<()>>) -> Result<(), SErr> {
+    match rx.await {
+        Ok(r) => r.map_err(io_err),
+        Err(_) => Err(io_err(std::io::Error::other("the log writer stopped"))),
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, SErr> {
+        let inner = self.lock();
+        Ok(inner
+            .entries
+            .range(range)
+            .map(|(_, (_, e))| e.clone())
+            .collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, SErr> {
+        let inner = self.lock();
+        let last_purged = inner.meta.last_purged;
+        let last = inner
+            .entries
+            .values()
+            .next_back()
+            .map(|(_, e)| e.log_id)
+            .or(last_purged);
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), SErr> {
+        let mut inner = self.lock();
+        inner.meta.vote = Some(*vote);
+        inner.save_meta()
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, SErr> {
+        Ok(self.lock().meta.vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), SErr> {
+        let mut inner = self.lock();
+        inner.committed = committed;
+        let bytes = serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(&e))?;
+        write_atomically(inner.fs.as_ref(), &inner.dir, COMMITTED_FILE, &bytes, false)
+            .map_err(|e| StorageIOError::write(&e).into())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, SErr> {
+        Ok(self.lock().committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), SErr>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut inner = self.lock();
+        let mut buf = Vec::new();
+        let mut n = 0;
+        for e in entries {
+            let offset = inner.len + buf.len() as u64;
+            encode_entry(&e, &mut buf);
+            // Readable at once (the leader may send an entry before its own
+            // fsync; it counts itself only when `callback` reports it).
+            inner.entries.insert(e.log_id.index, (offset, e));
+            n += 1;
+        }
+        inner.len += buf.len() as u64;
+        self.stats.entries.fetch_add(n, Ordering::Relaxed);
+        let last = inner.entries.keys().next_back().copied().unwrap_or(0);
+        // The writer reports the entries flushed after its fsync; if it is
+        // gone, dropping the callback tells openraft the IO failed.
+        let _ = inner.writer.send(Op::Append(buf, last, callback));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
+        let rx = {
+            let mut inner = self.lock();
+            let Some(offset) = inner.entries.get(&log_id.index).map(|(o, _)| *o) else {
+                return Ok(());
+            };
+            inner.len = offset;
+            let _ = inner.entries.split_off(&log_id.index);
+            inner.queue(|reply| Op::Truncate(offset, reply))
+        };
+        answer(rx).await
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
+        let rx = {
+            let mut inner = self.lock();
+            inner.meta.last_purged = Some(log_id);
+            inner.save_meta()?;
+            let keep = inner.entries.split_off(&(log_id.index + 1));
+            inner.entries = keep;
+            if inner.entries.is_empty() {
+                // Everything is purged (often: a snapshot was installed
+                // past the end of the log): start the file again.
+                let start = LOG_HEADER as u64;
+                inner.len = start;
+                Some(inner.queue(|reply| Op::Truncate(start, reply)))
+            } else {
+                inner.compact()
+            }
+        };
+        match rx {
+            Some(rx) => answer(rx).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore").finish_non_exhaustive()
+    }
+}

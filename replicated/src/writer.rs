@@ -1,0 +1,151 @@
+//! The thread that writes and fsyncs one replica's `raft.log`.
+//!
+//! openraft's core task calls `append` and waits for nothing but the call
+//! to return: it learns that entries are durable from the `LogFlushed`
+//! callback. Doing the `write` + `fdatasync` inside `append` would block
+//! the core task (and a runtime worker) for a whole fsync per call, so
+//! appends queued behind it could never share one. Instead `append` hands
+//! the encoded records to this thread and returns; the thread takes every
+//! append waiting in its queue, writes them, fsyncs once, and then reports
+//! each as flushed, in order: a group commit across appends, as the store's
+//! (`src/store/commit.rs`) is across appenders.
+//!
+//! Truncations and file replacements go through the same queue, so the
+//! file sees every change in the order the log made it; their callers wait
+//! for the thread's answer. After a failed write or fsync every later
+//! operation fails too (nothing is retried: the replica stops, and the
+//! next open cuts or refuses what reached the file).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+
+use openraft::storage::LogFlushed;
+use producer_state::fs::{FileSystem, WriteFile};
+use tokio::sync::oneshot;
+
+use crate::log::{LOG_FILE, LogStats, seal_group};
+use crate::{TypeConfig, write_atomically};
+
+/// One change to the file.
+pub(crate) enum Op {
+    /// Append these records (the last of index `.1`); report them flushed
+    /// after the fsync.
+    Append(Vec<u8>, u64, LogFlushed<TypeConfig>),
+    /// Cut the file to this length and fsync.
+    Truncate(u64, oneshot::Sender<std::io::Result<()>>),
+    /// Replace the file atomically by these bytes.
+    Replace(Vec<u8>, oneshot::Sender<std::io::Result<()>>),
+}
+
+struct Writer {
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+    file: Box<dyn WriteFile>,
+    stats: Arc<LogStats>,
+    /// The first failure, repeated to every later operation.
+    failed: Option<String>,
+}
+
+/// Starts the writer of `file` (opened to append after its records).
+pub(crate) fn spawn(
+    fs: Arc<dyn FileSystem>,
+    dir: PathBuf,
+    file: Box<dyn WriteFile>,
+    stats: Arc<LogStats>,
+) -> std::io::Result<Sender<Op>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut w = Writer {
+        fs,
+        dir,
+        file,
+        stats,
+        failed: None,
+    };
+    std::thread::Builder::new()
+        .name("raft-log-writer".into())
+        .spawn(move || w.run(rx))?;
+    Ok(tx)
+}
+
+impl Writer {
+    fn run(&mut self, rx: Receiver<Op>) {
+        // Ends when every sender (every clone of the log) is gone.
+        let mut next = rx.recv().ok();
+        while let Some(op) = next.take() {
+            match op {
+                Op::Append(bytes, last, done) => {
+                    let mut group = vec![(bytes, done)];
+                    let mut group_end = last;
+                    loop {
+                        match rx.try_recv() {
+                            Ok(Op::Append(b, l, d)) => {
+                                group.push((b, d));
+                                group_end = group_end.max(l);
+                            }
+                            Ok(other) => {
+                                next = Some(other);
+                                break;
+                            }
+                            Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                        }
+                    }
+                    self.append(group, group_end);
+                }
+                Op::Truncate(len, reply) => {
+                    let r = self.guard(|w| {
+                        w.file.set_len(len)?;
+                        w.file.sync_data()
+                    });
+                    let _ = reply.send(r);
+                }
+                Op::Replace(bytes, reply) => {
+                    let r = self.guard(|w| {
+                        write_atomically(w.fs.as_ref(), &w.dir, LOG_FILE, &bytes, true)?;
+                        w.file = w.fs.open_append(&w.dir.join(LOG_FILE))?;
+                        Ok(())
+                    });
+                    let _ = reply.send(r);
+                }
+            }
+            if next.is_none() {
+                next = rx.recv().ok();
+            }
+        }
+    }
+
+    /// Runs `f` unless an earlier operation failed; a failure is kept.
+    fn guard(&mut self, f: impl FnOnce(&mut Writer) -> std::io::Result<()>) -> std::io::Result<()> {
+        if let Some(e) = &self.failed {
+            return Err(std::io::Error::other(format!(
+                "an earlier log write failed: {e}"
+            )));
+        }
+        let r = f(self);
+        if let Err(e) = &r {
+            self.failed = Some(e.to_string());
+        }
+        r
+    }
+
+    fn append(&mut self, mut group: Vec<(Vec<u8>, LogFlushed<TypeConfig>)>, group_end: u64) {
+        // One write, marked as such in every record (`log::seal_group`).
+        let mut bytes = Vec::with_capacity(group.iter().map(|(b, _)| b.len()).sum());
+        for (b, _) in &mut group {
+            bytes.append(b);
+        }
+        seal_group(&mut bytes, group_end);
+        let r = self.guard(|w| {
+            w.file.write_all(&bytes)?;
+            w.file.sync_data()
+        });
+        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        for (_, done) in group {
+            done.log_io_completed(match &r {
+                Ok(()) => Ok(()),
+                Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+            });
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The Raft log file across restarts: what was appended comes back; a
+//! torn tail (an append cut by a crash, never acknowledged) is cut and
+//! reported; damage followed by valid records is refused, since a replica
+//! must not forget entries it acknowledged; truncate and purge survive a
+//! reopen; the vote survives a reopen.
+
+use std::io::Write;
+
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, Vote};
+use producer_state_raft::{Append, Command, LogStore, OpenLogError, TypeConfig};
+
+fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+        payload: if index.is_multiple_of(5) {
+            EntryPayload::Blank
+        } else {
+            EntryPayload::Normal(Command::Append(Append::batch(
+                index,
+                (index % 3) as i32,
+                0,
+                0,
+                9,
+                index as i64,
+            )))
+        },
+    }
+}
+
+async fn all(log: &mut LogStore) -> Vec<Entry<TypeConfig>> {
+    log.try_get_log_entries(0..u64::MAX).await.unwrap()
+}
+
+fn log_path(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("raft.log")
+}
+
+/// A closed log of entries 1..=10 of term 1, written in two appends (so
+/// two writes: 1..=5, then 6..=10), its file's bytes, and where the second
+/// write starts.
+async fn ten_entries() -> (tempfile::TempDir, Vec<u8>, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    log.blocking_append((1..=5).map(|i| entry(1, i)))
+        .await
+        .unwrap();
+    let second = std::fs::metadata(log_path(dir.path())).unwrap().len() as usize;
+    log.blocking_append((6..=10).map(|i| entry(1, i)))
+        .await
+        .unwrap();
+    drop(log);
+    let full = std::fs::read(log_path(dir.path())).unwrap();
+    (dir, full, second)
+}
+
+#[tokio::test]
+async fn entries_and_the_vote_come_back_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+    assert_eq!(opened.entries, 0);
+    let written: Vec<_> = (1..=20).map(|i| entry(2, i)).collect();
+    log.blocking_append(written.clone()).await.unwrap();
+    let vote = Vote::new_committed(2, 1);
+    log.save_vote(&vote).await.unwrap();
+    drop(log);
+    let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+    assert_eq!((opened.entries, opened.torn_bytes), (20, 0));
+    assert_eq!(all(&mut log).await, written);
+    assert_eq!(log.read_vote().await.unwrap(), Some(vote));
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id, Some(written[19].log_id));
+}
+
+#[tokio::test]
+async fn a_torn_tail_is_cut_and_reported_and_the_log_goes_on() {
+    let (dir, full, _) = ten_entries().await;
+    // Every cut inside the last record leaves the first nine.
+    let (mut probe, _) = LogStore::open(dir.path()).unwrap();
+    let nine = all(&mut probe).await[..9].to_vec();
+    drop(probe);
+    let last_len = {
+        let d = tempfile::tempdir().unwrap();
+        let (mut l, _) = LogStore::open(d.path()).unwrap();
+        l.blocking_append([entry(1, 10)]).await.unwrap();
+        std::fs::metadata(log_path(d.path())).unwrap().len() as usize - 16
+    };
+    for cut in full.len() - last_len + 1..full.len() {
+        std::fs::write(log_path(dir.path()), &full[..cut]).unwrap();
+        let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+        assert_eq!(opened.torn_bytes as usize, cut - (full.len() - last_len));
+        assert_eq!(all(&mut log).await, nine, "cut at {cut}");
+        // The file was cut: an append now follows record 9 directly.
+        log.blocking_append([entry(1, 10)]).await.unwrap();
+        drop(log);
+        assert_eq!(std::fs::read(log_path(dir.path())).unwrap(), full);
+    }
+    // Garbage after the last record (a write that never finished).
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(log_path(dir.path()))
+        .unwrap();
+    f.write_all(&[0xAB; 37]).unwrap();
+    drop(f);
+    let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+    assert_eq!((opened.entries, opened.torn_bytes), (10, 37));
+    assert_eq!(all(&mut log).await.len(), 10);
+}
+
+#[tokio::test]
+async fn damage_before_a_later_write_is_refused_and_in_the_last_write_is_cut() {
+    let (dir, full, second) = ten_entries().await;
+    let (mut probe, _) = LogStore::open(dir.path()).unwrap();
+    let written = all(&mut probe).await;
+    drop(probe);
+    // A bit flipped anywhere in the header or the first write, which the
+    // second write follows (so the first was fsync'ed): refused, never a
+    // panic, never a shorter log.
+    for at in 0..second {
+        let mut bad = full.clone();
+        bad[at] ^= 0x20;
+        std::fs::write(log_path(dir.path()), &bad).unwrap();
+        match LogStore::open(dir.path()) {
+            Err(OpenLogError::Corrupt { offset, .. }) => assert!(offset as usize <= at),
+            Err(e) => panic!("flip at {at}: {e}"),
+            Ok(_) => panic!("flip at {at} was accepted"),
+        }
+    }
+    // In the last write, damage looks like that write torn by a crash
+    // before its fsync (its sectors persisted out of order): the log is cut
+    // there, keeping the first write and whole records before the damage.
+    for at in second..full.len() {
+        let mut bad = full.clone();
+        bad[at] ^= 0x20;
+        std::fs::write(log_path(dir.path()), &bad).unwrap();
+        let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+        let kept = all(&mut log).await;
+        assert!(
+            kept.len() >= 5 && kept.len() < 10,
+            "flip at {at}: {}",
+            kept.len()
+        );
+        assert_eq!(kept[..], written[..kept.len()], "flip at {at}");
+        assert!(opened.torn_bytes > 0);
+    }
+}
+
+#[tokio::test]
+async fn truncate_and_purge_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    log.blocking_append((1..=3000).map(|i| entry(1, i)))
+        .await
+        .unwrap();
+    // A new leader's log replaces 2901.. with entries of term 2.
+    log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 2901))
+        .await
+        .unwrap();
+    log.blocking_append((2901..=2950).map(|i| entry(2, i)))
+        .await
+        .unwrap();
+    let before = std::fs::metadata(log_path(dir.path())).unwrap().len();
+    // A snapshot at 2000: the log below it goes, and the file is rewritten.
+    let purged = LogId::new(CommittedLeaderId::new(1, 1), 2000);
+    log.purge(purged).await.unwrap();
+    let after = std::fs::metadata(log_path(dir.path())).unwrap().len();
+    assert!(after < before / 2, "{after} of {before} bytes kept");
+    let want = all(&mut log).await;
+    assert_eq!(want.len(), 950);
+    assert_eq!(want[0].log_id.index, 2001);
+    assert_eq!(want[949], entry(2, 2950));
+    drop(log);
+    let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+    assert_eq!(opened.entries, 950);
+    assert_eq!(all(&mut log).await, want);
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(purged));
+    // A snapshot installed past the end of the log purges everything; the
+    // log then starts after the snapshot.
+    let far = LogId::new(CommittedLeaderId::new(3, 2), 5000);
+    log.purge(far).await.unwrap();
+    log.blocking_append((5001..=5003).map(|i| entry(3, i)))
+        .await
+        .unwrap();
+    drop(log);
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    let left = all(&mut log).await;
+    assert_eq!(
+        left.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+        [5001, 5002, 5003]
+    );
+}
