@@ -132,6 +132,7 @@
 mod apply;
 mod batch;
 mod codec;
+pub mod crc;
 mod directory;
 mod entry;
 mod error;
