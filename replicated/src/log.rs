@@ -48,6 +48,7 @@ use tokio::sync::oneshot;
 use crate::command::{Command, Reader};
 use crate::writer::{self, Op};
 use crate::{NodeId, TypeConfig, read_file, write_atomically};
+use producer_state::crc::RangeCrc;
 use producer_state::fs::{FileSystem, StdFs};
 
 pub(crate) const LOG_FILE: &str = "raft.log";
@@ -224,10 +225,14 @@ fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize, u64)> {
 /// acknowledged only after its fsync, and the next write starts only
 /// after that fsync, so records of a later write behind the damage prove
 /// the damaged write was fsync'ed: that damage is refused.
+///
+/// Every offset after `at` is a candidate, tested at a constant cost
+/// ([`record_ids`]), so the search is linear in the bytes after the
+/// damage whatever they hold.
 fn torn_write(bytes: &[u8], at: usize, last: Option<(u64, u64)>) -> bool {
-    let mut groups = (at + 1..bytes.len())
-        .filter_map(|s| decode_record(&bytes[s..]))
-        .map(|(e, _, g)| (e.log_id.index, g));
+    let after = bytes.get(at + 1..).unwrap_or_default();
+    let crcs = RangeCrc::new(after);
+    let mut groups = (0..after.len()).filter_map(|s| record_ids(after, &crcs, s));
     let Some((first_index, group)) = groups.next() else {
         return true;
     };
@@ -237,6 +242,36 @@ fn torn_write(bytes: &[u8], at: usize, last: Option<(u64, u64)>) -> bool {
     // The last valid record's write went on past it, and the records
     // behind the damage start after that write: that write was whole.
     !last.is_some_and(|(index, g)| g > index && first_index > g)
+}
+
+/// The least payload: term, node, index, write group, kind.
+const MIN_PAYLOAD: u32 = 33;
+
+/// The index and write group of the record at `s` in `bytes`, if one that
+/// could have been written starts there: a plausible length and kind, and
+/// a checksum that verifies, computed in O(1) from `crcs` (the prefix CRCs
+/// of `bytes`) whatever length the record claims. The fields read are
+/// under the checksum; the rest of the payload is not decoded (a record
+/// with a valid checksum was written whole, which is all the search asks).
+fn record_ids(bytes: &[u8], crcs: &RangeCrc, s: usize) -> Option<(u64, u64)> {
+    let field = |at: usize| -> Option<[u8; 8]> { bytes.get(s + at..s + at + 8)?.try_into().ok() };
+    let head = field(0)?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let stored = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    if !(MIN_PAYLOAD..=MAX_PAYLOAD).contains(&len) {
+        return None;
+    }
+    let kind = *bytes.get(s + RECORD_HEADER + 32)?;
+    if kind > KIND_MEMBERSHIP || (kind == KIND_BLANK && len != MIN_PAYLOAD) {
+        return None;
+    }
+    let index = u64::from_le_bytes(field(RECORD_HEADER + 16)?);
+    let group = u64::from_le_bytes(field(RECORD_HEADER + 24)?);
+    if group < index {
+        return None;
+    }
+    let seed = crc32c::crc32c(&head[..4]);
+    (crcs.crc_append(seed, s + RECORD_HEADER, len as usize)? == stored).then_some((index, group))
 }
 
 /// The log could not be opened.

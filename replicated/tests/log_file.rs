@@ -190,3 +190,41 @@ async fn truncate_and_purge_survive_a_reopen() {
         [5001, 5002, 5003]
     );
 }
+
+#[tokio::test]
+async fn crafted_bytes_after_damage_cost_no_more_than_ff_bytes() {
+    // Behind the last record, 1 MiB of `ff` bytes (no offset claims a
+    // record: every length field reads 2^32 - 1), or of `01 00 01 00`
+    // repeated: then every second offset claims a command record of 65,537
+    // bytes, with a plausible kind, index and write group, whose checksum a
+    // search computing it in full pays 64 KiB for (32 GiB in all). Both are
+    // a torn tail, and both must open in about the same time: the crafted
+    // bytes at most 3 times as long (the best of five opens of each,
+    // interleaved, in this run, against noise).
+    const TAIL: usize = 1 << 20;
+    let (dir, full, _) = ten_entries().await;
+    let open = |tail: &[u8]| {
+        let mut bytes = full.clone();
+        bytes.extend_from_slice(tail);
+        std::fs::write(log_path(dir.path()), &bytes).unwrap();
+        let t = std::time::Instant::now();
+        let (log, opened) = LogStore::open(dir.path()).unwrap();
+        let took = t.elapsed();
+        drop(log);
+        assert_eq!((opened.entries, opened.torn_bytes), (10, TAIL as u64));
+        took
+    };
+    let ff = vec![0xffu8; TAIL];
+    let crafted = [0x01u8, 0x00, 0x01, 0x00].repeat(TAIL / 4);
+    let (mut f, mut c) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        f.push(open(&ff));
+        c.push(open(&crafted));
+    }
+    let (f, c) = (f.into_iter().min().unwrap(), c.into_iter().min().unwrap());
+    eprintln!("open behind {TAIL} bytes: ff bytes {f:?}, crafted {c:?}");
+    assert!(
+        c <= 3 * f,
+        "crafted bytes took {c:?} to open, ff bytes {f:?}: more than 3 times as long"
+    );
+}
