@@ -20,14 +20,17 @@
 //!   is lost or unreadable, the replica learns the commit from the leader
 //!   and applies then: nothing is applied twice either way).
 //!
-//! Every record names the write it went out in (the last index of that
-//! write). On open, damage (a record cut short or failing its checksum)
-//! followed by nothing valid, or only by records of the same write, is
-//! what a crash leaves of a write whose fsync never returned: never
-//! acknowledged, it is cut there. Damage followed by a later write's
-//! records is refused as corruption: a write starts only after the one
-//! before it was fsync'ed, so the damaged records were acknowledged, and a
-//! replica must not forget entries a majority may have counted.
+//! Every record states where the write it went out in began (a file
+//! offset). On open, damage (a record cut short or failing its checksum)
+//! at offset X followed by nothing valid, or only by records of writes
+//! that began at or before X, is what a crash leaves of a write whose
+//! fsync never returned: never acknowledged, it is cut there. Damage
+//! followed by a record of a write that began after X is refused as
+//! corruption: a write starts only after the one before it was fsync'ed,
+//! so X was durable and acknowledged, and a replica must not forget
+//! entries a majority may have counted. An offset, not an index, names the
+//! write: a truncation cuts the file and the next write begins at the cut,
+//! whatever indices the records left before it carry.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -56,7 +59,7 @@ const META_FILE: &str = "raft-meta.json";
 const COMMITTED_FILE: &str = "raft-committed.json";
 const RECORD_HEADER: usize = 8;
 const LOG_MAGIC: &[u8; 8] = b"PSRAFTLG";
-const LOG_VERSION: u16 = 1;
+const LOG_VERSION: u16 = 2;
 /// `raft.log` starts with magic, version, reserved, and a CRC of those.
 const LOG_HEADER: usize = 16;
 
@@ -133,8 +136,8 @@ pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) {
     out.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
     out.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
     out.extend_from_slice(&e.log_id.index.to_le_bytes());
-    // The last index of the write this record goes out in: filled in by
-    // `seal_group` once the write is formed.
+    // Where the write this record goes out in begins: filled in by
+    // `seal_write` once the write is formed.
     out.extend_from_slice(&0u64.to_le_bytes());
     match &e.payload {
         EntryPayload::Blank => out.push(KIND_BLANK),
@@ -154,15 +157,15 @@ pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) {
     seal_record(&mut out[start..], 0);
 }
 
-/// Where a record's write-group field is: after length, CRC, term, node
+/// Where a record's write-start field is: after length, CRC, term, node
 /// and index.
-const GROUP_AT: usize = RECORD_HEADER + 24;
+const WRITE_AT: usize = RECORD_HEADER + 24;
 
-/// Sets the write-group field of the record at the start of `rec` and
+/// Sets the write-start field of the record at the start of `rec` and
 /// its CRC; returns the record's length.
-fn seal_record(rec: &mut [u8], group_end: u64) -> usize {
+fn seal_record(rec: &mut [u8], write_start: u64) -> usize {
     let len = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
-    rec[GROUP_AT..GROUP_AT + 8].copy_from_slice(&group_end.to_le_bytes());
+    rec[WRITE_AT..WRITE_AT + 8].copy_from_slice(&write_start.to_le_bytes());
     let crc = crc32c::crc32c_append(
         crc32c::crc32c(&rec[..4]),
         &rec[RECORD_HEADER..RECORD_HEADER + len],
@@ -172,20 +175,21 @@ fn seal_record(rec: &mut [u8], group_end: u64) -> usize {
 }
 
 /// Marks every record in `buf` (whole records, as `encode_entry` wrote
-/// them) as part of one write whose last entry has index `group_end`.
+/// them) as part of one write that begins at file offset `write_start`.
 /// The writer calls it on each write before it is written: after a crash,
 /// records of one write that did not reach the disk whole can be told
 /// from damage to an earlier, fsync'ed write (`LogStore::open`).
-pub(crate) fn seal_group(buf: &mut [u8], group_end: u64) {
+pub(crate) fn seal_write(buf: &mut [u8], write_start: u64) {
     let mut at = 0;
     while at < buf.len() {
-        at += seal_record(&mut buf[at..], group_end);
+        at += seal_record(&mut buf[at..], write_start);
     }
 }
 
-/// One record at the start of `bytes`: the entry and the record's length;
-/// `None` if these bytes are not a whole valid record.
-fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize, u64)> {
+/// One record at the start of `bytes`, file offset `at`: the entry and
+/// the record's length; `None` if these bytes are not a whole valid
+/// record.
+fn decode_record(bytes: &[u8], at: usize) -> Option<(Entry<TypeConfig>, usize)> {
     let mut r = Reader(bytes);
     let len = r.u32().ok()?;
     let crc = r.u32().ok()?;
@@ -201,8 +205,8 @@ fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize, u64)> {
     let term = p.u64().ok()?;
     let node_id = p.u64().ok()?;
     let index = p.u64().ok()?;
-    let group_end = p.u64().ok()?;
-    if group_end < index {
+    let write_start = p.u64().ok()?;
+    if !(LOG_HEADER as u64..=at as u64).contains(&write_start) {
         return None;
     }
     let payload = match p.u8().ok()? {
@@ -215,45 +219,40 @@ fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize, u64)> {
         log_id: LogId::new(CommittedLeaderId::new(term, node_id), index),
         payload,
     };
-    Some((entry, RECORD_HEADER + len as usize, group_end))
+    Some((entry, RECORD_HEADER + len as usize))
 }
 
 /// Whether the bytes of `bytes` from `at` (where no valid record starts)
 /// are what a crash leaves of the last write: nothing valid after `at`,
-/// or only records of one write (one write-group value) that is not a
-/// later write than the unfinished one `last` belongs to. A write is
-/// acknowledged only after its fsync, and the next write starts only
-/// after that fsync, so records of a later write behind the damage prove
-/// the damaged write was fsync'ed: that damage is refused.
+/// or only records of writes that began at or before `at`, so that `at`
+/// was part of the write they went out in. A write is acknowledged only
+/// after its fsync, and the next write starts only after that fsync, so a
+/// record of a write that began after `at` proves `at` was fsync'ed: that
+/// damage is refused.
 ///
 /// Every offset after `at` is a candidate, tested at a constant cost
-/// ([`record_ids`]), so the search is linear in the bytes after the
+/// ([`write_start_at`]), so the search is linear in the bytes after the
 /// damage whatever they hold.
-fn torn_write(bytes: &[u8], at: usize, last: Option<(u64, u64)>) -> bool {
-    let after = bytes.get(at + 1..).unwrap_or_default();
+fn torn_write(bytes: &[u8], at: usize) -> bool {
+    let from = at + 1;
+    let after = bytes.get(from..).unwrap_or_default();
     let crcs = RangeCrc::new(after);
-    let mut groups = (0..after.len()).filter_map(|s| record_ids(after, &crcs, s));
-    let Some((first_index, group)) = groups.next() else {
-        return true;
-    };
-    if groups.any(|(_, g)| g != group) {
-        return false;
-    }
-    // The last valid record's write went on past it, and the records
-    // behind the damage start after that write: that write was whole.
-    !last.is_some_and(|(index, g)| g > index && first_index > g)
+    (0..after.len())
+        .filter_map(|s| write_start_at(after, &crcs, s, from))
+        .all(|write_start| write_start <= at as u64)
 }
 
-/// The least payload: term, node, index, write group, kind.
+/// The least payload: term, node, index, write start, kind.
 const MIN_PAYLOAD: u32 = 33;
 
-/// The index and write group of the record at `s` in `bytes`, if one that
-/// could have been written starts there: a plausible length and kind, and
-/// a checksum that verifies, computed in O(1) from `crcs` (the prefix CRCs
-/// of `bytes`) whatever length the record claims. The fields read are
-/// under the checksum; the rest of the payload is not decoded (a record
-/// with a valid checksum was written whole, which is all the search asks).
-fn record_ids(bytes: &[u8], crcs: &RangeCrc, s: usize) -> Option<(u64, u64)> {
+/// Where the write of the record at `s` in `bytes` (file offset `base +
+/// s`) began, if a record that could have been written starts there: a
+/// plausible length, kind and write start, and a checksum that verifies,
+/// computed in O(1) from `crcs` (the prefix CRCs of `bytes`) whatever
+/// length the record claims. The fields read are under the checksum; the
+/// rest of the payload is not decoded (a record with a valid checksum was
+/// written whole, which is all the search asks).
+fn write_start_at(bytes: &[u8], crcs: &RangeCrc, s: usize, base: usize) -> Option<u64> {
     let field = |at: usize| -> Option<[u8; 8]> { bytes.get(s + at..s + at + 8)?.try_into().ok() };
     let head = field(0)?;
     let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
@@ -265,13 +264,12 @@ fn record_ids(bytes: &[u8], crcs: &RangeCrc, s: usize) -> Option<(u64, u64)> {
     if kind > KIND_MEMBERSHIP || (kind == KIND_BLANK && len != MIN_PAYLOAD) {
         return None;
     }
-    let index = u64::from_le_bytes(field(RECORD_HEADER + 16)?);
-    let group = u64::from_le_bytes(field(RECORD_HEADER + 24)?);
-    if group < index {
+    let write_start = u64::from_le_bytes(field(WRITE_AT)?);
+    if !(LOG_HEADER as u64..=(base + s) as u64).contains(&write_start) {
         return None;
     }
     let seed = crc32c::crc32c(&head[..4]);
-    (crcs.crc_append(seed, s + RECORD_HEADER, len as usize)? == stored).then_some((index, group))
+    (crcs.crc_append(seed, s + RECORD_HEADER, len as usize)? == stored).then_some(write_start)
 }
 
 /// The log could not be opened.
@@ -366,21 +364,17 @@ impl LogStore {
         let mut entries = BTreeMap::new();
         let mut at = LOG_HEADER;
         let mut prev: Option<u64> = None;
-        // Index and write group of the last valid record.
-        let mut last: Option<(u64, u64)> = None;
         while at < bytes.len() {
-            match decode_record(&bytes[at..]) {
+            match decode_record(&bytes[at..], at) {
                 // Records up to the last purged one are skipped whatever
                 // their order: a purge to a snapshot's log id can pass the
                 // end of the log (an installed snapshot), and the next
                 // record then follows the snapshot, not the last record.
-                Some((e, n, g)) if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) => {
-                    last = Some((e.log_id.index, g));
+                Some((e, n)) if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) => {
                     at += n;
                 }
-                Some((e, n, g)) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
+                Some((e, n)) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
                     prev = Some(e.log_id.index);
-                    last = Some((e.log_id.index, g));
                     entries.insert(e.log_id.index, (at as u64, e));
                     at += n;
                 }
@@ -392,7 +386,7 @@ impl LogStore {
                     });
                 }
                 None => {
-                    if !torn_write(&bytes, at, last) {
+                    if !torn_write(&bytes, at) {
                         return Err(OpenLogError::Corrupt {
                             path,
                             offset: at as u64,
@@ -414,8 +408,14 @@ impl LogStore {
             torn_bytes,
         };
         let stats = Arc::new(LogStats::default());
-        let writer = writer::spawn(fs.clone(), dir.to_path_buf(), file, stats.clone())
-            .map_err(io("spawn the log writer for", &path))?;
+        let writer = writer::spawn(
+            fs.clone(),
+            dir.to_path_buf(),
+            file,
+            at as u64,
+            stats.clone(),
+        )
+        .map_err(io("spawn the log writer for", &path))?;
         let inner = Inner {
             fs,
             dir: dir.to_path_buf(),
@@ -467,9 +467,8 @@ impl Inner {
             *o = buf.len() as u64;
             encode_entry(e, &mut buf);
         }
-        // One write: its records are one group.
-        let last = self.entries.keys().next_back().copied().unwrap_or(0);
-        seal_group(&mut buf[LOG_HEADER..], last);
+        // One write, after the header.
+        seal_write(&mut buf[LOG_HEADER..], LOG_HEADER as u64);
         self.len = buf.len() as u64;
         Some(self.queue(|reply| Op::Replace(buf, reply)))
     }
@@ -570,10 +569,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         inner.len += buf.len() as u64;
         self.stats.entries.fetch_add(n, Ordering::Relaxed);
-        let last = inner.entries.keys().next_back().copied().unwrap_or(0);
         // The writer reports the entries flushed after its fsync; if it is
         // gone, dropping the callback tells openraft the IO failed.
-        let _ = inner.writer.send(Op::Append(buf, last, callback));
+        let _ = inner.writer.send(Op::Append(buf, callback));
         Ok(())
     }
 

@@ -12,7 +12,7 @@ use openraft::storage::{RaftLogStorageExt, RaftStateMachine};
 use openraft::{
     CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader, RaftSnapshotBuilder,
 };
-use producer_state_raft::{Append, Command, LogStore, StateMachine, TypeConfig};
+use producer_state_raft::{Append, Command, LogStore, OpenLogError, StateMachine, TypeConfig};
 
 fn golden() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
@@ -117,4 +117,22 @@ async fn the_golden_files_decode_to_their_history_and_are_written_byte_for_byte(
     assert_eq!((orders.epoch(), orders.last_sequence()), (3, 9));
     assert_eq!(state.get(7u64, 0).unwrap().last_sequence(), 1);
     assert_eq!(state.get(u64::MAX, i32::MAX).unwrap().epoch(), i16::MAX);
+}
+
+#[test]
+fn a_log_of_version_1_is_refused_by_its_version() {
+    // Version 1, never released, named a record's write by the write's
+    // last index, which a truncation made ambiguous; this build reads
+    // version 2 and refuses the old file by name rather than misread it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(golden().join("raft-v1.log"), dir.path().join("raft.log")).unwrap();
+    match LogStore::open(dir.path()) {
+        Err(OpenLogError::Corrupt {
+            offset: 8, what, ..
+        }) => {
+            assert!(what.contains("version"), "{what}")
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a version 1 log was opened"),
+    }
 }

@@ -82,18 +82,24 @@ async fn a_torn_tail_is_cut_and_reported_and_the_log_goes_on() {
     let last_len = {
         let d = tempfile::tempdir().unwrap();
         let (mut l, _) = LogStore::open(d.path()).unwrap();
+        let header = std::fs::metadata(log_path(d.path())).unwrap().len();
         l.blocking_append([entry(1, 10)]).await.unwrap();
-        std::fs::metadata(log_path(d.path())).unwrap().len() as usize - 16
+        (std::fs::metadata(log_path(d.path())).unwrap().len() - header) as usize
     };
-    for cut in full.len() - last_len + 1..full.len() {
+    let tenth = full.len() - last_len;
+    for cut in tenth + 1..full.len() {
         std::fs::write(log_path(dir.path()), &full[..cut]).unwrap();
         let (mut log, opened) = LogStore::open(dir.path()).unwrap();
-        assert_eq!(opened.torn_bytes as usize, cut - (full.len() - last_len));
+        assert_eq!(opened.torn_bytes as usize, cut - tenth);
         assert_eq!(all(&mut log).await, nine, "cut at {cut}");
-        // The file was cut: an append now follows record 9 directly.
+        // The file was cut: an append now follows record 9 directly (a
+        // write of its own, so only its write start differs).
         log.blocking_append([entry(1, 10)]).await.unwrap();
         drop(log);
-        assert_eq!(std::fs::read(log_path(dir.path())).unwrap(), full);
+        let now = std::fs::read(log_path(dir.path())).unwrap();
+        assert_eq!((now.len(), &now[..tenth]), (full.len(), &full[..tenth]));
+        let (mut log, _) = LogStore::open(dir.path()).unwrap();
+        assert_eq!(all(&mut log).await.len(), 10);
     }
     // Garbage after the last record (a write that never finished).
     let mut f = std::fs::OpenOptions::new()
@@ -194,10 +200,11 @@ async fn truncate_and_purge_survive_a_reopen() {
 #[tokio::test]
 async fn crafted_bytes_after_damage_cost_no_more_than_ff_bytes() {
     // Behind the last record, 1 MiB of `ff` bytes (no offset claims a
-    // record: every length field reads 2^32 - 1), or of `01 00 01 00`
-    // repeated: then every second offset claims a command record of 65,537
-    // bytes, with a plausible kind, index and write group, whose checksum a
-    // search computing it in full pays 64 KiB for (32 GiB in all). Both are
+    // record: every length field reads 2^32 - 1), or of `01 00 01 00 00 00
+    // 00 00` repeated: then every eighth offset claims a command record of
+    // 65,537 bytes whose length, kind and write start (the same eight bytes,
+    // 32 bytes on) are plausible, so only its checksum can refuse it, which
+    // a search computing it in full pays 64 KiB for (8 GiB in all). Both are
     // a torn tail, and both must open in about the same time: the crafted
     // bytes at most 3 times as long (the best of five opens of each,
     // interleaved, in this run, against noise).
@@ -215,7 +222,7 @@ async fn crafted_bytes_after_damage_cost_no_more_than_ff_bytes() {
         took
     };
     let ff = vec![0xffu8; TAIL];
-    let crafted = [0x01u8, 0x00, 0x01, 0x00].repeat(TAIL / 4);
+    let crafted = [0x01u8, 0x00, 0x01, 0x00, 0, 0, 0, 0].repeat(TAIL / 8);
     let (mut f, mut c) = (Vec::new(), Vec::new());
     for _ in 0..5 {
         f.push(open(&ff));
@@ -227,4 +234,40 @@ async fn crafted_bytes_after_damage_cost_no_more_than_ff_bytes() {
         c <= 3 * f,
         "crafted bytes took {c:?} to open, ff bytes {f:?}: more than 3 times as long"
     );
+}
+
+#[tokio::test]
+async fn a_write_torn_by_a_crash_after_a_truncation_is_cut_not_refused() {
+    // Entries 1..=10 go out in one write. A new leader truncates the log
+    // at 6 and appends 6..=20 of its term in one write, whose fsync never
+    // returns: the machine stops, and the write's sectors reach the disk
+    // out of order (its first 444 bytes, six records, read back as zeros;
+    // the rest arrived). Nothing of that write was acknowledged, so the
+    // log must open with 1..=5 and cut the rest, as after any torn write;
+    // the records left of the first write must not pass for the write
+    // before a later one.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    log.blocking_append((1..=10).map(|i| entry(1, i)))
+        .await
+        .unwrap();
+    log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 6))
+        .await
+        .unwrap();
+    let torn_at = std::fs::metadata(log_path(dir.path())).unwrap().len() as usize;
+    log.blocking_append((6..=20).map(|i| entry(2, i)))
+        .await
+        .unwrap();
+    let kept = all(&mut log).await[..5].to_vec();
+    drop(log);
+    let mut bytes = std::fs::read(log_path(dir.path())).unwrap();
+    let record = (bytes.len() - torn_at) / 15;
+    bytes[torn_at..torn_at + 6 * record].fill(0);
+    std::fs::write(log_path(dir.path()), &bytes).unwrap();
+    let (mut log, opened) = match LogStore::open(dir.path()) {
+        Ok(l) => l,
+        Err(e) => panic!("a torn write after a truncation was refused: {e}"),
+    };
+    assert_eq!(all(&mut log).await, kept);
+    assert_eq!(opened.torn_bytes as usize, bytes.len() - torn_at);
 }
