@@ -17,8 +17,9 @@
 //!   atomically (temporary file, fsync, rename, directory fsync);
 //! - `raft-committed.json`: the committed log id, a hint written without
 //!   fsync (openraft re-applies committed entries at start up to it; if it
-//!   is lost or unreadable, the replica learns the commit from the leader
-//!   and applies then: nothing is applied twice either way).
+//!   is lost, unreadable, or names an entry the log does not hold, which a
+//!   crash can leave, the replica learns the commit from the leader and
+//!   applies then: nothing is applied twice either way).
 //!
 //! Every record states where the write it went out in began (a file
 //! offset). On open, damage (a record cut short or failing its checksum)
@@ -397,6 +398,15 @@ impl LogStore {
                 }
             }
         }
+        // The hint is written without an fsync, and openraft commits on a
+        // follower up to what it accepted before that append is flushed: a
+        // crash can keep a hint naming entries it lost. One the log does not
+        // hold is dropped (openraft would refuse to start, unable to
+        // re-apply up to it); the leader says again what is committed.
+        let committed = committed.filter(|c| {
+            meta.last_purged.is_some_and(|p| c.index <= p.index)
+                || entries.get(&c.index).is_some_and(|(_, e)| e.log_id == *c)
+        });
         let torn_bytes = (bytes.len() - at) as u64;
         let mut file = fs.open_append(&path).map_err(io("open", &path))?;
         if torn_bytes > 0 {

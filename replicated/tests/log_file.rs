@@ -2,13 +2,17 @@
 //! torn tail (an append cut by a crash, never acknowledged) is cut and
 //! reported; damage followed by valid records is refused, since a replica
 //! must not forget entries it acknowledged; truncate and purge survive a
-//! reopen; the vote survives a reopen.
+//! reopen; the vote survives a reopen; a committed hint a crash left
+//! beyond the log is dropped; crafted bytes behind damage cost what
+//! benign ones cost.
 
 use std::io::Write;
 
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, Vote};
-use producer_state_raft::{Append, Command, LogStore, OpenLogError, TypeConfig};
+use producer_state_raft::{
+    Append, Command, Faults, LogStore, OpenLogError, Replica, Router, TypeConfig,
+};
 
 fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
     Entry {
@@ -270,4 +274,55 @@ async fn a_write_torn_by_a_crash_after_a_truncation_is_cut_not_refused() {
     };
     assert_eq!(all(&mut log).await, kept);
     assert_eq!(opened.torn_bytes as usize, bytes.len() - torn_at);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_hint_beyond_the_log_is_dropped_and_the_replica_starts() {
+    // openraft 0.9 commits on a follower up to what it accepted from the
+    // leader, before its own append of those entries is flushed, and the
+    // hint is written without an fsync. A machine crash can then keep the
+    // hint (8) and lose the unsynced entries (6..=8) of a log that starts
+    // at 0, as openraft's does: the replica must
+    // still start, and learn the commit from the leader again.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    log.blocking_append((0..=5).map(|i| entry(1, i)))
+        .await
+        .unwrap();
+    log.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 8)))
+        .await
+        .unwrap();
+    drop(log);
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    assert_eq!(log.read_committed().await.unwrap(), None);
+    drop(log);
+    let config = openraft::Config {
+        heartbeat_interval: 50,
+        election_timeout_min: 150,
+        election_timeout_max: 300,
+        ..openraft::Config::default()
+    };
+    let router = Router::new(Faults::none(), 0);
+    let started = Replica::start(
+        1,
+        dir.path(),
+        &router,
+        std::sync::Arc::new(config.validate().unwrap()),
+        None,
+    )
+    .await;
+    let replica = match started {
+        Ok(r) => r,
+        Err(e) => panic!("the replica does not start: {e}"),
+    };
+    assert_eq!(replica.state().0, None);
+    replica.raft().shutdown().await.unwrap();
+
+    // A hint the log holds is kept.
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    let at_3 = LogId::new(CommittedLeaderId::new(1, 1), 3);
+    log.save_committed(Some(at_3)).await.unwrap();
+    drop(log);
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    assert_eq!(log.read_committed().await.unwrap(), Some(at_3));
 }
