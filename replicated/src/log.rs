@@ -49,7 +49,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use crate::command::{Command, Reader};
+use crate::command::{Command, MAX_COMMAND_BYTES, Reader};
 use crate::writer::{self, Op};
 use crate::{NodeId, TypeConfig, read_file, write_atomically};
 use producer_state::crc::RangeCrc;
@@ -72,9 +72,11 @@ fn log_header() -> [u8; LOG_HEADER] {
     h[12..16].copy_from_slice(&crc.to_le_bytes());
     h
 }
-/// A record's payload is at most this long (a command of 65,536 appends
-/// with 64 KiB names would be larger; `Command::validate` bounds it).
-const MAX_PAYLOAD: u32 = 1 << 30;
+/// A record's payload is at most this long: the entry's head and the
+/// longest command `Command::validate` lets through (membership entries
+/// are far shorter). `append` refuses a longer entry rather than write a
+/// record that `open` would not read back.
+const MAX_PAYLOAD: u32 = MIN_PAYLOAD + MAX_COMMAND_BYTES as u32;
 
 const KIND_BLANK: u8 = 0;
 const KIND_NORMAL: u8 = 1;
@@ -131,7 +133,9 @@ fn io_err(e: std::io::Error) -> SErr {
     StorageIOError::write_logs(&e).into()
 }
 
-pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) {
+/// Appends the record of `e` to `out`; `Err` (and `out` as it was) if its
+/// payload would be longer than [`MAX_PAYLOAD`].
+pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) -> std::io::Result<()> {
     let start = out.len();
     out.extend_from_slice(&[0u8; RECORD_HEADER]);
     out.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
@@ -150,12 +154,33 @@ pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) {
             out.push(KIND_MEMBERSHIP);
             // Membership entries are rare and small; openraft's own serde
             // shape is their format.
-            out.extend_from_slice(&serde_json::to_vec(m).unwrap_or_default());
+            match serde_json::to_vec(m) {
+                Ok(json) => out.extend_from_slice(&json),
+                Err(e) => {
+                    out.truncate(start);
+                    return Err(std::io::Error::other(e));
+                }
+            }
         }
     }
-    let payload_len = (out.len() - start - RECORD_HEADER) as u32;
-    out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
+    let payload_len = out.len() - start - RECORD_HEADER;
+    let Some(len) = u32::try_from(payload_len)
+        .ok()
+        .filter(|&l| l <= MAX_PAYLOAD)
+    else {
+        out.truncate(start);
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "entry {} takes {payload_len} bytes, more than a record holds ({MAX_PAYLOAD}); \
+                 propose commands that pass Command::validate",
+                e.log_id
+            ),
+        ));
+    };
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     seal_record(&mut out[start..], 0);
+    Ok(())
 }
 
 /// Where a record's write-start field is: after length, CRC, term, node
@@ -473,9 +498,14 @@ impl Inner {
             return None;
         }
         let mut buf = log_header().to_vec();
-        for (o, e) in self.entries.values_mut() {
-            *o = buf.len() as u64;
-            encode_entry(e, &mut buf);
+        let mut offsets = Vec::with_capacity(self.entries.len());
+        for (_, e) in self.entries.values() {
+            offsets.push(buf.len() as u64);
+            // Every entry was encoded once already when it was appended.
+            encode_entry(e, &mut buf).ok()?;
+        }
+        for ((o, _), at) in self.entries.values_mut().zip(offsets) {
+            *o = at;
         }
         // One write, after the header.
         seal_write(&mut buf[LOG_HEADER..], LOG_HEADER as u64);
@@ -568,14 +598,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut inner = self.lock();
         let mut buf = Vec::new();
-        let mut n = 0;
+        let mut encoded = Vec::new();
         for e in entries {
             let offset = inner.len + buf.len() as u64;
-            encode_entry(&e, &mut buf);
-            // Readable at once (the leader may send an entry before its own
-            // fsync; it counts itself only when `callback` reports it).
+            encode_entry(&e, &mut buf).map_err(io_err)?;
+            encoded.push((offset, e));
+        }
+        let n = encoded.len() as u64;
+        // Readable at once (the leader may send an entry before its own
+        // fsync; it counts itself only when `callback` reports it).
+        for (offset, e) in encoded {
             inner.entries.insert(e.log_id.index, (offset, e));
-            n += 1;
         }
         inner.len += buf.len() as u64;
         self.stats.entries.fetch_add(n, Ordering::Relaxed);

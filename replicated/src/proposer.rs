@@ -8,8 +8,8 @@
 //! the group commit one level up, as TiKV batches proposals: requests that
 //! arrive while a proposal is in flight are queued, and the next proposal
 //! carries all of them as one [`Command::AppendAll`] entry (up to
-//! [`MAX_APPENDS_PER_ENTRY`]). Every replica classifies the appends of the
-//! entry in order, exactly as if they had been proposed one after the
+//! [`MAX_APPENDS_PER_ENTRY`] appends and [`MAX_COMMAND_BYTES`] bytes).
+//! Every replica classifies the appends of the entry in order, exactly as if they had been proposed one after the
 //! other, so each request's outcomes are what they would have been; each
 //! request gets its own slice of the entry's outcomes, and its offsets are
 //! its appends' slots in the entry.
@@ -34,7 +34,7 @@ use openraft::LogId;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::NodeId;
-use crate::command::{Command, MAX_APPENDS_PER_ENTRY, Response};
+use crate::command::{Command, GROUP_HEAD, MAX_APPENDS_PER_ENTRY, MAX_COMMAND_BYTES, Response};
 use crate::node::{Cluster, SubmitError};
 
 type Reply = oneshot::Sender<Result<Answer, SubmitError>>;
@@ -104,15 +104,19 @@ async fn run(cluster: Arc<Cluster>, mut rx: mpsc::UnboundedReceiver<(Command, Re
                 None => return,
             },
         };
+        let mut appends = first.0.appends().len();
+        let mut bytes = GROUP_HEAD + first.0.appends_len();
         let mut waiting = vec![first];
-        let mut appends = waiting[0].0.appends().len();
-        // Everything queued, up to the most one entry may hold.
+        // Everything queued, up to the most one entry may hold, in appends
+        // and in bytes (each request passed `Command::validate` alone).
         while let Ok(next) = rx.try_recv() {
-            if appends + next.0.appends().len() > MAX_APPENDS_PER_ENTRY {
+            let (n, b) = (next.0.appends().len(), next.0.appends_len());
+            if appends + n > MAX_APPENDS_PER_ENTRY || bytes + b > MAX_COMMAND_BYTES {
                 carried = Some(next);
                 break;
             }
-            appends += next.0.appends().len();
+            appends += n;
+            bytes += b;
             waiting.push(next);
         }
         let command = if waiting.len() == 1 {

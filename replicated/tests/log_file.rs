@@ -10,6 +10,7 @@ use std::io::Write;
 
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, Vote};
+use producer_state_raft::command::MAX_COMMAND_BYTES;
 use producer_state_raft::{
     Append, Command, Faults, LogStore, OpenLogError, Replica, Router, TypeConfig,
 };
@@ -325,4 +326,42 @@ async fn a_committed_hint_beyond_the_log_is_dropped_and_the_replica_starts() {
     drop(log);
     let (mut log, _) = LogStore::open(dir.path()).unwrap();
     assert_eq!(log.read_committed().await.unwrap(), Some(at_3));
+}
+
+#[tokio::test]
+async fn the_longest_valid_command_is_read_back_and_a_longer_entry_is_refused_unwritten() {
+    // A group of named batches exactly at the limit `Command::validate`
+    // sets; one more append takes it past.
+    let named = |n: usize| Append::batch("n".repeat(n).as_str(), 0, 0, 0, 0, 0);
+    let head = named(0).encoded_len();
+    let share = MAX_COMMAND_BYTES / 512;
+    let mut group = vec![named(share - head); 511];
+    group.push(named(share - 5 - head));
+    let longest = Command::AppendAll(group.clone());
+    assert_eq!(longest.encoded_len(), MAX_COMMAND_BYTES);
+    assert_eq!(longest.validate(), Ok(()));
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    let at = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+    let first = Entry {
+        log_id: at(1),
+        payload: EntryPayload::Normal(longest),
+    };
+    log.blocking_append([first.clone()]).await.unwrap();
+    // Past the limit (only a caller that skips `validate` gets here): the
+    // append fails and nothing of it is written or kept.
+    group.push(Append::single(1u64, 0, 0, 0));
+    assert!(Command::AppendAll(group.clone()).validate().is_err());
+    let len = std::fs::metadata(log_path(dir.path())).unwrap().len();
+    let too_long = Entry {
+        log_id: at(2),
+        payload: EntryPayload::Normal(Command::AppendAll(group)),
+    };
+    assert!(log.blocking_append([too_long]).await.is_err());
+    assert_eq!(std::fs::metadata(log_path(dir.path())).unwrap().len(), len);
+    assert_eq!(all(&mut log).await, std::slice::from_ref(&first));
+    drop(log);
+    let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+    assert_eq!((opened.entries, opened.torn_bytes), (1, 0));
+    assert_eq!(all(&mut log).await, [first]);
 }
