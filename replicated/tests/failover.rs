@@ -311,3 +311,60 @@ async fn after_every_replica_restarts_the_state_is_back_and_no_entry_is_applied_
     assert_same_state(&cluster);
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_member_that_cannot_catch_up_gives_up_at_the_deadline() {
+    // The log below the snapshot is purged, and every snapshot transfer to
+    // the new replica is damaged: it can never catch up. Adding it must
+    // fail once `submit_timeout` has passed, without making it a voter
+    // (four voters of which one is useless tolerate no failure).
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(
+        dir.path(),
+        ClusterOptions {
+            snapshot_every: 20,
+            keep_logs: 0,
+            submit_timeout: Duration::from_secs(2),
+            ..ClusterOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    for n in 0..30 {
+        cluster.submit(batch(1, n)).await.unwrap();
+    }
+    // Once the leader has purged its log below a snapshot.
+    let leader = cluster.replica(cluster.leader().unwrap()).unwrap();
+    leader
+        .raft()
+        .wait(Some(Duration::from_secs(10)))
+        .metrics(|m| m.purged.is_some(), "a purge")
+        .await
+        .unwrap();
+    cluster.router().damage_next_snapshots(u64::MAX);
+    let started = std::time::Instant::now();
+    let added = tokio::time::timeout(Duration::from_secs(20), cluster.add_member(4)).await;
+    match added {
+        Err(_) => panic!("add_member still waiting after 20 s"),
+        Ok(Ok(())) => panic!("a replica that cannot catch up was added"),
+        Ok(Err(e)) => {
+            let took = started.elapsed();
+            assert!(took < Duration::from_secs(5), "gave up after {took:?}: {e}");
+        }
+    }
+    // It was not made a voter, and the group goes on without it.
+    let leader = cluster.replica(cluster.leader().unwrap()).unwrap();
+    let voters: Vec<u64> = leader
+        .raft()
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    assert_eq!(voters, [1, 2, 3]);
+    cluster.router().damage_next_snapshots(0);
+    let (_, r) = cluster.submit(batch(1, 30)).await.unwrap();
+    accepted_offset(&r.outcomes[0]);
+    cluster.shutdown().await;
+}
