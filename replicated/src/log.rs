@@ -47,9 +47,10 @@ use openraft::{
     Vote,
 };
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::command::{Command, MAX_COMMAND_BYTES, Reader};
+use crate::state::StateMachine;
 use crate::writer::{self, Op};
 use crate::{NodeId, TypeConfig, read_file, write_atomically};
 use producer_state::crc::RangeCrc;
@@ -84,6 +85,10 @@ const KIND_MEMBERSHIP: u8 = 2;
 
 type SErr = StorageError<NodeId>;
 
+/// How long a purge waits for the snapshot that covers it (it is being
+/// written by an install; a failed install stops the replica anyway).
+const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 #[derive(Default, Serialize, Deserialize)]
 struct Meta {
     vote: Option<Vote<NodeId>>,
@@ -101,6 +106,9 @@ struct Inner {
     entries: BTreeMap<u64, (u64, Entry<TypeConfig>)>,
     meta: Meta,
     committed: Option<LogId<NodeId>>,
+    /// The log id of the state machine's snapshot file, if linked
+    /// ([`LogStore::purge_after_snapshots`]).
+    snapshots: Option<watch::Receiver<Option<LogId<NodeId>>>>,
 }
 
 /// Counters of one log, for benchmarks and tests.
@@ -459,6 +467,7 @@ impl LogStore {
             entries,
             meta,
             committed,
+            snapshots: None,
         };
         Ok((
             LogStore {
@@ -467,6 +476,17 @@ impl LogStore {
             },
             opened,
         ))
+    }
+
+    /// Makes every purge of this log wait until `sm`'s snapshot file
+    /// covers it. openraft 0.9 installs a snapshot from the leader by
+    /// handing it to the state machine's worker and purging the log up to
+    /// it at once, without waiting for the install: a crash between the two
+    /// would leave the log purged past the snapshot on disk, and the
+    /// replica unable to rebuild its state. [`Replica`](crate::Replica)
+    /// links its log and state machine so; a log on its own purges at once.
+    pub fn purge_after_snapshots(&self, sm: &StateMachine) {
+        self.lock().snapshots = Some(sm.snapshots());
     }
 
     /// The log's counters.
@@ -632,6 +652,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
+        let snapshots = self.lock().snapshots.clone();
+        if let Some(mut snapshot) = snapshots {
+            let covered = |s: &Option<LogId<NodeId>>| s.is_some_and(|s| s.index >= log_id.index);
+            let waited = tokio::time::timeout(PURGE_WAIT, snapshot.wait_for(covered)).await;
+            if !matches!(waited, Ok(Ok(_))) {
+                return Err(io_err(std::io::Error::other(format!(
+                    "purge to {log_id}: no snapshot covering it was written within {PURGE_WAIT:?}"
+                ))));
+            }
+        }
         let rx = {
             let mut inner = self.lock();
             inner.meta.last_purged = Some(log_id);

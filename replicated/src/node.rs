@@ -96,6 +96,7 @@ impl Replica {
     ) -> Result<Replica, StartError> {
         let (log, opened) = LogStore::open(dir)?;
         let sm = StateMachine::open(dir, observer)?;
+        log.purge_after_snapshots(&sm);
         let log_stats = log.stats();
         let network = NetworkFactory {
             router: router.clone(),

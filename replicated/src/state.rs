@@ -31,6 +31,7 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 use producer_state::ProducerStateManager;
+use tokio::sync::watch;
 
 use crate::command::{self, Command, Reader, Response};
 use crate::{NodeId, TypeConfig, read_file, write_atomically};
@@ -129,6 +130,9 @@ struct Shared {
     /// Held while `raft-snapshot` is written (on a blocking thread): a
     /// build runs in a task of its own in openraft 0.9, beside installs.
     persisting: Mutex<()>,
+    /// The log id of the snapshot on disk, for purges to wait on
+    /// (`LogStore::purge_after_snapshots`).
+    on_disk: watch::Sender<Option<LogId<NodeId>>>,
     builds: AtomicU64,
     observer: Option<ApplyObserver>,
 }
@@ -198,6 +202,7 @@ impl StateMachine {
                 fs,
                 dir: dir.to_path_buf(),
                 applied: Mutex::new(applied),
+                on_disk: watch::Sender::new(current.as_ref().and_then(|(m, _)| m.last_log_id)),
                 current: Mutex::new(current),
                 persisting: Mutex::new(()),
                 builds: AtomicU64::new(0),
@@ -215,6 +220,11 @@ impl StateMachine {
     /// The log id the state reflects.
     pub fn last_applied(&self) -> Option<LogId<NodeId>> {
         lock(&self.shared.applied).last_applied
+    }
+
+    /// The log id of the snapshot on disk, as it changes.
+    pub(crate) fn snapshots(&self) -> watch::Receiver<Option<LogId<NodeId>>> {
+        self.shared.on_disk.subscribe()
     }
 
     /// Persists a snapshot (envelope and crate bytes) atomically and makes
@@ -239,6 +249,7 @@ impl StateMachine {
                 return Ok(());
             }
             write_atomically(shared.fs.as_ref(), &shared.dir, SNAPSHOT_FILE, &bytes, true)?;
+            shared.on_disk.send_replace(meta.last_log_id);
             *lock(&shared.current) = Some((meta, data));
             Ok(())
         })

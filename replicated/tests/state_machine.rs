@@ -6,6 +6,8 @@
 //! same time. Whatever their order, the file must end as the newest
 //! snapshot: openraft purges the log up to an installed snapshot, so a
 //! replica that restarted from an older one could not rebuild its state.
+//! For the same reason a purge of the log waits until the snapshot that
+//! covers it is on disk.
 
 use std::io::Cursor;
 use std::path::Path;
@@ -13,7 +15,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::storage::RaftStateMachine;
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{
     CommittedLeaderId, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta,
     StoredMembership,
@@ -21,7 +23,7 @@ use openraft::{
 use producer_state::ProducerStateManager;
 use producer_state::fs::{DirEntry, EntryKind, FileSystem, LockGuard, ReadFile, StdFs, WriteFile};
 use producer_state_raft::command::apply;
-use producer_state_raft::{Append, Command, StateMachine, TypeConfig};
+use producer_state_raft::{Append, Command, LogStore, StateMachine, TypeConfig};
 
 /// The real file system, except that the first creation of the snapshot's
 /// temporary file once armed waits until the test lets it go.
@@ -174,4 +176,78 @@ async fn a_build_that_finishes_after_an_install_leaves_the_installed_snapshot() 
         "the replica would restart from an older snapshot than the log it purged"
     );
     assert_eq!(sorted(&state), sorted(&leader));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_after_an_install_waits_until_the_snapshot_is_on_disk() {
+    // openraft 0.9 installs a snapshot from the leader by handing it to its
+    // state machine worker and, at once, purging the log up to it
+    // (`FollowingHandler::install_full_snapshot` issues both; the purge
+    // waits for nothing). If the purge reached the disk first and the
+    // machine then stopped, the replica would restart from its older
+    // snapshot with the log after it purged: it could not rebuild its
+    // state. The purge must wait for the snapshot file.
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate {
+        armed: Mutex::new(None),
+    });
+    let (mut log, _) = LogStore::open_with(gate.clone(), dir.path()).unwrap();
+    let mut sm = StateMachine::open_with(gate.clone(), dir.path(), None).unwrap();
+    log.purge_after_snapshots(&sm);
+    log.blocking_append(entries(1..=10)).await.unwrap();
+    sm.apply(entries(1..=10)).await.unwrap();
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+
+    // The leader's snapshot at 20 is installed; its file write is held.
+    let mut leader = ProducerStateManager::new();
+    for i in 1..=20 {
+        apply(&mut leader, i, &command(i));
+    }
+    let meta = SnapshotMeta {
+        last_log_id: Some(log_id(20)),
+        last_membership: StoredMembership::default(),
+        snapshot_id: "leader-20".into(),
+    };
+    let (reached_tx, reached) = channel();
+    let (release, release_rx) = channel();
+    *gate.armed.lock().unwrap() = Some((reached_tx, release_rx));
+    let mut installer = sm.clone();
+    let data = leader.encode_snapshot(21);
+    let install = tokio::spawn(async move {
+        installer
+            .install_snapshot(&meta, Box::new(Cursor::new(data)))
+            .await
+    });
+    tokio::task::spawn_blocking(move || reached.recv_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("the install reached its file");
+    let mut purger = log.clone();
+    let mut purge = tokio::spawn(async move { purger.purge(log_id(20)).await });
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut purge).await;
+
+    // What a crash now would leave: the purge must not be on disk before
+    // the snapshot that covers it.
+    let (mut on_disk, _) = LogStore::open(dir.path()).unwrap();
+    let purged = on_disk.get_log_state().await.unwrap().last_purged_log_id;
+    let snapshot = StateMachine::open(dir.path(), None).unwrap().last_applied();
+    drop(on_disk);
+    assert!(
+        purged.map(|p| p.index) <= snapshot.map(|s| s.index),
+        "the log is purged to {purged:?} on disk, the snapshot there is at {snapshot:?}"
+    );
+    assert!(early.is_err(), "the purge did not wait for the snapshot");
+
+    release.send(()).unwrap();
+    install.await.unwrap().expect("the install");
+    purge.await.unwrap().expect("the purge");
+    let (mut on_disk, _) = LogStore::open(dir.path()).unwrap();
+    let state = on_disk.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(20)));
+    let reopened = StateMachine::open(dir.path(), None).unwrap();
+    assert_eq!(reopened.last_applied(), Some(log_id(20)));
 }
