@@ -303,15 +303,28 @@ impl Cluster {
         lock(&self.replicas).keys().copied().collect()
     }
 
-    /// The leader a running replica knows of, if that leader runs.
+    /// The running leader known in the newest term, if one is known. A
+    /// leader cut off from the others goes on believing it leads (openraft
+    /// 0.9's leader does not step down without a quorum) while the others
+    /// elect one in a higher term: that one is the leader. (A replica cut
+    /// off as a candidate raises its term but knows no leader: it is not
+    /// asked.)
     pub fn leader(&self) -> Option<NodeId> {
         let replicas = lock(&self.replicas);
-        let mut known = replicas.values().filter_map(|r| r.leader());
-        known.find(|l| replicas.contains_key(l))
+        replicas
+            .values()
+            .filter_map(|r| {
+                let m = r.raft.metrics();
+                let m = m.borrow();
+                let leader = m.current_leader.filter(|l| replicas.contains_key(l))?;
+                Some((m.current_term, leader))
+            })
+            .max_by_key(|&(term, _)| term)
+            .map(|(_, leader)| leader)
     }
 
-    /// Waits (at most `timeout`) until the running replicas agree on a
-    /// running leader.
+    /// Waits (at most `timeout`) until a running leader of the newest term
+    /// is known ([`Cluster::leader`]).
     pub async fn wait_leader(&self, timeout: Duration) -> Result<NodeId, StartError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {

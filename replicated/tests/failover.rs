@@ -368,3 +368,34 @@ async fn adding_a_member_that_cannot_catch_up_gives_up_at_the_deadline() {
     accepted_offset(&r.outcomes[0]);
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_for_good_is_passed_over() {
+    // The leader is cut off from the others and stays so. It still
+    // believes it leads (openraft 0.9's leader does not step down without
+    // a quorum), while the others elect a new one in a higher term: a
+    // submit must reach the new leader, not wait on the old one until it
+    // gives up.
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(
+        dir.path(),
+        ClusterOptions {
+            submit_timeout: Duration::from_secs(5),
+            ..ClusterOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    cluster.submit(batch(1, 0)).await.unwrap();
+    let old = cluster.wait_leader(Duration::from_secs(5)).await.unwrap();
+    cluster.router().isolate(old, [1, 2, 3]);
+    let (log_id, r) = match cluster.submit(batch(1, 1)).await {
+        Ok(answer) => answer,
+        Err(e) => panic!("the majority side has a leader, but: {e}"),
+    };
+    accepted_offset(&r.outcomes[0]);
+    assert_ne!(log_id.leader_id.node_id, old);
+    assert_ne!(cluster.leader(), Some(old));
+    cluster.router().heal();
+    cluster.shutdown().await;
+}
