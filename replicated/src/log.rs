@@ -100,6 +100,11 @@ struct Inner {
     dir: PathBuf,
     /// The writer thread's queue (`writer.rs`).
     writer: Sender<Op>,
+    /// The writer thread, joined when the last handle is dropped.
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Changes never; closed when the writer has finished and let go of
+    /// the directory.
+    closed: watch::Receiver<()>,
     /// Bytes of `raft.log` that hold records, counting those queued.
     len: u64,
     /// Every entry not purged, with the file offset of its record.
@@ -319,6 +324,13 @@ pub enum OpenLogError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// Another log has this directory open (in this process or another):
+    /// two writers of one file would interleave their records.
+    #[error("{path} is open by another log: stop that replica first")]
+    Locked {
+        /// The replica's directory.
+        path: PathBuf,
+    },
     /// Bytes that are not a valid record are followed by valid ones, or a
     /// metadata file does not parse: entries this replica acknowledged
     /// would be lost, so it refuses to start.
@@ -350,6 +362,13 @@ impl LogStore {
             move |source| OpenLogError::Io { op, path, source }
         };
         fs.create_dir_all(dir).map_err(io("create", dir))?;
+        // Held by the writer thread until it has written its last byte.
+        let lock =
+            fs.try_lock(dir)
+                .map_err(io("lock", dir))?
+                .ok_or_else(|| OpenLogError::Locked {
+                    path: dir.to_path_buf(),
+                })?;
         let meta_path = dir.join(META_FILE);
         let meta: Meta = match read_file(fs.as_ref(), &meta_path).map_err(io("read", &meta_path))? {
             Some(b) => serde_json::from_slice(&b).map_err(|_| OpenLogError::Corrupt {
@@ -451,11 +470,12 @@ impl LogStore {
             torn_bytes,
         };
         let stats = Arc::new(LogStats::default());
-        let writer = writer::spawn(
+        let (writer, thread, closed) = writer::spawn(
             fs.clone(),
             dir.to_path_buf(),
             file,
             at as u64,
+            lock,
             stats.clone(),
         )
         .map_err(io("spawn the log writer for", &path))?;
@@ -463,6 +483,8 @@ impl LogStore {
             fs,
             dir: dir.to_path_buf(),
             writer,
+            thread: Some(thread),
+            closed,
             len: at as u64,
             entries,
             meta,
@@ -489,6 +511,14 @@ impl LogStore {
         self.lock().snapshots = Some(sm.snapshots());
     }
 
+    /// A receiver that is closed (its `changed` fails) once every handle
+    /// of this log is gone and its writer has finished and let go of the
+    /// directory: openraft's tasks may hold handles a moment after it shuts
+    /// down.
+    pub(crate) fn closed(&self) -> watch::Receiver<()> {
+        self.lock().closed.clone()
+    }
+
     /// The log's counters.
     pub fn stats(&self) -> Arc<LogStats> {
         self.stats.clone()
@@ -498,6 +528,19 @@ impl LogStore {
         // A panic while holding the lock cannot leave half an update that
         // matters: the file is the truth and is re-read on the next open.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Inner {
+    /// The last handle is gone: the writer finishes what is queued and
+    /// lets go of the file and the directory before this returns, so the
+    /// directory can be opened again at once.
+    fn drop(&mut self) {
+        let (gone, _) = std::sync::mpsc::channel();
+        drop(std::mem::replace(&mut self.writer, gone));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use std::time::Duration;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, LogId, Raft, SnapshotPolicy};
 use producer_state::ProducerStateManager;
+use tokio::sync::watch;
 
 use crate::command::{Command, Response};
 use crate::log::{LogOpened, LogStats, LogStore, OpenLogError};
@@ -82,6 +83,8 @@ pub struct Replica {
     sm: StateMachine,
     log_stats: Arc<LogStats>,
     opened: LogOpened,
+    /// Closed once its log has let go of the directory.
+    log_closed: watch::Receiver<()>,
 }
 
 impl Replica {
@@ -98,6 +101,7 @@ impl Replica {
         let sm = StateMachine::open(dir, observer)?;
         log.purge_after_snapshots(&sm);
         let log_stats = log.stats();
+        let log_closed = log.closed();
         let network = NetworkFactory {
             router: router.clone(),
             from: id,
@@ -112,6 +116,7 @@ impl Replica {
             sm,
             log_stats,
             opened,
+            log_closed,
         })
     }
 
@@ -380,12 +385,18 @@ impl Cluster {
     }
 
     /// Stops replica `id` (its files stay): a crash of the process as far
-    /// as the others can tell; what it acknowledged was fsync'ed.
+    /// as the others can tell; what it acknowledged was fsync'ed. Returns
+    /// once its log has let go of the directory (openraft's replication
+    /// tasks may hold it a moment after shutting down), or after
+    /// [`ClusterOptions::submit_timeout`].
     pub async fn kill(&self, id: NodeId) {
         let replica = lock(&self.replicas).remove(&id);
         self.router.unregister(id);
         if let Some(r) = replica {
             let _ = r.raft.shutdown().await;
+            let mut closed = r.log_closed.clone();
+            let gone = async move { while closed.changed().await.is_ok() {} };
+            let _ = tokio::time::timeout(self.options.submit_timeout, gone).await;
         }
     }
 

@@ -20,10 +20,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::thread::JoinHandle;
 
 use openraft::storage::LogFlushed;
-use producer_state::fs::{FileSystem, WriteFile};
-use tokio::sync::oneshot;
+use producer_state::fs::{FileSystem, LockGuard, WriteFile};
+use tokio::sync::{oneshot, watch};
 
 use crate::log::{LOG_FILE, LogStats, seal_write};
 use crate::{TypeConfig, write_atomically};
@@ -42,6 +43,10 @@ struct Writer {
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     file: Box<dyn WriteFile>,
+    /// The directory's lock, let go after the file (fields drop in order).
+    _lock: Box<dyn LockGuard>,
+    /// Dropped last: tells `LogStore::closed` the writer is done.
+    _closed: watch::Sender<()>,
     /// The file's length: where the next write begins.
     end: u64,
     stats: Arc<LogStats>,
@@ -50,27 +55,32 @@ struct Writer {
 }
 
 /// Starts the writer of `file` (opened to append after its records, which
-/// end at `end`).
+/// end at `end`), holding the directory's `lock` until it ends: its queue,
+/// its thread, and a receiver that is closed when it has ended.
 pub(crate) fn spawn(
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     file: Box<dyn WriteFile>,
     end: u64,
+    lock: Box<dyn LockGuard>,
     stats: Arc<LogStats>,
-) -> std::io::Result<Sender<Op>> {
+) -> std::io::Result<(Sender<Op>, JoinHandle<()>, watch::Receiver<()>)> {
     let (tx, rx) = std::sync::mpsc::channel();
+    let (closed, on_close) = watch::channel(());
     let mut w = Writer {
         fs,
         dir,
         file,
+        _lock: lock,
+        _closed: closed,
         end,
         stats,
         failed: None,
     };
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("raft-log-writer".into())
         .spawn(move || w.run(rx))?;
-    Ok(tx)
+    Ok((tx, thread, on_close))
 }
 
 impl Writer {

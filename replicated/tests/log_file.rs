@@ -365,3 +365,31 @@ async fn the_longest_valid_command_is_read_back_and_a_longer_entry_is_refused_un
     assert_eq!((opened.entries, opened.torn_bytes), (1, 0));
     assert_eq!(all(&mut log).await, [first]);
 }
+
+#[tokio::test]
+async fn a_directory_is_opened_by_one_log_at_a_time() {
+    // Two logs writing one file (a replica started twice, or restarted
+    // while the old one still flushes) would interleave their records and
+    // disagree on every offset. The second open is refused; once the first
+    // log is dropped, its writer has finished and the directory opens.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    log.blocking_append((1..=3).map(|i| entry(1, i)))
+        .await
+        .unwrap();
+    match LogStore::open(dir.path()) {
+        Err(OpenLogError::Locked { path }) => assert_eq!(path, dir.path()),
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("the directory was opened twice"),
+    }
+    let reader = log.clone();
+    drop(log);
+    assert!(
+        LogStore::open(dir.path()).is_err(),
+        "a clone still holds it"
+    );
+    drop(reader);
+    let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+    assert_eq!(opened.entries, 3);
+    assert_eq!(all(&mut log).await.len(), 3);
+}
