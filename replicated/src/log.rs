@@ -8,8 +8,9 @@
 //!
 //! Files in the replica's directory (bytes in docs/format.md):
 //!
-//! - `raft.log`: a 16-byte header, then records
-//!   `[len u32][crc32c u32][payload]`, one per entry,
+//! - `raft.log`: a 24-byte header with a random salt, then records
+//!   `[len u32][crc32c u32][payload]`, one per entry, each CRC seeded by
+//!   the salt (so bytes a producer chose never pass for a record),
 //!   appended and fdatasync'ed before openraft hears the entries are
 //!   flushed, by a writer thread that fsyncs every append queued while the
 //!   last fsync ran at once (a group commit; `writer.rs`);
@@ -62,16 +63,38 @@ const COMMITTED_FILE: &str = "raft-committed.json";
 const RECORD_HEADER: usize = 8;
 const LOG_MAGIC: &[u8; 8] = b"PSRAFTLG";
 const LOG_VERSION: u16 = 2;
-/// `raft.log` starts with magic, version, reserved, and a CRC of those.
-const LOG_HEADER: usize = 16;
+/// `raft.log` starts with magic, version, reserved, a salt, and a CRC of
+/// those.
+const LOG_HEADER: usize = 24;
 
-fn log_header() -> [u8; LOG_HEADER] {
+fn log_header(salt: u64) -> [u8; LOG_HEADER] {
     let mut h = [0u8; LOG_HEADER];
     h[..8].copy_from_slice(LOG_MAGIC);
     h[8..10].copy_from_slice(&LOG_VERSION.to_le_bytes());
-    let crc = crc32c::crc32c(&h[..12]);
-    h[12..16].copy_from_slice(&crc.to_le_bytes());
+    h[12..20].copy_from_slice(&salt.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..20]);
+    h[20..24].copy_from_slice(&crc.to_le_bytes());
     h
+}
+
+/// A header of this version: reserved bytes zero, its CRC right.
+fn log_header_valid(h: &[u8; LOG_HEADER]) -> bool {
+    h[10..12] == [0, 0] && h[20..24] == crc32c::crc32c(&h[..20]).to_le_bytes()
+}
+
+/// The seed of every record's checksum in a log with this header: the
+/// header's own CRC, so a function of its random salt. Bytes a producer
+/// chose (a name) cannot pass for a record, since it cannot know the
+/// salt, and neither can a record of another log.
+fn record_seed(header: &[u8; LOG_HEADER]) -> u32 {
+    u32::from_le_bytes([header[20], header[21], header[22], header[23]])
+}
+
+/// A salt for a new log: random (std's hasher keys come from the OS),
+/// mixed with the time and the place.
+fn new_salt(dir: &Path) -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one((std::time::SystemTime::now(), std::process::id(), dir))
 }
 /// A record's payload is at most this long: the entry's head and the
 /// longest command `Command::validate` lets through (membership entries
@@ -98,6 +121,8 @@ struct Meta {
 struct Inner {
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
+    /// The file's header (its salt seeds every record's CRC).
+    header: [u8; LOG_HEADER],
     /// The writer thread's queue (`writer.rs`).
     writer: Sender<Op>,
     /// The writer thread, joined when the last handle is dropped.
@@ -154,8 +179,7 @@ pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) -> std::io:
     out.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
     out.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
     out.extend_from_slice(&e.log_id.index.to_le_bytes());
-    // Where the write this record goes out in begins: filled in by
-    // `seal_write` once the write is formed.
+    // Where the write this record goes out in begins.
     out.extend_from_slice(&0u64.to_le_bytes());
     match &e.payload {
         EntryPayload::Blank => out.push(KIND_BLANK),
@@ -191,8 +215,9 @@ pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) -> std::io:
             ),
         ));
     };
+    // The write start and the CRC are filled in by `seal_write` once the
+    // write is formed.
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    seal_record(&mut out[start..], 0);
     Ok(())
 }
 
@@ -201,12 +226,12 @@ pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) -> std::io:
 const WRITE_AT: usize = RECORD_HEADER + 24;
 
 /// Sets the write-start field of the record at the start of `rec` and
-/// its CRC; returns the record's length.
-fn seal_record(rec: &mut [u8], write_start: u64) -> usize {
+/// its CRC (seeded with `seed`); returns the record's length.
+fn seal_record(rec: &mut [u8], write_start: u64, seed: u32) -> usize {
     let len = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
     rec[WRITE_AT..WRITE_AT + 8].copy_from_slice(&write_start.to_le_bytes());
     let crc = crc32c::crc32c_append(
-        crc32c::crc32c(&rec[..4]),
+        crc32c::crc32c_append(seed, &rec[..4]),
         &rec[RECORD_HEADER..RECORD_HEADER + len],
     );
     rec[4..8].copy_from_slice(&crc.to_le_bytes());
@@ -214,21 +239,22 @@ fn seal_record(rec: &mut [u8], write_start: u64) -> usize {
 }
 
 /// Marks every record in `buf` (whole records, as `encode_entry` wrote
-/// them) as part of one write that begins at file offset `write_start`.
-/// The writer calls it on each write before it is written: after a crash,
-/// records of one write that did not reach the disk whole can be told
-/// from damage to an earlier, fsync'ed write (`LogStore::open`).
-pub(crate) fn seal_write(buf: &mut [u8], write_start: u64) {
+/// them) as part of one write that begins at file offset `write_start`,
+/// and checksums them with the log's `seed` ([`record_seed`]). The writer
+/// calls it on each write before it is written: after a crash, records of
+/// one write that did not reach the disk whole can be told from damage to
+/// an earlier, fsync'ed write (`LogStore::open`).
+pub(crate) fn seal_write(buf: &mut [u8], write_start: u64, seed: u32) {
     let mut at = 0;
     while at < buf.len() {
-        at += seal_record(&mut buf[at..], write_start);
+        at += seal_record(&mut buf[at..], write_start, seed);
     }
 }
 
 /// One record at the start of `bytes`, file offset `at`: the entry and
 /// the record's length; `None` if these bytes are not a whole valid
 /// record.
-fn decode_record(bytes: &[u8], at: usize) -> Option<(Entry<TypeConfig>, usize)> {
+fn decode_record(bytes: &[u8], at: usize, seed: u32) -> Option<(Entry<TypeConfig>, usize)> {
     let mut r = Reader(bytes);
     let len = r.u32().ok()?;
     let crc = r.u32().ok()?;
@@ -236,7 +262,7 @@ fn decode_record(bytes: &[u8], at: usize) -> Option<(Entry<TypeConfig>, usize)> 
         return None;
     }
     let payload = r.take(len as usize).ok()?;
-    let computed = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), payload);
+    let computed = crc32c::crc32c_append(crc32c::crc32c_append(seed, &len.to_le_bytes()), payload);
     if computed != crc {
         return None;
     }
@@ -272,12 +298,12 @@ fn decode_record(bytes: &[u8], at: usize) -> Option<(Entry<TypeConfig>, usize)> 
 /// Every offset after `at` is a candidate, tested at a constant cost
 /// ([`write_start_at`]), so the search is linear in the bytes after the
 /// damage whatever they hold.
-fn torn_write(bytes: &[u8], at: usize) -> bool {
+fn torn_write(bytes: &[u8], at: usize, seed: u32) -> bool {
     let from = at + 1;
     let after = bytes.get(from..).unwrap_or_default();
     let crcs = RangeCrc::new(after);
     (0..after.len())
-        .filter_map(|s| write_start_at(after, &crcs, s, from))
+        .filter_map(|s| write_start_at(after, &crcs, s, from, seed))
         .all(|write_start| write_start <= at as u64)
 }
 
@@ -291,7 +317,7 @@ const MIN_PAYLOAD: u32 = 33;
 /// length the record claims. The fields read are under the checksum; the
 /// rest of the payload is not decoded (a record with a valid checksum was
 /// written whole, which is all the search asks).
-fn write_start_at(bytes: &[u8], crcs: &RangeCrc, s: usize, base: usize) -> Option<u64> {
+fn write_start_at(bytes: &[u8], crcs: &RangeCrc, s: usize, base: usize, seed: u32) -> Option<u64> {
     let field = |at: usize| -> Option<[u8; 8]> { bytes.get(s + at..s + at + 8)?.try_into().ok() };
     let head = field(0)?;
     let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
@@ -307,7 +333,7 @@ fn write_start_at(bytes: &[u8], crcs: &RangeCrc, s: usize, base: usize) -> Optio
     if !(LOG_HEADER as u64..=(base + s) as u64).contains(&write_start) {
         return None;
     }
-    let seed = crc32c::crc32c(&head[..4]);
+    let seed = crc32c::crc32c_append(seed, &head[..4]);
     (crcs.crc_append(seed, s + RECORD_HEADER, len as usize)? == stored).then_some(write_start)
 }
 
@@ -388,37 +414,36 @@ impl LogStore {
         let mut bytes = read_file(fs.as_ref(), &path)
             .map_err(io("read", &path))?
             .unwrap_or_default();
-        let header = log_header();
-        if bytes.len() < LOG_HEADER && header.starts_with(&bytes) {
-            // New, or a creation cut short before any record: start it.
+        if bytes.is_empty() {
+            // New (the header is written whole or not at all).
+            let header = log_header(new_salt(dir));
             write_atomically(fs.as_ref(), dir, LOG_FILE, &header, true)
                 .map_err(io("create", &path))?;
             bytes = header.to_vec();
         }
-        match bytes.get(..LOG_HEADER) {
-            Some(h) if h == header => {}
-            Some(h)
-                if h[..8] == LOG_MAGIC[..] && h[12..] == crc32c::crc32c(&h[..12]).to_le_bytes() =>
-            {
+        let header: [u8; LOG_HEADER] = match bytes.get(..LOG_HEADER) {
+            Some(h) if h[..8] != LOG_MAGIC[..] => None,
+            Some(h) if h[8..10] != LOG_VERSION.to_le_bytes() => {
                 return Err(OpenLogError::Corrupt {
                     path,
                     offset: 8,
                     what: "a log version this build does not read",
                 });
             }
-            _ => {
-                return Err(OpenLogError::Corrupt {
-                    path,
-                    offset: 0,
-                    what: "not a producer-state-raft log (header)",
-                });
-            }
+            Some(h) => h.try_into().ok().filter(log_header_valid),
+            None => None,
         }
+        .ok_or_else(|| OpenLogError::Corrupt {
+            path: path.clone(),
+            offset: 0,
+            what: "not a producer-state-raft log (header)",
+        })?;
+        let seed = record_seed(&header);
         let mut entries = BTreeMap::new();
         let mut at = LOG_HEADER;
         let mut prev: Option<u64> = None;
         while at < bytes.len() {
-            match decode_record(&bytes[at..], at) {
+            match decode_record(&bytes[at..], at, seed) {
                 // Records up to the last purged one are skipped whatever
                 // their order: a purge to a snapshot's log id can pass the
                 // end of the log (an installed snapshot), and the next
@@ -439,7 +464,7 @@ impl LogStore {
                     });
                 }
                 None => {
-                    if !torn_write(&bytes, at) {
+                    if !torn_write(&bytes, at, seed) {
                         return Err(OpenLogError::Corrupt {
                             path,
                             offset: at as u64,
@@ -475,6 +500,7 @@ impl LogStore {
             dir.to_path_buf(),
             file,
             at as u64,
+            seed,
             lock,
             stats.clone(),
         )
@@ -482,6 +508,7 @@ impl LogStore {
         let inner = Inner {
             fs,
             dir: dir.to_path_buf(),
+            header,
             writer,
             thread: Some(thread),
             closed,
@@ -560,7 +587,7 @@ impl Inner {
         if first_offset < 1 << 16 || first_offset < self.len / 2 {
             return None;
         }
-        let mut buf = log_header().to_vec();
+        let mut buf = self.header.to_vec();
         let mut offsets = Vec::with_capacity(self.entries.len());
         for (_, e) in self.entries.values() {
             offsets.push(buf.len() as u64);
@@ -571,7 +598,11 @@ impl Inner {
             *o = at;
         }
         // One write, after the header.
-        seal_write(&mut buf[LOG_HEADER..], LOG_HEADER as u64);
+        seal_write(
+            &mut buf[LOG_HEADER..],
+            LOG_HEADER as u64,
+            record_seed(&self.header),
+        );
         self.len = buf.len() as u64;
         Some(self.queue(|reply| Op::Replace(buf, reply)))
     }

@@ -49,6 +49,8 @@ struct Writer {
     _closed: watch::Sender<()>,
     /// The file's length: where the next write begins.
     end: u64,
+    /// The seed of the log's record checksums (`log::record_seed`).
+    seed: u32,
     stats: Arc<LogStats>,
     /// The first failure, repeated to every later operation.
     failed: Option<String>,
@@ -62,6 +64,7 @@ pub(crate) fn spawn(
     dir: PathBuf,
     file: Box<dyn WriteFile>,
     end: u64,
+    seed: u32,
     lock: Box<dyn LockGuard>,
     stats: Arc<LogStats>,
 ) -> std::io::Result<(Sender<Op>, JoinHandle<()>, watch::Receiver<()>)> {
@@ -74,6 +77,7 @@ pub(crate) fn spawn(
         _lock: lock,
         _closed: closed,
         end,
+        seed,
         stats,
         failed: None,
     };
@@ -147,7 +151,7 @@ impl Writer {
         for (b, _) in &mut group {
             bytes.append(b);
         }
-        seal_write(&mut bytes, self.end);
+        seal_write(&mut bytes, self.end, self.seed);
         let r = self.guard(|w| {
             w.file.write_all(&bytes)?;
             w.end += bytes.len() as u64;

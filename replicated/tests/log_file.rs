@@ -393,3 +393,63 @@ async fn a_directory_is_opened_by_one_log_at_a_time() {
     assert_eq!(opened.entries, 3);
     assert_eq!(all(&mut log).await.len(), 3);
 }
+
+#[tokio::test]
+async fn a_record_crafted_into_a_producer_name_does_not_make_a_torn_write_refused() {
+    // A producer controls the bytes of its name, which the log stores as
+    // they are. Here a name holds a whole record, checksummed as the
+    // format describes, that claims a write begun after the damage in
+    // front of it. A crash tears the write carrying that name: the log
+    // must cut the torn write as always, not take the name for a later
+    // write and refuse to open (every replica torn alike would stay down).
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    log.blocking_append((1..=3).map(|i| entry(1, i)))
+        .await
+        .unwrap();
+    let torn_at = std::fs::metadata(log_path(dir.path())).unwrap().len() as usize;
+    // The name starts after the record's header (8), the entry's head
+    // (33), the command tag, the producer kind and the name's length.
+    let at = torn_at + 8 + 33 + 1 + 1 + 2;
+    let crafted = (0u64..)
+        .map(|k| {
+            let mut r = Vec::new();
+            r.extend_from_slice(&33u32.to_le_bytes());
+            r.extend_from_slice(&[0; 4]);
+            r.extend_from_slice(&(0x4141_4141_4141_4141 + k).to_le_bytes()); // term
+            r.extend_from_slice(&0x4242_4242_4242_4242u64.to_le_bytes()); // node
+            r.extend_from_slice(&0x4343_4343_4343_4343u64.to_le_bytes()); // index
+            r.extend_from_slice(&(at as u64).to_le_bytes()); // write start
+            r.push(0); // blank
+            let crc = crc32c::crc32c_append(crc32c::crc32c(&r[..4]), &r[8..]);
+            r[4..8].copy_from_slice(&crc.to_le_bytes());
+            r
+        })
+        .find(|r| r.is_ascii())
+        .unwrap();
+    let name = String::from_utf8(crafted).unwrap();
+    let carrier = Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), 4),
+        payload: EntryPayload::Normal(Command::Append(Append::single(name.as_str(), 0, 0, 0))),
+    };
+    log.blocking_append([carrier, entry(1, 5), entry(1, 6)])
+        .await
+        .unwrap();
+    let kept = all(&mut log).await[..3].to_vec();
+    drop(log);
+    // The crash: the write's first bytes never reached the disk.
+    let mut bytes = std::fs::read(log_path(dir.path())).unwrap();
+    bytes[torn_at..torn_at + 8].fill(0);
+    std::fs::write(log_path(dir.path()), &bytes).unwrap();
+    let (mut log, opened) = match LogStore::open(dir.path()) {
+        Ok(l) => l,
+        Err(e) => panic!("a crafted name made a torn write refused: {e}"),
+    };
+    assert_eq!(all(&mut log).await, kept);
+    assert_eq!(opened.torn_bytes as usize, bytes.len() - torn_at);
+    // What the producer could not know: each log draws its own salt.
+    let other = tempfile::tempdir().unwrap();
+    drop(LogStore::open(other.path()).unwrap());
+    let salt = |d: &std::path::Path| std::fs::read(log_path(d)).unwrap()[12..20].to_vec();
+    assert_ne!(salt(dir.path()), salt(other.path()));
+}
