@@ -14,10 +14,11 @@
 //! request gets its own slice of the entry's outcomes, and its offsets are
 //! its appends' slots in the entry.
 //!
-//! Up to four proposals are in flight at once, handed to the leader's
-//! openraft in order (`client_write_ff`), so the log keeps the order in
-//! which requests arrived while the leader fsyncs one proposal and
-//! replicates the previous one.
+//! Up to [`ProposerOptions::in_flight`] proposals (default four) are in
+//! flight at once, handed to the leader's openraft in order
+//! (`client_write_ff`), so the log keeps the order in which requests
+//! arrived while the leader fsyncs one proposal and replicates the
+//! previous one.
 //!
 //! A proposal whose outcome is unknown (no answer within a second, a
 //! leader change) is retried whole by [`Cluster::submit`]: every append in
@@ -58,11 +59,46 @@ pub struct Proposer {
     tx: mpsc::UnboundedSender<(Command, Reply)>,
 }
 
+/// How a [`Proposer`] batches.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ProposerOptions {
+    /// Proposals handed to the leader and not yet answered, at most
+    /// (at least 1). Fewer make bigger entries and fewer fsyncs per
+    /// append; more let the leader fsync one proposal while the followers
+    /// fsync the one before, which pays when each replica has a disk of
+    /// its own. A proposal retried after a failover keeps its slot until
+    /// it is answered. Default 4.
+    pub in_flight: usize,
+}
+
+impl Default for ProposerOptions {
+    fn default() -> Self {
+        ProposerOptions {
+            in_flight: IN_FLIGHT,
+        }
+    }
+}
+
+impl ProposerOptions {
+    /// These options with at most `n` proposals in flight at once (0 is
+    /// taken as 1).
+    pub fn in_flight(mut self, n: usize) -> Self {
+        self.in_flight = n.max(1);
+        self
+    }
+}
+
 impl Proposer {
-    /// Starts the batching task for `cluster`.
+    /// Starts the batching task for `cluster`, with the default options.
     pub fn new(cluster: Arc<Cluster>) -> Proposer {
+        Proposer::with_options(cluster, ProposerOptions::default())
+    }
+
+    /// Starts the batching task for `cluster`.
+    pub fn with_options(cluster: Arc<Cluster>, options: ProposerOptions) -> Proposer {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(cluster, rx));
+        tokio::spawn(run(cluster, rx, options.in_flight.max(1)));
         Proposer { tx }
     }
 
@@ -88,8 +124,12 @@ const IN_FLIGHT: usize = 4;
 /// [`Cluster::submit`] (a leader cut off from the others never commits).
 const PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
-async fn run(cluster: Arc<Cluster>, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>) {
-    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+async fn run(
+    cluster: Arc<Cluster>,
+    mut rx: mpsc::UnboundedReceiver<(Command, Reply)>,
+    in_flight: usize,
+) {
+    let permits = Arc::new(Semaphore::new(in_flight));
     let mut carried: Option<(Command, Reply)> = None;
     loop {
         // Wait for a free slot first: requests that arrive meanwhile make
