@@ -128,3 +128,95 @@ impl AppendRequest {
         self.metadata
     }
 }
+
+/// Who sends an append, as Kafka's `AppendOrigin` names it: the checks run
+/// depend on it (only under [`Semantics::Kafka`](crate::Semantics::Kafka);
+/// the seed rules know only clients).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Origin {
+    /// A producer's request: every check, the duplicate lookup first.
+    #[default]
+    Client,
+    /// A transaction or group coordinator writing to its own log (and the
+    /// origin of end-transaction markers): the epoch and transaction checks,
+    /// no duplicate lookup, no sequence check.
+    Coordinator,
+    /// A follower applying what its leader already accepted (and log
+    /// recovery): no duplicate lookup, no sequence check, a lower producer
+    /// or coordinator epoch is applied rather than refused; only a plain
+    /// batch inside an open transaction is still refused, as in Kafka.
+    Replication,
+}
+
+/// How a batch is appended: its origin and its transactional flags.
+///
+/// ```
+/// use producer_state::{AppendOptions, Origin};
+/// let plain = AppendOptions::client();
+/// let txn = AppendOptions::client().transactional().verified();
+/// let follower = AppendOptions::replication();
+/// assert_eq!(follower.origin(), Origin::Replication);
+/// assert!(txn.is_transactional() && !plain.is_transactional());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AppendOptions {
+    origin: Origin,
+    transactional: bool,
+    verified: bool,
+}
+
+impl AppendOptions {
+    /// A producer's plain (non-transactional) batch: the default.
+    pub const fn client() -> Self {
+        AppendOptions {
+            origin: Origin::Client,
+            transactional: false,
+            verified: false,
+        }
+    }
+
+    /// A batch a follower copies from its leader.
+    pub const fn replication() -> Self {
+        AppendOptions::client().with_origin(Origin::Replication)
+    }
+
+    /// The same options from another origin.
+    pub const fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = origin;
+        self
+    }
+
+    /// Marks the batch transactional (Kafka's `isTransactional` batch
+    /// attribute): it opens the producer's transaction on this partition,
+    /// or continues it.
+    pub const fn transactional(mut self) -> Self {
+        self.transactional = true;
+        self
+    }
+
+    /// Says the broker verified with the transaction coordinator that the
+    /// producer added this partition to its transaction (KIP-890 part 1,
+    /// `AddPartitionsToTxn` with verification). A transactional batch that
+    /// would open a transaction needs it; one that continues an open
+    /// transaction does not.
+    pub const fn verified(mut self) -> Self {
+        self.verified = true;
+        self
+    }
+
+    /// The origin.
+    pub const fn origin(&self) -> Origin {
+        self.origin
+    }
+
+    /// True for a transactional batch.
+    pub const fn is_transactional(&self) -> bool {
+        self.transactional
+    }
+
+    /// True when the transaction start was verified.
+    pub const fn is_verified(&self) -> bool {
+        self.verified
+    }
+}

@@ -110,6 +110,18 @@ pub enum Error {
     /// The options cannot work together.
     #[error("invalid store options: {0}")]
     InvalidOptions(String),
+    /// The engine's semantics have no such operation: transactions,
+    /// markers, the replication origin and Kafka's snapshot view exist
+    /// only under [`Semantics::Kafka`](crate::Semantics::Kafka), and the
+    /// crate's own snapshot format only holds a seed engine.
+    #[error("{what} is not supported under the {semantics} semantics; {}", semantics_hint(*semantics))]
+    Unsupported {
+        /// What was asked.
+        what: &'static str,
+        /// The engine's semantics.
+        semantics: crate::Semantics,
+    },
+
     /// A named producer id is longer than the log format can hold.
     #[error("producer id name is {len} bytes; the log holds names of at most {max} bytes")]
     ProducerIdTooLong {
@@ -311,5 +323,13 @@ impl fmt::Display for Corruption {
                 "the segment belongs to store {found:#018x}, not to this log's store {expected:#018x}"
             ),
         }
+    }
+}
+
+/// What [`Error::Unsupported`] advises: the other semantics.
+fn semantics_hint(semantics: crate::Semantics) -> &'static str {
+    match semantics {
+        crate::Semantics::Seed => "create the engine with Semantics::Kafka to use it",
+        _ => "it needs an engine with Semantics::Seed",
     }
 }

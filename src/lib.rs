@@ -106,19 +106,53 @@
 //!   must a broker using this crate. Negative epochs are ordinary values.
 //! - Producer ids and partitions take every value of their types.
 //!
+//! # Kafka's semantics and transactions
+//!
+//! [`ProducerStateManager::with_semantics`]`(`[`Semantics::Kafka`]`)` gives
+//! Apache Kafka's verdicts instead of the four rules, every row of the
+//! table below answered as Kafka does (proved against verdicts Kafka's own
+//! `ProducerStateManager` gave, `tests/kafka_oracle.rs`), and with them
+//! Kafka's transactions: transactional batches ([`AppendOptions`]),
+//! COMMIT/ABORT [`Marker`]s with coordinator fencing, the last stable
+//! offset, the aborted transactions a consumer skips, and the replication
+//! origin ([`Origin`]). Plain producers keep the compact layout in both
+//! modes; see `docs/transactions.md`. The durable store runs the four
+//! rules only (Kafka mode in the store is the next step).
+//!
+//! ```
+//! use producer_state::{AppendOptions, Batch, Marker, MarkerOutcome, Origin, ProducerStateManager, Semantics};
+//!
+//! let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
+//! let txn = AppendOptions::client().transactional().verified();
+//! assert!(mgr.append_with(7u64, 0, 0, Batch::new(0, 4, 100, 1), txn)?.is_accepted());
+//! assert_eq!(mgr.last_stable_offset(0, 105), 100); // held back by the open transaction
+//! let out = mgr.append_marker(7u64, 0, 0, Marker::abort(3, 105, 2), Origin::Coordinator)?;
+//! assert!(matches!(out, MarkerOutcome::Accepted { completed: Some(c) } if c.aborted));
+//! assert_eq!(mgr.aborted_transactions(0)[0].first_offset, 100);
+//! assert_eq!(mgr.last_stable_offset(0, 106), 106);
+//! # Ok::<(), producer_state::Error>(())
+//! ```
+//!
 //! # Differences from Kafka
 //!
-//! Where Kafka and these rules differ, these rules win:
+//! Under [`Semantics::Seed`] (the default) these rules win where they and
+//! Kafka's broker differ; under [`Semantics::Kafka`] every row is Kafka's
+//! (the Kafka error of each outcome: [`BatchOutcome::kafka_error`]).
+//! `tests/kafka_oracle.rs` pins every seed-mode difference on Kafka's own
+//! streams to one of these rows:
 //!
-//! | situation | Kafka's broker | this crate |
+//! | situation | Kafka's broker (`Semantics::Kafka`) | `Semantics::Seed` |
 //! |---|---|---|
 //! | unknown producer, first sequence != 0 | accepted (KIP-360: state may have expired) | `OUT_OF_ORDER` (rule 1) |
 //! | single-sequence retry older than the 5-batch window | `OUT_OF_ORDER_SEQUENCE` | `DUPLICATE` without metadata (rule 4) |
-//! | multi-record retry older than the window, or a partial overlap | `OUT_OF_ORDER_SEQUENCE` | `OUT_OF_ORDER` (`OverlapsAccepted`) |
+//! | multi-record retry older than the window, or a partial overlap | `OUT_OF_ORDER_SEQUENCE` | `OUT_OF_ORDER` (`OverlapsAccepted`): the same |
 //! | batch whose sequences wrap inside it (first `MAX-10`, last `9`) | accepted | `OUT_OF_ORDER` (`LastBeforeFirst`); the wrap happens between batches |
-//! | lower epoch | `INVALID_PRODUCER_EPOCH` | `FENCED_EPOCH` |
+//! | negative sequence | `INVALID_RECORD`, before producer state | `OUT_OF_ORDER` (`NegativeSequence`), which `kafka_error` maps to `INVALID_RECORD` |
+//! | lower epoch | `INVALID_PRODUCER_EPOCH` | `FENCED_EPOCH`: the same error |
 //! | retry window after a restart | shrinks to 1 batch (snapshot v1 keeps only the last) | all retained batches survive |
-//! | transactions, markers, coordinator epochs, expiration | supported | not modelled |
+//! | transactions, markers, coordinator epochs | supported | [`Error::Unsupported`] |
+//! | replication origin (a follower's appends) | no duplicate or sequence check, lower epochs applied | [`Error::Unsupported`] |
+//! | producer expiration | after `producer.id.expiration.ms` of silence | not modelled: [`Error::Unsupported`] |
 //!
 //! The duplicate check runs at rule 4 against the same epoch only, like
 //! Kafka's (`findDuplicateBatch` compares the epoch and exact first and last
@@ -141,28 +175,37 @@ pub mod fs;
 mod id;
 pub mod inspect;
 pub mod kafka;
+mod kafka_rules;
+mod kafka_state;
 mod loader;
 mod manager;
 mod map;
 mod outcome;
 mod recovery;
 mod rules;
+mod semantics;
 mod shards;
 mod snapshot;
 mod store;
 pub mod telemetry;
+mod txn;
 mod wal;
 
-pub use batch::{AppendRequest, Batch, BatchMetadata, RetainedBatch};
+pub use batch::{AppendOptions, AppendRequest, Batch, BatchMetadata, Origin, RetainedBatch};
 pub use entry::{Batches, ProducerEntry, RETAINED_BATCHES};
 pub use error::{Corruption, Error, Result};
 pub use id::{INLINE_NAME_LEN, NegativeProducerId, ProducerId};
+pub use kafka_state::KafkaProducerState;
 pub use manager::ProducerStateManager;
-pub use outcome::{AppendOutcome, BatchOutcome, OutOfOrderReason, ParseOutcomeError};
+pub use outcome::{
+    AppendOutcome, BatchOutcome, KafkaError, OutOfOrderReason, ParseOutcomeError, TxnStateReason,
+};
 pub use recovery::{
     Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
 };
+pub use semantics::Semantics;
 pub use store::{FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
+pub use txn::{AbortedTxn, CompletedTxn, Marker, MarkerKind, MarkerOutcome};
 
 // Brokers share one store between their request threads, and move errors
 // into `Box<dyn Error + Send + Sync>` or `anyhow`: a change that made one

@@ -5,16 +5,24 @@
 //! durable [`ProducerStateStore`](crate::ProducerStateStore) runs exactly
 //! the same rules over the same map, so an append classifies identically in
 //! both.
+//!
+//! Under [`Semantics::Kafka`] the same map holds plain producers and a side
+//! table (`kafka_state.rs`) the transactional ones; the seed path does not
+//! look at it.
 
 use std::path::Path;
 
-use crate::batch::{AppendRequest, Batch};
+use crate::batch::{AppendOptions, AppendRequest, Batch, BatchMetadata, Origin};
 use crate::entry::ProducerEntry;
 use crate::error::{Corruption, Error, Result};
 use crate::id::ProducerId;
+use crate::kafka::{KafkaProducerEntry, Unrepresentable};
+use crate::kafka_state::{KafkaProducerState, KafkaState};
 use crate::map::{StateMap, hash_key};
 use crate::outcome::{AppendOutcome, BatchOutcome};
+use crate::semantics::Semantics;
 use crate::snapshot;
+use crate::txn::{AbortedTxn, Marker, MarkerOutcome};
 
 /// The idempotent-produce engine: classifies every append per
 /// (producer id, partition) and keeps the state that only accepted appends
@@ -34,12 +42,78 @@ use crate::snapshot;
 #[derive(Clone, Debug, Default)]
 pub struct ProducerStateManager {
     map: StateMap,
+    /// `Some` exactly under [`Semantics::Kafka`].
+    kafka: Option<Box<KafkaState>>,
 }
 
 impl ProducerStateManager {
-    /// An engine with no state.
+    /// An engine with no state, under the seed rules.
     pub fn new() -> Self {
         ProducerStateManager::default()
+    }
+
+    /// An engine with no state, giving the verdicts of `semantics`.
+    pub fn with_semantics(semantics: Semantics) -> Self {
+        ProducerStateManager {
+            map: StateMap::default(),
+            kafka: (semantics == Semantics::Kafka).then(Box::default),
+        }
+    }
+
+    /// The verdicts this engine gives.
+    pub fn semantics(&self) -> Semantics {
+        if self.kafka.is_some() {
+            Semantics::Kafka
+        } else {
+            Semantics::Seed
+        }
+    }
+
+    fn kafka_mut(&mut self, what: &'static str) -> Result<(&mut KafkaState, &mut StateMap)> {
+        match &mut self.kafka {
+            Some(k) => Ok((k, &mut self.map)),
+            None => Err(Error::Unsupported {
+                what,
+                semantics: Semantics::Seed,
+            }),
+        }
+    }
+
+    /// A plain client append under Kafka's rules; out of line and marked
+    /// cold, so the seed path that branches around it is laid out and
+    /// register-allocated as it was (the hint costs Kafka mode nothing
+    /// measurable: its two probes of the map dominate).
+    #[cold]
+    #[inline(never)]
+    fn kafka_append(
+        &mut self,
+        id: &ProducerId,
+        partition: i32,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        meta: Option<BatchMetadata>,
+    ) -> BatchOutcome {
+        match &mut self.kafka {
+            Some(k) => k.append(
+                &mut self.map,
+                id,
+                partition,
+                epoch,
+                first,
+                last,
+                meta,
+                AppendOptions::client(),
+            ),
+            None => self.map.append(id, partition, epoch, first, last, meta),
+        }
+    }
+
+    fn kafka_ref(&self, what: &'static str) -> Result<&KafkaState> {
+        self.kafka.as_deref().ok_or(Error::Unsupported {
+            what,
+            semantics: Semantics::Seed,
+        })
     }
 
     /// Classifies a single-sequence append and records it if accepted.
@@ -54,6 +128,20 @@ impl ProducerStateManager {
         epoch: i16,
         sequence: i32,
     ) -> AppendOutcome {
+        // The id is made in each branch, so the seed path keeps it in
+        // registers as before (its address never escapes to a call).
+        if self.kafka.is_some() {
+            return self
+                .kafka_append(
+                    &producer_id.into(),
+                    partition,
+                    epoch,
+                    sequence,
+                    sequence,
+                    None,
+                )
+                .outcome();
+        }
         self.map
             .append(
                 &producer_id.into(),
@@ -97,36 +185,233 @@ impl ProducerStateManager {
         epoch: i16,
         batch: Batch,
     ) -> BatchOutcome {
+        let (first, last, meta) = (
+            batch.first_sequence,
+            batch.last_sequence,
+            Some(batch.metadata()),
+        );
+        if self.kafka.is_some() {
+            return self.kafka_append(&producer_id.into(), partition, epoch, first, last, meta);
+        }
+        self.map
+            .append(&producer_id.into(), partition, epoch, first, last, meta)
+    }
+
+    /// Classifies one request (single or batch) and records it if accepted.
+    pub fn append_request(&mut self, request: &AppendRequest) -> BatchOutcome {
+        let r = request;
+        if self.kafka.is_some() {
+            return self.kafka_append(
+                &r.producer_id,
+                r.partition,
+                r.epoch,
+                r.first,
+                r.last,
+                r.metadata,
+            );
+        }
         self.map.append(
+            &r.producer_id,
+            r.partition,
+            r.epoch,
+            r.first,
+            r.last,
+            r.metadata,
+        )
+    }
+
+    /// Classifies a batch with its origin and transactional flags, and
+    /// records it if accepted (Kafka's `UnifiedLog.append` for one batch):
+    /// a transactional batch opens the producer's transaction on the
+    /// partition at the batch's offset, or continues it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Seed`], which has no
+    /// transactions and no origins.
+    ///
+    /// ```
+    /// use producer_state::{AppendOptions, Batch, BatchOutcome, ProducerStateManager, Semantics, TxnStateReason};
+    ///
+    /// let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
+    /// let txn = AppendOptions::client().transactional();
+    /// // A transaction nobody verified with the coordinator (KIP-890) is refused ...
+    /// assert_eq!(
+    ///     mgr.append_with(7u64, 0, 0, Batch::new(0, 0, 100, 1), txn)?,
+    ///     BatchOutcome::InvalidTxnState { reason: TxnStateReason::NotVerified }
+    /// );
+    /// // ... a verified one opens at its offset, and holds the last stable offset back.
+    /// assert!(mgr.append_with(7u64, 0, 0, Batch::new(0, 0, 100, 1), txn.verified())?.is_accepted());
+    /// assert_eq!(mgr.first_unstable_offset(0), Some(100));
+    /// assert_eq!(mgr.last_stable_offset(0, 101), 100);
+    /// # Ok::<(), producer_state::Error>(())
+    /// ```
+    pub fn append_with(
+        &mut self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        batch: Batch,
+        options: AppendOptions,
+    ) -> Result<BatchOutcome> {
+        let (k, map) = self.kafka_mut("an append with an origin or transactional flags")?;
+        Ok(k.append(
+            map,
             &producer_id.into(),
             partition,
             epoch,
             batch.first_sequence,
             batch.last_sequence,
             Some(batch.metadata()),
-        )
+            options,
+        ))
     }
 
-    /// Classifies one request (single or batch) and records it if accepted.
-    pub fn append_request(&mut self, request: &AppendRequest) -> BatchOutcome {
-        self.map.append(
-            &request.producer_id,
-            request.partition,
-            request.epoch,
-            request.first,
-            request.last,
-            request.metadata,
-        )
+    /// Classifies an end-transaction marker written at `epoch` and applies
+    /// it if accepted: the producer's open transaction on the partition (if
+    /// any) is complete, its coordinator epoch is the marker's, and a
+    /// higher epoch (a coordinator-driven abort that bumps the epoch) drops
+    /// its cached batches, so its next batch must start at sequence 0.
+    ///
+    /// `origin` is [`Origin::Coordinator`] for a leader writing the marker
+    /// (a lower producer or coordinator epoch is refused) or
+    /// [`Origin::Replication`] (both are applied); [`Origin::Client`] is
+    /// treated as the coordinator (Kafka refuses control batches from
+    /// clients before producer state is consulted: a broker must not pass
+    /// them here).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Seed`].
+    pub fn append_marker(
+        &mut self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        marker: Marker,
+        origin: Origin,
+    ) -> Result<MarkerOutcome> {
+        let (k, map) = self.kafka_mut("an end-transaction marker")?;
+        Ok(k.marker(map, &producer_id.into(), partition, epoch, &marker, origin))
+    }
+
+    /// The state of one key as Kafka holds it, with its transaction and
+    /// coordinator epoch; `None` without state, and always `None` under
+    /// [`Semantics::Seed`] (use [`ProducerStateManager::get`]).
+    pub fn kafka_state(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+    ) -> Option<KafkaProducerState> {
+        self.kafka
+            .as_deref()?
+            .state(&self.map, &producer_id.into(), partition)
+    }
+
+    /// The first offset of the oldest transaction still open on the
+    /// partition (Kafka's first unstable offset); `None` when none is.
+    pub fn first_unstable_offset(&self, partition: i32) -> Option<i64> {
+        self.kafka
+            .as_deref()?
+            .txns()
+            .first_unstable_offset(partition)
+    }
+
+    /// The partition's last stable offset for a log ending at
+    /// `log_end_offset` (exclusive): consumers reading committed data stop
+    /// there. The oldest open transaction's first offset, or the log end.
+    pub fn last_stable_offset(&self, partition: i32, log_end_offset: i64) -> i64 {
+        self.first_unstable_offset(partition)
+            .map_or(log_end_offset, |f| f.min(log_end_offset))
+    }
+
+    /// The partition's aborted transactions, in the order their markers
+    /// came (empty under [`Semantics::Seed`]). They are kept until
+    /// [`ProducerStateManager::forget_aborted_before`] drops them, as a
+    /// broker does when the log start offset passes them.
+    pub fn aborted_transactions(&self, partition: i32) -> &[AbortedTxn] {
+        self.kafka
+            .as_deref()
+            .map_or(&[], |k| k.txns().aborted(partition))
+    }
+
+    /// Drops the partition's aborted transactions whose marker is below
+    /// `offset` (the log start offset moved past them).
+    pub fn forget_aborted_before(&mut self, partition: i32, offset: i64) {
+        if let Some(k) = &mut self.kafka {
+            k.txns_mut().forget_aborted_before(partition, offset);
+        }
+    }
+
+    /// Kafka's `removeExpiredProducers`: forgets every producer without an
+    /// open transaction whose last batch or marker is `expiration_ms` or
+    /// more before `now_ms` (Kafka's `producer.id.expiration.ms`, one day by
+    /// default). An expired producer is unknown again: its next batch is
+    /// accepted at any sequence. Returns how many keys were forgotten.
+    /// A key whose newest append carries no timestamp (single-sequence
+    /// appends) does not expire.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Seed`].
+    pub fn expire_producers(&mut self, now_ms: i64, expiration_ms: i64) -> Result<usize> {
+        let (k, map) = self.kafka_mut("Kafka's producer expiration")?;
+        Ok(k.expire(map, now_ms, expiration_ms))
+    }
+
+    /// The partition's producers as a Kafka `.snapshot` file holds them
+    /// (each with its newest batch, coordinator epoch and open
+    /// transaction), in no particular order; write them with
+    /// [`kafka::encode`](crate::kafka::encode). Named producer ids have no
+    /// place in Kafka's format and are left out.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Seed`] (its entries are
+    /// exported by [`kafka::export`](crate::kafka::export)).
+    pub fn kafka_snapshot_entries(&self, partition: i32) -> Result<Vec<KafkaProducerEntry>> {
+        Ok(self
+            .kafka_ref("Kafka's snapshot view")?
+            .snapshot_entries(&self.map, partition))
+    }
+
+    /// Replaces the partition's producers with the entries of a Kafka
+    /// snapshot, as Kafka's broker reloads one: each producer keeps only
+    /// its newest batch (the retry window shrinks to one batch), and open
+    /// transactions are open again. Returns the entries that could not be
+    /// loaded (negative producer ids). Kafka also leaves out producers that
+    /// expired while it was down: call
+    /// [`ProducerStateManager::expire_producers`] after loading for that.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Seed`].
+    pub fn load_kafka_snapshot(
+        &mut self,
+        partition: i32,
+        entries: &[KafkaProducerEntry],
+    ) -> Result<Vec<(i64, Unrepresentable)>> {
+        let (k, map) = self.kafka_mut("loading a Kafka snapshot")?;
+        Ok(k.load(map, partition, entries))
     }
 
     /// The entry of one key, if it has state.
+    ///
+    /// Under [`Semantics::Kafka`], a key with transaction state or with
+    /// cached batches that are not consecutive is shown with its epoch, its
+    /// last sequence and the newest consecutive run of its batches;
+    /// [`ProducerStateManager::kafka_state`] shows all of it.
     pub fn get(&self, producer_id: impl Into<ProducerId>, partition: i32) -> Option<ProducerEntry> {
-        self.map.get(&producer_id.into(), partition)
+        let id = producer_id.into();
+        match &self.kafka {
+            None => self.map.get(&id, partition),
+            Some(k) => k.get(&self.map, &id, partition),
+        }
     }
 
     /// Number of (producer id, partition) keys with state.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.map.len() + self.kafka.as_deref().map_or(0, KafkaState::len)
     }
 
     /// True when no key has state.
@@ -136,7 +421,9 @@ impl ProducerStateManager {
 
     /// Every key with its entry, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
-        self.map.iter()
+        self.map
+            .iter()
+            .chain(self.kafka.iter().flat_map(|k| k.iter()))
     }
 
     /// The whole state as a snapshot in the crate's own checksummed format
@@ -154,13 +441,26 @@ impl ProducerStateManager {
     ///
     /// let mut mgr = ProducerStateManager::new();
     /// mgr.append(7u64, 0, 0, 0);
-    /// let bytes = mgr.encode_snapshot(42);
+    /// let bytes = mgr.encode_snapshot(42)?;
     /// let (position, copy) = ProducerStateManager::decode_snapshot("transfer", &bytes)?;
     /// assert_eq!((position, copy.get(7u64, 0)), (42, mgr.get(7u64, 0)));
     /// # Ok::<(), producer_state::Error>(())
     /// ```
-    pub fn encode_snapshot(&self, position: u64) -> Vec<u8> {
-        snapshot::encode_to_vec(position, self.map.iter())
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Kafka`]: the crate's
+    /// snapshot format holds the seed rules' entries, not a Kafka-mode
+    /// engine's transactions and side table (their bytes come with issue
+    /// 15's second phase), and leaving them out would lose state.
+    pub fn encode_snapshot(&self, position: u64) -> Result<Vec<u8>> {
+        if self.kafka.is_some() {
+            return Err(Error::Unsupported {
+                what: "the crate's snapshot format",
+                semantics: Semantics::Kafka,
+            });
+        }
+        Ok(snapshot::encode_to_vec(position, self.map.iter()))
     }
 
     /// Reads a snapshot made by [`ProducerStateManager::encode_snapshot`]
@@ -187,7 +487,7 @@ impl ProducerStateManager {
                 Err(Error::corrupt(source, 0, Corruption::DuplicateKey))
             }
         })?;
-        Ok((header.position, ProducerStateManager { map }))
+        Ok((header.position, ProducerStateManager { map, kafka: None }))
     }
 }
 
@@ -381,7 +681,8 @@ mod tests {
     fn a_snapshot_in_memory_round_trips_the_whole_state() {
         let m = varied();
         let (position, back) =
-            ProducerStateManager::decode_snapshot("mem", &m.encode_snapshot(u64::MAX)).unwrap();
+            ProducerStateManager::decode_snapshot("mem", &m.encode_snapshot(u64::MAX).unwrap())
+                .unwrap();
         assert_eq!(position, u64::MAX);
         assert_eq!(sorted(&back), sorted(&m));
         // The copy is an engine like the original: it answers a retry of a
@@ -399,7 +700,7 @@ mod tests {
         assert_eq!(back.append(39u64, 0, 1, 1), Accepted);
         let (_, empty) = ProducerStateManager::decode_snapshot(
             "mem",
-            &ProducerStateManager::new().encode_snapshot(0),
+            &ProducerStateManager::new().encode_snapshot(0).unwrap(),
         )
         .unwrap();
         assert!(empty.is_empty());
@@ -407,7 +708,7 @@ mod tests {
 
     #[test]
     fn a_damaged_snapshot_in_memory_is_an_error_naming_its_source() {
-        let bytes = varied().encode_snapshot(5);
+        let bytes = varied().encode_snapshot(5).unwrap();
         for cut in 0..bytes.len() {
             let err = ProducerStateManager::decode_snapshot("transfer", &bytes[..cut]).unwrap_err();
             assert!(err.is_corruption(), "cut at {cut}: {err}");
@@ -432,5 +733,23 @@ mod tests {
         assert_eq!(mgr.len(), 20);
         assert_eq!(mgr.append("", 0, 0, 0), Accepted);
         assert_eq!(mgr.append("", 0, 0, 0), Duplicate);
+    }
+
+    #[test]
+    fn a_kafka_mode_engine_is_not_encoded_into_the_seed_format() {
+        let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
+        mgr.append(1u64, 0, 0, 0);
+        let err = mgr.encode_snapshot(1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Unsupported {
+                    semantics: Semantics::Kafka,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("Semantics::Seed"), "{err}");
     }
 }

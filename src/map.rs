@@ -21,7 +21,7 @@ use crate::batch::BatchMetadata;
 use crate::entry::{Head, ProducerEntry, Window};
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
-use crate::rules;
+use crate::rules::{self, Current};
 
 /// No window: the key only used single-sequence appends.
 const NO_WINDOW: u32 = u32::MAX;
@@ -240,6 +240,63 @@ fn append_in<S>(
     }
 }
 
+/// What a caller's own rules decided for an append to a compact key (see
+/// [`StateMap::append_decided`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Decided {
+    /// Not accepted: nothing changes.
+    Rejected,
+    /// Accepted, and the compact entry can hold the result: applied in place
+    /// (`new_session`: the epoch changed, the window starts over).
+    Apply { new_session: bool },
+    /// Accepted, but the compact entry cannot hold the result: nothing is
+    /// changed here; the caller moves the key elsewhere.
+    Elsewhere,
+}
+
+/// [`StateMap::append_decided`] for one slot kind.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn append_decided_in<S>(
+    table: &mut HashTable<S>,
+    windows: &mut Vec<Window>,
+    hash: u64,
+    eq: impl FnMut(&S) -> bool,
+    state: impl Fn(&mut S) -> &mut State,
+    new_slot: impl FnOnce(State) -> S,
+    rehash: impl Fn(&S) -> u64,
+    epoch: i16,
+    first: i32,
+    last: i32,
+    meta: Option<BatchMetadata>,
+    decide: impl FnOnce(
+        Option<(Current, bool)>,
+        &dyn Fn(i32, i32) -> Option<Option<BatchMetadata>>,
+    ) -> (BatchOutcome, Decided),
+) -> (BatchOutcome, Decided) {
+    if let Some(slot) = table.find_mut(hash, eq) {
+        let st = state(slot);
+        let (outcome, decided) = {
+            let (st, w): (&State, &Vec<Window>) = (st, windows);
+            decide(Some((st.head.current(), st.head.windowed())), &|f, l| {
+                st.find(w, f, l)
+            })
+        };
+        if let Decided::Apply { new_session } = decided {
+            st.accept(windows, new_session, epoch, first, last, meta);
+        }
+        (outcome, decided)
+    } else {
+        let (outcome, decided) = decide(None, &|_, _| None);
+        if let Decided::Apply { .. } = decided {
+            let entry = ProducerEntry::start(epoch, first, last, meta);
+            let st = State::from_entry(&entry, windows);
+            table.insert_unique(hash, new_slot(st), rehash);
+        }
+        (outcome, decided)
+    }
+}
+
 impl StateMap {
     /// Number of keys with state.
     pub(crate) fn len(&self) -> usize {
@@ -335,6 +392,68 @@ impl StateMap {
             last,
             meta,
         )
+    }
+
+    /// Classifies an append by the caller's rules (`decide` sees the key's
+    /// epoch and last sequence, whether it retains batches, and a lookup of
+    /// its retained batches) and applies it in place when told to: one
+    /// probe, as [`StateMap::append`] does for the seed rules.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn append_decided(
+        &mut self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        meta: Option<BatchMetadata>,
+        decide: impl FnOnce(
+            Option<(Current, bool)>,
+            &dyn Fn(i32, i32) -> Option<Option<BatchMetadata>>,
+        ) -> (BatchOutcome, Decided),
+    ) -> (BatchOutcome, Decided) {
+        match id.as_numeric() {
+            Some(pid) => {
+                let key = split_pid(pid);
+                append_decided_in(
+                    &mut self.numeric,
+                    &mut self.windows,
+                    hash,
+                    |s| s.pid == key && s.partition == partition,
+                    |s| &mut s.st,
+                    |st| NumSlot {
+                        pid: key,
+                        partition,
+                        st,
+                    },
+                    |s| hash_numeric(join_pid(s.pid), s.partition),
+                    epoch,
+                    first,
+                    last,
+                    meta,
+                    decide,
+                )
+            }
+            None => append_decided_in(
+                &mut self.named,
+                &mut self.windows,
+                hash,
+                |s| s.partition == partition && same_name(&s.id, id),
+                |s| &mut s.st,
+                |st| NamedSlot {
+                    id: id.clone(),
+                    partition,
+                    st,
+                },
+                |s| hash_key(&s.id, s.partition),
+                epoch,
+                first,
+                last,
+                meta,
+                decide,
+            ),
+        }
     }
 
     /// The entry of one key.
@@ -486,6 +605,47 @@ impl StateMap {
                 }
             },
         }
+    }
+
+    /// Removes one key, returning its entry. Its window, if any, stays in
+    /// the arena until the map is dropped (the Kafka-mode engine removes a
+    /// key once, when it moves to the transactional side table, or when it
+    /// expires).
+    pub(crate) fn remove(&mut self, id: &ProducerId, partition: i32) -> Option<ProducerEntry> {
+        let hash = hash_key(id, partition);
+        let st = match id.as_numeric() {
+            Some(pid) => {
+                let key = split_pid(pid);
+                self.numeric
+                    .find_entry(hash, |s| s.pid == key && s.partition == partition)
+                    .ok()
+                    .map(|e| e.remove().0.st)
+            }
+            None => self
+                .named
+                .find_entry(hash, |s| s.partition == partition && same_name(&s.id, id))
+                .ok()
+                .map(|e| e.remove().0.st),
+        }?;
+        Some(st.to_entry(&self.windows))
+    }
+
+    /// Keeps only the keys for which `keep` is true (windows of removed keys
+    /// stay in the arena, as for [`StateMap::remove`]).
+    pub(crate) fn retain(
+        &mut self,
+        mut keep: impl FnMut(&ProducerId, i32, &ProducerEntry) -> bool,
+    ) {
+        let w = &self.windows;
+        self.numeric.retain(|s| {
+            keep(
+                &ProducerId::numeric(join_pid(s.pid)),
+                s.partition,
+                &s.st.to_entry(w),
+            )
+        });
+        self.named
+            .retain(|s| keep(&s.id, s.partition, &s.st.to_entry(w)));
     }
 
     /// Every key and its entry, numeric keys first, otherwise in no

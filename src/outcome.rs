@@ -105,6 +105,14 @@ pub enum BatchOutcome {
         /// The epoch on file.
         current_epoch: i16,
     },
+    /// The batch does not fit the producer's transaction state (only under
+    /// [`Semantics::Kafka`](crate::Semantics::Kafka), Kafka's
+    /// `INVALID_TXN_STATE`): a plain batch while a transaction is open, or a
+    /// transactional batch that starts a transaction nobody verified.
+    InvalidTxnState {
+        /// Which of the two.
+        reason: TxnStateReason,
+    },
 }
 
 impl BatchOutcome {
@@ -115,6 +123,30 @@ impl BatchOutcome {
             BatchOutcome::Duplicate { .. } => AppendOutcome::Duplicate,
             BatchOutcome::OutOfOrder { .. } => AppendOutcome::OutOfOrder,
             BatchOutcome::FencedEpoch { .. } => AppendOutcome::FencedEpoch,
+            // Not one of the task's words: a batch that is not valid here.
+            BatchOutcome::InvalidTxnState { .. } => AppendOutcome::OutOfOrder,
+        }
+    }
+
+    /// The Kafka error a broker answers this outcome with, `None` for
+    /// accepted batches and duplicates (Kafka answers a duplicate with
+    /// success and the original offsets).
+    ///
+    /// ```
+    /// use producer_state::{BatchOutcome, KafkaError};
+    /// let fenced = BatchOutcome::FencedEpoch { current_epoch: 3 };
+    /// assert_eq!(fenced.kafka_error(), Some(KafkaError::InvalidProducerEpoch));
+    /// assert_eq!(KafkaError::InvalidProducerEpoch.code(), 47);
+    /// ```
+    pub const fn kafka_error(&self) -> Option<KafkaError> {
+        match self {
+            BatchOutcome::Accepted | BatchOutcome::Duplicate { .. } => None,
+            BatchOutcome::OutOfOrder {
+                reason: OutOfOrderReason::NegativeSequence,
+            } => Some(KafkaError::InvalidRecord),
+            BatchOutcome::OutOfOrder { .. } => Some(KafkaError::OutOfOrderSequenceNumber),
+            BatchOutcome::FencedEpoch { .. } => Some(KafkaError::InvalidProducerEpoch),
+            BatchOutcome::InvalidTxnState { .. } => Some(KafkaError::InvalidTxnState),
         }
     }
 
@@ -138,6 +170,75 @@ impl fmt::Display for BatchOutcome {
             BatchOutcome::FencedEpoch { current_epoch } => {
                 write!(f, "FENCED_EPOCH (current epoch {current_epoch})")
             }
+            BatchOutcome::InvalidTxnState { reason } => write!(f, "INVALID_TXN_STATE ({reason})"),
+        }
+    }
+}
+
+/// Why a batch does not fit its producer's transaction state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TxnStateReason {
+    /// A non-transactional batch while the producer has a transaction open
+    /// on this partition (Kafka: "Expected transactional write").
+    ExpectedTransactional,
+    /// A transactional batch would start a transaction that was not
+    /// verified with the transaction coordinator (KIP-890 part 1; Kafka:
+    /// "Record was not part of an ongoing transaction").
+    NotVerified,
+}
+
+impl fmt::Display for TxnStateReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TxnStateReason::ExpectedTransactional => {
+                "a non-transactional batch while the producer's transaction is open"
+            }
+            TxnStateReason::NotVerified => {
+                "a transactional batch starts a transaction the coordinator did not verify"
+            }
+        })
+    }
+}
+
+/// The Kafka protocol errors a producer-state verdict maps to, with their
+/// wire codes, so a Kafka-protocol broker answers exactly as Kafka does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KafkaError {
+    /// `OUT_OF_ORDER_SEQUENCE_NUMBER` (45).
+    OutOfOrderSequenceNumber,
+    /// `INVALID_PRODUCER_EPOCH` (47).
+    InvalidProducerEpoch,
+    /// `INVALID_TXN_STATE` (48).
+    InvalidTxnState,
+    /// `TRANSACTION_COORDINATOR_FENCED` (52).
+    TransactionCoordinatorFenced,
+    /// `INVALID_RECORD` (87): Kafka's log validator refuses a client batch
+    /// with a producer id and a negative base sequence.
+    InvalidRecord,
+}
+
+impl KafkaError {
+    /// The error code on the wire.
+    pub const fn code(self) -> i16 {
+        match self {
+            KafkaError::OutOfOrderSequenceNumber => 45,
+            KafkaError::InvalidProducerEpoch => 47,
+            KafkaError::InvalidTxnState => 48,
+            KafkaError::TransactionCoordinatorFenced => 52,
+            KafkaError::InvalidRecord => 87,
+        }
+    }
+
+    /// The simple name of the exception Kafka's broker raises for it.
+    pub const fn exception_name(self) -> &'static str {
+        match self {
+            KafkaError::OutOfOrderSequenceNumber => "OutOfOrderSequenceException",
+            KafkaError::InvalidProducerEpoch => "InvalidProducerEpochException",
+            KafkaError::InvalidTxnState => "InvalidTxnStateException",
+            KafkaError::TransactionCoordinatorFenced => "TransactionCoordinatorFencedException",
+            KafkaError::InvalidRecord => "InvalidRecordException",
         }
     }
 }

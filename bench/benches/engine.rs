@@ -19,7 +19,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput};
-use producer_state::{AppendOutcome, Batch, ProducerStateManager};
+use producer_state::{AppendOutcome, Batch, ProducerStateManager, Semantics};
 use rustc_hash::FxBuildHasher;
 
 const OPS: usize = 1_000_000;
@@ -308,6 +308,7 @@ fn contenders(w: &Workload) -> Vec<Contender> {
     let mut engine = ProducerStateManager::new();
     let mut engine_batch = ProducerStateManager::new();
     let mut engine_named = ProducerStateManager::new();
+    let mut engine_kafka = ProducerStateManager::with_semantics(Semantics::Kafka);
     let mut bare = Bare::default();
     let mut bare_named = BareNamed::default();
     let mut bare_windowed = BareWindowed::default();
@@ -315,6 +316,7 @@ fn contenders(w: &Workload) -> Vec<Contender> {
         engine.append(u64::from(k), 0, epoch, 0);
         engine_batch.append_batch(u64::from(k), 0, epoch, Batch::new(0, 0, 0, 0));
         engine_named.append(names[k as usize].as_str(), 0, epoch, 0);
+        engine_kafka.append_batch(u64::from(k), 0, epoch, Batch::new(0, 0, 0, 0));
         bare_append(&mut bare, u64::from(k), 0, epoch as u16, 0);
         bare_named_append(&mut bare_named, &names[k as usize], 0, epoch as u16, 0);
         bare_windowed_append(
@@ -378,6 +380,22 @@ fn contenders(w: &Workload) -> Vec<Contender> {
         }
         n
     });
+    // Kafka's verdicts over the same stream: plain producers stay in the
+    // compact map, but each append reads the entry and installs the next
+    // (two probes where the seed path needs one).
+    let o = ops.clone();
+    let kafka_c = contender("engine_kafka_batch", engine_kafka, move |m| {
+        let mut n = 0;
+        for (i, op) in o.iter().enumerate() {
+            let batch = Batch::new(op.seq, op.seq, i as i64, 1_700_000_000_000 + i as i64);
+            count(
+                m.append_batch(u64::from(op.key), 0, op.epoch, batch)
+                    .outcome(),
+                &mut n,
+            );
+        }
+        n
+    });
     let o = ops.clone();
     let bare_w_c = contender("bare_map_windowed", bare_windowed, move |m| {
         let mut n = 0;
@@ -412,15 +430,18 @@ fn contenders(w: &Workload) -> Vec<Contender> {
         }
         n
     });
-    vec![bare_c, engine_c, bare_w_c, batch_c, bare_n_c, named_c]
+    vec![
+        bare_c, engine_c, bare_w_c, batch_c, kafka_c, bare_n_c, named_c,
+    ]
 }
 
 /// (engine, baseline) pairs of the ratio table.
-const PAIRS: [(&str, &str); 4] = [
+const PAIRS: [(&str, &str); 5] = [
     ("engine_numeric", "bare_map"),
     ("engine_named", "bare_map_named"),
     ("engine_numeric_batch", "bare_map_windowed"),
     ("engine_numeric_batch", "bare_map"),
+    ("engine_kafka_batch", "engine_numeric_batch"),
 ];
 
 /// Interleaved passes (engine, baseline, engine, ...), so that drift on a

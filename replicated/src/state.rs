@@ -312,7 +312,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             let a = lock(&self.shared.applied);
             (a.mgr.clone(), a.last_applied, a.membership.clone())
         };
-        let data = mgr.encode_snapshot(position_of(last));
+        // The replicas run the seed rules, whose state the format holds
+        // whole; an error here would be a Kafka-mode engine, never built.
+        let data = mgr
+            .encode_snapshot(position_of(last))
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
         let n = self.shared.builds.fetch_add(1, Ordering::Relaxed) + 1;
         let snapshot_id = match last {
             Some(l) => format!("{}-{}-{n}", l.leader_id, l.index),
@@ -426,7 +430,7 @@ mod tests {
             4,
             &Command::Append(Append::batch(9u64, 1, 0, 0, 3, 77)),
         );
-        let data = mgr.encode_snapshot(5);
+        let data = mgr.encode_snapshot(5).unwrap();
         let m = meta(4);
         let file = encode_file(&m, &data).unwrap();
         let p = Path::new("raft-snapshot");
@@ -454,7 +458,7 @@ mod tests {
 
     #[test]
     fn a_valid_snapshot_of_another_position_is_refused() {
-        let data = ProducerStateManager::new().encode_snapshot(3);
+        let data = ProducerStateManager::new().encode_snapshot(3).unwrap();
         assert!(matches!(
             verify_snapshot(&meta(4), &data),
             Err(SnapshotError::WrongPosition {

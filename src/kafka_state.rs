@@ -1,0 +1,662 @@
+//! The Kafka-mode engine: Kafka's verdicts over the compact map, with a
+//! side table for the keys the map cannot hold.
+//!
+//! Most producers are plain idempotent producers: their state is an epoch,
+//! a last sequence and a window of consecutive batches, exactly what a
+//! 24-byte slot of the compact map (`map.rs`) and its out-of-line window
+//! hold. Those keys stay there under [`Semantics::Kafka`] too, and cost
+//! what they cost under the seed rules. A key moves to the side table, as a
+//! literal copy of Kafka's `ProducerStateEntry`, the first time it needs
+//! what the slot has no room for:
+//!
+//! - a transaction (its first offset) or a marker (the coordinator epoch,
+//!   the marker's timestamp, a state with an epoch and no batch);
+//! - a window whose batches are not consecutive (a replicated gap or
+//!   repeat, or any sequence under the unknown epoch -1);
+//! - a negative sequence (replication does not check them).
+//!
+//! A key lives in exactly one of the two. Keys never move back: a
+//! transactional producer stays transactional. The side table is consulted
+//! only when it is not empty, so a broker without transactions pays one
+//! branch for it.
+//!
+//! Per partition, [`TxnIndex`] keeps the open transactions (for the last
+//! stable offset) and the aborted ones.
+//!
+//! [`Semantics::Kafka`]: crate::Semantics::Kafka
+
+use std::collections::HashMap;
+use std::collections::VecDeque;
+
+use crate::batch::{AppendOptions, BatchMetadata, Origin, RetainedBatch};
+use crate::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
+use crate::id::ProducerId;
+use crate::kafka::{KafkaProducerEntry, Unrepresentable};
+use crate::kafka_rules::{self, KafkaCurrent, first_sequence_of, sequence_span};
+use crate::map::{Decided, StateMap, hash_key};
+use crate::outcome::BatchOutcome;
+use crate::rules::next_sequence;
+use crate::txn::{Marker, MarkerKind, MarkerOutcome, TxnIndex};
+
+/// One key's state as Kafka's broker holds it.
+///
+/// ```
+/// use producer_state::{AppendOptions, Batch, Marker, Origin, ProducerStateManager, Semantics};
+///
+/// let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
+/// let txn = AppendOptions::client().transactional().verified();
+/// mgr.append_with(7u64, 0, 3, Batch::new(0, 2, 10, 1_000), txn)?;
+/// let state = mgr.kafka_state(7u64, 0).unwrap();
+/// assert_eq!(state.current_txn_first_offset, Some(10));
+/// mgr.append_marker(7u64, 0, 3, Marker::commit(5, 13, 1_500), Origin::Coordinator)?;
+/// let state = mgr.kafka_state(7u64, 0).unwrap();
+/// assert_eq!((state.coordinator_epoch, state.current_txn_first_offset), (5, None));
+/// assert_eq!(state.last_timestamp, 1_500); // the marker's
+/// # Ok::<(), producer_state::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KafkaProducerState {
+    /// The producer epoch (-1: none known).
+    pub epoch: i16,
+    /// The last sequence of the newest cached batch (-1: none).
+    pub last_sequence: i32,
+    /// The timestamp of the last batch or marker (-1: none).
+    pub last_timestamp: i64,
+    /// The coordinator epoch of the last marker (-1: none).
+    pub coordinator_epoch: i32,
+    /// The first offset of the open transaction on this partition.
+    pub current_txn_first_offset: Option<i64>,
+    /// The cached batches, oldest first (at most
+    /// [`RETAINED_BATCHES`](crate::RETAINED_BATCHES)); the last offset of
+    /// each is its offset plus its sequence span.
+    pub batches: Vec<RetainedBatch>,
+}
+
+/// A key in the side table: Kafka's `ProducerStateEntry`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FullEntry {
+    epoch: i16,
+    /// The newest batch's last sequence; -1 when there is none. (A key that
+    /// came from the map with only single-sequence appends keeps its last
+    /// sequence without a batch.)
+    last_sequence: i32,
+    last_timestamp: i64,
+    coordinator_epoch: i32,
+    txn_first_offset: Option<i64>,
+    batches: VecDeque<RetainedBatch>,
+}
+
+impl FullEntry {
+    const EMPTY: FullEntry = FullEntry {
+        epoch: -1,
+        last_sequence: -1,
+        last_timestamp: -1,
+        coordinator_epoch: -1,
+        txn_first_offset: None,
+        batches: VecDeque::new(),
+    };
+
+    fn from_regular(e: &ProducerEntry) -> FullEntry {
+        let batches: VecDeque<RetainedBatch> = e.retained_batches().collect();
+        FullEntry {
+            epoch: e.epoch(),
+            last_sequence: e.last_sequence(),
+            last_timestamp: newest_timestamp(e).unwrap_or(-1),
+            coordinator_epoch: -1,
+            txn_first_offset: None,
+            batches,
+        }
+    }
+
+    fn current(&self) -> KafkaCurrent {
+        KafkaCurrent {
+            epoch: self.epoch,
+            last_sequence: self.last_sequence,
+            coordinator_epoch: self.coordinator_epoch,
+            txn_open: self.txn_first_offset.is_some(),
+        }
+    }
+
+    /// Kafka's `findDuplicateBatch` (the epoch is compared by the caller):
+    /// the oldest cached batch with exactly these sequences.
+    fn find(&self, first: i32, last: i32) -> Option<Option<BatchMetadata>> {
+        self.batches
+            .iter()
+            .find(|b| b.first_sequence == first && b.last_sequence == last)
+            .map(|b| b.metadata)
+    }
+
+    /// Kafka's `maybeUpdateProducerEpoch`: any change drops the batches.
+    fn set_epoch(&mut self, epoch: i16) {
+        if epoch != self.epoch {
+            self.batches.clear();
+            self.last_sequence = -1;
+            self.epoch = epoch;
+        }
+    }
+
+    /// Caches an accepted batch; a transactional one with no transaction
+    /// open opens one at its offset, which is returned.
+    fn add_batch(
+        &mut self,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        meta: Option<BatchMetadata>,
+        options: AppendOptions,
+    ) -> Option<i64> {
+        self.set_epoch(epoch);
+        if self.batches.len() == RETAINED_BATCHES {
+            self.batches.pop_front();
+        }
+        self.batches.push_back(RetainedBatch {
+            first_sequence: first,
+            last_sequence: last,
+            metadata: meta,
+        });
+        self.last_sequence = last;
+        if let Some(m) = meta {
+            self.last_timestamp = m.timestamp;
+        }
+        // Transactional appends always carry an offset (`append_with`
+        // takes a `Batch`).
+        let opened = meta
+            .filter(|_| options.is_transactional() && self.txn_first_offset.is_none())
+            .map(|m| m.offset);
+        if opened.is_some() {
+            self.txn_first_offset = opened;
+        }
+        opened
+    }
+
+    fn apply_marker(&mut self, epoch: i16, marker: &Marker) {
+        self.set_epoch(epoch);
+        self.coordinator_epoch = marker.coordinator_epoch;
+        self.txn_first_offset = None;
+        self.last_timestamp = marker.timestamp;
+    }
+
+    fn view(&self) -> KafkaProducerState {
+        KafkaProducerState {
+            epoch: self.epoch,
+            last_sequence: self.last_sequence,
+            last_timestamp: self.last_timestamp,
+            coordinator_epoch: self.coordinator_epoch,
+            current_txn_first_offset: self.txn_first_offset,
+            batches: self.batches.iter().copied().collect(),
+        }
+    }
+
+    /// The nearest [`ProducerEntry`]: epoch and last sequence, and the
+    /// newest run of cached batches the compact window can hold.
+    fn approximate(&self) -> ProducerEntry {
+        let all: Vec<RetainedBatch> = self.batches.iter().copied().collect();
+        (0..all.len())
+            .find_map(|skip| {
+                ProducerEntry::from_parts(self.epoch, self.last_sequence, all.get(skip..)?)
+            })
+            .unwrap_or(ProducerEntry {
+                head: Head::new(self.epoch, self.last_sequence),
+                window: Window::EMPTY,
+            })
+    }
+
+    /// Kafka's snapshot entry (only the newest batch is kept).
+    fn to_kafka(&self, producer_id: i64) -> KafkaProducerEntry {
+        let newest = self.batches.back().and_then(|b| {
+            b.metadata
+                .map(|m| (sequence_span(b.first_sequence, b.last_sequence), m))
+        });
+        let (last_offset, offset_delta) = match newest {
+            Some((span, m)) => (m.offset.wrapping_add(span), span as i32),
+            None => (-1, 0),
+        };
+        KafkaProducerEntry {
+            producer_id,
+            epoch: self.epoch,
+            last_sequence: if newest.is_some() {
+                self.last_sequence
+            } else {
+                -1
+            },
+            last_offset,
+            offset_delta,
+            timestamp: self.last_timestamp,
+            coordinator_epoch: self.coordinator_epoch,
+            current_txn_first_offset: self.txn_first_offset.unwrap_or(-1),
+        }
+    }
+
+    /// An entry as Kafka's `readSnapshot` makes it: the batch only when the
+    /// last offset is not negative, its timestamp the entry's.
+    fn from_kafka(e: &KafkaProducerEntry) -> FullEntry {
+        let mut batches = VecDeque::new();
+        if e.last_offset >= 0 {
+            batches.push_back(RetainedBatch {
+                first_sequence: first_sequence_of(e.last_sequence, e.offset_delta),
+                last_sequence: e.last_sequence,
+                metadata: Some(BatchMetadata {
+                    offset: e.last_offset.wrapping_sub(i64::from(e.offset_delta)),
+                    timestamp: e.timestamp,
+                }),
+            });
+        }
+        FullEntry {
+            epoch: e.epoch,
+            last_sequence: if e.last_offset >= 0 {
+                e.last_sequence
+            } else {
+                -1
+            },
+            last_timestamp: e.timestamp,
+            coordinator_epoch: e.coordinator_epoch,
+            txn_first_offset: (e.current_txn_first_offset >= 0)
+                .then_some(e.current_txn_first_offset),
+            batches,
+        }
+    }
+
+    /// The same state as a compact-map entry, when it fits one: no
+    /// transaction, no marker, one ordinary batch (or none and a sequence).
+    fn as_regular(&self) -> Option<ProducerEntry> {
+        if self.coordinator_epoch != -1 || self.txn_first_offset.is_some() || self.last_sequence < 0
+        {
+            return None;
+        }
+        let batches: Vec<RetainedBatch> = self.batches.iter().copied().collect();
+        if batches
+            .first()
+            .and_then(|b| b.metadata)
+            .map(|m| m.timestamp)
+            != Some(self.last_timestamp)
+        {
+            return None;
+        }
+        ProducerEntry::from_parts(self.epoch, self.last_sequence, &batches)
+    }
+}
+
+/// The timestamp of a compact entry's newest batch, when it has metadata.
+fn newest_timestamp(e: &ProducerEntry) -> Option<i64> {
+    e.retained_batches()
+        .last()
+        .and_then(|b| b.metadata)
+        .map(|m| m.timestamp)
+}
+
+fn regular_current(e: &ProducerEntry) -> KafkaCurrent {
+    KafkaCurrent {
+        epoch: e.epoch(),
+        last_sequence: e.last_sequence(),
+        coordinator_epoch: -1,
+        txn_open: false,
+    }
+}
+
+/// The Kafka-mode state beside the compact map.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct KafkaState {
+    full: HashMap<(ProducerId, i32), FullEntry>,
+    txns: TxnIndex,
+}
+
+impl KafkaState {
+    /// Classifies a data batch under Kafka's rules and applies it if accepted.
+    /// Never inlined: the seed path that branches around it stays as small
+    /// as it was.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn append(
+        &mut self,
+        map: &mut StateMap,
+        id: &ProducerId,
+        partition: i32,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        meta: Option<BatchMetadata>,
+        options: AppendOptions,
+    ) -> BatchOutcome {
+        if !self.full.is_empty()
+            && let Some(e) = self.full.get_mut(&(id.clone(), partition))
+        {
+            let out = kafka_rules::classify_data(
+                Some(e.current()),
+                epoch,
+                first,
+                last,
+                options,
+                |f, l| e.find(f, l),
+            );
+            if out.is_accepted()
+                && let Some(opened) = e.add_batch(epoch, first, last, meta, options)
+            {
+                self.txns.open(partition, id, opened);
+            }
+            return out;
+        }
+        let hash = hash_key(id, partition);
+        let (out, decided) = map.append_decided(
+            hash,
+            id,
+            partition,
+            epoch,
+            first,
+            last,
+            meta,
+            |cur, find| {
+                let out = kafka_rules::classify_data(
+                    cur.map(|(c, _)| KafkaCurrent {
+                        epoch: c.epoch,
+                        last_sequence: c.last_sequence,
+                        coordinator_epoch: -1,
+                        txn_open: false,
+                    }),
+                    epoch,
+                    first,
+                    last,
+                    options,
+                    find,
+                );
+                if !out.is_accepted() {
+                    return (out, Decided::Rejected);
+                }
+                // What the compact entry holds: no transaction, sequences
+                // not below 0, and a window of consecutive batches of one
+                // epoch (a new epoch or an empty window starts one over).
+                let fits = !options.is_transactional()
+                    && first >= 0
+                    && last >= 0
+                    && cur.is_none_or(|(c, windowed)| {
+                        epoch != c.epoch || !windowed || first == next_sequence(c.last_sequence)
+                    });
+                let new_session = cur.is_some_and(|(c, _)| c.epoch != epoch);
+                (
+                    out,
+                    if fits {
+                        Decided::Apply { new_session }
+                    } else {
+                        Decided::Elsewhere
+                    },
+                )
+            },
+        );
+        if decided != Decided::Elsewhere {
+            return out;
+        }
+        let current = map.remove(id, partition);
+        let mut full = match current {
+            Some(e) => FullEntry::from_regular(&e),
+            None => FullEntry::EMPTY,
+        };
+        if let Some(opened) = full.add_batch(epoch, first, last, meta, options) {
+            self.txns.open(partition, id, opened);
+        }
+        self.full.insert((id.clone(), partition), full);
+        out
+    }
+
+    /// Classifies an end-transaction marker and applies it if accepted.
+    pub(crate) fn marker(
+        &mut self,
+        map: &mut StateMap,
+        id: &ProducerId,
+        partition: i32,
+        epoch: i16,
+        marker: &Marker,
+        origin: Origin,
+    ) -> MarkerOutcome {
+        let key = (id.clone(), partition);
+        let regular = if self.full.contains_key(&key) {
+            None
+        } else {
+            map.get(id, partition)
+        };
+        let cur = match self.full.get(&key) {
+            Some(e) => Some(e.current()),
+            None => regular.as_ref().map(regular_current),
+        };
+        if let Some(rejected) =
+            kafka_rules::classify_marker(cur, epoch, marker.coordinator_epoch, origin)
+        {
+            return rejected;
+        }
+        let entry = self.full.entry(key).or_insert_with(|| match &regular {
+            Some(e) => {
+                map.remove(id, partition);
+                FullEntry::from_regular(e)
+            }
+            None => FullEntry::EMPTY,
+        });
+        let completed = entry.txn_first_offset.map(|first| {
+            self.txns.complete(
+                partition,
+                id,
+                first,
+                marker.offset,
+                marker.kind == MarkerKind::Abort,
+            )
+        });
+        entry.apply_marker(epoch, marker);
+        MarkerOutcome::Accepted { completed }
+    }
+
+    /// The Kafka view of one key.
+    pub(crate) fn state(
+        &self,
+        map: &StateMap,
+        id: &ProducerId,
+        partition: i32,
+    ) -> Option<KafkaProducerState> {
+        match self.full.get(&(id.clone(), partition)) {
+            Some(e) => Some(e.view()),
+            None => map
+                .get(id, partition)
+                .map(|e| FullEntry::from_regular(&e).view()),
+        }
+    }
+
+    /// The entry of one key in the crate's terms (approximate for side-table
+    /// keys, see [`FullEntry::approximate`]).
+    pub(crate) fn get(
+        &self,
+        map: &StateMap,
+        id: &ProducerId,
+        partition: i32,
+    ) -> Option<ProducerEntry> {
+        if !self.full.is_empty()
+            && let Some(e) = self.full.get(&(id.clone(), partition))
+        {
+            return Some(e.approximate());
+        }
+        map.get(id, partition)
+    }
+
+    /// Keys in the side table.
+    pub(crate) fn len(&self) -> usize {
+        self.full.len()
+    }
+
+    /// Side-table keys as crate entries.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
+        self.full
+            .iter()
+            .map(|((id, p), e)| (id.clone(), *p, e.approximate()))
+    }
+
+    pub(crate) fn txns(&self) -> &TxnIndex {
+        &self.txns
+    }
+
+    pub(crate) fn txns_mut(&mut self) -> &mut TxnIndex {
+        &mut self.txns
+    }
+
+    /// Kafka's `removeExpiredProducers`: drops every key without an open
+    /// transaction whose last timestamp is `expiration_ms` or more before
+    /// `now_ms`. A compact key whose newest batch carries no timestamp
+    /// (single-sequence appends carry none) does not expire.
+    pub(crate) fn expire(&mut self, map: &mut StateMap, now_ms: i64, expiration_ms: i64) -> usize {
+        let expired = |ts: i64| now_ms.saturating_sub(ts) >= expiration_ms;
+        let before = map.len() + self.full.len();
+        map.retain(|_, _, e| !newest_timestamp(e).is_some_and(expired));
+        self.full
+            .retain(|_, e| e.txn_first_offset.is_some() || !expired(e.last_timestamp));
+        before - map.len() - self.full.len()
+    }
+
+    /// The partition's producers as Kafka's snapshot holds them. Named
+    /// producer ids and ids above `i64::MAX` have no place in Kafka's format
+    /// and are left out.
+    pub(crate) fn snapshot_entries(
+        &self,
+        map: &StateMap,
+        partition: i32,
+    ) -> Vec<KafkaProducerEntry> {
+        let regular = map
+            .iter()
+            .filter(|(_, p, _)| *p == partition)
+            .filter_map(|(id, _, e)| {
+                let pid = i64::try_from(id.as_numeric()?).ok()?;
+                Some(FullEntry::from_regular(&e).to_kafka(pid))
+            });
+        let full = self
+            .full
+            .iter()
+            .filter(|((_, p), _)| *p == partition)
+            .filter_map(|((id, _), e)| Some(e.to_kafka(i64::try_from(id.as_numeric()?).ok()?)));
+        regular.chain(full).collect()
+    }
+
+    /// Replaces the partition's producers with a Kafka snapshot's entries,
+    /// as Kafka's `truncateAndReload` does: each keeps only its newest
+    /// batch, open transactions are open again. Returns the entries that
+    /// cannot be loaded (a negative producer id).
+    pub(crate) fn load(
+        &mut self,
+        map: &mut StateMap,
+        partition: i32,
+        entries: &[KafkaProducerEntry],
+    ) -> Vec<(i64, Unrepresentable)> {
+        map.retain(|_, p, _| p != partition);
+        let txns = &mut self.txns;
+        self.full.retain(|(id, p), e| {
+            if *p == partition
+                && let Some(first) = e.txn_first_offset
+            {
+                txns.forget_open(partition, id, first);
+            }
+            *p != partition
+        });
+        let mut skipped = Vec::new();
+        for k in entries {
+            let Ok(pid) = u64::try_from(k.producer_id) else {
+                skipped.push((k.producer_id, Unrepresentable::NegativeProducerId));
+                continue;
+            };
+            let id = ProducerId::numeric(pid);
+            let full = FullEntry::from_kafka(k);
+            match full.as_regular() {
+                Some(e) => map.insert_hashed(hash_key(&id, partition), &id, partition, &e),
+                None => {
+                    if let Some(first) = full.txn_first_offset {
+                        self.txns.open(partition, &id, first);
+                    }
+                    self.full.insert((id, partition), full);
+                }
+            }
+        }
+        skipped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(offset: i64) -> Option<BatchMetadata> {
+        Some(BatchMetadata {
+            offset,
+            timestamp: 100 + offset,
+        })
+    }
+
+    #[test]
+    fn plain_producers_stay_in_the_map_and_transactional_ones_move() {
+        let mut map = StateMap::default();
+        let mut k = KafkaState::default();
+        let id = ProducerId::from(1u64);
+        let c = AppendOptions::client();
+        assert!(
+            k.append(&mut map, &id, 0, 0, 5, 6, meta(0), c)
+                .is_accepted()
+        );
+        assert!(
+            k.append(&mut map, &id, 0, 0, 7, 7, meta(2), c)
+                .is_accepted()
+        );
+        assert_eq!((map.len(), k.len()), (1, 0));
+        let t = c.transactional().verified();
+        assert!(
+            k.append(&mut map, &id, 0, 0, 8, 8, meta(3), t)
+                .is_accepted()
+        );
+        assert_eq!((map.len(), k.len()), (0, 1));
+        let s = k.state(&map, &id, 0).unwrap();
+        assert_eq!(s.current_txn_first_offset, Some(3));
+        assert_eq!(s.batches.len(), 3, "the window moved with the key");
+        assert_eq!(k.txns().first_unstable_offset(0), Some(3));
+    }
+
+    #[test]
+    fn a_replicated_gap_moves_the_key_and_keeps_the_window_exact() {
+        let mut map = StateMap::default();
+        let mut k = KafkaState::default();
+        let id = ProducerId::from(13u64);
+        let r = AppendOptions::replication();
+        for (f, off) in [(0, 72), (5, 73), (5, 74)] {
+            assert!(
+                k.append(&mut map, &id, 0, 0, f, f, meta(off), r)
+                    .is_accepted()
+            );
+        }
+        let c = AppendOptions::client();
+        assert!(
+            k.append(&mut map, &id, 0, 0, 6, 6, meta(75), c)
+                .is_accepted()
+        );
+        assert_eq!(
+            k.append(&mut map, &id, 0, 0, 5, 5, meta(99), c),
+            BatchOutcome::Duplicate { original: meta(73) }
+        );
+        let seqs: Vec<_> = k
+            .state(&map, &id, 0)
+            .unwrap()
+            .batches
+            .iter()
+            .map(|b| b.first_sequence)
+            .collect();
+        assert_eq!(seqs, [0, 5, 5, 6]);
+    }
+
+    #[test]
+    fn snapshot_entries_round_trip_through_load() {
+        let mut map = StateMap::default();
+        let mut k = KafkaState::default();
+        let c = AppendOptions::client();
+        let t = c.transactional().verified();
+        let (a, b) = (ProducerId::from(1u64), ProducerId::from(2u64));
+        k.append(&mut map, &a, 4, 0, 0, 3, meta(0), c);
+        k.append(&mut map, &b, 4, 2, 0, 0, meta(4), t);
+        let mut entries = k.snapshot_entries(&map, 4);
+        entries.sort();
+        let (mut map2, mut k2) = (StateMap::default(), KafkaState::default());
+        assert!(k2.load(&mut map2, 4, &entries).is_empty());
+        let mut again = k2.snapshot_entries(&map2, 4);
+        again.sort();
+        assert_eq!(again, entries);
+        assert_eq!(k2.txns().first_unstable_offset(4), Some(4));
+        assert_eq!((map2.len(), k2.len()), (1, 1));
+    }
+}

@@ -1,0 +1,53 @@
+//! Which verdicts the engine gives: the crate's seed rules or Kafka's.
+//!
+//! The seed rules (the four rules in the crate docs) are this crate's own
+//! answer to idempotent produce: strict where Kafka is lenient (an unknown
+//! producer must start at sequence 0), forgiving where Kafka forgets (a
+//! retry older than the window is still a duplicate). A broker that must
+//! answer exactly as Kafka does (a Kafka-protocol broker, a follower of a
+//! Kafka leader, a migration) chooses [`Semantics::Kafka`] instead, which
+//! also brings transactions, coordinator markers and replication appends.
+//! The choice is made once, when the engine is created; the differences
+//! are the table in the crate docs.
+
+/// The verdicts an engine gives.
+///
+/// ```
+/// use producer_state::{AppendOutcome, ProducerStateManager, Semantics};
+///
+/// // An unknown producer whose first batch does not start at 0:
+/// let mut seed = ProducerStateManager::new();
+/// assert_eq!(seed.append(1u64, 0, 0, 5), AppendOutcome::OutOfOrder);
+/// let mut kafka = ProducerStateManager::with_semantics(Semantics::Kafka);
+/// assert_eq!(kafka.append(1u64, 0, 0, 5), AppendOutcome::Accepted); // KIP-360
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Semantics {
+    /// The crate's four rules (the default). No transactions, markers or
+    /// replication origin: those calls return [`Error::Unsupported`](crate::Error::Unsupported).
+    #[default]
+    Seed,
+    /// Apache Kafka's broker, verdict for verdict (trunk 1eb7644349cb,
+    /// proved against verdicts Kafka's own code gave): KIP-360 for unknown
+    /// producers, the 5-batch window as the only duplicate memory,
+    /// transactions with coordinator fencing and KIP-890 verification,
+    /// and the replication origin.
+    Kafka,
+}
+
+impl Semantics {
+    /// `seed` or `kafka`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Semantics::Seed => "seed",
+            Semantics::Kafka => "kafka",
+        }
+    }
+}
+
+impl std::fmt::Display for Semantics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
