@@ -139,7 +139,7 @@ async fn a_build_that_finishes_after_an_install_leaves_the_installed_snapshot() 
         last_membership: StoredMembership::default(),
         snapshot_id: "leader-20".into(),
     };
-    let data = leader.encode_snapshot(21);
+    let data = leader.encode_snapshot(21).unwrap();
 
     // A build of the state at 10 starts and stops as it creates its
     // file; meanwhile the snapshot at 20 is installed.
@@ -223,7 +223,7 @@ async fn a_purge_after_an_install_waits_until_the_snapshot_is_on_disk() {
     let (release, release_rx) = channel();
     *gate.armed.lock().unwrap() = Some((reached_tx, release_rx));
     let mut installer = sm.clone();
-    let data = leader.encode_snapshot(21);
+    let data = leader.encode_snapshot(21).unwrap();
     let install = tokio::spawn(async move {
         installer
             .install_snapshot(&meta, Box::new(Cursor::new(data)))
