@@ -24,41 +24,29 @@ const POLY: u32 = 0x82F6_3B78;
 /// The byte-at-a-time table of CRC-32C: `TABLE[i]` is `i * x^8` modulo
 /// the polynomial (bits reflected), so `v * x^8` is
 /// `(v >> 8) ^ TABLE[v & 0xff]`.
-#[allow(clippy::indexing_slicing)] // evaluated at compile time: a bad index fails the build
-pub(crate) static TABLE: [u32; 256] = {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = times_x(c);
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-};
+pub(crate) static TABLE: [u32; 256] = times_x_table::<256>(8);
 
 /// `NIBBLE[i]` is `i * x^4` for the four lowest bits `i` (bits reflected):
 /// `v * x^4` is `(v >> 4) ^ NIBBLE[v & 0xf]`.
+static NIBBLE: [u32; 16] = times_x_table::<16>(4);
+
+/// `[i * x^k for i in 0..N]`, the table of a `k`-bit step.
 #[allow(clippy::indexing_slicing)] // evaluated at compile time: a bad index fails the build
-static NIBBLE: [u32; 16] = {
-    let mut t = [0u32; 16];
+const fn times_x_table<const N: usize>(k: u32) -> [u32; N] {
+    let mut t = [0u32; N];
     let mut i = 0;
-    while i < 16 {
+    while i < N {
         let mut c = i as u32;
-        let mut k = 0;
-        while k < 4 {
+        let mut j = 0;
+        while j < k {
             c = times_x(c);
-            k += 1;
+            j += 1;
         }
         t[i] = c;
         i += 1;
     }
     t
-};
+}
 
 /// `v * x` modulo the polynomial (bits reflected: bit 31 is `x^0`).
 const fn times_x(v: u32) -> u32 {
@@ -264,10 +252,11 @@ impl RangeCrc {
 
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn bytes(n: usize, mut x: u64) -> Vec<u8> {
+    /// `n` pseudo-random bytes (xorshift from `x`), for tests of CRCs.
+    pub(crate) fn bytes(n: usize, mut x: u64) -> Vec<u8> {
         (0..n)
             .map(|_| {
                 x ^= x << 13;

@@ -17,13 +17,16 @@ use std::time::Duration;
 
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{
-    CommittedLeaderId, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta,
+    BasicNode, CommittedLeaderId, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta,
     StoredMembership,
 };
 use producer_state::ProducerStateManager;
 use producer_state::fs::{DirEntry, EntryKind, FileSystem, LockGuard, ReadFile, StdFs, WriteFile};
 use producer_state_raft::command::apply;
-use producer_state_raft::{Append, Command, LogStore, StateMachine, TypeConfig};
+use producer_state_raft::{Append, Command, LogStore, NodeId, StateMachine, TypeConfig};
+
+mod common;
+use common::sorted;
 
 /// The real file system, except that the first creation of the snapshot's
 /// temporary file once armed waits until the test lets it go.
@@ -111,13 +114,23 @@ fn purged_on_disk(dir: &Path) -> Option<u64> {
     meta["last_purged"]["index"].as_u64()
 }
 
-fn sorted(mgr: &ProducerStateManager) -> Vec<(String, i32, producer_state::ProducerEntry)> {
-    let mut v: Vec<_> = mgr
-        .iter()
-        .map(|(p, part, e)| (p.to_string(), part, e))
-        .collect();
-    v.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-    v
+/// The leader's snapshot at 20: what entries 1..=20 come to.
+fn leader_snapshot_at_20() -> (
+    ProducerStateManager,
+    SnapshotMeta<NodeId, BasicNode>,
+    Vec<u8>,
+) {
+    let mut leader = ProducerStateManager::new();
+    for i in 1..=20 {
+        apply(&mut leader, i, &command(i));
+    }
+    let meta = SnapshotMeta {
+        last_log_id: Some(log_id(20)),
+        last_membership: StoredMembership::default(),
+        snapshot_id: "leader-20".into(),
+    };
+    let data = leader.encode_snapshot(21).unwrap();
+    (leader, meta, data)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,17 +142,7 @@ async fn a_build_that_finishes_after_an_install_leaves_the_installed_snapshot() 
     let mut sm = StateMachine::open_with(gate.clone(), dir.path(), None).unwrap();
     sm.apply(entries(1..=10)).await.unwrap();
 
-    // The leader's snapshot at 20: what entries 1..=20 come to.
-    let mut leader = ProducerStateManager::new();
-    for i in 1..=20 {
-        apply(&mut leader, i, &command(i));
-    }
-    let meta = SnapshotMeta {
-        last_log_id: Some(log_id(20)),
-        last_membership: StoredMembership::default(),
-        snapshot_id: "leader-20".into(),
-    };
-    let data = leader.encode_snapshot(21).unwrap();
+    let (leader, meta, data) = leader_snapshot_at_20();
 
     // A build of the state at 10 starts and stops as it creates its
     // file; meanwhile the snapshot at 20 is installed.
@@ -210,20 +213,11 @@ async fn a_purge_after_an_install_waits_until_the_snapshot_is_on_disk() {
         .unwrap();
 
     // The leader's snapshot at 20 is installed; its file write is held.
-    let mut leader = ProducerStateManager::new();
-    for i in 1..=20 {
-        apply(&mut leader, i, &command(i));
-    }
-    let meta = SnapshotMeta {
-        last_log_id: Some(log_id(20)),
-        last_membership: StoredMembership::default(),
-        snapshot_id: "leader-20".into(),
-    };
+    let (_, meta, data) = leader_snapshot_at_20();
     let (reached_tx, reached) = channel();
     let (release, release_rx) = channel();
     *gate.armed.lock().unwrap() = Some((reached_tx, release_rx));
     let mut installer = sm.clone();
-    let data = leader.encode_snapshot(21).unwrap();
     let install = tokio::spawn(async move {
         installer
             .install_snapshot(&meta, Box::new(Cursor::new(data)))

@@ -116,17 +116,7 @@ impl PrefixCrc {
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
-
-    fn bytes(n: usize, mut x: u64) -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    use crate::crc::tests::bytes;
 
     #[test]
     fn every_range_has_the_crc_of_its_bytes() {
