@@ -14,7 +14,7 @@
 //! request gets its own slice of the entry's outcomes, and its offsets are
 //! its appends' slots in the entry.
 //!
-//! Up to [`ProposerOptions::in_flight`] proposals (default four) are in
+//! Up to [`ProposerOptions::in_flight`] proposals (default two) are in
 //! flight at once, handed to the leader's openraft in order
 //! (`client_write_ff`), so the log keeps the order in which requests
 //! arrived while the leader fsyncs one proposal and replicates the
@@ -68,7 +68,8 @@ pub struct ProposerOptions {
     /// append; more let the leader fsync one proposal while the followers
     /// fsync the one before, which pays when each replica has a disk of
     /// its own. A proposal retried after a failover keeps its slot until
-    /// it is answered. Default 4.
+    /// it is answered. Default 2: on one shared disk, two runs of the
+    /// bench never found 4 ahead of 1 or 2 (docs/scaling.md).
     pub in_flight: usize,
 }
 
@@ -118,7 +119,7 @@ impl Proposer {
 /// Proposals in flight at once. openraft takes them in the order they
 /// are handed over, so requests keep their order in the log while the
 /// leader fsyncs one proposal and replicates the one before.
-const IN_FLIGHT: usize = 4;
+const IN_FLIGHT: usize = 2;
 
 /// How long an in-flight proposal may take before it is retried through
 /// [`Cluster::submit`] (a leader cut off from the others never commits).
