@@ -177,6 +177,7 @@ mod apply;
 mod batch;
 mod clock;
 mod codec;
+pub mod crc;
 mod directory;
 mod entry;
 mod entry_codec;

@@ -33,7 +33,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use producer_state::{AppendRequest, Batch, ProducerStateStore, StoreOptions};
-use producer_state_raft::{Append, Cluster, ClusterOptions, Command, Outcome, Proposer};
+use producer_state_raft::{
+    Append, Cluster, ClusterOptions, Command, Outcome, Proposer, ProposerOptions,
+};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -118,7 +120,7 @@ async fn replicated(
     dir: &Path,
     producers: usize,
     time: Duration,
-    batched: bool,
+    batched: Option<usize>,
     second_wal: bool,
 ) -> Result<Run> {
     let mut options = ClusterOptions {
@@ -168,7 +170,8 @@ async fn replicated(
         ));
     }
     let cluster = Arc::new(Cluster::start(dir, options).await?);
-    let proposer = batched.then(|| Proposer::new(cluster.clone()));
+    let proposer = batched
+        .map(|n| Proposer::with_options(cluster.clone(), ProposerOptions::default().in_flight(n)));
     let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
     let before = cluster.replica(leader).ok_or("no leader")?;
     let f0 = before.log_stats().fsyncs.load(Ordering::Relaxed);
@@ -227,12 +230,18 @@ fn fresh(base: &Path, name: &str) -> Result<PathBuf> {
     Ok(d)
 }
 
+/// Proposals in flight compared in the second table (the default is one
+/// of them).
+const IN_FLIGHT: [usize; 3] = [1, 2, 4];
+
 async fn replication(base: &Path, time: Duration) -> Result<()> {
     println!("## Replication: three replicas against the single-node store\n");
     println!(
         "Each producer sends one batch at a time and waits for its answer; {} s per run, \
-         median of {ROUNDS} interleaved rounds.\n",
-        time.as_secs_f64()
+         median of {ROUNDS} interleaved rounds; the Proposer with its default options \
+         ({} in flight).\n",
+        time.as_secs_f64(),
+        ProposerOptions::default().in_flight,
     );
     println!(
         "| producers | single store appends/s | p50 µs | p99 µs \
@@ -241,18 +250,29 @@ async fn replication(base: &Path, time: Duration) -> Result<()> {
          | batched / single | + a second WAL per replica: appends/s | p99 µs | second WAL / Raft log only |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let default = ProposerOptions::default().in_flight;
+    let mut in_flight_rows = Vec::new();
     for &producers in &PRODUCERS {
-        let (mut s, mut r, mut b, mut w) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut s, mut r, mut w) = (Vec::new(), Vec::new(), Vec::new());
+        let mut b: Vec<Vec<Run>> = vec![Vec::new(); IN_FLIGHT.len()];
         for round in 0..ROUNDS {
             let d = |name: &str| fresh(base, &format!("{name}-{producers}-{round}"));
             s.push(single(&d("single")?, producers, time)?);
-            r.push(replicated(&d("raft")?, producers, time, false, false).await?);
-            b.push(replicated(&d("batched")?, producers, time, true, false).await?);
-            w.push(replicated(&d("wal")?, producers, time, true, true).await?);
+            r.push(replicated(&d("raft")?, producers, time, None, false).await?);
+            for (i, &n) in IN_FLIGHT.iter().enumerate() {
+                let dir = d(&format!("batched-{n}"))?;
+                b[i].push(replicated(&dir, producers, time, Some(n), false).await?);
+            }
+            w.push(replicated(&d("wal")?, producers, time, Some(default), true).await?);
             let _ = std::fs::remove_dir_all(base);
             std::fs::create_dir_all(base)?;
         }
-        let (s, r, b, w) = (summarise(&s), summarise(&r), summarise(&b), summarise(&w));
+        let (s, r, w) = (summarise(&s), summarise(&r), summarise(&w));
+        let b: Vec<Run> = b.iter().map(|runs| summarise(runs)).collect();
+        let d = IN_FLIGHT
+            .iter()
+            .position(|&n| n == default)
+            .map_or(Run::default(), |i| b[i]);
         println!(
             "| {producers} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.3} | {:.2}x | {:.0} | {:.0} | {:.2}x |",
             s.per_sec,
@@ -262,15 +282,33 @@ async fn replication(base: &Path, time: Duration) -> Result<()> {
             r.p50_us,
             r.p99_us,
             r.fsyncs_per_append,
-            b.per_sec,
-            b.p50_us,
-            b.p99_us,
-            b.fsyncs_per_append,
-            b.per_sec / s.per_sec,
+            d.per_sec,
+            d.p50_us,
+            d.p99_us,
+            d.fsyncs_per_append,
+            d.per_sec / s.per_sec,
             w.per_sec,
             w.p99_us,
-            w.per_sec / b.per_sec
+            w.per_sec / d.per_sec
         );
+        in_flight_rows.push((producers, s, b));
+    }
+    println!("\nThe Proposer's proposals in flight, in the same rounds:\n");
+    println!(
+        "| producers | in flight | appends/s | p50 µs | p99 µs | leader fsyncs per append | / single store |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (producers, s, b) in in_flight_rows {
+        for (run, n) in b.iter().zip(IN_FLIGHT) {
+            println!(
+                "| {producers} | {n} | {:.0} | {:.0} | {:.0} | {:.3} | {:.2}x |",
+                run.per_sec,
+                run.p50_us,
+                run.p99_us,
+                run.fsyncs_per_append,
+                run.per_sec / s.per_sec
+            );
+        }
     }
     println!();
     Ok(())

@@ -22,6 +22,14 @@ use serde::{Deserialize, Serialize};
 /// the low 16 bits of its offset.
 pub const MAX_APPENDS_PER_ENTRY: usize = 1 << 16;
 
+/// The most bytes one command may take encoded (docs/format.md): 16 MiB,
+/// about 500,000 appends of numeric producers. The Raft log reads records
+/// of at most this plus the entry's head, so a command that passes
+/// [`Command::validate`] can always be read back; a larger one is refused
+/// before it is proposed, where without the bound one could be written,
+/// acknowledged, and then refused as damage at the next open.
+pub const MAX_COMMAND_BYTES: usize = 16 << 20;
+
 /// The offset given to the append in slot `slot` of the entry at Raft log
 /// index `index`: `index * 2^16 + slot`. Unique over the whole log, growing
 /// in log order, and the same on every replica; `None` past `i64::MAX`
@@ -170,7 +178,26 @@ impl Command {
             Command::AppendAll(v) => v,
         }
     }
+
+    /// The length of [`Command::encode`]'s bytes, computed without
+    /// encoding.
+    pub fn encoded_len(&self) -> usize {
+        let head = match self {
+            Command::Append(_) => 1,
+            Command::AppendAll(_) => GROUP_HEAD,
+        };
+        head + self.appends_len()
+    }
+
+    /// The bytes of the command's appends, without its head: what they add
+    /// to a group they join.
+    pub(crate) fn appends_len(&self) -> usize {
+        self.appends().iter().map(Append::encoded_len).sum()
+    }
 }
+
+/// The bytes of an `AppendAll` before its appends: tag and count.
+pub(crate) const GROUP_HEAD: usize = 5;
 
 /// What one append came to on the replica that applied it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,7 +287,8 @@ pub fn apply(mgr: &mut ProducerStateManager, index: u64, command: &Command) -> R
 
 impl Command {
     /// Refuses a command that cannot be proposed: no appends, more than
-    /// [`MAX_APPENDS_PER_ENTRY`], or a name longer than 65,535 bytes.
+    /// [`MAX_APPENDS_PER_ENTRY`], a name longer than 65,535 bytes, or more
+    /// than [`MAX_COMMAND_BYTES`] in all.
     pub fn validate(&self) -> Result<(), &'static str> {
         let appends = self.appends();
         if appends.is_empty() {
@@ -274,6 +302,9 @@ impl Command {
             .any(|a| matches!(&a.producer, Producer::Name(n) if n.len() > u16::MAX as usize))
         {
             return Err("a producer name is at most 65,535 bytes");
+        }
+        if self.encoded_len() > MAX_COMMAND_BYTES {
+            return Err("a command is at most 16 MiB encoded");
         }
         Ok(())
     }
@@ -329,6 +360,18 @@ impl Command {
             return Err("bytes after the command");
         }
         Ok(cmd)
+    }
+}
+
+impl Append {
+    /// The length of this append's bytes within a command.
+    pub fn encoded_len(&self) -> usize {
+        let producer = match &self.producer {
+            Producer::Id(_) => 8,
+            Producer::Name(n) => 2 + n.len(),
+        };
+        let timestamp = if self.timestamp.is_some() { 8 } else { 0 };
+        1 + producer + 4 + 2 + 4 + 4 + 1 + timestamp
     }
 }
 
@@ -507,6 +550,15 @@ mod tests {
                 Outcome::OutOfOrder { reason } => reason,
                 _ => String::new(),
             }
+        }
+    }
+
+    #[test]
+    fn the_encoded_length_is_the_length_of_the_bytes() {
+        for c in sample() {
+            let mut b = Vec::new();
+            c.encode(&mut b);
+            assert_eq!(c.encoded_len(), b.len(), "{c:?}");
         }
     }
 

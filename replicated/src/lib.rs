@@ -68,7 +68,7 @@ pub use command::{Append, Command, Outcome, Producer, Response};
 pub use log::{LogOpened, LogStats, LogStore, OpenLogError};
 pub use network::{Faults, Router};
 pub use node::{Cluster, ClusterObserver, ClusterOptions, Replica, StartError, SubmitError};
-pub use proposer::{Answer, Proposer};
+pub use proposer::{Answer, Proposer, ProposerOptions};
 pub use state::{ApplyObserver, SnapshotError, StateMachine};
 
 /// A replica's id.

@@ -8,8 +8,9 @@
 //!
 //! Files in the replica's directory (bytes in docs/format.md):
 //!
-//! - `raft.log`: a 16-byte header, then records
-//!   `[len u32][crc32c u32][payload]`, one per entry,
+//! - `raft.log`: a 24-byte header with a random salt, then records
+//!   `[len u32][crc32c u32][payload]`, one per entry, each CRC seeded by
+//!   the salt (so bytes a producer chose never pass for a record),
 //!   appended and fdatasync'ed before openraft hears the entries are
 //!   flushed, by a writer thread that fsyncs every append queued while the
 //!   last fsync ran at once (a group commit; `writer.rs`);
@@ -17,17 +18,21 @@
 //!   atomically (temporary file, fsync, rename, directory fsync);
 //! - `raft-committed.json`: the committed log id, a hint written without
 //!   fsync (openraft re-applies committed entries at start up to it; if it
-//!   is lost or unreadable, the replica learns the commit from the leader
-//!   and applies then: nothing is applied twice either way).
+//!   is lost, unreadable, or names an entry the log does not hold, which a
+//!   crash can leave, the replica learns the commit from the leader and
+//!   applies then: nothing is applied twice either way).
 //!
-//! Every record names the write it went out in (the last index of that
-//! write). On open, damage (a record cut short or failing its checksum)
-//! followed by nothing valid, or only by records of the same write, is
-//! what a crash leaves of a write whose fsync never returned: never
-//! acknowledged, it is cut there. Damage followed by a later write's
-//! records is refused as corruption: a write starts only after the one
-//! before it was fsync'ed, so the damaged records were acknowledged, and a
-//! replica must not forget entries a majority may have counted.
+//! Every record states where the write it went out in began (a file
+//! offset). On open, damage (a record cut short or failing its checksum)
+//! at offset X followed by nothing valid, or only by records of writes
+//! that began at or before X, is what a crash leaves of a write whose
+//! fsync never returned: never acknowledged, it is cut there. Damage
+//! followed by a record of a write that began after X is refused as
+//! corruption: a write starts only after the one before it was fsync'ed,
+//! so X was durable and acknowledged, and a replica must not forget
+//! entries a majority may have counted. An offset, not an index, names the
+//! write: a truncation cuts the file and the next write begins at the cut,
+//! whatever indices the records left before it carry.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -43,11 +48,13 @@ use openraft::{
     Vote,
 };
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
-use crate::command::{Command, Reader};
+use crate::command::{Command, MAX_COMMAND_BYTES, Reader};
+use crate::state::StateMachine;
 use crate::writer::{self, Op};
 use crate::{NodeId, TypeConfig, read_file, write_atomically};
+use producer_state::crc::RangeCrc;
 use producer_state::fs::{FileSystem, StdFs};
 
 pub(crate) const LOG_FILE: &str = "raft.log";
@@ -55,27 +62,55 @@ const META_FILE: &str = "raft-meta.json";
 const COMMITTED_FILE: &str = "raft-committed.json";
 const RECORD_HEADER: usize = 8;
 const LOG_MAGIC: &[u8; 8] = b"PSRAFTLG";
-const LOG_VERSION: u16 = 1;
-/// `raft.log` starts with magic, version, reserved, and a CRC of those.
-const LOG_HEADER: usize = 16;
+const LOG_VERSION: u16 = 2;
+/// `raft.log` starts with magic, version, reserved, a salt, and a CRC of
+/// those.
+const LOG_HEADER: usize = 24;
 
-fn log_header() -> [u8; LOG_HEADER] {
+fn log_header(salt: u64) -> [u8; LOG_HEADER] {
     let mut h = [0u8; LOG_HEADER];
     h[..8].copy_from_slice(LOG_MAGIC);
     h[8..10].copy_from_slice(&LOG_VERSION.to_le_bytes());
-    let crc = crc32c::crc32c(&h[..12]);
-    h[12..16].copy_from_slice(&crc.to_le_bytes());
+    h[12..20].copy_from_slice(&salt.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..20]);
+    h[20..24].copy_from_slice(&crc.to_le_bytes());
     h
 }
-/// A record's payload is at most this long (a command of 65,536 appends
-/// with 64 KiB names would be larger; `Command::validate` bounds it).
-const MAX_PAYLOAD: u32 = 1 << 30;
+
+/// A header of this version: reserved bytes zero, its CRC right.
+fn log_header_valid(h: &[u8; LOG_HEADER]) -> bool {
+    h[10..12] == [0, 0] && h[20..24] == crc32c::crc32c(&h[..20]).to_le_bytes()
+}
+
+/// The seed of every record's checksum in a log with this header: the
+/// header's own CRC, so a function of its random salt. Bytes a producer
+/// chose (a name) cannot pass for a record, since it cannot know the
+/// salt, and neither can a record of another log.
+fn record_seed(header: &[u8; LOG_HEADER]) -> u32 {
+    u32::from_le_bytes([header[20], header[21], header[22], header[23]])
+}
+
+/// A salt for a new log: random (std's hasher keys come from the OS),
+/// mixed with the time and the place.
+fn new_salt(dir: &Path) -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one((std::time::SystemTime::now(), std::process::id(), dir))
+}
+/// A record's payload is at most this long: the entry's head and the
+/// longest command `Command::validate` lets through (membership entries
+/// are far shorter). `append` refuses a longer entry rather than write a
+/// record that `open` would not read back.
+const MAX_PAYLOAD: u32 = MIN_PAYLOAD + MAX_COMMAND_BYTES as u32;
 
 const KIND_BLANK: u8 = 0;
 const KIND_NORMAL: u8 = 1;
 const KIND_MEMBERSHIP: u8 = 2;
 
 type SErr = StorageError<NodeId>;
+
+/// How long a purge waits for the snapshot that covers it (it is being
+/// written by an install; a failed install stops the replica anyway).
+const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 #[derive(Default, Serialize, Deserialize)]
 struct Meta {
@@ -86,14 +121,24 @@ struct Meta {
 struct Inner {
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
+    /// The file's header (its salt seeds every record's CRC).
+    header: [u8; LOG_HEADER],
     /// The writer thread's queue (`writer.rs`).
     writer: Sender<Op>,
+    /// The writer thread, joined when the last handle is dropped.
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Changes never; closed when the writer has finished and let go of
+    /// the directory.
+    closed: watch::Receiver<()>,
     /// Bytes of `raft.log` that hold records, counting those queued.
     len: u64,
     /// Every entry not purged, with the file offset of its record.
     entries: BTreeMap<u64, (u64, Entry<TypeConfig>)>,
     meta: Meta,
     committed: Option<LogId<NodeId>>,
+    /// The log id of the state machine's snapshot file, if linked
+    /// ([`LogStore::purge_after_snapshots`]).
+    snapshots: Option<watch::Receiver<Option<LogId<NodeId>>>>,
 }
 
 /// Counters of one log, for benchmarks and tests.
@@ -126,14 +171,15 @@ fn io_err(e: std::io::Error) -> SErr {
     StorageIOError::write_logs(&e).into()
 }
 
-pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) {
+/// Appends the record of `e` to `out`; `Err` (and `out` as it was) if its
+/// payload would be longer than [`MAX_PAYLOAD`].
+pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) -> std::io::Result<()> {
     let start = out.len();
     out.extend_from_slice(&[0u8; RECORD_HEADER]);
     out.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
     out.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
     out.extend_from_slice(&e.log_id.index.to_le_bytes());
-    // The last index of the write this record goes out in: filled in by
-    // `seal_group` once the write is formed.
+    // Where the write this record goes out in begins.
     out.extend_from_slice(&0u64.to_le_bytes());
     match &e.payload {
         EntryPayload::Blank => out.push(KIND_BLANK),
@@ -145,25 +191,47 @@ pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) {
             out.push(KIND_MEMBERSHIP);
             // Membership entries are rare and small; openraft's own serde
             // shape is their format.
-            out.extend_from_slice(&serde_json::to_vec(m).unwrap_or_default());
+            match serde_json::to_vec(m) {
+                Ok(json) => out.extend_from_slice(&json),
+                Err(e) => {
+                    out.truncate(start);
+                    return Err(std::io::Error::other(e));
+                }
+            }
         }
     }
-    let payload_len = (out.len() - start - RECORD_HEADER) as u32;
-    out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
-    seal_record(&mut out[start..], 0);
+    let payload_len = out.len() - start - RECORD_HEADER;
+    let Some(len) = u32::try_from(payload_len)
+        .ok()
+        .filter(|&l| l <= MAX_PAYLOAD)
+    else {
+        out.truncate(start);
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "entry {} takes {payload_len} bytes, more than a record holds ({MAX_PAYLOAD}); \
+                 propose commands that pass Command::validate",
+                e.log_id
+            ),
+        ));
+    };
+    // The write start and the CRC are filled in by `seal_write` once the
+    // write is formed.
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    Ok(())
 }
 
-/// Where a record's write-group field is: after length, CRC, term, node
+/// Where a record's write-start field is: after length, CRC, term, node
 /// and index.
-const GROUP_AT: usize = RECORD_HEADER + 24;
+const WRITE_AT: usize = RECORD_HEADER + 24;
 
-/// Sets the write-group field of the record at the start of `rec` and
-/// its CRC; returns the record's length.
-fn seal_record(rec: &mut [u8], group_end: u64) -> usize {
+/// Sets the write-start field of the record at the start of `rec` and
+/// its CRC (seeded with `seed`); returns the record's length.
+fn seal_record(rec: &mut [u8], write_start: u64, seed: u32) -> usize {
     let len = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
-    rec[GROUP_AT..GROUP_AT + 8].copy_from_slice(&group_end.to_le_bytes());
+    rec[WRITE_AT..WRITE_AT + 8].copy_from_slice(&write_start.to_le_bytes());
     let crc = crc32c::crc32c_append(
-        crc32c::crc32c(&rec[..4]),
+        crc32c::crc32c_append(seed, &rec[..4]),
         &rec[RECORD_HEADER..RECORD_HEADER + len],
     );
     rec[4..8].copy_from_slice(&crc.to_le_bytes());
@@ -171,20 +239,22 @@ fn seal_record(rec: &mut [u8], group_end: u64) -> usize {
 }
 
 /// Marks every record in `buf` (whole records, as `encode_entry` wrote
-/// them) as part of one write whose last entry has index `group_end`.
-/// The writer calls it on each write before it is written: after a crash,
-/// records of one write that did not reach the disk whole can be told
-/// from damage to an earlier, fsync'ed write (`LogStore::open`).
-pub(crate) fn seal_group(buf: &mut [u8], group_end: u64) {
+/// them) as part of one write that begins at file offset `write_start`,
+/// and checksums them with the log's `seed` ([`record_seed`]). The writer
+/// calls it on each write before it is written: after a crash, records of
+/// one write that did not reach the disk whole can be told from damage to
+/// an earlier, fsync'ed write (`LogStore::open`).
+pub(crate) fn seal_write(buf: &mut [u8], write_start: u64, seed: u32) {
     let mut at = 0;
     while at < buf.len() {
-        at += seal_record(&mut buf[at..], group_end);
+        at += seal_record(&mut buf[at..], write_start, seed);
     }
 }
 
-/// One record at the start of `bytes`: the entry and the record's length;
-/// `None` if these bytes are not a whole valid record.
-fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize, u64)> {
+/// One record at the start of `bytes`, file offset `at`: the entry and
+/// the record's length; `None` if these bytes are not a whole valid
+/// record.
+fn decode_record(bytes: &[u8], at: usize, seed: u32) -> Option<(Entry<TypeConfig>, usize)> {
     let mut r = Reader(bytes);
     let len = r.u32().ok()?;
     let crc = r.u32().ok()?;
@@ -192,7 +262,7 @@ fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize, u64)> {
         return None;
     }
     let payload = r.take(len as usize).ok()?;
-    let computed = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), payload);
+    let computed = crc32c::crc32c_append(crc32c::crc32c_append(seed, &len.to_le_bytes()), payload);
     if computed != crc {
         return None;
     }
@@ -200,8 +270,8 @@ fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize, u64)> {
     let term = p.u64().ok()?;
     let node_id = p.u64().ok()?;
     let index = p.u64().ok()?;
-    let group_end = p.u64().ok()?;
-    if group_end < index {
+    let write_start = p.u64().ok()?;
+    if !(LOG_HEADER as u64..=at as u64).contains(&write_start) {
         return None;
     }
     let payload = match p.u8().ok()? {
@@ -214,29 +284,57 @@ fn decode_record(bytes: &[u8]) -> Option<(Entry<TypeConfig>, usize, u64)> {
         log_id: LogId::new(CommittedLeaderId::new(term, node_id), index),
         payload,
     };
-    Some((entry, RECORD_HEADER + len as usize, group_end))
+    Some((entry, RECORD_HEADER + len as usize))
 }
 
 /// Whether the bytes of `bytes` from `at` (where no valid record starts)
 /// are what a crash leaves of the last write: nothing valid after `at`,
-/// or only records of one write (one write-group value) that is not a
-/// later write than the unfinished one `last` belongs to. A write is
-/// acknowledged only after its fsync, and the next write starts only
-/// after that fsync, so records of a later write behind the damage prove
-/// the damaged write was fsync'ed: that damage is refused.
-fn torn_write(bytes: &[u8], at: usize, last: Option<(u64, u64)>) -> bool {
-    let mut groups = (at + 1..bytes.len())
-        .filter_map(|s| decode_record(&bytes[s..]))
-        .map(|(e, _, g)| (e.log_id.index, g));
-    let Some((first_index, group)) = groups.next() else {
-        return true;
-    };
-    if groups.any(|(_, g)| g != group) {
-        return false;
+/// or only records of writes that began at or before `at`, so that `at`
+/// was part of the write they went out in. A write is acknowledged only
+/// after its fsync, and the next write starts only after that fsync, so a
+/// record of a write that began after `at` proves `at` was fsync'ed: that
+/// damage is refused.
+///
+/// Every offset after `at` is a candidate, tested at a constant cost
+/// ([`write_start_at`]), so the search is linear in the bytes after the
+/// damage whatever they hold.
+fn torn_write(bytes: &[u8], at: usize, seed: u32) -> bool {
+    let from = at + 1;
+    let after = bytes.get(from..).unwrap_or_default();
+    let crcs = RangeCrc::new(after);
+    (0..after.len())
+        .filter_map(|s| write_start_at(after, &crcs, s, from, seed))
+        .all(|write_start| write_start <= at as u64)
+}
+
+/// The least payload: term, node, index, write start, kind.
+const MIN_PAYLOAD: u32 = 33;
+
+/// Where the write of the record at `s` in `bytes` (file offset `base +
+/// s`) began, if a record that could have been written starts there: a
+/// plausible length, kind and write start, and a checksum that verifies,
+/// computed in O(1) from `crcs` (the prefix CRCs of `bytes`) whatever
+/// length the record claims. The fields read are under the checksum; the
+/// rest of the payload is not decoded (a record with a valid checksum was
+/// written whole, which is all the search asks).
+fn write_start_at(bytes: &[u8], crcs: &RangeCrc, s: usize, base: usize, seed: u32) -> Option<u64> {
+    let field = |at: usize| -> Option<[u8; 8]> { bytes.get(s + at..s + at + 8)?.try_into().ok() };
+    let head = field(0)?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let stored = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    if !(MIN_PAYLOAD..=MAX_PAYLOAD).contains(&len) {
+        return None;
     }
-    // The last valid record's write went on past it, and the records
-    // behind the damage start after that write: that write was whole.
-    !last.is_some_and(|(index, g)| g > index && first_index > g)
+    let kind = *bytes.get(s + RECORD_HEADER + 32)?;
+    if kind > KIND_MEMBERSHIP || (kind == KIND_BLANK && len != MIN_PAYLOAD) {
+        return None;
+    }
+    let write_start = u64::from_le_bytes(field(WRITE_AT)?);
+    if !(LOG_HEADER as u64..=(base + s) as u64).contains(&write_start) {
+        return None;
+    }
+    let seed = crc32c::crc32c_append(seed, &head[..4]);
+    (crcs.crc_append(seed, s + RECORD_HEADER, len as usize)? == stored).then_some(write_start)
 }
 
 /// The log could not be opened.
@@ -251,6 +349,13 @@ pub enum OpenLogError {
         path: PathBuf,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// Another log has this directory open (in this process or another):
+    /// two writers of one file would interleave their records.
+    #[error("{path} is open by another log: stop that replica first")]
+    Locked {
+        /// The replica's directory.
+        path: PathBuf,
     },
     /// Bytes that are not a valid record are followed by valid ones, or a
     /// metadata file does not parse: entries this replica acknowledged
@@ -283,6 +388,13 @@ impl LogStore {
             move |source| OpenLogError::Io { op, path, source }
         };
         fs.create_dir_all(dir).map_err(io("create", dir))?;
+        // Held by the writer thread until it has written its last byte.
+        let lock =
+            fs.try_lock(dir)
+                .map_err(io("lock", dir))?
+                .ok_or_else(|| OpenLogError::Locked {
+                    path: dir.to_path_buf(),
+                })?;
         let meta_path = dir.join(META_FILE);
         let meta: Meta = match read_file(fs.as_ref(), &meta_path).map_err(io("read", &meta_path))? {
             Some(b) => serde_json::from_slice(&b).map_err(|_| OpenLogError::Corrupt {
@@ -302,50 +414,45 @@ impl LogStore {
         let mut bytes = read_file(fs.as_ref(), &path)
             .map_err(io("read", &path))?
             .unwrap_or_default();
-        let header = log_header();
-        if bytes.len() < LOG_HEADER && header.starts_with(&bytes) {
-            // New, or a creation cut short before any record: start it.
+        if bytes.is_empty() {
+            // New (the header is written whole or not at all).
+            let header = log_header(new_salt(dir));
             write_atomically(fs.as_ref(), dir, LOG_FILE, &header, true)
                 .map_err(io("create", &path))?;
             bytes = header.to_vec();
         }
-        match bytes.get(..LOG_HEADER) {
-            Some(h) if h == header => {}
-            Some(h)
-                if h[..8] == LOG_MAGIC[..] && h[12..] == crc32c::crc32c(&h[..12]).to_le_bytes() =>
-            {
+        let header: [u8; LOG_HEADER] = match bytes.get(..LOG_HEADER) {
+            Some(h) if h[..8] != LOG_MAGIC[..] => None,
+            Some(h) if h[8..10] != LOG_VERSION.to_le_bytes() => {
                 return Err(OpenLogError::Corrupt {
                     path,
                     offset: 8,
                     what: "a log version this build does not read",
                 });
             }
-            _ => {
-                return Err(OpenLogError::Corrupt {
-                    path,
-                    offset: 0,
-                    what: "not a producer-state-raft log (header)",
-                });
-            }
+            Some(h) => h.try_into().ok().filter(log_header_valid),
+            None => None,
         }
+        .ok_or_else(|| OpenLogError::Corrupt {
+            path: path.clone(),
+            offset: 0,
+            what: "not a producer-state-raft log (header)",
+        })?;
+        let seed = record_seed(&header);
         let mut entries = BTreeMap::new();
         let mut at = LOG_HEADER;
         let mut prev: Option<u64> = None;
-        // Index and write group of the last valid record.
-        let mut last: Option<(u64, u64)> = None;
         while at < bytes.len() {
-            match decode_record(&bytes[at..]) {
+            match decode_record(&bytes[at..], at, seed) {
                 // Records up to the last purged one are skipped whatever
                 // their order: a purge to a snapshot's log id can pass the
                 // end of the log (an installed snapshot), and the next
                 // record then follows the snapshot, not the last record.
-                Some((e, n, g)) if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) => {
-                    last = Some((e.log_id.index, g));
+                Some((e, n)) if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) => {
                     at += n;
                 }
-                Some((e, n, g)) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
+                Some((e, n)) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
                     prev = Some(e.log_id.index);
-                    last = Some((e.log_id.index, g));
                     entries.insert(e.log_id.index, (at as u64, e));
                     at += n;
                 }
@@ -357,7 +464,7 @@ impl LogStore {
                     });
                 }
                 None => {
-                    if !torn_write(&bytes, at, last) {
+                    if !torn_write(&bytes, at, seed) {
                         return Err(OpenLogError::Corrupt {
                             path,
                             offset: at as u64,
@@ -368,6 +475,15 @@ impl LogStore {
                 }
             }
         }
+        // The hint is written without an fsync, and openraft commits on a
+        // follower up to what it accepted before that append is flushed: a
+        // crash can keep a hint naming entries it lost. One the log does not
+        // hold is dropped (openraft would refuse to start, unable to
+        // re-apply up to it); the leader says again what is committed.
+        let committed = committed.filter(|c| {
+            meta.last_purged.is_some_and(|p| c.index <= p.index)
+                || entries.get(&c.index).is_some_and(|(_, e)| e.log_id == *c)
+        });
         let torn_bytes = (bytes.len() - at) as u64;
         let mut file = fs.open_append(&path).map_err(io("open", &path))?;
         if torn_bytes > 0 {
@@ -379,16 +495,28 @@ impl LogStore {
             torn_bytes,
         };
         let stats = Arc::new(LogStats::default());
-        let writer = writer::spawn(fs.clone(), dir.to_path_buf(), file, stats.clone())
-            .map_err(io("spawn the log writer for", &path))?;
+        let (writer, thread, closed) = writer::spawn(
+            fs.clone(),
+            dir.to_path_buf(),
+            file,
+            at as u64,
+            seed,
+            lock,
+            stats.clone(),
+        )
+        .map_err(io("spawn the log writer for", &path))?;
         let inner = Inner {
             fs,
             dir: dir.to_path_buf(),
+            header,
             writer,
+            thread: Some(thread),
+            closed,
             len: at as u64,
             entries,
             meta,
             committed,
+            snapshots: None,
         };
         Ok((
             LogStore {
@@ -397,6 +525,25 @@ impl LogStore {
             },
             opened,
         ))
+    }
+
+    /// Makes every purge of this log wait until `sm`'s snapshot file
+    /// covers it. openraft 0.9 installs a snapshot from the leader by
+    /// handing it to the state machine's worker and purging the log up to
+    /// it at once, without waiting for the install: a crash between the two
+    /// would leave the log purged past the snapshot on disk, and the
+    /// replica unable to rebuild its state. [`Replica`](crate::Replica)
+    /// links its log and state machine so; a log on its own purges at once.
+    pub fn purge_after_snapshots(&self, sm: &StateMachine) {
+        self.lock().snapshots = Some(sm.snapshots());
+    }
+
+    /// A receiver that is closed (its `changed` fails) once every handle
+    /// of this log is gone and its writer has finished and let go of the
+    /// directory: openraft's tasks may hold handles a moment after it shuts
+    /// down.
+    pub(crate) fn closed(&self) -> watch::Receiver<()> {
+        self.lock().closed.clone()
     }
 
     /// The log's counters.
@@ -408,6 +555,19 @@ impl LogStore {
         // A panic while holding the lock cannot leave half an update that
         // matters: the file is the truth and is re-read on the next open.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Inner {
+    /// The last handle is gone: the writer finishes what is queued and
+    /// lets go of the file and the directory before this returns, so the
+    /// directory can be opened again at once.
+    fn drop(&mut self) {
+        let (gone, _) = std::sync::mpsc::channel();
+        drop(std::mem::replace(&mut self.writer, gone));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -427,14 +587,22 @@ impl Inner {
         if first_offset < 1 << 16 || first_offset < self.len / 2 {
             return None;
         }
-        let mut buf = log_header().to_vec();
-        for (o, e) in self.entries.values_mut() {
-            *o = buf.len() as u64;
-            encode_entry(e, &mut buf);
+        let mut buf = self.header.to_vec();
+        let mut offsets = Vec::with_capacity(self.entries.len());
+        for (_, e) in self.entries.values() {
+            offsets.push(buf.len() as u64);
+            // Every entry was encoded once already when it was appended.
+            encode_entry(e, &mut buf).ok()?;
         }
-        // One write: its records are one group.
-        let last = self.entries.keys().next_back().copied().unwrap_or(0);
-        seal_group(&mut buf[LOG_HEADER..], last);
+        for ((o, _), at) in self.entries.values_mut().zip(offsets) {
+            *o = at;
+        }
+        // One write, after the header.
+        seal_write(
+            &mut buf[LOG_HEADER..],
+            LOG_HEADER as u64,
+            record_seed(&self.header),
+        );
         self.len = buf.len() as u64;
         Some(self.queue(|reply| Op::Replace(buf, reply)))
     }
@@ -524,21 +692,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut inner = self.lock();
         let mut buf = Vec::new();
-        let mut n = 0;
+        let mut encoded = Vec::new();
         for e in entries {
             let offset = inner.len + buf.len() as u64;
-            encode_entry(&e, &mut buf);
-            // Readable at once (the leader may send an entry before its own
-            // fsync; it counts itself only when `callback` reports it).
+            encode_entry(&e, &mut buf).map_err(io_err)?;
+            encoded.push((offset, e));
+        }
+        let n = encoded.len() as u64;
+        // Readable at once (the leader may send an entry before its own
+        // fsync; it counts itself only when `callback` reports it).
+        for (offset, e) in encoded {
             inner.entries.insert(e.log_id.index, (offset, e));
-            n += 1;
         }
         inner.len += buf.len() as u64;
         self.stats.entries.fetch_add(n, Ordering::Relaxed);
-        let last = inner.entries.keys().next_back().copied().unwrap_or(0);
         // The writer reports the entries flushed after its fsync; if it is
         // gone, dropping the callback tells openraft the IO failed.
-        let _ = inner.writer.send(Op::Append(buf, last, callback));
+        let _ = inner.writer.send(Op::Append(buf, callback));
         Ok(())
     }
 
@@ -556,6 +726,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
+        let snapshots = self.lock().snapshots.clone();
+        if let Some(mut snapshot) = snapshots {
+            let covered = |s: &Option<LogId<NodeId>>| s.is_some_and(|s| s.index >= log_id.index);
+            let waited = tokio::time::timeout(PURGE_WAIT, snapshot.wait_for(covered)).await;
+            if !matches!(waited, Ok(Ok(_))) {
+                return Err(io_err(std::io::Error::other(format!(
+                    "purge to {log_id}: no snapshot covering it was written within {PURGE_WAIT:?}"
+                ))));
+            }
+        }
         let rx = {
             let mut inner = self.lock();
             inner.meta.last_purged = Some(log_id);

@@ -17,6 +17,7 @@ use std::time::Duration;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, LogId, Raft, SnapshotPolicy};
 use producer_state::ProducerStateManager;
+use tokio::sync::watch;
 
 use crate::command::{Command, Response};
 use crate::log::{LogOpened, LogStats, LogStore, OpenLogError};
@@ -82,6 +83,8 @@ pub struct Replica {
     sm: StateMachine,
     log_stats: Arc<LogStats>,
     opened: LogOpened,
+    /// Closed once its log has let go of the directory.
+    log_closed: watch::Receiver<()>,
 }
 
 impl Replica {
@@ -96,7 +99,9 @@ impl Replica {
     ) -> Result<Replica, StartError> {
         let (log, opened) = LogStore::open(dir)?;
         let sm = StateMachine::open(dir, observer)?;
+        log.purge_after_snapshots(&sm);
         let log_stats = log.stats();
+        let log_closed = log.closed();
         let network = NetworkFactory {
             router: router.clone(),
             from: id,
@@ -111,6 +116,7 @@ impl Replica {
             sm,
             log_stats,
             opened,
+            log_closed,
         })
     }
 
@@ -302,15 +308,28 @@ impl Cluster {
         lock(&self.replicas).keys().copied().collect()
     }
 
-    /// The leader a running replica knows of, if that leader runs.
+    /// The running leader known in the newest term, if one is known. A
+    /// leader cut off from the others goes on believing it leads (openraft
+    /// 0.9's leader does not step down without a quorum) while the others
+    /// elect one in a higher term: that one is the leader. (A replica cut
+    /// off as a candidate raises its term but knows no leader: it is not
+    /// asked.)
     pub fn leader(&self) -> Option<NodeId> {
         let replicas = lock(&self.replicas);
-        let mut known = replicas.values().filter_map(|r| r.leader());
-        known.find(|l| replicas.contains_key(l))
+        replicas
+            .values()
+            .filter_map(|r| {
+                let m = r.raft.metrics();
+                let m = m.borrow();
+                let leader = m.current_leader.filter(|l| replicas.contains_key(l))?;
+                Some((m.current_term, leader))
+            })
+            .max_by_key(|&(term, _)| term)
+            .map(|(_, leader)| leader)
     }
 
-    /// Waits (at most `timeout`) until the running replicas agree on a
-    /// running leader.
+    /// Waits (at most `timeout`) until a running leader of the newest term
+    /// is known ([`Cluster::leader`]).
     pub async fn wait_leader(&self, timeout: Duration) -> Result<NodeId, StartError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -366,12 +385,18 @@ impl Cluster {
     }
 
     /// Stops replica `id` (its files stay): a crash of the process as far
-    /// as the others can tell; what it acknowledged was fsync'ed.
+    /// as the others can tell; what it acknowledged was fsync'ed. Returns
+    /// once its log has let go of the directory (openraft's replication
+    /// tasks may hold it a moment after shutting down), or after
+    /// [`ClusterOptions::submit_timeout`].
     pub async fn kill(&self, id: NodeId) {
         let replica = lock(&self.replicas).remove(&id);
         self.router.unregister(id);
         if let Some(r) = replica {
             let _ = r.raft.shutdown().await;
+            let mut closed = r.log_closed.clone();
+            let gone = async move { while closed.changed().await.is_ok() {} };
+            let _ = tokio::time::timeout(self.options.submit_timeout, gone).await;
         }
     }
 
@@ -392,44 +417,75 @@ impl Cluster {
     /// Starts replica `id` with no files and makes it a voting member: the
     /// leader sends it the log, or a snapshot when the log it needs was
     /// purged.
+    ///
+    /// It is added as a learner first and promoted to a voter only once it
+    /// holds the log up to its own addition: a voter that cannot catch up
+    /// would count towards every majority without helping form one (four
+    /// voters of which one is useless tolerate no failure, where three
+    /// tolerate one).
+    ///
+    /// # Errors
+    ///
+    /// [`StartError::Raft`] if it has not caught up and been promoted
+    /// within [`ClusterOptions::submit_timeout`]; it stays a learner (the
+    /// leader goes on sending it the log), and calling this again retries.
     pub async fn add_member(&self, id: NodeId) -> Result<(), StartError> {
         let _ = std::fs::remove_dir_all(self.dir(id));
         self.restart(id).await?;
-        let raft_err = |e: String| StartError::Raft(e);
-        let deadline = tokio::time::Instant::now() + self.options.submit_timeout;
+        let timeout = self.options.submit_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = String::from("no leader");
         loop {
-            let leader = self.wait_leader(self.options.submit_timeout).await?;
-            let Some(l) = self.replica(leader) else {
-                continue;
-            };
-            let added = l
-                .raft
-                .add_learner(id, BasicNode::default(), true)
-                .await
-                .map_err(|e| e.to_string());
-            let members: BTreeSet<NodeId> = l
-                .raft
-                .metrics()
-                .borrow()
-                .membership_config
-                .membership()
-                .voter_ids()
-                .chain([id])
-                .collect();
-            let changed = match added {
-                Ok(_) => l
-                    .raft
-                    .change_membership(members, false)
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e),
-            };
-            match changed {
-                Ok(_) => return Ok(()),
-                Err(e) if tokio::time::Instant::now() >= deadline => return Err(raft_err(e)),
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(StartError::Raft(format!(
+                    "node {id} was not added within {timeout:?}: {last}"
+                )));
             }
+            match self.promote(id, left).await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(Duration::from_millis(20).min(left)).await;
         }
+    }
+
+    /// One attempt of [`Cluster::add_member`], every wait within `left`.
+    async fn promote(&self, id: NodeId, left: Duration) -> Result<(), String> {
+        let bounded = |what: &'static str| move |_| format!("{what}: no answer within {left:?}");
+        let leader = self.wait_leader(left).await.map_err(|e| e.to_string())?;
+        let l = self.replica(leader).ok_or("the leader stopped")?;
+        let added = tokio::time::timeout(left, l.raft.add_learner(id, BasicNode::default(), false))
+            .await
+            .map_err(bounded("add a learner"))?
+            .map_err(|e| e.to_string())?;
+        // Caught up: the leader has replicated to it up to its addition.
+        let since = added.log_id;
+        l.raft
+            .wait(Some(left))
+            .metrics(
+                |m| {
+                    let matched = m.replication.as_ref().and_then(|r| r.get(&id).copied());
+                    matched.flatten().is_some_and(|at| at >= since)
+                },
+                "the new replica catches up",
+            )
+            .await
+            .map_err(|e| format!("node {id} did not catch up: {e}"))?;
+        let members: BTreeSet<NodeId> = l
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .chain([id])
+            .collect();
+        tokio::time::timeout(left, l.raft.change_membership(members, false))
+            .await
+            .map_err(bounded("change the membership"))?
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     /// Waits (at most `timeout`) until every running replica has applied

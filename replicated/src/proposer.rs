@@ -8,16 +8,17 @@
 //! the group commit one level up, as TiKV batches proposals: requests that
 //! arrive while a proposal is in flight are queued, and the next proposal
 //! carries all of them as one [`Command::AppendAll`] entry (up to
-//! [`MAX_APPENDS_PER_ENTRY`]). Every replica classifies the appends of the
-//! entry in order, exactly as if they had been proposed one after the
+//! [`MAX_APPENDS_PER_ENTRY`] appends and [`MAX_COMMAND_BYTES`] bytes).
+//! Every replica classifies the appends of the entry in order, exactly as if they had been proposed one after the
 //! other, so each request's outcomes are what they would have been; each
 //! request gets its own slice of the entry's outcomes, and its offsets are
 //! its appends' slots in the entry.
 //!
-//! Up to four proposals are in flight at once, handed to the leader's
-//! openraft in order (`client_write_ff`), so the log keeps the order in
-//! which requests arrived while the leader fsyncs one proposal and
-//! replicates the previous one.
+//! Up to [`ProposerOptions::in_flight`] proposals (default two) are in
+//! flight at once, handed to the leader's openraft in order
+//! (`client_write_ff`), so the log keeps the order in which requests
+//! arrived while the leader fsyncs one proposal and replicates the
+//! previous one.
 //!
 //! A proposal whose outcome is unknown (no answer within a second, a
 //! leader change) is retried whole by [`Cluster::submit`]: every append in
@@ -34,7 +35,7 @@ use openraft::LogId;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::NodeId;
-use crate::command::{Command, MAX_APPENDS_PER_ENTRY, Response};
+use crate::command::{Command, GROUP_HEAD, MAX_APPENDS_PER_ENTRY, MAX_COMMAND_BYTES, Response};
 use crate::node::{Cluster, SubmitError};
 
 type Reply = oneshot::Sender<Result<Answer, SubmitError>>;
@@ -58,11 +59,47 @@ pub struct Proposer {
     tx: mpsc::UnboundedSender<(Command, Reply)>,
 }
 
+/// How a [`Proposer`] batches.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ProposerOptions {
+    /// Proposals handed to the leader and not yet answered, at most
+    /// (at least 1). Fewer make bigger entries and fewer fsyncs per
+    /// append; more let the leader fsync one proposal while the followers
+    /// fsync the one before, which pays when each replica has a disk of
+    /// its own. A proposal retried after a failover keeps its slot until
+    /// it is answered. Default 2: on one shared disk, two runs of the
+    /// bench never found 4 ahead of 1 or 2 (docs/scaling.md).
+    pub in_flight: usize,
+}
+
+impl Default for ProposerOptions {
+    fn default() -> Self {
+        ProposerOptions {
+            in_flight: IN_FLIGHT,
+        }
+    }
+}
+
+impl ProposerOptions {
+    /// These options with at most `n` proposals in flight at once (0 is
+    /// taken as 1).
+    pub fn in_flight(mut self, n: usize) -> Self {
+        self.in_flight = n.max(1);
+        self
+    }
+}
+
 impl Proposer {
-    /// Starts the batching task for `cluster`.
+    /// Starts the batching task for `cluster`, with the default options.
     pub fn new(cluster: Arc<Cluster>) -> Proposer {
+        Proposer::with_options(cluster, ProposerOptions::default())
+    }
+
+    /// Starts the batching task for `cluster`.
+    pub fn with_options(cluster: Arc<Cluster>, options: ProposerOptions) -> Proposer {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(cluster, rx));
+        tokio::spawn(run(cluster, rx, options.in_flight.max(1)));
         Proposer { tx }
     }
 
@@ -82,14 +119,18 @@ impl Proposer {
 /// Proposals in flight at once. openraft takes them in the order they
 /// are handed over, so requests keep their order in the log while the
 /// leader fsyncs one proposal and replicates the one before.
-const IN_FLIGHT: usize = 4;
+const IN_FLIGHT: usize = 2;
 
 /// How long an in-flight proposal may take before it is retried through
 /// [`Cluster::submit`] (a leader cut off from the others never commits).
 const PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
-async fn run(cluster: Arc<Cluster>, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>) {
-    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+async fn run(
+    cluster: Arc<Cluster>,
+    mut rx: mpsc::UnboundedReceiver<(Command, Reply)>,
+    in_flight: usize,
+) {
+    let permits = Arc::new(Semaphore::new(in_flight));
     let mut carried: Option<(Command, Reply)> = None;
     loop {
         // Wait for a free slot first: requests that arrive meanwhile make
@@ -104,15 +145,19 @@ async fn run(cluster: Arc<Cluster>, mut rx: mpsc::UnboundedReceiver<(Command, Re
                 None => return,
             },
         };
+        let mut appends = first.0.appends().len();
+        let mut bytes = GROUP_HEAD + first.0.appends_len();
         let mut waiting = vec![first];
-        let mut appends = waiting[0].0.appends().len();
-        // Everything queued, up to the most one entry may hold.
+        // Everything queued, up to the most one entry may hold, in appends
+        // and in bytes (each request passed `Command::validate` alone).
         while let Ok(next) = rx.try_recv() {
-            if appends + next.0.appends().len() > MAX_APPENDS_PER_ENTRY {
+            let (n, b) = (next.0.appends().len(), next.0.appends_len());
+            if appends + n > MAX_APPENDS_PER_ENTRY || bytes + b > MAX_COMMAND_BYTES {
                 carried = Some(next);
                 break;
             }
-            appends += next.0.appends().len();
+            appends += n;
+            bytes += b;
             waiting.push(next);
         }
         let command = if waiting.len() == 1 {

@@ -31,6 +31,7 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 use producer_state::ProducerStateManager;
+use tokio::sync::watch;
 
 use crate::command::{self, Command, Reader, Response};
 use crate::{NodeId, TypeConfig, read_file, write_atomically};
@@ -124,7 +125,14 @@ struct Shared {
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     applied: Mutex<Applied>,
+    /// The newest snapshot persisted: what `raft-snapshot` holds.
     current: Mutex<Option<(Meta, Arc<Vec<u8>>)>>,
+    /// Held while `raft-snapshot` is written (on a blocking thread): a
+    /// build runs in a task of its own in openraft 0.9, beside installs.
+    persisting: Mutex<()>,
+    /// The log id of the snapshot on disk, for purges to wait on
+    /// (`LogStore::purge_after_snapshots`).
+    on_disk: watch::Sender<Option<LogId<NodeId>>>,
     builds: AtomicU64,
     observer: Option<ApplyObserver>,
 }
@@ -194,7 +202,9 @@ impl StateMachine {
                 fs,
                 dir: dir.to_path_buf(),
                 applied: Mutex::new(applied),
+                on_disk: watch::Sender::new(current.as_ref().and_then(|(m, _)| m.last_log_id)),
                 current: Mutex::new(current),
+                persisting: Mutex::new(()),
                 builds: AtomicU64::new(0),
                 observer,
             }),
@@ -212,21 +222,40 @@ impl StateMachine {
         lock(&self.shared.applied).last_applied
     }
 
-    /// Persists a snapshot (envelope and crate bytes) atomically, on a
-    /// blocking thread: its fsyncs must not hold up a runtime worker.
-    async fn persist(&self, meta: &Meta, data: &[u8]) -> Result<(), SErr> {
+    /// The log id of the snapshot on disk, as it changes.
+    pub(crate) fn snapshots(&self) -> watch::Receiver<Option<LogId<NodeId>>> {
+        self.shared.on_disk.subscribe()
+    }
+
+    /// Persists a snapshot (envelope and crate bytes) atomically and makes
+    /// it the current one, on a blocking thread: its fsyncs must not hold
+    /// up a runtime worker.
+    ///
+    /// openraft 0.9 builds snapshots in a task of its own, so a build can
+    /// finish after an install of a newer snapshot: writes are one at a
+    /// time, and one older than the current snapshot is skipped (openraft
+    /// purges the log up to the newest, so the file must never go back).
+    async fn persist(&self, meta: &Meta, data: Arc<Vec<u8>>) -> Result<(), SErr> {
         let err = |e: String| -> SErr {
             StorageIOError::write_snapshot(Some(meta.signature()), openraft::AnyError::error(e))
                 .into()
         };
-        let bytes = encode_file(meta, data).map_err(|e| err(e.to_string()))?;
-        let (fs, dir) = (self.shared.fs.clone(), self.shared.dir.clone());
+        let bytes = encode_file(meta, &data).map_err(|e| err(e.to_string()))?;
+        let (shared, meta) = (self.shared.clone(), meta.clone());
         tokio::task::spawn_blocking(move || {
-            write_atomically(fs.as_ref(), &dir, SNAPSHOT_FILE, &bytes, true)
+            let _one_at_a_time = lock(&shared.persisting);
+            let newer = |(m, _): &(Meta, _)| m.last_log_id > meta.last_log_id;
+            if lock(&shared.current).as_ref().is_some_and(newer) {
+                return Ok(());
+            }
+            write_atomically(shared.fs.as_ref(), &shared.dir, SNAPSHOT_FILE, &bytes, true)?;
+            shared.on_disk.send_replace(meta.last_log_id);
+            *lock(&shared.current) = Some((meta, data));
+            Ok(())
         })
         .await
         .map_err(|e| err(e.to_string()))?
-        .map_err(|e| err(e.to_string()))
+        .map_err(|e: std::io::Error| err(e.to_string()))
     }
 }
 
@@ -299,8 +328,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             snapshot_id,
         };
         // Durable before openraft may purge the log it replaces.
-        self.persist(&meta, &data).await?;
-        *lock(&self.shared.current) = Some((meta.clone(), Arc::new(data.clone())));
+        self.persist(&meta, Arc::new(data.clone())).await?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -362,14 +390,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // path a snapshot takes, damaged bytes never replace the state.
         let mgr = verify_snapshot(meta, &data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
-        self.persist(meta, &data).await?;
-        {
-            let mut a = lock(&self.shared.applied);
-            a.mgr = mgr;
-            a.last_applied = meta.last_log_id;
-            a.membership = meta.last_membership.clone();
-        }
-        *lock(&self.shared.current) = Some((meta.clone(), Arc::new(data)));
+        self.persist(meta, Arc::new(data)).await?;
+        let mut a = lock(&self.shared.applied);
+        a.mgr = mgr;
+        a.last_applied = meta.last_log_id;
+        a.membership = meta.last_membership.clone();
         Ok(())
     }
 

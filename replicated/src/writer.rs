@@ -20,19 +20,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::thread::JoinHandle;
 
 use openraft::storage::LogFlushed;
-use producer_state::fs::{FileSystem, WriteFile};
-use tokio::sync::oneshot;
+use producer_state::fs::{FileSystem, LockGuard, WriteFile};
+use tokio::sync::{oneshot, watch};
 
-use crate::log::{LOG_FILE, LogStats, seal_group};
+use crate::log::{LOG_FILE, LogStats, seal_write};
 use crate::{TypeConfig, write_atomically};
 
 /// One change to the file.
 pub(crate) enum Op {
-    /// Append these records (the last of index `.1`); report them flushed
-    /// after the fsync.
-    Append(Vec<u8>, u64, LogFlushed<TypeConfig>),
+    /// Append these records; report them flushed after the fsync.
+    Append(Vec<u8>, LogFlushed<TypeConfig>),
     /// Cut the file to this length and fsync.
     Truncate(u64, oneshot::Sender<std::io::Result<()>>),
     /// Replace the file atomically by these bytes.
@@ -43,30 +43,48 @@ struct Writer {
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     file: Box<dyn WriteFile>,
+    /// The directory's lock, let go after the file (fields drop in order).
+    _lock: Box<dyn LockGuard>,
+    /// Dropped last: tells `LogStore::closed` the writer is done.
+    _closed: watch::Sender<()>,
+    /// The file's length: where the next write begins.
+    end: u64,
+    /// The seed of the log's record checksums (`log::record_seed`).
+    seed: u32,
     stats: Arc<LogStats>,
     /// The first failure, repeated to every later operation.
     failed: Option<String>,
 }
 
-/// Starts the writer of `file` (opened to append after its records).
+/// Starts the writer of `file` (opened to append after its records, which
+/// end at `end`), holding the directory's `lock` until it ends: its queue,
+/// its thread, and a receiver that is closed when it has ended.
 pub(crate) fn spawn(
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     file: Box<dyn WriteFile>,
+    end: u64,
+    seed: u32,
+    lock: Box<dyn LockGuard>,
     stats: Arc<LogStats>,
-) -> std::io::Result<Sender<Op>> {
+) -> std::io::Result<(Sender<Op>, JoinHandle<()>, watch::Receiver<()>)> {
     let (tx, rx) = std::sync::mpsc::channel();
+    let (closed, on_close) = watch::channel(());
     let mut w = Writer {
         fs,
         dir,
         file,
+        _lock: lock,
+        _closed: closed,
+        end,
+        seed,
         stats,
         failed: None,
     };
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("raft-log-writer".into())
         .spawn(move || w.run(rx))?;
-    Ok(tx)
+    Ok((tx, thread, on_close))
 }
 
 impl Writer {
@@ -75,15 +93,11 @@ impl Writer {
         let mut next = rx.recv().ok();
         while let Some(op) = next.take() {
             match op {
-                Op::Append(bytes, last, done) => {
+                Op::Append(bytes, done) => {
                     let mut group = vec![(bytes, done)];
-                    let mut group_end = last;
                     loop {
                         match rx.try_recv() {
-                            Ok(Op::Append(b, l, d)) => {
-                                group.push((b, d));
-                                group_end = group_end.max(l);
-                            }
+                            Ok(Op::Append(b, d)) => group.push((b, d)),
                             Ok(other) => {
                                 next = Some(other);
                                 break;
@@ -91,11 +105,12 @@ impl Writer {
                             Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                         }
                     }
-                    self.append(group, group_end);
+                    self.append(group);
                 }
                 Op::Truncate(len, reply) => {
                     let r = self.guard(|w| {
                         w.file.set_len(len)?;
+                        w.end = len;
                         w.file.sync_data()
                     });
                     let _ = reply.send(r);
@@ -104,6 +119,7 @@ impl Writer {
                     let r = self.guard(|w| {
                         write_atomically(w.fs.as_ref(), &w.dir, LOG_FILE, &bytes, true)?;
                         w.file = w.fs.open_append(&w.dir.join(LOG_FILE))?;
+                        w.end = bytes.len() as u64;
                         Ok(())
                     });
                     let _ = reply.send(r);
@@ -129,15 +145,16 @@ impl Writer {
         r
     }
 
-    fn append(&mut self, mut group: Vec<(Vec<u8>, LogFlushed<TypeConfig>)>, group_end: u64) {
-        // One write, marked as such in every record (`log::seal_group`).
+    fn append(&mut self, mut group: Vec<(Vec<u8>, LogFlushed<TypeConfig>)>) {
+        // One write, marked as such in every record (`log::seal_write`).
         let mut bytes = Vec::with_capacity(group.iter().map(|(b, _)| b.len()).sum());
         for (b, _) in &mut group {
             bytes.append(b);
         }
-        seal_group(&mut bytes, group_end);
+        seal_write(&mut bytes, self.end, self.seed);
         let r = self.guard(|w| {
             w.file.write_all(&bytes)?;
+            w.end += bytes.len() as u64;
             w.file.sync_data()
         });
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);

@@ -29,6 +29,10 @@ use producer_state_raft::{Append, Command, LogStore, StateMachine, TypeConfig};
 
 const STEPS: u64 = 48;
 const PER_STEP: u64 = 24;
+/// Sector images per crash point: which sectors of an unsynced write
+/// survive decides what the log must tell apart (one seed missed a write
+/// torn after a truncation).
+const SECTOR_SEEDS: u64 = 8;
 
 fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
     Entry {
@@ -222,11 +226,14 @@ async fn a_crash_at_every_io_operation_keeps_everything_acknowledged() {
                 fs.crash_image_reordered(Unsynced::TornPrefix(crash_at), crash_at),
                 "a torn prefix, directory changes reordered",
             ),
+        ]
+        .into_iter()
+        .chain((0..SECTOR_SEEDS).map(|k| {
             (
-                fs.crash_image(Unsynced::Sectors(crash_at)),
+                fs.crash_image(Unsynced::Sectors(crash_at * SECTOR_SEEDS + k)),
                 "sectors of unsynced writes persisted out of order",
-            ),
-        ] {
+            )
+        })) {
             check(
                 image,
                 dir,

@@ -311,3 +311,91 @@ async fn after_every_replica_restarts_the_state_is_back_and_no_entry_is_applied_
     assert_same_state(&cluster);
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_member_that_cannot_catch_up_gives_up_at_the_deadline() {
+    // The log below the snapshot is purged, and every snapshot transfer to
+    // the new replica is damaged: it can never catch up. Adding it must
+    // fail once `submit_timeout` has passed, without making it a voter
+    // (four voters of which one is useless tolerate no failure).
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(
+        dir.path(),
+        ClusterOptions {
+            snapshot_every: 20,
+            keep_logs: 0,
+            submit_timeout: Duration::from_secs(2),
+            ..ClusterOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    for n in 0..30 {
+        cluster.submit(batch(1, n)).await.unwrap();
+    }
+    // Once the leader has purged its log below a snapshot.
+    let leader = cluster.replica(cluster.leader().unwrap()).unwrap();
+    leader
+        .raft()
+        .wait(Some(Duration::from_secs(10)))
+        .metrics(|m| m.purged.is_some(), "a purge")
+        .await
+        .unwrap();
+    cluster.router().damage_next_snapshots(u64::MAX);
+    let started = std::time::Instant::now();
+    let added = tokio::time::timeout(Duration::from_secs(20), cluster.add_member(4)).await;
+    match added {
+        Err(_) => panic!("add_member still waiting after 20 s"),
+        Ok(Ok(())) => panic!("a replica that cannot catch up was added"),
+        Ok(Err(e)) => {
+            let took = started.elapsed();
+            assert!(took < Duration::from_secs(5), "gave up after {took:?}: {e}");
+        }
+    }
+    // It was not made a voter, and the group goes on without it.
+    let leader = cluster.replica(cluster.leader().unwrap()).unwrap();
+    let voters: Vec<u64> = leader
+        .raft()
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    assert_eq!(voters, [1, 2, 3]);
+    cluster.router().damage_next_snapshots(0);
+    let (_, r) = cluster.submit(batch(1, 30)).await.unwrap();
+    accepted_offset(&r.outcomes[0]);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_for_good_is_passed_over() {
+    // The leader is cut off from the others and stays so. It still
+    // believes it leads (openraft 0.9's leader does not step down without
+    // a quorum), while the others elect a new one in a higher term: a
+    // submit must reach the new leader, not wait on the old one until it
+    // gives up.
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(
+        dir.path(),
+        ClusterOptions {
+            submit_timeout: Duration::from_secs(5),
+            ..ClusterOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    cluster.submit(batch(1, 0)).await.unwrap();
+    let old = cluster.wait_leader(Duration::from_secs(5)).await.unwrap();
+    cluster.router().isolate(old, [1, 2, 3]);
+    let (log_id, r) = match cluster.submit(batch(1, 1)).await {
+        Ok(answer) => answer,
+        Err(e) => panic!("the majority side has a leader, but: {e}"),
+    };
+    accepted_offset(&r.outcomes[0]);
+    assert_ne!(log_id.leader_id.node_id, old);
+    assert_ne!(cluster.leader(), Some(old));
+    cluster.router().heal();
+    cluster.shutdown().await;
+}

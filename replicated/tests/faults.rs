@@ -30,6 +30,9 @@ use producer_state_raft::{
     Append, Cluster, ClusterOptions, Command, Faults, NodeId, Outcome, Producer, Proposer, Response,
 };
 
+mod common;
+use common::sorted;
+
 type Applied = BTreeMap<NodeId, BTreeMap<u64, (Option<Command>, Response)>>;
 
 struct Rng(u64);
@@ -59,15 +62,6 @@ struct Ack {
 
 const PRODUCERS: u64 = 4;
 const BATCHES: i32 = 40;
-
-fn sorted(mgr: &ProducerStateManager) -> Vec<(String, i32, producer_state::ProducerEntry)> {
-    let mut v: Vec<_> = mgr
-        .iter()
-        .map(|(p, part, e)| (p.to_string(), part, e))
-        .collect();
-    v.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-    v
-}
 
 /// A producer: sequential batches on its partition, a new epoch half way
 /// (restarting at 0), a zombie write from the old epoch, and a two-append

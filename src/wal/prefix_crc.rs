@@ -9,68 +9,12 @@
 //! range is two lookups and one multiplication in GF(2)\[x\] modulo the
 //! polynomial (zlib's `crc32_combine`), and each byte enters the prefixes
 //! once. The search is then linear in the segment's size whatever its
-//! bytes hold.
+//! bytes hold. The arithmetic is in `crc.rs`; this file keeps the
+//! prefixes of a segment read through a window.
 
 #![deny(clippy::indexing_slicing)]
 
-/// CRC-32C (Castagnoli), reflected.
-const POLY: u32 = 0x82F6_3B78;
-
-/// The byte-at-a-time table of CRC-32C.
-#[allow(clippy::indexing_slicing)] // evaluated at compile time: a bad index fails the build
-static TABLE: [u32; 256] = {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = times_x(c);
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-};
-
-/// `v * x` modulo the polynomial (bits reflected: bit 31 is `x^0`).
-const fn times_x(v: u32) -> u32 {
-    if v & 1 != 0 { (v >> 1) ^ POLY } else { v >> 1 }
-}
-
-/// `a * b` modulo the polynomial, bits reflected (zlib's `multmodp`).
-fn multmodp(a: u32, mut b: u32) -> u32 {
-    if a == 0 {
-        return 0;
-    }
-    let mut m = 1u32 << 31;
-    let mut p = 0;
-    loop {
-        if a & m != 0 {
-            p ^= b;
-            if a & (m - 1) == 0 {
-                return p;
-            }
-        }
-        m >>= 1;
-        b = times_x(b);
-    }
-}
-
-/// `x^(8n)` modulo the polynomial for every `n` up to `max`: the operator
-/// that appends `n` zero bytes to a CRC.
-fn zeros_table(max: usize) -> Vec<u32> {
-    let mut t = Vec::with_capacity(max + 1);
-    let mut k = 1u32 << 31; // x^0
-    for _ in 0..=max {
-        t.push(k);
-        for _ in 0..8 {
-            k = if k & 1 != 0 { (k >> 1) ^ POLY } else { k >> 1 };
-        }
-    }
-    t
-}
+use crate::crc::{TABLE, multmodp, zeros_table};
 
 /// Offsets of prefixes kept: more than the longest range asked for.
 const RING: usize = 1 << 17;
@@ -172,27 +116,7 @@ impl PrefixCrc {
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
-
-    fn bytes(n: usize, mut x: u64) -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
-    #[test]
-    fn shifting_by_zero_bytes_is_crc32c_combine() {
-        let z = zeros_table(1000);
-        for (i, &n) in [0usize, 1, 7, 64, 999].iter().enumerate() {
-            let c = 0x1234_5678u32.rotate_left(i as u32 * 5);
-            assert_eq!(multmodp(z[n], c), crc32c::crc32c_combine(c, 0, n), "{n}");
-        }
-        assert_eq!(multmodp(0, 7), 0);
-    }
+    use crate::crc::tests::bytes;
 
     #[test]
     fn every_range_has_the_crc_of_its_bytes() {
