@@ -76,6 +76,8 @@ pub struct AppendRequest {
     pub(crate) last: i32,
     // Invariant: `None` only for single-sequence appends (first == last).
     pub(crate) metadata: Option<BatchMetadata>,
+    /// Origin and transactional flags (`Semantics::Kafka` stores only).
+    pub(crate) options: AppendOptions,
 }
 
 impl AppendRequest {
@@ -93,7 +95,23 @@ impl AppendRequest {
             first: sequence,
             last: sequence,
             metadata: None,
+            options: AppendOptions::client(),
         }
+    }
+
+    /// The same request with an origin and transactional flags, for
+    /// [`ProducerStateStore::append_all`](crate::ProducerStateStore::append_all)
+    /// under [`Semantics::Kafka`](crate::Semantics::Kafka) (the default is
+    /// [`AppendOptions::client`]). A seed-mode store answers a request
+    /// with other options [`Error::Unsupported`](crate::Error::Unsupported).
+    pub fn with_options(mut self, options: AppendOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The request's origin and transactional flags.
+    pub fn options(&self) -> AppendOptions {
+        self.options
     }
 
     /// A batch-level append.
@@ -110,6 +128,7 @@ impl AppendRequest {
             first: batch.first_sequence,
             last: batch.last_sequence,
             metadata: Some(batch.metadata()),
+            options: AppendOptions::client(),
         }
     }
 

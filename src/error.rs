@@ -123,6 +123,20 @@ pub enum Error {
         semantics: crate::Semantics,
     },
 
+    /// The directory was written under other semantics than the store was
+    /// opened with: replaying a Kafka-mode log under the seed rules (or
+    /// the reverse) would give other verdicts than the ones it recorded.
+    /// Nothing was changed; open it with the semantics it has.
+    #[error("{} holds a {stored}-semantics store, and it was opened with Semantics::{}; nothing was changed: open it with the semantics it was written with", path.display(), if *requested == crate::Semantics::Kafka { "Kafka" } else { "Seed" })]
+    SemanticsMismatch {
+        /// The file that says so (a segment or snapshot).
+        path: PathBuf,
+        /// The semantics the directory records.
+        stored: crate::Semantics,
+        /// The semantics asked for.
+        requested: crate::Semantics,
+    },
+
     /// A named producer id is longer than the log format can hold.
     #[error("producer id name is {len} bytes; the log holds names of at most {max} bytes")]
     ProducerIdTooLong {

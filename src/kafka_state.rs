@@ -76,15 +76,15 @@ pub struct KafkaProducerState {
 /// A key in the side table: Kafka's `ProducerStateEntry`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct FullEntry {
-    epoch: i16,
+    pub(crate) epoch: i16,
     /// The newest batch's last sequence; -1 when there is none. (A key that
     /// came from the map with only single-sequence appends keeps its last
     /// sequence without a batch.)
-    last_sequence: i32,
-    last_timestamp: i64,
-    coordinator_epoch: i32,
-    txn_first_offset: Option<i64>,
-    batches: VecDeque<RetainedBatch>,
+    pub(crate) last_sequence: i32,
+    pub(crate) last_timestamp: i64,
+    pub(crate) coordinator_epoch: i32,
+    pub(crate) txn_first_offset: Option<i64>,
+    pub(crate) batches: VecDeque<RetainedBatch>,
 }
 
 impl FullEntry {
@@ -318,17 +318,64 @@ impl KafkaState {
         meta: Option<BatchMetadata>,
         options: AppendOptions,
     ) -> BatchOutcome {
+        self.place(
+            map,
+            id,
+            partition,
+            (epoch, first, last, meta, options),
+            |cur, find| kafka_rules::classify_data(cur, epoch, first, last, options, find),
+        )
+    }
+
+    /// Applies a data batch that was accepted before (a log record being
+    /// replayed) without classifying it: exactly the state change
+    /// [`KafkaState::append`] made when it accepted the batch, including
+    /// where the key lives (compact map or side table).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply_batch(
+        &mut self,
+        map: &mut StateMap,
+        id: &ProducerId,
+        partition: i32,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        meta: Option<BatchMetadata>,
+        transactional: bool,
+    ) {
+        let options = if transactional {
+            AppendOptions::client().transactional().verified()
+        } else {
+            AppendOptions::client()
+        };
+        self.place(
+            map,
+            id,
+            partition,
+            (epoch, first, last, meta, options),
+            |_, _| BatchOutcome::Accepted,
+        );
+    }
+
+    /// The one place a data batch changes state: `classify` decides (from
+    /// the key's state and a lookup of its cached batches), and an accepted
+    /// batch is applied where the key lives, moving it to the side table
+    /// when the compact entry cannot hold the result.
+    fn place(
+        &mut self,
+        map: &mut StateMap,
+        id: &ProducerId,
+        partition: i32,
+        (epoch, first, last, meta, options): (i16, i32, i32, Option<BatchMetadata>, AppendOptions),
+        classify: impl FnOnce(
+            Option<KafkaCurrent>,
+            &dyn Fn(i32, i32) -> Option<Option<BatchMetadata>>,
+        ) -> BatchOutcome,
+    ) -> BatchOutcome {
         if !self.full.is_empty()
             && let Some(e) = self.full.get_mut(&(id.clone(), partition))
         {
-            let out = kafka_rules::classify_data(
-                Some(e.current()),
-                epoch,
-                first,
-                last,
-                options,
-                |f, l| e.find(f, l),
-            );
+            let out = classify(Some(e.current()), &|f, l| e.find(f, l));
             if out.is_accepted()
                 && let Some(opened) = e.add_batch(epoch, first, last, meta, options)
             {
@@ -347,17 +394,13 @@ impl KafkaState {
             meta,
             (),
             |cur, find| {
-                let out = kafka_rules::classify_data(
+                let out = classify(
                     cur.map(|(c, _)| KafkaCurrent {
                         epoch: c.epoch,
                         last_sequence: c.last_sequence,
                         coordinator_epoch: -1,
                         txn_open: false,
                     }),
-                    epoch,
-                    first,
-                    last,
-                    options,
                     find,
                 );
                 if !out.is_accepted() {
@@ -398,7 +441,9 @@ impl KafkaState {
         out
     }
 
-    /// Classifies an end-transaction marker and applies it if accepted.
+    /// Classifies an end-transaction marker and applies it if accepted;
+    /// with no `origin`, applies it without classifying (a log record being
+    /// replayed: it was accepted when it was written).
     pub(crate) fn marker(
         &mut self,
         map: &mut StateMap,
@@ -406,7 +451,7 @@ impl KafkaState {
         partition: i32,
         epoch: i16,
         marker: &Marker,
-        origin: Origin,
+        origin: Option<Origin>,
     ) -> MarkerOutcome {
         let key = (id.clone(), partition);
         let regular = if self.full.contains_key(&key) {
@@ -418,8 +463,9 @@ impl KafkaState {
             Some(e) => Some(e.current()),
             None => regular.as_ref().map(regular_current),
         };
-        if let Some(rejected) =
-            kafka_rules::classify_marker(cur, epoch, marker.coordinator_epoch, origin)
+        if let Some(origin) = origin
+            && let Some(rejected) =
+                kafka_rules::classify_marker(cur, epoch, marker.coordinator_epoch, origin)
         {
             return rejected;
         }
@@ -484,6 +530,31 @@ impl KafkaState {
         self.full
             .iter()
             .map(|((id, p), e)| (id.clone(), *p, e.approximate()))
+    }
+
+    /// The side-table keys, in no particular order (a snapshot's Kafka
+    /// section).
+    pub(crate) fn side(&self) -> impl Iterator<Item = (&ProducerId, i32, &FullEntry)> + '_ {
+        self.full.iter().map(|((id, p), e)| (id, *p, e))
+    }
+
+    /// Whether a key is in the side table.
+    pub(crate) fn in_side(&self, id: &ProducerId, partition: i32) -> bool {
+        !self.full.is_empty() && self.full.contains_key(&(id.clone(), partition))
+    }
+
+    /// Adds a side-table key read from a snapshot (its open transaction,
+    /// if any, is open again); false if the key is there already.
+    pub(crate) fn insert_side(&mut self, id: ProducerId, partition: i32, e: FullEntry) -> bool {
+        let key = (id, partition);
+        if self.full.contains_key(&key) {
+            return false;
+        }
+        if let Some(first) = e.txn_first_offset {
+            self.txns.open(partition, &key.0, first);
+        }
+        self.full.insert(key, e);
+        true
     }
 
     pub(crate) fn txns(&self) -> &TxnIndex {

@@ -191,6 +191,7 @@ mod info;
 pub mod inspect;
 pub mod kafka;
 mod kafka_rules;
+mod kafka_snapshot;
 mod kafka_state;
 mod loader;
 mod manager;

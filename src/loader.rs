@@ -29,21 +29,40 @@ struct Loader<'a> {
     path: &'a Path,
     shards: Shards,
     meta: Meta,
+    /// The header's entry count.
+    entries: u64,
 }
 
 impl snapshot::Sink for Loader<'_> {
     fn begin(&mut self, header: &snapshot::Header) {
-        // Every key may have a window; room that stays unused is address
-        // space, not memory, until keys get windows later.
-        self.shards = Shards::with_capacity(header.entries, header.entries);
+        self.entries = header.entries;
+        // A Kafka-mode state's keys go to its engine (see `kafka`).
+        if !header.kafka {
+            // Every key may have a window; room that stays unused is
+            // address space, not memory, until keys get windows later.
+            self.shards = Shards::with_capacity(header.entries, header.entries);
+        }
     }
 
     fn meta(&mut self, meta: Meta) {
         self.meta = meta;
     }
 
+    fn kafka(&mut self, kafka: crate::kafka_state::KafkaState) {
+        self.meta.kafka = Some(Box::new(
+            crate::manager::ProducerStateManager::from_kafka_side(kafka, self.entries),
+        ));
+    }
+
     #[inline]
     fn entry(&mut self, id: ProducerId, p: i32, e: ProducerEntry, act: i64) -> Result<()> {
+        if let Some(k) = &mut self.meta.kafka {
+            return if k.insert_loaded(&id, p, &e) {
+                Ok(())
+            } else {
+                Err(Error::corrupt(self.path, 0, Corruption::DuplicateKey))
+            };
+        }
         if self.shards.insert_new(&id, p, &e, act) {
             Ok(())
         } else {
@@ -66,6 +85,7 @@ pub(crate) fn load(path: &Path, file: impl Read, len: u64) -> Result<Loaded> {
         path,
         shards: Shards::default(),
         meta: Meta::default(),
+        entries: 0,
     };
     let header = snapshot::read_into(
         path,

@@ -328,7 +328,14 @@ impl ProducerStateManager {
         origin: Origin,
     ) -> Result<MarkerOutcome> {
         let (k, map) = self.kafka_mut("an end-transaction marker")?;
-        Ok(k.marker(map, &producer_id.into(), partition, epoch, &marker, origin))
+        Ok(k.marker(
+            map,
+            &producer_id.into(),
+            partition,
+            epoch,
+            &marker,
+            Some(origin),
+        ))
     }
 
     /// The state of one key as Kafka holds it, with its transaction and
@@ -431,6 +438,99 @@ impl ProducerStateManager {
         Ok(k.load(map, partition, entries))
     }
 
+    /// Classifies a request under Kafka's rules with its own options and
+    /// applies it if accepted (the Kafka-mode store's entry point); under
+    /// the seed rules, as [`ProducerStateManager::append_request`].
+    pub(crate) fn kafka_append_request(&mut self, r: &AppendRequest) -> BatchOutcome {
+        match &mut self.kafka {
+            Some(k) => k.append(
+                &mut self.map,
+                &r.producer_id,
+                r.partition,
+                r.epoch,
+                r.first,
+                r.last,
+                r.metadata,
+                r.options,
+            ),
+            None => self.append_request(r),
+        }
+    }
+
+    /// Applies a Kafka-mode data batch that was accepted when its record
+    /// was written (replay), without classifying it; nothing under the
+    /// seed rules (the store never logs these there).
+    pub(crate) fn apply_kafka_batch(&mut self, r: &AppendRequest, transactional: bool) {
+        if let Some(k) = &mut self.kafka {
+            k.apply_batch(
+                &mut self.map,
+                &r.producer_id,
+                r.partition,
+                r.epoch,
+                r.first,
+                r.last,
+                r.metadata,
+                transactional,
+            );
+        }
+    }
+
+    /// Applies an end-transaction marker that was accepted when its record
+    /// was written (replay), without classifying it.
+    pub(crate) fn apply_kafka_marker(
+        &mut self,
+        producer_id: &ProducerId,
+        partition: i32,
+        epoch: i16,
+        marker: &Marker,
+    ) {
+        if let Some(k) = &mut self.kafka {
+            k.marker(&mut self.map, producer_id, partition, epoch, marker, None);
+        }
+    }
+
+    /// The Kafka-mode side of the engine (side table, transactions).
+    pub(crate) fn kafka_side(&self) -> Option<&KafkaState> {
+        self.kafka.as_deref()
+    }
+
+    /// A Kafka-mode engine made of a snapshot's Kafka section; its compact
+    /// keys follow through [`ProducerStateManager::insert_loaded`].
+    pub(crate) fn from_kafka_side(kafka: KafkaState, keys: u64) -> Self {
+        let mut map = StateMap::default();
+        map.reserve(keys as usize, keys as usize);
+        ProducerStateManager {
+            map,
+            kafka: Some(Box::new(kafka)),
+            ..ProducerStateManager::default()
+        }
+    }
+
+    /// Adds a compact entry read from a snapshot; false if the key has
+    /// state already (in the map or the side table).
+    pub(crate) fn insert_loaded(&mut self, id: &ProducerId, partition: i32, e: &ProducerEntry) -> bool {
+        if self
+            .kafka
+            .as_deref()
+            .is_some_and(|k| k.in_side(id, partition))
+        {
+            return false;
+        }
+        self.map
+            .insert_new_hashed(hash_key(id, partition), id, partition, e, ())
+    }
+
+    /// The compact keys (the seed-format entries of a snapshot), with the
+    /// activity a snapshot states for a key of an engine without a clock.
+    pub(crate) fn compact_entries(
+        &self,
+    ) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry, i64)> + '_ {
+        self.map.iter().map(|(id, p, e)| {
+            let activity = snapshot::legacy_activity(&e);
+            (id, p, e, activity)
+        })
+    }
+
     /// The entry of one key, if it has state.
     ///
     /// Under [`Semantics::Kafka`], a key with transaction state or with
@@ -483,29 +583,23 @@ impl ProducerStateManager {
     /// # Ok::<(), producer_state::Error>(())
     /// ```
     ///
+    /// Under [`Semantics::Kafka`] the snapshot's header says so (flag bit
+    /// 0) and a Kafka section holds the side table and the aborted
+    /// transactions (docs/format.md); [`ProducerStateManager::decode_snapshot`]
+    /// gives back a Kafka-mode engine with the same state.
+    ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Kafka`]: the crate's
-    /// snapshot format holds the seed rules' entries, not a Kafka-mode
-    /// engine's transactions and side table (their bytes come with issue
-    /// 15's second phase), and leaving them out would lose state.
+    /// None today; a `Result` so that a state the format cannot hold is an
+    /// error, never a file that loses it.
     pub fn encode_snapshot(&self, position: u64) -> Result<Vec<u8>> {
-        if self.kafka.is_some() {
-            return Err(Error::Unsupported {
-                what: "the crate's snapshot format",
-                semantics: Semantics::Kafka,
-            });
-        }
         // The engine keeps no clock: a key's activity is its newest
         // batch's timestamp, as for a file written before activity existed.
-        let entries = self.map.iter().map(|(id, p, e)| {
-            let activity = snapshot::legacy_activity(&e);
-            (id, p, e, activity)
-        });
         Ok(snapshot::encode_to_vec(
             position,
             &crate::meta::Meta::default(),
-            entries,
+            self.kafka.as_deref(),
+            self.compact_entries(),
         ))
     }
 
@@ -533,9 +627,17 @@ impl ProducerStateManager {
                 Err(Error::corrupt(source, 0, Corruption::DuplicateKey))
             }
         };
-        let (header, _meta) = snapshot::read(source, bytes, bytes.len() as u64, read)?;
+        let (header, _meta, kafka) =
+            snapshot::read_kafka(source, bytes, bytes.len() as u64, read)?;
+        if let Some(k) = &kafka
+            && let Some((id, p, _)) = k.side().find(|(id, p, _)| map.get(id, *p).is_some())
+        {
+            let _ = (id, p);
+            return Err(Error::corrupt(source, 0, Corruption::DuplicateKey));
+        }
         let manager = ProducerStateManager {
             map,
+            kafka: kafka.map(Box::new),
             ..ProducerStateManager::default()
         };
         Ok((header.position, manager))

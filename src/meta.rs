@@ -9,7 +9,7 @@ use crate::error::Corruption;
 use crate::filter::RemovedFilter;
 
 /// The store-level state (see the module docs).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) struct Meta {
     /// The last clock reading logged (0 before any): an append without a
     /// timestamp of its own takes it as its key's activity.
@@ -22,6 +22,21 @@ pub(crate) struct Meta {
     pub high: i64,
     /// Keys whose state expired or was evicted, remembered approximately.
     pub filter: RemovedFilter,
+    /// Under [`Semantics::Kafka`](crate::Semantics::Kafka), the whole
+    /// Kafka-mode state (compact map, side table, transactions): the store
+    /// runs Kafka's rules on it in log order, and a snapshot captures it
+    /// with the store section (docs/transactions.md, "Phase 2"). `None`
+    /// under the seed rules, whose keys are the store's shards.
+    pub kafka: Option<Box<crate::manager::ProducerStateManager>>,
+}
+
+impl PartialEq for Meta {
+    /// The store-level fields (a Kafka-mode state is compared by the
+    /// caller, through its views).
+    fn eq(&self, other: &Meta) -> bool {
+        (self.clock, self.high, &self.filter) == (other.clock, other.high, &other.filter)
+            && self.kafka.is_some() == other.kafka.is_some()
+    }
 }
 
 impl Default for Meta {
@@ -30,6 +45,7 @@ impl Default for Meta {
             clock: 0,
             high: -1,
             filter: RemovedFilter::default(),
+            kafka: None,
         }
     }
 }
@@ -76,6 +92,7 @@ impl Meta {
             clock,
             high,
             filter,
+            kafka: None,
         })
     }
 }

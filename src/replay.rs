@@ -22,7 +22,9 @@
 //! passed over). docs/lifecycle.md states the rule.
 
 use crate::apply::{KeyOp, Rec};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::manager::ProducerStateManager;
+use crate::semantics::Semantics;
 use crate::map::{Activity, Apply, hash_key};
 use crate::meta::Meta;
 use crate::rules::UnknownProducer;
@@ -33,6 +35,50 @@ use crate::wal::op::{GroupKind, LogOp, RemoveReason};
 #[inline]
 pub(crate) fn append_offset(r: &crate::batch::AppendRequest, pos: u64) -> i64 {
     r.metadata.map_or(pos as i64, |m| m.offset)
+}
+
+/// Applies one record of a `Semantics::Kafka` log to its engine, in log
+/// order, without classifying it: the log holds only accepted operations,
+/// and applying each exactly as it was applied live gives the live state
+/// (open transactions, coordinator epochs, aborted lists, where each key
+/// lives). `high` follows the highest batch or marker offset.
+fn kafka_op(k: &mut ProducerStateManager, high: &mut i64, op: &LogOp) -> Result<()> {
+    match op {
+        // A Kafka-mode store writes neither; harmless if present.
+        LogOp::Clock(_) | LogOp::AcceptedUnknown => {}
+        LogOp::Append(r) => {
+            if let Some(m) = r.metadata {
+                *high = (*high).max(m.offset);
+            }
+            k.apply_kafka_batch(r, false);
+        }
+        LogOp::KafkaBatch {
+            request,
+            transactional,
+        } => {
+            if let Some(m) = request.metadata {
+                *high = (*high).max(m.offset);
+            }
+            k.apply_kafka_batch(request, *transactional);
+        }
+        LogOp::TxnMarker {
+            producer_id,
+            partition,
+            epoch,
+            marker,
+        } => {
+            *high = (*high).max(marker.offset);
+            k.apply_kafka_marker(producer_id, *partition, *epoch, marker);
+        }
+        LogOp::ForgetAborted { partition, offset } => k.forget_aborted_before(*partition, *offset),
+        LogOp::Remove { .. } | LogOp::Group { .. } | LogOp::Set { .. } => {
+            return Err(Error::Unsupported {
+                what: "a lifecycle record in a Kafka-mode log",
+                semantics: Semantics::Kafka,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The state of a replay between records.
@@ -78,6 +124,9 @@ impl Replayer {
         mut push: impl FnMut(Rec) -> Result<()>,
     ) -> Result<()> {
         self.positions += u64::from(op.takes_position());
+        if let Some(k) = &mut self.meta.kafka {
+            return kafka_op(k, &mut self.meta.high, op);
+        }
         let rec = |op: KeyOp| {
             let (id, p) = match &op {
                 KeyOp::Append(r, _) => (&r.producer_id, r.partition),
@@ -150,6 +199,14 @@ impl Replayer {
                     push(rec(KeyOp::Set(Box::new(e.clone()))))?;
                 }
                 self.end_of_member();
+            }
+            // Only a Kafka-flagged segment decodes these, and a seed store
+            // refuses such a segment before replay.
+            LogOp::KafkaBatch { .. } | LogOp::TxnMarker { .. } | LogOp::ForgetAborted { .. } => {
+                return Err(Error::Unsupported {
+                    what: "a transaction record",
+                    semantics: Semantics::Seed,
+                });
             }
         }
         Ok(())

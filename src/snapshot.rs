@@ -40,6 +40,12 @@ pub(crate) const TMP_SUFFIX: &str = ".tmp";
 const ID_NUMERIC: u8 = 0;
 const ID_NAMED: u8 = 1;
 const HAS_META: u8 = 1;
+/// Header flag (bit 0): the state is a [`Semantics::Kafka`] state, and a
+/// Kafka section (`kafka_snapshot.rs`) follows the store section. A file
+/// with the bit clear is byte for byte what it was before Kafka mode.
+///
+/// [`Semantics::Kafka`]: crate::Semantics::Kafka
+pub(crate) const FLAG_KAFKA: u16 = 1;
 
 /// The file name of the snapshot at `position`.
 pub(crate) fn file_name(position: u64) -> String {
@@ -60,13 +66,15 @@ pub(crate) struct Header {
     pub position: u64,
     pub entries: u64,
     pub body_len: u64,
+    /// [`FLAG_KAFKA`]: a Kafka-mode state (version 3 on).
+    pub kafka: bool,
 }
 
 fn encode_header(h: &Header) -> Vec<u8> {
     let mut b = Vec::with_capacity(HEADER_LEN);
     b.extend_from_slice(MAGIC);
     b.put_u16(h.version);
-    b.put_u16(0);
+    b.put_u16(if h.kafka { FLAG_KAFKA } else { 0 });
     b.put_u32(0);
     b.put_u64(h.position);
     b.put_u64(h.entries);
@@ -109,7 +117,8 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
             supported: VERSION,
         });
     }
-    if flags != 0 || reserved != 0 || reserved2 != 0 {
+    let known_flags = if version >= VERSION { FLAG_KAFKA } else { 0 };
+    if flags & !known_flags != 0 || reserved != 0 || reserved2 != 0 {
         return Err(Error::corrupt(
             path,
             10,
@@ -121,6 +130,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
         position,
         entries,
         body_len,
+        kafka: flags & FLAG_KAFKA != 0,
     })
 }
 
@@ -271,6 +281,7 @@ pub(crate) struct Writer {
     body_len: u64,
     body_crc: u32,
     unsynced: u64,
+    kafka: bool,
 }
 
 /// A snapshot is fsync'ed every this many bytes as it is written, so the
@@ -306,6 +317,7 @@ impl Writer {
             body_len: 0,
             body_crc: 0,
             unsynced: 0,
+            kafka: false,
         })
     }
 
@@ -313,6 +325,15 @@ impl Writer {
     pub(crate) fn write_meta(&mut self, meta: &Meta) -> Result<()> {
         let mut b = Vec::new();
         meta.encode(&mut b);
+        self.write(&b, 0)
+    }
+
+    /// Writes the Kafka section (a Kafka-mode state); after the store
+    /// section, before any entry. Sets the header's [`FLAG_KAFKA`].
+    pub(crate) fn write_kafka(&mut self, k: &crate::kafka_state::KafkaState) -> Result<()> {
+        let mut b = Vec::new();
+        crate::kafka_snapshot::encode(&mut b, k);
+        self.kafka = true;
         self.write(&b, 0)
     }
 
@@ -348,6 +369,7 @@ impl Writer {
             position: self.position,
             entries: self.entries,
             body_len: self.body_len,
+            kafka: self.kafka,
         });
         let crc = crc32c::crc32c_combine(
             crc32c::crc32c(&header),
@@ -416,10 +438,14 @@ pub(crate) fn read_meta(fs: &dyn FileSystem, path: &Path) -> Result<Meta> {
 pub(crate) fn encode_to_vec(
     position: u64,
     meta: &Meta,
+    kafka: Option<&crate::kafka_state::KafkaState>,
     entries: impl Iterator<Item = (ProducerId, i32, ProducerEntry, i64)>,
 ) -> Vec<u8> {
     let mut out = vec![0u8; HEADER_LEN];
     meta.encode(&mut out);
+    if let Some(k) = kafka {
+        crate::kafka_snapshot::encode(&mut out, k);
+    }
     let mut count = 0u64;
     for (id, partition, e, activity) in entries {
         encode_entry(&mut out, &id, partition, &e, activity);
@@ -431,6 +457,7 @@ pub(crate) fn encode_to_vec(
         position,
         entries: count,
         body_len,
+        kafka: kafka.is_some(),
     });
     if let Some(head) = out.get_mut(..HEADER_LEN) {
         head.copy_from_slice(&header);
@@ -447,16 +474,24 @@ pub(crate) trait Sink {
     /// Called once, before the first entry, with the store section
     /// (versions 1 and 2 have none: the default).
     fn meta(&mut self, _meta: Meta) {}
+    /// Called once, after the store section and before the first entry,
+    /// with the Kafka section of a Kafka-mode state (see [`FLAG_KAFKA`]).
+    /// The default sets it aside: a reader that wants only the entries.
+    fn kafka(&mut self, _kafka: crate::kafka_state::KafkaState) {}
     /// One decoded entry and the key's last activity; an error stops the
     /// read.
     fn entry(&mut self, id: ProducerId, partition: i32, e: ProducerEntry, act: i64) -> Result<()>;
 }
 
-struct Each<F>(F, Meta);
+struct Each<F>(F, Meta, Option<crate::kafka_state::KafkaState>);
 
 impl<F: FnMut(ProducerId, i32, ProducerEntry, i64) -> Result<()>> Sink for Each<F> {
     fn meta(&mut self, meta: Meta) {
         self.1 = meta;
+    }
+
+    fn kafka(&mut self, kafka: crate::kafka_state::KafkaState) {
+        self.2 = Some(kafka);
     }
 
     #[inline]
@@ -475,9 +510,19 @@ pub(crate) fn read(
     file_len: u64,
     each: impl FnMut(ProducerId, i32, ProducerEntry, i64) -> Result<()>,
 ) -> Result<(Header, Meta)> {
-    let mut sink = Each(each, Meta::default());
+    read_kafka(path, r, file_len, each).map(|(h, m, _)| (h, m))
+}
+
+/// [`read`], also returning the Kafka section of a Kafka-mode state.
+pub(crate) fn read_kafka(
+    path: &Path,
+    r: impl Read,
+    file_len: u64,
+    each: impl FnMut(ProducerId, i32, ProducerEntry, i64) -> Result<()>,
+) -> Result<(Header, Meta, Option<crate::kafka_state::KafkaState>)> {
+    let mut sink = Each(each, Meta::default(), None);
     let h = read_into(path, r, file_len, &mut sink)?;
-    Ok((h, sink.1))
+    Ok((h, sink.1, sink.2))
 }
 
 /// [`read`], handing the header and then the entries to `sink`.
@@ -554,6 +599,32 @@ pub(crate) fn read_into(
         sink.meta(meta);
         remaining -= 4 + n;
         offset += 4 + n;
+    }
+    if header.kafka {
+        // The Kafka section, read like the store section: its length
+        // bounds what is read, and nothing is trusted before the CRC.
+        let mut len = [0u8; 8];
+        let got = read_full(&mut r, &mut len).map_err(io)?;
+        let n = u64::from_le_bytes(len);
+        if got < 8 || remaining.saturating_sub(8) < n {
+            return Err(Error::corrupt(
+                path,
+                offset,
+                Corruption::BadLength(n.min(remaining)),
+            ));
+        }
+        let mut section = vec![0u8; n as usize];
+        let got = read_full(&mut r, &mut section).map_err(io)?;
+        if got < section.len() {
+            return Err(Error::corrupt(path, offset, truncated(section.len(), got)));
+        }
+        crc = crc32c::crc32c_append(crc32c::crc32c_append(crc, &len), &section);
+        let mut k = crate::kafka_state::KafkaState::default();
+        crate::kafka_snapshot::decode(&section, &mut k)
+            .map_err(|(at, kind)| Error::corrupt(path, offset + 8 + at as u64, kind))?;
+        sink.kafka(k);
+        remaining -= 8 + n;
+        offset += 8 + n;
     }
     const CHUNK: usize = 1 << 20;
     loop {
@@ -704,8 +775,8 @@ mod tests {
             let a = act(&e, p);
             (id, p, e, a)
         });
-        assert_eq!(encode_to_vec(77, &sample_meta(), with_act), file);
-        let empty = encode_to_vec(3, &Meta::default(), std::iter::empty());
+        assert_eq!(encode_to_vec(77, &sample_meta(), None, with_act), file);
+        let empty = encode_to_vec(3, &Meta::default(), None, std::iter::empty());
         let (h, meta, entries) = load(&empty).unwrap();
         assert_eq!((h.position, h.entries, entries.len()), (3, 0, 0));
         assert_eq!(meta, Meta::default());
@@ -798,6 +869,7 @@ mod tests {
             position,
             entries: m.len() as u64,
             body_len: body.len() as u64,
+            kafka: false,
         });
         b.extend_from_slice(&body);
         let crc = crc32c::crc32c(&b);

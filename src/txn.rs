@@ -283,6 +283,19 @@ impl TxnIndex {
         }
     }
 
+    /// Every partition with aborted transactions, and its list.
+    pub(crate) fn aborted_lists(&self) -> impl Iterator<Item = (i32, &[AbortedTxn])> + '_ {
+        self.partitions
+            .iter()
+            .filter(|(_, t)| !t.aborted.is_empty())
+            .map(|(p, t)| (*p, t.aborted.as_slice()))
+    }
+
+    /// Sets a partition's aborted list (read from a snapshot).
+    pub(crate) fn set_aborted(&mut self, partition: i32, list: Vec<AbortedTxn>) {
+        self.partitions.entry(partition).or_default().aborted = list;
+    }
+
     /// How many transactions are open, over all partitions.
     #[cfg(test)]
     pub(crate) fn open_count(&self) -> usize {

@@ -47,6 +47,7 @@
 
 mod plan;
 mod report;
+pub(crate) mod semantics;
 
 pub use report::{
     Damage, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
@@ -156,6 +157,20 @@ pub(crate) fn recover_dry(
 /// Plans recovery and replays the plan into the state, writing nothing.
 fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<(Plan, Recovered)> {
     let (mut plan, (mut shards, mut meta)) = Plan::read(fs, dir, mode)?;
+    // A Kafka-mode log replays into a Kafka-mode engine, from the base
+    // snapshot's or from an empty one (docs/transactions.md).
+    let kafka = matches!(
+        semantics::stored(fs, dir)?,
+        Some((crate::Semantics::Kafka, _))
+    );
+    let kafka_base = |meta: &mut Meta| {
+        if kafka && meta.kafka.is_none() {
+            meta.kafka = Some(Box::new(
+                crate::manager::ProducerStateManager::with_semantics(crate::Semantics::Kafka),
+            ));
+        }
+    };
+    kafka_base(&mut meta);
     // A long log is replayed on two threads if the machine has them. If a
     // record does not apply, that replay cannot say where the history
     // stops: replay again from the same base, sequentially, which can.
@@ -199,6 +214,7 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
         }
         threads = 1;
         (shards, meta) = plan.base_state(fs)?;
+        kafka_base(&mut meta);
     };
     let mut report = plan.report();
     report.segments_read = progress.segments_read;
@@ -206,7 +222,7 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
     report.clean_shutdown = progress.clean_shutdown;
     report.records_replayed = replayer.positions;
     report.replay_threads = threads;
-    report.keys = shards.len();
+    report.keys = shards.len() + replayer.meta.kafka.as_ref().map_or(0, |k| k.len());
     let (segments, active) = plan.kept_segments();
     let rec = Recovered {
         shards,

@@ -82,6 +82,9 @@ pub(super) enum Queued {
     /// The last member of a group was applied: its effect on the
     /// store-level state.
     GroupDone { kind: GroupKind, arg: i64 },
+    /// `Always`, Kafka mode: a key's record at `pos` is durable (the
+    /// engine applied it when it was accepted; see `store/txn.rs`).
+    KafkaSettle { key: (ProducerId, i32), pos: u64 },
 }
 
 /// A snapshot in progress: the position, which shards are encoded, and
@@ -169,6 +172,10 @@ pub(super) struct Keys {
     pub(super) capture: Option<Capture>,
     /// Eviction order, when a cap is set.
     pub(super) order: Option<Order>,
+    /// `Always`, Kafka mode: keys with a record in flight, and that
+    /// record's (group, position). Another operation on such a key waits
+    /// until it is durable (see `store/txn.rs`).
+    pub(super) kafka_in_flight: HashMap<(ProducerId, i32), (u64, u64)>,
 }
 
 impl Keys {
@@ -179,6 +186,7 @@ impl Keys {
             overlay: HashTable::new(),
             capture: None,
             order: capped.then(Order::default),
+            kafka_in_flight: HashMap::new(),
         }
     }
 
@@ -422,6 +430,11 @@ impl Keys {
                     }
                 }
                 Queued::GroupDone { kind, arg } => self.group_done(kind, arg),
+                Queued::KafkaSettle { key, pos } => {
+                    if self.kafka_in_flight.get(&key).is_some_and(|&(_, p)| p == pos) {
+                        self.kafka_in_flight.remove(&key);
+                    }
+                }
             }
         }
     }
@@ -498,7 +511,7 @@ impl State {
     }
 
     /// Counts what was just queued toward the snapshot thresholds.
-    fn counted(&mut self, bytes_before: usize, positions: u64) {
+    pub(super) fn counted(&mut self, bytes_before: usize, positions: u64) {
         self.since_snapshot.0 += positions;
         self.since_snapshot.1 += (self.log.buffered() - bytes_before) as u64;
     }
@@ -862,6 +875,7 @@ impl Host for State {
 
     fn discard_in_flight(&mut self) {
         self.keys.overlay.clear();
+        self.keys.kafka_in_flight.clear();
         self.spec_len = self.keys.shards.len();
         self.spec_clock = self.keys.meta.clock;
     }

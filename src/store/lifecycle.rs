@@ -108,6 +108,7 @@ impl ProducerStateStore {
     /// store is then poisoned), [`Error::Poisoned`](crate::Error::Poisoned)
     /// after an earlier failure.
     pub fn expire_now(&self) -> Result<usize> {
+        self.refuse_in_kafka_mode("the store's expiration sweep")?;
         match self.shared.opts.expiration {
             Some(exp) => self.shared.expire(exp),
             None => Ok(0),
@@ -179,6 +180,7 @@ impl ProducerStateStore {
     ///
     /// As [`ProducerStateStore::expire_now`].
     pub fn remove_partition(&self, partition: i32) -> Result<usize> {
+        self.refuse_in_kafka_mode("remove_partition")?;
         let shared = &*self.shared;
         let mut st = shared.lock_to_write(false)?;
         let keys = st.keys.spec_keys_of_partition(partition);

@@ -62,6 +62,7 @@ mod options;
 mod order;
 mod rewind;
 mod snapshots;
+mod txn;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -154,6 +155,8 @@ struct Shared {
     bg: Mutex<Bg>,
     bg_cv: Condvar,
     _lock: Box<dyn LockGuard>,
+    /// Under `Semantics::Kafka` (see `txn.rs`).
+    kafka: bool,
 }
 
 /// The durable producer-state store. `Send + Sync`: share it between
@@ -223,7 +226,16 @@ impl ProducerStateStore {
         let guard = crate::directory::lock(fs.as_ref(), &dir)?;
         let telemetry = Telemetry::new(&dir, &opts.metric_labels);
 
-        let rec = recovery::recover(fs.as_ref(), &dir, opts.recovery)?;
+        // Before recovery reads or repairs anything: a directory is never
+        // replayed under the other semantics.
+        recovery::semantics::check(fs.as_ref(), &dir, opts.semantics)?;
+        let mut rec = recovery::recover(fs.as_ref(), &dir, opts.recovery)?;
+        let kafka = opts.semantics == crate::Semantics::Kafka;
+        if kafka && rec.meta.kafka.is_none() {
+            rec.meta.kafka = Some(Box::new(crate::ProducerStateManager::with_semantics(
+                crate::Semantics::Kafka,
+            )));
+        }
         let writer = match rec.active {
             Some((len, records)) => LogWriter::resume(
                 fs.clone(),
@@ -274,6 +286,7 @@ impl ProducerStateStore {
             bg_cv: Condvar::new(),
             _lock: guard,
             opts,
+            kafka,
         });
         // Snapshots and the interval's fsyncs run on threads of their own:
         // a snapshot of a large state on a slow disk takes seconds, and the
@@ -368,11 +381,28 @@ impl ProducerStateStore {
         answer
     }
 
+    /// A plain append in Kafka mode (its options in the request).
+    #[cold]
+    #[inline(never)]
+    fn kafka_decide(&self, request: &AppendRequest) -> Result<BatchOutcome> {
+        check_name(request)?;
+        txn::check_kafka(request)?;
+        self.shared
+            .kafka_run(txn::KafkaOp::Batch(request))
+            .map(|a| match a {
+                txn::KafkaAnswer::Batch(o) => o,
+                _ => BatchOutcome::Accepted,
+            })
+    }
+
     /// [`ProducerStateStore::append_request`], before its answer is counted.
     #[inline]
     fn decide(&self, request: &AppendRequest) -> Result<BatchOutcome> {
-        check_name(request)?;
         let shared = &*self.shared;
+        if shared.kafka {
+            return self.kafka_decide(request);
+        }
+        check_seed(request)?;
         let hash = hash_key(&request.producer_id, request.partition);
         let now = shared.now_for(std::slice::from_ref(request));
         let mut st = shared.lock_to_write(false)?;
@@ -420,6 +450,9 @@ impl ProducerStateStore {
     /// [`ProducerStateStore::append_all`], before its answers are counted.
     fn decide_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
         let shared = &*self.shared;
+        if shared.kafka {
+            return shared.kafka_all(requests);
+        }
         let now = shared.now_for(requests);
         let mut st = shared.lock_state();
         if !shared.is_always() {
@@ -430,7 +463,7 @@ impl ProducerStateStore {
         // Accepted: (index, group, position), to settle once durable.
         let mut queued: Vec<(usize, u64, u64)> = Vec::new();
         for (i, r) in requests.iter().enumerate() {
-            if let Err(e) = check_name(r) {
+            if let Err(e) = check_seed(r) {
                 out.push(Err(e));
                 continue;
             }
@@ -483,12 +516,19 @@ impl ProducerStateStore {
     pub fn get(&self, producer_id: impl Into<ProducerId>, partition: i32) -> Option<ProducerEntry> {
         let id = producer_id.into();
         let st = self.shared.lock_state();
+        if let Some(k) = &st.keys.meta.kafka {
+            return k.get(id, partition);
+        }
         st.keys.shards.get(hash_key(&id, partition), &id, partition)
     }
 
     /// Number of keys with state (as [`ProducerStateStore::get`] sees it).
     pub fn len(&self) -> usize {
-        self.shared.lock_state().keys.shards.len()
+        let st = self.shared.lock_state();
+        match &st.keys.meta.kafka {
+            Some(k) => k.len(),
+            None => st.keys.shards.len(),
+        }
     }
 
     /// True when no key has state.
@@ -501,11 +541,23 @@ impl ProducerStateStore {
     /// iterator copies one shard (a 256th of the state) at a time under the
     /// store's lock, so it is consistent within a shard, not across shards
     /// while appends run.
+    ///
+    /// Under [`Semantics::Kafka`](crate::Semantics::Kafka) the whole state
+    /// is copied at once, and keys with transaction state are shown as
+    /// [`ProducerStateManager::get`](crate::ProducerStateManager::get)
+    /// shows them.
     pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
-        (0..SHARDS).flat_map(move |i| {
+        let kafka: Option<Vec<_>> = if self.shared.kafka {
+            let st = self.shared.lock_state();
+            st.keys.meta.kafka.as_ref().map(|k| k.iter().collect())
+        } else {
+            None
+        };
+        let shards = if kafka.is_some() { 0 } else { SHARDS };
+        kafka.into_iter().flatten().chain((0..shards).flat_map(move |i| {
             let st = self.shared.lock_state();
             st.keys.shards.shard(i).iter().collect::<Vec<_>>()
-        })
+        }))
     }
 
     /// Takes a snapshot now and waits until it is durable. Returns its path,
@@ -647,6 +699,19 @@ impl Drop for ProducerStateStore {
     }
 }
 
+/// Seed mode: refuses what the seed rules have no meaning for (an origin
+/// or transactional flags), and a name the log cannot hold.
+#[inline]
+fn check_seed(r: &AppendRequest) -> Result<()> {
+    if r.options != crate::batch::AppendOptions::client() {
+        return Err(Error::Unsupported {
+            what: "an append with an origin or transactional flags",
+            semantics: crate::Semantics::Seed,
+        });
+    }
+    check_name(r)
+}
+
 /// Refuses a producer name the log cannot hold, before anything happens.
 fn check_name(r: &AppendRequest) -> Result<()> {
     match r.producer_id.name_bytes() {
@@ -752,7 +817,7 @@ impl Shared {
         if let Some(f) = st.log.failed() {
             return requests
                 .iter()
-                .map(|r| check_name(r).and(Err(f.error_for(None))))
+                .map(|r| check_seed(r).and(Err(f.error_for(None))))
                 .collect();
         }
         let mut accepted = false;
@@ -767,7 +832,7 @@ impl Shared {
                 shards.contains(hash, &r.producer_id, r.partition)
             });
             for (&hash, r) in hashes.iter().zip(chunk) {
-                out.push(check_name(r).and_then(|()| {
+                out.push(check_seed(r).and_then(|()| {
                     let o = st.submit_buffered(hash, r, now)?;
                     accepted |= o.is_accepted();
                     Ok(o)

@@ -31,6 +31,7 @@ impl ProducerStateStore {
     /// [`Error::Io`] if making the log durable failed,
     /// [`Error::Poisoned`] after an earlier failure.
     pub fn export_partition(&self, partition: i32) -> Result<PartitionExport> {
+        self.refuse_in_kafka_mode("export_partition")?;
         self.shared.sync()?;
         let st = self.shared.lock_state();
         let mut entries = Vec::new();
@@ -57,6 +58,7 @@ impl ProducerStateStore {
     /// or more keys than the cap); [`Error::Io`], [`Error::Poisoned`] as
     /// for appends.
     pub fn import_partition(&self, export: &PartitionExport) -> Result<usize> {
+        self.refuse_in_kafka_mode("import_partition")?;
         let shared = &*self.shared;
         let mut st = shared.lock_to_write(false)?;
         if export.is_empty() {

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::fs::{FileSystem, StdFs};
 use crate::recovery::RecoveryMode;
 use crate::rules::UnknownProducer;
+use crate::semantics::Semantics;
 use crate::wal::writer::IdSource;
 
 /// What a store at [`StoreOptions::max_producers`] does with a new key.
@@ -82,6 +83,7 @@ pub struct StoreOptions {
     pub(super) unknown: UnknownProducer,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) metric_labels: Vec<(String, String)>,
+    pub(super) semantics: Semantics,
 }
 
 /// Kafka's `producer.id.expiration.ms` default: one day.
@@ -109,6 +111,7 @@ impl Default for StoreOptions {
             unknown: UnknownProducer::default(),
             clock: Arc::new(SystemClock),
             metric_labels: Vec::new(),
+            semantics: Semantics::Seed,
         }
     }
 }
@@ -131,6 +134,7 @@ impl fmt::Debug for StoreOptions {
             .field("unknown_producer", &self.unknown)
             .field("fs", &self.fs)
             .field("metric_labels", &self.metric_labels)
+            .field("semantics", &self.semantics)
             .finish_non_exhaustive()
     }
 }
@@ -227,6 +231,7 @@ impl StoreOptions {
         crate::wal::writer::Layout {
             preallocate: self.preallocate,
             background: self.background_snapshots,
+            kafka: self.semantics == Semantics::Kafka,
         }
     }
 
@@ -315,7 +320,35 @@ impl StoreOptions {
         self
     }
 
+    /// The verdicts the store gives (default [`Semantics::Seed`]).
+    /// [`Semantics::Kafka`] gives Kafka's, with transactions, markers and
+    /// the replication origin (`append_with`, `append_marker`, ...). The
+    /// choice is recorded in the directory (docs/format.md): opening it
+    /// with the other semantics is [`Error::SemanticsMismatch`].
+    ///
+    /// Kafka mode has no store-level expiration sweep, eviction bound,
+    /// truncation or partition moves yet (docs/transactions.md says why):
+    /// choosing it turns [`StoreOptions::producer_expiration`] off, and
+    /// setting that or [`StoreOptions::max_producers`] afterwards is
+    /// [`Error::InvalidOptions`] at open. The unknown-producer rule is
+    /// Kafka's (any sequence), whatever
+    /// [`StoreOptions::unknown_producer`] says.
+    pub fn semantics(mut self, semantics: Semantics) -> Self {
+        self.semantics = semantics;
+        if semantics == Semantics::Kafka {
+            self.expiration = None;
+        }
+        self
+    }
+
     pub(super) fn validate(&self) -> Result<()> {
+        if self.semantics == Semantics::Kafka
+            && (self.expiration.is_some() || self.max_producers.is_some())
+        {
+            return Err(Error::InvalidOptions(
+                "Semantics::Kafka has no producer_expiration or max_producers in the store yet: set them to None".into(),
+            ));
+        }
         if self.keep_snapshots < 2 {
             return Err(Error::InvalidOptions(format!(
                 "keep_snapshots must be at least 2, not {}",
@@ -372,6 +405,12 @@ mod tests {
             StoreOptions::default().producer_expiration(Some(Duration::ZERO)),
             StoreOptions::default().expiration_interval(Some(Duration::ZERO)),
             StoreOptions::default().max_producers(Some(0)),
+            StoreOptions::default()
+                .semantics(Semantics::Kafka)
+                .max_producers(Some(10)),
+            StoreOptions::default()
+                .semantics(Semantics::Kafka)
+                .producer_expiration(Some(Duration::from_secs(1))),
             StoreOptions::default().metric_label("", "x"),
             StoreOptions::default().metric_label("1st", "x"),
             StoreOptions::default().metric_label("store-name", "x"),
@@ -388,6 +427,12 @@ mod tests {
             );
         }
         assert!(StoreOptions::default().validate().is_ok());
+        assert!(
+            StoreOptions::default()
+                .semantics(Semantics::Kafka)
+                .validate()
+                .is_ok()
+        );
         let labelled = StoreOptions::default()
             .metric_label("partition", "orders-3")
             .metric_label("_store", "");

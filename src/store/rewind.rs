@@ -49,6 +49,7 @@ impl ProducerStateStore {
     /// [`Error::Io`], [`Error::Corrupt`] if reading or writing fails,
     /// [`Error::Poisoned`] after an earlier failure.
     pub fn truncate_to(&self, offset: i64) -> Result<()> {
+        self.refuse_in_kafka_mode("truncate_to")?;
         let due = std::sync::atomic::AtomicBool::new(false);
         let result = self.truncate(offset, &due);
         // A snapshot asked for while the book was held is taken now (it

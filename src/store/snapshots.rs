@@ -93,7 +93,10 @@ impl Snapshots {
             }
             // Under `Always` the committed state is exactly the durable
             // records; under buffered policies every record is applied.
-            let p = if log.is_always() {
+            // Kafka mode applies every record as it is queued (see
+            // `txn.rs`): its state is that of every record queued, which
+            // the snapshot then waits to be durable.
+            let p = if log.is_always() && st.keys.meta.kafka.is_none() {
                 st.log.durable()
             } else {
                 st.log.next_position()
@@ -156,8 +159,33 @@ impl Snapshots {
             };
             let mut section = Vec::new();
             c.meta.encode(&mut section);
+            // A Kafka-mode state, captured whole with the store section:
+            // its side table and aborted lists, then its compact keys.
+            let kafka = c.meta.kafka.clone();
             drop(st);
             w.write(&section, 0)?;
+            if let Some(k) = kafka {
+                if let Some(side) = k.kafka_side() {
+                    w.write_kafka(side)?;
+                }
+                let mut chunk = Vec::new();
+                let mut n = 0u64;
+                for (id, partition, e, act) in k.compact_entries() {
+                    snapshot::encode_entry(&mut chunk, &id, partition, &e, act);
+                    n += 1;
+                    if chunk.len() >= 1 << 20 {
+                        w.write(&chunk, n)?;
+                        chunk.clear();
+                        n = 0;
+                    }
+                }
+                w.write(&chunk, n)?;
+                // The state is that of records not yet durable under
+                // `Always` too.
+                sync()?;
+                let (keys, bytes) = w.size();
+                return Ok((w.finish(fs, &self.dir)?, keys, bytes));
+            }
         }
         let mut chunk = Vec::new();
         let mut n = 0u64;

@@ -185,6 +185,34 @@ pub enum LogOp {
         /// The keys and their states.
         entries: Vec<ProducerInfo>,
     },
+    /// An accepted Kafka-mode data batch with its transactional flag
+    /// (kinds 16 and 17, in segments of a `Semantics::Kafka` store; plain
+    /// batches there use kinds 1 to 4).
+    KafkaBatch {
+        /// The batch.
+        request: AppendRequest,
+        /// It belongs to a transaction (opens one, or continues it).
+        transactional: bool,
+    },
+    /// An accepted end-transaction marker (kinds 18 and 19).
+    TxnMarker {
+        /// The producer.
+        producer_id: ProducerId,
+        /// The partition.
+        partition: i32,
+        /// The producer epoch the marker was written at.
+        epoch: i16,
+        /// The marker.
+        marker: crate::txn::Marker,
+    },
+    /// The partition's aborted transactions whose marker is below
+    /// `offset` were forgotten (kind 20).
+    ForgetAborted {
+        /// The partition.
+        partition: i32,
+        /// The offset.
+        offset: i64,
+    },
 }
 
 impl LogOp {

@@ -5,6 +5,7 @@
 #![deny(clippy::indexing_slicing)]
 
 use super::op::{self, LogOp};
+use super::txn_op;
 use crate::batch::{AppendRequest, BatchMetadata};
 use crate::codec::{Dec, Put, set_u32, u32_at};
 use crate::error::Corruption;
@@ -47,6 +48,9 @@ pub(crate) struct Layout {
     max_packed: usize,
     /// Version 5: the lifecycle records (kinds 6 to 10) exist.
     lifecycle: bool,
+    /// Version 5 with the Kafka flag: the transaction records (kinds 16 to
+    /// 20) exist.
+    kafka: bool,
 }
 
 impl Layout {
@@ -56,6 +60,15 @@ impl Layout {
             header: if version >= 3 { HEADER } else { HEADER - 4 },
             max_packed: if version < 2 { 1 } else { MAX_PACKED },
             lifecycle: version >= 5,
+            kafka: false,
+        }
+    }
+
+    /// The same layout in a segment whose header has the Kafka flag.
+    pub(crate) fn with_kafka(self, kafka: bool) -> Layout {
+        Layout {
+            kafka: self.lifecycle && kafka,
+            ..self
         }
     }
 
@@ -400,6 +413,13 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, layout: Layout, at: u64) -> Result
         Ops::One(Some(
             op::decode_payload(kind, &mut d).map_err(Bad::Invalid)?,
         ))
+    } else if layout.kafka && txn_op::is_kind(kind) {
+        if !txn_op::len_ok(kind, len) {
+            return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
+        }
+        Ops::One(Some(
+            txn_op::decode_payload(kind, &mut d).map_err(Bad::Invalid)?,
+        ))
     } else {
         if len > MAX_APPEND_LEN {
             return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
@@ -469,6 +489,7 @@ pub(crate) fn plausible(bytes: &[u8], layout: Layout) -> bool {
         }
         KIND_CLOSE => layout.positioned() && len == layout.header,
         k if layout.lifecycle && op::is_kind(k) => op::len_ok(k, len),
+        k if layout.kafka && txn_op::is_kind(k) => txn_op::len_ok(k, len),
         _ => false,
     }
 }

@@ -20,6 +20,11 @@ pub(crate) const VERSION: u16 = 5;
 /// Header flag of version 5: the segment is preallocated, and zeros from
 /// the end of its records to the end of the file are its clean end.
 pub(crate) const FLAG_PREALLOCATED: u16 = 1;
+/// Header flag of version 5: the store runs `Semantics::Kafka`; the
+/// segment may hold the transaction records (kinds 16 to 20), and a store
+/// opened under the seed rules refuses it (`Error::SemanticsMismatch`). A
+/// seed store's segments have it clear: their bytes are what they were.
+pub(crate) const FLAG_KAFKA: u16 = 2;
 /// Version 3's bytes in a preallocated file (read, no longer written).
 pub(crate) const PREALLOCATED_V4: u16 = 4;
 /// Version 3: records state their offset, no lifecycle records, segments
@@ -60,6 +65,8 @@ pub(crate) struct Header {
     pub seed: u32,
     /// Header bytes: where the records start.
     pub len: usize,
+    /// [`FLAG_KAFKA`] (version 5).
+    pub kafka: bool,
 }
 
 /// The file name of the segment whose first record has position `pos`.
@@ -85,17 +92,25 @@ pub(crate) fn parse_numbered(name: &str, ext: &str) -> Option<u64> {
 /// (tests write headers of versions 3 to 5 with it).
 #[cfg(test)]
 pub(crate) fn header(pos: u64, ids: Ids, version: u16) -> Vec<u8> {
-    header_with(pos, ids, version, false)
+    header_with(pos, ids, version, false, false)
 }
 
 /// [`header`] of a version-5 segment that is `preallocated` (its flag).
-pub(crate) fn header_with(pos: u64, ids: Ids, version: u16, preallocated: bool) -> Vec<u8> {
+pub(crate) fn header_with(
+    pos: u64,
+    ids: Ids,
+    version: u16,
+    preallocated: bool,
+    kafka: bool,
+) -> Vec<u8> {
     debug_assert!((APPENDED_VERSION..=VERSION).contains(&version));
-    let flags = if version == VERSION && preallocated {
-        FLAG_PREALLOCATED
-    } else {
-        0
-    };
+    let mut flags = 0;
+    if version == VERSION && preallocated {
+        flags |= FLAG_PREALLOCATED;
+    }
+    if version == VERSION && kafka {
+        flags |= FLAG_KAFKA;
+    }
     let mut h = Vec::with_capacity(HEADER_LEN);
     h.extend_from_slice(MAGIC);
     h.put_u16(version);
@@ -172,7 +187,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
         ));
     }
     let known_flags = if version == VERSION {
-        FLAG_PREALLOCATED
+        FLAG_PREALLOCATED | FLAG_KAFKA
     } else {
         0
     };
@@ -191,6 +206,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
         store,
         seed,
         len,
+        kafka: flags & FLAG_KAFKA != 0,
     })
 }
 
@@ -362,7 +378,7 @@ pub(crate) fn scan(
     let h = parse_header(path, head.get(..HEADER_LEN).unwrap_or(head))?;
     header(&h).map_err(HeaderError::Bad)?;
     let (first_position, version, seed) = (h.first_position, h.version, h.seed);
-    let layout = record::Layout::of(version);
+    let layout = record::Layout::of(version).with_kafka(h.kafka);
     let mut at = h.len as u64;
     let mut records = 0u64;
     let mut closed = false;

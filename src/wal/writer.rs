@@ -103,6 +103,9 @@ pub(crate) struct Layout {
     /// Prepare the next preallocated segment on a thread of its own; if
     /// not, the append that rolls prepares it (deterministic, for tests).
     pub background: bool,
+    /// The store runs `Semantics::Kafka`: every new segment's header says
+    /// so (the Kafka flag of version 5), and it may hold kinds 16 to 20.
+    pub kafka: bool,
 }
 
 /// The next segment being zero-filled and fsync'ed under its temporary
@@ -194,7 +197,7 @@ impl LogWriter {
         } else {
             segment::HEADER_LEN as u64
         };
-        let (file, path, seed) = new_segment(fs.as_ref(), dir, pos, store, ids, prep)?;
+        let (file, path, seed) = new_segment(fs.as_ref(), dir, pos, store, ids, prep, layout.kafka)?;
         let mut w = LogWriter {
             fs,
             dir: dir.to_path_buf(),
@@ -355,6 +358,7 @@ impl LogWriter {
             self.store,
             self.ids,
             Some(prep),
+            self.layout.kafka,
         )?;
         self.file = file;
         self.path = path;
@@ -500,7 +504,15 @@ impl LogWriter {
             self.install(pos, prep)?;
         } else {
             let (file, path, seed) =
-                new_segment(self.fs.as_ref(), &self.dir, pos, self.store, self.ids, None)?;
+                new_segment(
+                self.fs.as_ref(),
+                &self.dir,
+                pos,
+                self.store,
+                self.ids,
+                None,
+                self.layout.kafka,
+            )?;
             self.file = file;
             self.path = path;
             self.seed = seed;
@@ -578,6 +590,7 @@ fn new_segment(
     store: u64,
     ids: IdSource,
     prep: Option<(PathBuf, Box<dyn WriteFile>)>,
+    kafka: bool,
 ) -> Result<(Box<dyn WriteFile>, PathBuf, u32)> {
     let path = dir.join(segment::file_name(pos));
     let header = segment::header_with(
@@ -588,6 +601,7 @@ fn new_segment(
         },
         segment::VERSION,
         prep.is_some(),
+        kafka,
     );
     let seed = record::seed(header.get(12..36).unwrap_or_default());
     let file = match prep {

@@ -1,0 +1,455 @@
+//! The store under `Semantics::Kafka`: Kafka's verdicts, transactions and
+//! markers over the write-ahead log.
+//!
+//! The Kafka-mode state is one engine (`ProducerStateManager` under Kafka
+//! semantics: the compact map, the side table, the transaction index),
+//! kept with the store-level state behind the store's lock
+//! (`Meta::kafka`); the seed shards stay empty. Every operation is
+//! classified and, if accepted, applied to the engine and its record
+//! queued under that lock, so the engine is always the state of every
+//! record queued, in log order. Replay applies the same records without
+//! classifying them (`replay.rs`), and a snapshot captures the engine with
+//! the store-level state at a position (docs/transactions.md, "Phase 2").
+//!
+//! Under `FsyncPolicy::Always` an answer waits until its record is
+//! durable, and an operation on a key with a record in flight waits for
+//! that record first: a retry that races its original is answered
+//! `DUPLICATE` only once the original is durable, never before. (This
+//! serializes one producer's pipelined batches on a partition to one per
+//! group commit; different keys share group commits as in seed mode.)
+//! Reads (`kafka_state`, the last stable offset, the aborted list) see
+//! accepted operations once queued, as Kafka's producer state sees an
+//! append once it is in the log, before it is replicated. A failed write
+//! poisons the store as in seed mode: reopen to see what survived.
+
+use std::sync::MutexGuard;
+
+use super::keys::{Queued, State};
+use super::{ProducerStateStore, Shared, check_name};
+use crate::batch::{AppendOptions, AppendRequest, Batch};
+use crate::error::{Error, Result};
+use crate::id::ProducerId;
+use crate::kafka_state::KafkaProducerState;
+use crate::manager::ProducerStateManager;
+use crate::outcome::BatchOutcome;
+use crate::semantics::Semantics;
+use crate::txn::{AbortedTxn, Marker, MarkerOutcome};
+use crate::wal::txn_op;
+
+/// One Kafka-mode operation.
+pub(super) enum KafkaOp<'a> {
+    /// A data batch (its options in the request).
+    Batch(&'a AppendRequest),
+    /// An end-transaction marker.
+    Marker {
+        id: &'a ProducerId,
+        partition: i32,
+        epoch: i16,
+        marker: Marker,
+        origin: crate::batch::Origin,
+    },
+    /// Aborted transactions forgotten below an offset.
+    Forget { partition: i32, offset: i64 },
+}
+
+impl KafkaOp<'_> {
+    /// The key whose records must not overlap in flight.
+    fn key(&self) -> Option<(ProducerId, i32)> {
+        match self {
+            KafkaOp::Batch(r) => Some((r.producer_id.clone(), r.partition)),
+            KafkaOp::Marker { id, partition, .. } => Some(((*id).clone(), *partition)),
+            KafkaOp::Forget { .. } => None,
+        }
+    }
+}
+
+/// What a Kafka-mode operation came to.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum KafkaAnswer {
+    Batch(BatchOutcome),
+    Marker(MarkerOutcome),
+    Done,
+}
+
+impl KafkaAnswer {
+    fn batch(self) -> BatchOutcome {
+        match self {
+            KafkaAnswer::Batch(o) => o,
+            _ => BatchOutcome::Accepted,
+        }
+    }
+}
+
+/// What submitting a Kafka-mode operation came to.
+pub(super) enum KafkaSubmit {
+    /// Answered; nothing was written (a rejection, a duplicate, or a
+    /// forget that forgot nothing).
+    Done(KafkaAnswer),
+    /// Accepted and queued at `pos` in `group`.
+    Queued {
+        answer: KafkaAnswer,
+        group: u64,
+        pos: u64,
+    },
+    /// `Always`: the key has a record in flight; wait for it, then submit
+    /// again.
+    Wait { group: u64, pos: u64 },
+}
+
+fn engine_lost() -> Error {
+    Error::Internal("a Kafka-mode store has no Kafka-mode state")
+}
+
+impl State {
+    /// Classifies `op` on the Kafka-mode engine, applies it if accepted
+    /// and queues its record.
+    pub(super) fn submit_kafka(&mut self, op: &KafkaOp<'_>) -> Result<KafkaSubmit> {
+        let key = op.key();
+        if self.life.always
+            && let Some(k) = &key
+            && let Some(&(group, pos)) = self.keys.kafka_in_flight.get(k)
+        {
+            return Ok(KafkaSubmit::Wait { group, pos });
+        }
+        let before = self.log.buffered();
+        let engine = self.keys.meta.kafka.as_deref_mut().ok_or_else(engine_lost)?;
+        let (answer, high) = match op {
+            KafkaOp::Batch(r) => {
+                let o = engine.kafka_append_request(r);
+                self.answered[o.outcome() as usize] += 1;
+                if !o.is_accepted() {
+                    return Ok(KafkaSubmit::Done(KafkaAnswer::Batch(o)));
+                }
+                let pos = if r.options.is_transactional() {
+                    self.log.push_op(|b| {
+                        txn_op::encode_batch(b, r, true);
+                        (1, ())
+                    })
+                    .0
+                } else {
+                    self.log.push(r)
+                };
+                (
+                    (KafkaAnswer::Batch(o), pos),
+                    r.metadata.map(|m| m.offset),
+                )
+            }
+            KafkaOp::Marker {
+                id,
+                partition,
+                epoch,
+                marker,
+                origin,
+            } => {
+                let o = engine.append_marker(*id, *partition, *epoch, *marker, *origin)?;
+                if !matches!(o, MarkerOutcome::Accepted { .. }) {
+                    return Ok(KafkaSubmit::Done(KafkaAnswer::Marker(o)));
+                }
+                let (pos, ()) = self.log.push_op(|b| {
+                    txn_op::encode_marker(b, id, *partition, *epoch, marker);
+                    (1, ())
+                });
+                ((KafkaAnswer::Marker(o), pos), Some(marker.offset))
+            }
+            KafkaOp::Forget { partition, offset } => {
+                let had = engine.aborted_transactions(*partition).len();
+                engine.forget_aborted_before(*partition, *offset);
+                if engine.aborted_transactions(*partition).len() == had {
+                    return Ok(KafkaSubmit::Done(KafkaAnswer::Done));
+                }
+                let (pos, ()) = self.log.push_op(|b| {
+                    txn_op::encode_forget(b, *partition, *offset);
+                    (1, ())
+                });
+                ((KafkaAnswer::Done, pos), None)
+            }
+        };
+        let (answer, pos) = answer;
+        self.counted(before, 1);
+        if let Some(h) = high {
+            self.keys.meta.high = self.keys.meta.high.max(h);
+        }
+        let group = self.log.group();
+        if self.life.always
+            && let Some(key) = key
+        {
+            self.keys.kafka_in_flight.insert(key.clone(), (group, pos));
+            self.log.queue(Queued::KafkaSettle { key, pos });
+        }
+        Ok(KafkaSubmit::Queued { answer, group, pos })
+    }
+}
+
+impl Shared {
+    fn kafka_refused(&self) -> Error {
+        Error::Unsupported {
+            what: "transactions, markers and origins",
+            semantics: Semantics::Seed,
+        }
+    }
+
+    /// Runs one Kafka-mode operation to its answer: durable under
+    /// `Always` before it returns.
+    pub(super) fn kafka_run(&self, op: KafkaOp<'_>) -> Result<KafkaAnswer> {
+        if !self.kafka {
+            return Err(self.kafka_refused());
+        }
+        let mut st = self.lock_to_write(false)?;
+        loop {
+            match st.submit_kafka(&op)? {
+                KafkaSubmit::Done(a) => return Ok(a),
+                KafkaSubmit::Queued { answer, group, pos } => {
+                    if !self.is_always() {
+                        self.after_buffered(st);
+                        return Ok(answer);
+                    }
+                    self.commit(st);
+                    self.await_durable(group, pos)?;
+                    return Ok(answer);
+                }
+                KafkaSubmit::Wait { group, pos } => {
+                    drop(st);
+                    self.await_durable(group, pos)?;
+                    st = self.lock_state();
+                    if let Some(f) = st.log.failed() {
+                        return Err(f.error_for(None));
+                    }
+                }
+            }
+        }
+    }
+
+    /// `append_all` in Kafka mode: every request classified in order under
+    /// the lock, the accepted ones sharing one write and one fsync (a
+    /// request for a key with a record in flight waits for it).
+    pub(super) fn kafka_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
+        let mut st = self.lock_state();
+        if !self.is_always() {
+            st = self.room(st);
+        }
+        let mut out: Vec<Result<BatchOutcome>> = Vec::with_capacity(requests.len());
+        let mut queued: Vec<(usize, u64, u64)> = Vec::new();
+        let mut accepted = false;
+        for (i, r) in requests.iter().enumerate() {
+            if let Err(e) = check_name(r).and_then(|()| check_kafka(r)) {
+                out.push(Err(e));
+                continue;
+            }
+            out.push(loop {
+                if let Some(f) = st.log.failed() {
+                    break Err(f.error_for(None));
+                }
+                match st.submit_kafka(&KafkaOp::Batch(r)) {
+                    Err(e) => break Err(e),
+                    Ok(KafkaSubmit::Done(a)) => break Ok(a.batch()),
+                    Ok(KafkaSubmit::Queued { answer, group, pos }) => {
+                        accepted = true;
+                        if self.is_always() {
+                            queued.push((i, group, pos));
+                        }
+                        break Ok(answer.batch());
+                    }
+                    Ok(KafkaSubmit::Wait { group, pos }) => {
+                        self.commit(st);
+                        let waited = self.await_durable(group, pos);
+                        st = self.lock_state();
+                        if let Err(e) = waited {
+                            break Err(e);
+                        }
+                    }
+                }
+            });
+        }
+        if !self.is_always() {
+            if accepted {
+                self.after_buffered(st);
+            }
+            return out;
+        }
+        settle(self, st, &queued, &mut out);
+        out
+    }
+}
+
+/// `Always`: commits what `append_all` queued and waits for it; an
+/// append whose record was lost gets the failure.
+fn settle(
+    shared: &Shared,
+    st: MutexGuard<'_, State>,
+    queued: &[(usize, u64, u64)],
+    out: &mut [Result<BatchOutcome>],
+) {
+    let Some(&(_, group, pos)) = queued.last() else {
+        return;
+    };
+    shared.commit(st);
+    if shared.await_durable(group, pos).is_err() {
+        let st = shared.lock_state();
+        for &(i, _, pos) in queued {
+            if let Some(f) = st.log.failed()
+                && st.log.durable() <= pos
+                && let Some(o) = out.get_mut(i)
+            {
+                *o = Err(f.error_for(Some(pos)));
+            }
+        }
+    }
+}
+
+/// A transactional batch needs its offset (the transaction opens there):
+/// a single-sequence request cannot be one.
+pub(super) fn check_kafka(r: &AppendRequest) -> Result<()> {
+    if r.options.is_transactional() && r.metadata.is_none() {
+        return Err(Error::InvalidOptions(
+            "a transactional append must be a batch with its offset, not a single sequence".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl ProducerStateStore {
+    /// The verdicts this store gives (chosen at open, recorded in the
+    /// directory).
+    pub fn semantics(&self) -> Semantics {
+        self.shared.opts.semantics
+    }
+
+    /// Classifies a batch with its origin and transactional flags and, if
+    /// accepted, makes it durable before returning: Kafka's
+    /// `UnifiedLog.append` for one batch, as
+    /// [`ProducerStateManager::append_with`] (same verdicts), over the
+    /// log. A transactional batch opens the producer's transaction on the
+    /// partition at the batch's offset, or continues it.
+    ///
+    /// ```
+    /// use producer_state::{AppendOptions, Batch, Marker, Origin, ProducerStateStore, Semantics, StoreOptions};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let opts = StoreOptions::default().semantics(Semantics::Kafka);
+    /// let store = ProducerStateStore::open_with(dir.path(), opts.clone())?;
+    /// let txn = AppendOptions::client().transactional().verified();
+    /// store.append_with(7u64, 0, 0, Batch::new(0, 4, 100, 1), txn)?;
+    /// assert_eq!(store.last_stable_offset(0, 105), 100);
+    /// store.close()?;
+    /// // The open transaction survives a reopen, and an ABORT lists it.
+    /// let store = ProducerStateStore::open_with(dir.path(), opts)?;
+    /// assert_eq!(store.first_unstable_offset(0), Some(100));
+    /// store.append_marker(7u64, 0, 0, Marker::abort(1, 105, 2), Origin::Coordinator)?;
+    /// assert_eq!(store.aborted_transactions(0)[0].first_offset, 100);
+    /// assert_eq!(store.last_stable_offset(0, 106), 106);
+    /// # Ok::<(), producer_state::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Seed`]; otherwise as
+    /// [`ProducerStateStore::append`].
+    pub fn append_with(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        batch: Batch,
+        options: AppendOptions,
+    ) -> Result<BatchOutcome> {
+        let r = AppendRequest::batch(producer_id, partition, epoch, batch).with_options(options);
+        check_name(&r)?;
+        let answer = self.shared.kafka_run(KafkaOp::Batch(&r)).map(KafkaAnswer::batch);
+        self.shared.log.telemetry().answered(&answer);
+        answer
+    }
+
+    /// Classifies an end-transaction marker written at `epoch` and, if
+    /// accepted, makes it durable before returning, as
+    /// [`ProducerStateManager::append_marker`] (same verdicts).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Seed`];
+    /// [`Error::ProducerIdTooLong`], [`Error::Io`], [`Error::Poisoned`] as
+    /// for appends.
+    pub fn append_marker(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        marker: Marker,
+        origin: crate::batch::Origin,
+    ) -> Result<MarkerOutcome> {
+        let id = producer_id.into();
+        check_name(&AppendRequest::single(id.clone(), partition, epoch, 0))?;
+        let op = KafkaOp::Marker {
+            id: &id,
+            partition,
+            epoch,
+            marker,
+            origin,
+        };
+        match self.shared.kafka_run(op)? {
+            KafkaAnswer::Marker(o) => Ok(o),
+            _ => Err(Error::Internal("a marker was answered as a batch")),
+        }
+    }
+
+    /// Drops the partition's aborted transactions whose marker is below
+    /// `offset` (the log start offset moved past them), durably.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Seed`]; [`Error::Io`] or
+    /// [`Error::Poisoned`] as for appends.
+    pub fn forget_aborted_before(&self, partition: i32, offset: i64) -> Result<()> {
+        self.shared
+            .kafka_run(KafkaOp::Forget { partition, offset })
+            .map(|_| ())
+    }
+
+    fn engine<R>(&self, f: impl FnOnce(&ProducerStateManager) -> R) -> Option<R> {
+        let st = self.shared.lock_state();
+        st.keys.meta.kafka.as_deref().map(f)
+    }
+
+    /// The state of one key as Kafka holds it (see
+    /// [`ProducerStateManager::kafka_state`]); `None` without state and
+    /// under [`Semantics::Seed`].
+    pub fn kafka_state(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+    ) -> Option<KafkaProducerState> {
+        let id = producer_id.into();
+        self.engine(|k| k.kafka_state(id, partition)).flatten()
+    }
+
+    /// The first offset of the oldest transaction open on the partition;
+    /// `None` when none is (and under [`Semantics::Seed`]).
+    pub fn first_unstable_offset(&self, partition: i32) -> Option<i64> {
+        self.engine(|k| k.first_unstable_offset(partition)).flatten()
+    }
+
+    /// The partition's last stable offset for a log ending at
+    /// `log_end_offset` (exclusive), as
+    /// [`ProducerStateManager::last_stable_offset`].
+    pub fn last_stable_offset(&self, partition: i32, log_end_offset: i64) -> i64 {
+        self.first_unstable_offset(partition)
+            .map_or(log_end_offset, |f| f.min(log_end_offset))
+    }
+
+    /// The partition's aborted transactions, in the order their markers
+    /// came (empty under [`Semantics::Seed`]).
+    pub fn aborted_transactions(&self, partition: i32) -> Vec<AbortedTxn> {
+        self.engine(|k| k.aborted_transactions(partition).to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Refuses a lifecycle operation Kafka mode does not have yet.
+    pub(super) fn refuse_in_kafka_mode(&self, what: &'static str) -> Result<()> {
+        if self.shared.kafka {
+            return Err(Error::Unsupported {
+                what,
+                semantics: Semantics::Kafka,
+            });
+        }
+        Ok(())
+    }
+}

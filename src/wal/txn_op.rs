@@ -1,0 +1,312 @@
+//! The transaction records of a `Semantics::Kafka` store (kinds 16 to 20):
+//! transactional batches, end-transaction markers, and aborted
+//! transactions forgotten below an offset.
+//!
+//! They exist only in segments whose header has the Kafka flag (version
+//! 5); a seed store's segment reads any of these kinds as damage, as
+//! before. Plain Kafka-mode batches keep using kinds 1 to 4: replay applies
+//! them the same way. The origin of a batch (client, coordinator,
+//! replication) is not stored: it changed only which checks ran, and
+//! replay runs none. The bytes are in docs/format.md.
+
+#![deny(clippy::indexing_slicing)]
+
+use super::op::LogOp;
+use super::record::{AT_KIND, AT_LEN, HEADER};
+use crate::batch::{AppendRequest, BatchMetadata};
+use crate::codec::{Dec, Put, set_u32};
+use crate::error::Corruption;
+use crate::id::ProducerId;
+use crate::txn::{Marker, MarkerKind};
+
+const KIND_BATCH_NUMERIC: u8 = 16;
+const KIND_BATCH_NAMED: u8 = 17;
+const KIND_MARKER_NUMERIC: u8 = 18;
+const KIND_MARKER_NAMED: u8 = 19;
+const KIND_FORGET_ABORTED: u8 = 20;
+
+/// Fields of a batch after the id: partition, epoch, first, last, offset,
+/// timestamp, flags.
+const BATCH_TAIL: usize = 4 + 2 + 4 + 4 + 8 + 8 + 1;
+/// Fields of a marker after the id: partition, epoch, kind, coordinator
+/// epoch, offset, timestamp.
+const MARKER_TAIL: usize = 4 + 2 + 1 + 4 + 8 + 8;
+/// The record lengths of docs/format.md.
+pub(super) const BATCH_NUMERIC_LEN: usize = HEADER + 8 + BATCH_TAIL;
+pub(super) const MARKER_NUMERIC_LEN: usize = HEADER + 8 + MARKER_TAIL;
+pub(super) const FORGET_LEN: usize = HEADER + 4 + 8;
+const NAMED_BASE: usize = HEADER + 2;
+/// The batch flag: the batch is transactional.
+const TRANSACTIONAL: u8 = 1;
+const _: () = assert!(NAMED_BASE + crate::wal::record::MAX_NAME + BATCH_TAIL <= super::op::MAX_LEN);
+
+fn begin(buf: &mut Vec<u8>, kind: u8) -> usize {
+    let start = buf.len();
+    let mut head = [0u8; HEADER];
+    if let Some(k) = head.get_mut(AT_KIND) {
+        *k = kind;
+    }
+    buf.extend_from_slice(&head);
+    start
+}
+
+fn end(buf: &mut [u8], start: usize) {
+    let len = (buf.len() - start) as u32;
+    set_u32(buf, start + AT_LEN, len);
+}
+
+/// Puts the id (numeric: `u64`; named: `u16` length and UTF-8) and
+/// returns the record kind to use, numeric or named.
+fn put_id(buf: &mut Vec<u8>, id: &ProducerId, numeric: u8, named: u8) -> u8 {
+    match id.as_numeric() {
+        Some(n) => {
+            buf.put_u64(n);
+            numeric
+        }
+        None => {
+            let name = id.name_bytes().unwrap_or_default();
+            buf.put_u16(name.len() as u16);
+            buf.extend_from_slice(name);
+            named
+        }
+    }
+}
+
+fn set_kind(buf: &mut [u8], start: usize, kind: u8) {
+    if let Some(k) = buf.get_mut(start + AT_KIND) {
+        *k = kind;
+    }
+}
+
+/// Appends a Kafka-mode data batch record (kind 16 or 17). The caller has
+/// checked that a name fits and that the batch has metadata (single
+/// appends are plain: kinds 1 to 4).
+pub(crate) fn encode_batch(buf: &mut Vec<u8>, r: &AppendRequest, transactional: bool) {
+    let s = begin(buf, KIND_BATCH_NUMERIC);
+    let kind = put_id(buf, &r.producer_id, KIND_BATCH_NUMERIC, KIND_BATCH_NAMED);
+    set_kind(buf, s, kind);
+    let m = r.metadata.unwrap_or(BatchMetadata {
+        offset: -1,
+        timestamp: -1,
+    });
+    buf.put_i32(r.partition);
+    buf.put_i16(r.epoch);
+    buf.put_i32(r.first);
+    buf.put_i32(r.last);
+    buf.put_i64(m.offset);
+    buf.put_i64(m.timestamp);
+    buf.put_u8(if transactional { TRANSACTIONAL } else { 0 });
+    end(buf, s);
+}
+
+/// Appends an end-transaction marker record (kind 18 or 19).
+pub(crate) fn encode_marker(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    epoch: i16,
+    marker: &Marker,
+) {
+    let s = begin(buf, KIND_MARKER_NUMERIC);
+    let kind = put_id(buf, id, KIND_MARKER_NUMERIC, KIND_MARKER_NAMED);
+    set_kind(buf, s, kind);
+    buf.put_i32(partition);
+    buf.put_i16(epoch);
+    buf.put_u8(match marker.kind {
+        MarkerKind::Commit => 0,
+        MarkerKind::Abort => 1,
+    });
+    buf.put_i32(marker.coordinator_epoch);
+    buf.put_i64(marker.offset);
+    buf.put_i64(marker.timestamp);
+    end(buf, s);
+}
+
+/// Appends a forget-aborted record (kind 20).
+pub(crate) fn encode_forget(buf: &mut Vec<u8>, partition: i32, offset: i64) {
+    let s = begin(buf, KIND_FORGET_ABORTED);
+    buf.put_i32(partition);
+    buf.put_i64(offset);
+    end(buf, s);
+}
+
+/// Whether `kind` is a transaction record kind.
+pub(super) fn is_kind(kind: u8) -> bool {
+    (KIND_BATCH_NUMERIC..=KIND_FORGET_ABORTED).contains(&kind)
+}
+
+/// Whether `len` can be the length of a record of transaction `kind`.
+pub(super) fn len_ok(kind: u8, len: usize) -> bool {
+    let named = |tail: usize| (NAMED_BASE + tail..=NAMED_BASE + u16::MAX as usize + tail).contains(&len);
+    match kind {
+        KIND_BATCH_NUMERIC => len == BATCH_NUMERIC_LEN,
+        KIND_BATCH_NAMED => named(BATCH_TAIL),
+        KIND_MARKER_NUMERIC => len == MARKER_NUMERIC_LEN,
+        KIND_MARKER_NAMED => named(MARKER_TAIL),
+        KIND_FORGET_ABORTED => len == FORGET_LEN,
+        _ => false,
+    }
+}
+
+fn get_id(kind: u8, numeric: u8, d: &mut Dec<'_>) -> Result<ProducerId, Corruption> {
+    let short = || Corruption::BadField("transaction record (too short)");
+    if kind == numeric {
+        return Ok(ProducerId::numeric(d.u64().ok_or_else(short)?));
+    }
+    let n = d.u16().ok_or_else(short)? as usize;
+    let name = d.bytes(n).ok_or_else(short)?;
+    let name =
+        std::str::from_utf8(name).map_err(|_| Corruption::BadField("producer name (not UTF-8)"))?;
+    Ok(ProducerId::named(name))
+}
+
+/// Decodes the payload of a transaction record of `kind` (after the
+/// header).
+pub(super) fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<LogOp, Corruption> {
+    let short = || Corruption::BadField("transaction record (too short)");
+    let op = match kind {
+        KIND_BATCH_NUMERIC | KIND_BATCH_NAMED => {
+            let id = get_id(kind, KIND_BATCH_NUMERIC, d)?;
+            let partition = d.i32().ok_or_else(short)?;
+            let epoch = d.i16().ok_or_else(short)?;
+            let first = d.i32().ok_or_else(short)?;
+            let last = d.i32().ok_or_else(short)?;
+            let offset = d.i64().ok_or_else(short)?;
+            let timestamp = d.i64().ok_or_else(short)?;
+            let flags = d.u8().ok_or_else(short)?;
+            if flags & !TRANSACTIONAL != 0 {
+                return Err(Corruption::BadField("batch flags"));
+            }
+            let mut request = AppendRequest::single(id, partition, epoch, first);
+            request.last = last;
+            request.metadata = Some(BatchMetadata { offset, timestamp });
+            LogOp::KafkaBatch {
+                request,
+                transactional: flags & TRANSACTIONAL != 0,
+            }
+        }
+        KIND_MARKER_NUMERIC | KIND_MARKER_NAMED => {
+            let producer_id = get_id(kind, KIND_MARKER_NUMERIC, d)?;
+            let partition = d.i32().ok_or_else(short)?;
+            let epoch = d.i16().ok_or_else(short)?;
+            let kind = match d.u8().ok_or_else(short)? {
+                0 => MarkerKind::Commit,
+                1 => MarkerKind::Abort,
+                _ => return Err(Corruption::BadField("marker kind")),
+            };
+            let marker = Marker {
+                kind,
+                coordinator_epoch: d.i32().ok_or_else(short)?,
+                offset: d.i64().ok_or_else(short)?,
+                timestamp: d.i64().ok_or_else(short)?,
+            };
+            LogOp::TxnMarker {
+                producer_id,
+                partition,
+                epoch,
+                marker,
+            }
+        }
+        KIND_FORGET_ABORTED => LogOp::ForgetAborted {
+            partition: d.i32().ok_or_else(short)?,
+            offset: d.i64().ok_or_else(short)?,
+        },
+        other => return Err(Corruption::BadKind(other)),
+    };
+    if d.remaining() != 0 {
+        return Err(Corruption::BadLength(d.remaining() as u64));
+    }
+    Ok(op)
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::wal::record::{Layout, decode, seal, seed};
+
+    fn ops() -> Vec<LogOp> {
+        let mut named = AppendRequest::single("tx-é", -3, 7, 10);
+        named.last = 12;
+        named.metadata = Some(BatchMetadata {
+            offset: 40,
+            timestamp: 1_700,
+        });
+        let mut numeric = named.clone();
+        numeric.producer_id = ProducerId::numeric(u64::MAX);
+        vec![
+            LogOp::KafkaBatch {
+                request: numeric,
+                transactional: true,
+            },
+            LogOp::KafkaBatch {
+                request: named,
+                transactional: false,
+            },
+            LogOp::TxnMarker {
+                producer_id: ProducerId::numeric(9),
+                partition: 2,
+                epoch: i16::MAX,
+                marker: Marker::abort(i32::MAX, 99, -5),
+            },
+            LogOp::TxnMarker {
+                producer_id: ProducerId::named("n"),
+                partition: 2,
+                epoch: -1,
+                marker: Marker::commit(0, 0, 0),
+            },
+            LogOp::ForgetAborted {
+                partition: i32::MIN,
+                offset: i64::MAX,
+            },
+        ]
+    }
+
+    fn encode(op: &LogOp, buf: &mut Vec<u8>) {
+        match op {
+            LogOp::KafkaBatch {
+                request,
+                transactional,
+            } => encode_batch(buf, request, *transactional),
+            LogOp::TxnMarker {
+                producer_id,
+                partition,
+                epoch,
+                marker,
+            } => encode_marker(buf, producer_id, *partition, *epoch, marker),
+            LogOp::ForgetAborted { partition, offset } => encode_forget(buf, *partition, *offset),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_only_in_a_kafka_segment_and_have_the_documented_lengths() {
+        let sd = seed(&[7; 24]);
+        let kafka = Layout::of(5).with_kafka(true);
+        let mut lens = Vec::new();
+        for op in ops() {
+            let mut buf = Vec::new();
+            encode(&op, &mut buf);
+            seal(&mut buf, sd, 0, 0);
+            lens.push(buf.len());
+            let d = decode(&buf, sd, kafka, 0).unwrap();
+            assert_eq!(d.len, buf.len());
+            assert_eq!(d.ops.collect::<Vec<_>>(), vec![op.clone()]);
+            // A seed store's segment (or an older version) reads it as damage.
+            for layout in [Layout::of(5), Layout::of(5).with_kafka(false), Layout::of(4).with_kafka(true)] {
+                assert!(decode(&buf, sd, layout, 0).is_err(), "{op:?} in {layout:?}");
+            }
+            // Every cut and every flipped bit is an error, never a panic.
+            for cut in 0..buf.len() {
+                assert!(decode(&buf[..cut], sd, kafka, 0).is_err());
+            }
+            for at in 0..buf.len() {
+                let mut bad = buf.clone();
+                bad[at] ^= 0x40;
+                assert!(decode(&bad, sd, kafka, 0).is_err(), "flip at {at}");
+            }
+        }
+        // 56, 50 + name (7 bytes), 52, 46 + name (1 byte), 29.
+        assert_eq!(lens, [56, 57, 52, 47, 29]);
+    }
+}
