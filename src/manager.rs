@@ -907,20 +907,34 @@ mod tests {
     }
 
     #[test]
-    fn a_kafka_mode_engine_is_not_encoded_into_the_seed_format() {
+    fn a_kafka_mode_engine_round_trips_with_its_side_table_and_aborted_lists() {
+        use crate::{AppendOptions, Marker, Origin};
         let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
-        mgr.append(1u64, 0, 0, 0);
-        let err = mgr.encode_snapshot(1).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::Unsupported {
-                    semantics: Semantics::Kafka,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(err.to_string().contains("Semantics::Seed"), "{err}");
+        let txn = AppendOptions::client().transactional().verified();
+        mgr.append_batch(1u64, 0, 0, Batch::new(0, 2, 10, 1));
+        mgr.append_with("t", 0, 3, Batch::new(0, 0, 13, 2), txn).unwrap();
+        mgr.append_marker("t", 0, 3, Marker::abort(4, 14, 3), Origin::Coordinator)
+            .unwrap();
+        mgr.append_with(9u64, 5, 1, Batch::new(0, 4, 20, 4), txn).unwrap();
+        let bytes = mgr.encode_snapshot(7).unwrap();
+        assert_eq!(bytes[10], 1, "the header's Kafka flag");
+        let (pos, back) = ProducerStateManager::decode_snapshot("mem", &bytes).unwrap();
+        assert_eq!((pos, back.semantics()), (7, Semantics::Kafka));
+        for (id, p) in [(ProducerId::from(1u64), 0), ("t".into(), 0), (9u64.into(), 5)] {
+            assert_eq!(back.kafka_state(id.clone(), p), mgr.kafka_state(id, p));
+        }
+        assert_eq!(back.aborted_transactions(0), mgr.aborted_transactions(0));
+        assert_eq!(back.first_unstable_offset(5), Some(20));
+        assert_eq!(back.encode_snapshot(7).unwrap(), bytes, "the same bytes again");
+        // Every cut and flipped bit is an error, never a panic.
+        for cut in 0..bytes.len() {
+            assert!(ProducerStateManager::decode_snapshot("mem", &bytes[..cut]).is_err());
+        }
+        for at in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[at] ^= 0x04;
+            assert!(ProducerStateManager::decode_snapshot("mem", &bad).is_err(), "flip at {at}");
+        }
     }
+
 }

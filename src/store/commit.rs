@@ -765,6 +765,7 @@ mod tests {
             crate::wal::writer::Layout {
                 preallocate: true,
                 background: false,
+                kafka: false,
             },
         )
         .unwrap();

@@ -306,7 +306,7 @@ mod tests {
                 assert!(decode(&bad, sd, kafka, 0).is_err(), "flip at {at}");
             }
         }
-        // 56, 50 + name (7 bytes), 52, 46 + name (1 byte), 29.
-        assert_eq!(lens, [56, 57, 52, 47, 29]);
+        // 56, 50 + name (5 bytes), 52, 46 + name (1 byte), 29.
+        assert_eq!(lens, [56, 55, 52, 47, 29]);
     }
 }
