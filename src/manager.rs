@@ -508,7 +508,12 @@ impl ProducerStateManager {
 
     /// Adds a compact entry read from a snapshot; false if the key has
     /// state already (in the map or the side table).
-    pub(crate) fn insert_loaded(&mut self, id: &ProducerId, partition: i32, e: &ProducerEntry) -> bool {
+    pub(crate) fn insert_loaded(
+        &mut self,
+        id: &ProducerId,
+        partition: i32,
+        e: &ProducerEntry,
+    ) -> bool {
         if self
             .kafka
             .as_deref()
@@ -627,8 +632,7 @@ impl ProducerStateManager {
                 Err(Error::corrupt(source, 0, Corruption::DuplicateKey))
             }
         };
-        let (header, _meta, kafka) =
-            snapshot::read_kafka(source, bytes, bytes.len() as u64, read)?;
+        let (header, _meta, kafka) = snapshot::read_kafka(source, bytes, bytes.len() as u64, read)?;
         if let Some(k) = &kafka
             && let Some((id, p, _)) = k.side().find(|(id, p, _)| map.get(id, *p).is_some())
         {
@@ -912,20 +916,30 @@ mod tests {
         let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
         let txn = AppendOptions::client().transactional().verified();
         mgr.append_batch(1u64, 0, 0, Batch::new(0, 2, 10, 1));
-        mgr.append_with("t", 0, 3, Batch::new(0, 0, 13, 2), txn).unwrap();
+        mgr.append_with("t", 0, 3, Batch::new(0, 0, 13, 2), txn)
+            .unwrap();
         mgr.append_marker("t", 0, 3, Marker::abort(4, 14, 3), Origin::Coordinator)
             .unwrap();
-        mgr.append_with(9u64, 5, 1, Batch::new(0, 4, 20, 4), txn).unwrap();
+        mgr.append_with(9u64, 5, 1, Batch::new(0, 4, 20, 4), txn)
+            .unwrap();
         let bytes = mgr.encode_snapshot(7).unwrap();
         assert_eq!(bytes[10], 1, "the header's Kafka flag");
         let (pos, back) = ProducerStateManager::decode_snapshot("mem", &bytes).unwrap();
         assert_eq!((pos, back.semantics()), (7, Semantics::Kafka));
-        for (id, p) in [(ProducerId::from(1u64), 0), ("t".into(), 0), (9u64.into(), 5)] {
+        for (id, p) in [
+            (ProducerId::from(1u64), 0),
+            ("t".into(), 0),
+            (9u64.into(), 5),
+        ] {
             assert_eq!(back.kafka_state(id.clone(), p), mgr.kafka_state(id, p));
         }
         assert_eq!(back.aborted_transactions(0), mgr.aborted_transactions(0));
         assert_eq!(back.first_unstable_offset(5), Some(20));
-        assert_eq!(back.encode_snapshot(7).unwrap(), bytes, "the same bytes again");
+        assert_eq!(
+            back.encode_snapshot(7).unwrap(),
+            bytes,
+            "the same bytes again"
+        );
         // Every cut and flipped bit is an error, never a panic.
         for cut in 0..bytes.len() {
             assert!(ProducerStateManager::decode_snapshot("mem", &bytes[..cut]).is_err());
@@ -933,8 +947,10 @@ mod tests {
         for at in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[at] ^= 0x04;
-            assert!(ProducerStateManager::decode_snapshot("mem", &bad).is_err(), "flip at {at}");
+            assert!(
+                ProducerStateManager::decode_snapshot("mem", &bad).is_err(),
+                "flip at {at}"
+            );
         }
     }
-
 }

@@ -24,10 +24,10 @@
 use crate::apply::{KeyOp, Rec};
 use crate::error::{Error, Result};
 use crate::manager::ProducerStateManager;
-use crate::semantics::Semantics;
 use crate::map::{Activity, Apply, hash_key};
 use crate::meta::Meta;
 use crate::rules::UnknownProducer;
+use crate::semantics::Semantics;
 use crate::wal::op::{GroupKind, LogOp, RemoveReason};
 
 /// The offset truncation compares an append with: its batch's offset, or

@@ -264,7 +264,13 @@ impl Driver {
                     Origin::Coordinator,
                 );
                 if let Some((_, store)) = &self.store {
-                    let s = store.append_marker(pid as u64, PARTITION, epoch, marker, Origin::Coordinator);
+                    let s = store.append_marker(
+                        pid as u64,
+                        PARTITION,
+                        epoch,
+                        marker,
+                        Origin::Coordinator,
+                    );
                     assert_eq!(s.ok(), out.as_ref().ok().copied(), "the store's verdict");
                 }
                 match out {
@@ -501,9 +507,16 @@ const FILES: [(&str, &str); 2] = [
 /// Kafka view, the open transaction bound and the aborted list.
 fn same_state(d: &Driver, at: &str) {
     let (_, store) = d.store.as_ref().unwrap();
-    let mut pids: Vec<u64> = d.mgr.iter().filter_map(|(id, _, _)| id.as_numeric()).collect();
+    let mut pids: Vec<u64> = d
+        .mgr
+        .iter()
+        .filter_map(|(id, _, _)| id.as_numeric())
+        .collect();
     pids.sort_unstable();
-    let mut stored: Vec<u64> = store.iter().filter_map(|(id, _, _)| id.as_numeric()).collect();
+    let mut stored: Vec<u64> = store
+        .iter()
+        .filter_map(|(id, _, _)| id.as_numeric())
+        .collect();
     stored.sort_unstable();
     assert_eq!(stored, pids, "{at}: the producers");
     for pid in pids {
@@ -545,7 +558,9 @@ fn a_kafka_mode_store_gives_the_same_verdicts_and_state_across_reopens() {
         d.store = Some((dir, store));
         let text = std::fs::read_to_string(commands).unwrap();
         for (i, line) in text.lines().enumerate() {
-            let Some(cmd) = parse_line(line) else { continue };
+            let Some(cmd) = parse_line(line) else {
+                continue;
+            };
             if matches!(cmd, Command::Reload | Command::Expire) {
                 break;
             }
@@ -560,7 +575,10 @@ fn a_kafka_mode_store_gives_the_same_verdicts_and_state_across_reopens() {
             }
         }
     }
-    assert!(compared > 50 && reopened > 10, "{compared} commands, {reopened} reopens");
+    assert!(
+        compared > 50 && reopened > 10,
+        "{compared} commands, {reopened} reopens"
+    );
 }
 
 #[test]

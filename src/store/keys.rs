@@ -431,7 +431,11 @@ impl Keys {
                 }
                 Queued::GroupDone { kind, arg } => self.group_done(kind, arg),
                 Queued::KafkaSettle { key, pos } => {
-                    if self.kafka_in_flight.get(&key).is_some_and(|&(_, p)| p == pos) {
+                    if self
+                        .kafka_in_flight
+                        .get(&key)
+                        .is_some_and(|&(_, p)| p == pos)
+                    {
                         self.kafka_in_flight.remove(&key);
                     }
                 }

@@ -554,10 +554,13 @@ impl ProducerStateStore {
             None
         };
         let shards = if kafka.is_some() { 0 } else { SHARDS };
-        kafka.into_iter().flatten().chain((0..shards).flat_map(move |i| {
-            let st = self.shared.lock_state();
-            st.keys.shards.shard(i).iter().collect::<Vec<_>>()
-        }))
+        kafka
+            .into_iter()
+            .flatten()
+            .chain((0..shards).flat_map(move |i| {
+                let st = self.shared.lock_state();
+                st.keys.shards.shard(i).iter().collect::<Vec<_>>()
+            }))
     }
 
     /// Takes a snapshot now and waits until it is durable. Returns its path,

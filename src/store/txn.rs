@@ -112,7 +112,12 @@ impl State {
             return Ok(KafkaSubmit::Wait { group, pos });
         }
         let before = self.log.buffered();
-        let engine = self.keys.meta.kafka.as_deref_mut().ok_or_else(engine_lost)?;
+        let engine = self
+            .keys
+            .meta
+            .kafka
+            .as_deref_mut()
+            .ok_or_else(engine_lost)?;
         let (answer, high) = match op {
             KafkaOp::Batch(r) => {
                 let o = engine.kafka_append_request(r);
@@ -121,18 +126,16 @@ impl State {
                     return Ok(KafkaSubmit::Done(KafkaAnswer::Batch(o)));
                 }
                 let pos = if r.options.is_transactional() {
-                    self.log.push_op(|b| {
-                        txn_op::encode_batch(b, r, true);
-                        (1, ())
-                    })
-                    .0
+                    self.log
+                        .push_op(|b| {
+                            txn_op::encode_batch(b, r, true);
+                            (1, ())
+                        })
+                        .0
                 } else {
                     self.log.push(r)
                 };
-                (
-                    (KafkaAnswer::Batch(o), pos),
-                    r.metadata.map(|m| m.offset),
-                )
+                ((KafkaAnswer::Batch(o), pos), r.metadata.map(|m| m.offset))
             }
             KafkaOp::Marker {
                 id,
@@ -354,7 +357,10 @@ impl ProducerStateStore {
     ) -> Result<BatchOutcome> {
         let r = AppendRequest::batch(producer_id, partition, epoch, batch).with_options(options);
         check_name(&r)?;
-        let answer = self.shared.kafka_run(KafkaOp::Batch(&r)).map(KafkaAnswer::batch);
+        let answer = self
+            .shared
+            .kafka_run(KafkaOp::Batch(&r))
+            .map(KafkaAnswer::batch);
         self.shared.log.telemetry().answered(&answer);
         answer
     }
@@ -424,7 +430,8 @@ impl ProducerStateStore {
     /// The first offset of the oldest transaction open on the partition;
     /// `None` when none is (and under [`Semantics::Seed`]).
     pub fn first_unstable_offset(&self, partition: i32) -> Option<i64> {
-        self.engine(|k| k.first_unstable_offset(partition)).flatten()
+        self.engine(|k| k.first_unstable_offset(partition))
+            .flatten()
     }
 
     /// The partition's last stable offset for a log ending at

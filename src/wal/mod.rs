@@ -21,8 +21,8 @@
 //! it was durable is damage in the middle of the log. See docs/format.md.
 
 pub(crate) mod op;
-pub(crate) mod txn_op;
 mod prefix_crc;
 pub(crate) mod record;
 pub(crate) mod segment;
+pub(crate) mod txn_op;
 pub(crate) mod writer;

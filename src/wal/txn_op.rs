@@ -137,7 +137,8 @@ pub(super) fn is_kind(kind: u8) -> bool {
 
 /// Whether `len` can be the length of a record of transaction `kind`.
 pub(super) fn len_ok(kind: u8, len: usize) -> bool {
-    let named = |tail: usize| (NAMED_BASE + tail..=NAMED_BASE + u16::MAX as usize + tail).contains(&len);
+    let named =
+        |tail: usize| (NAMED_BASE + tail..=NAMED_BASE + u16::MAX as usize + tail).contains(&len);
     match kind {
         KIND_BATCH_NUMERIC => len == BATCH_NUMERIC_LEN,
         KIND_BATCH_NAMED => named(BATCH_TAIL),
@@ -293,7 +294,11 @@ mod tests {
             assert_eq!(d.len, buf.len());
             assert_eq!(d.ops.collect::<Vec<_>>(), vec![op.clone()]);
             // A seed store's segment (or an older version) reads it as damage.
-            for layout in [Layout::of(5), Layout::of(5).with_kafka(false), Layout::of(4).with_kafka(true)] {
+            for layout in [
+                Layout::of(5),
+                Layout::of(5).with_kafka(false),
+                Layout::of(4).with_kafka(true),
+            ] {
                 assert!(decode(&buf, sd, layout, 0).is_err(), "{op:?} in {layout:?}");
             }
             // Every cut and every flipped bit is an error, never a panic.

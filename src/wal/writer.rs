@@ -197,7 +197,8 @@ impl LogWriter {
         } else {
             segment::HEADER_LEN as u64
         };
-        let (file, path, seed) = new_segment(fs.as_ref(), dir, pos, store, ids, prep, layout.kafka)?;
+        let (file, path, seed) =
+            new_segment(fs.as_ref(), dir, pos, store, ids, prep, layout.kafka)?;
         let mut w = LogWriter {
             fs,
             dir: dir.to_path_buf(),
@@ -503,8 +504,7 @@ impl LogWriter {
             let prep = self.take_next()?;
             self.install(pos, prep)?;
         } else {
-            let (file, path, seed) =
-                new_segment(
+            let (file, path, seed) = new_segment(
                 self.fs.as_ref(),
                 &self.dir,
                 pos,
