@@ -125,8 +125,11 @@
 //! COMMIT/ABORT [`Marker`]s with coordinator fencing, the last stable
 //! offset, the aborted transactions a consumer skips, and the replication
 //! origin ([`Origin`]). Plain producers keep the compact layout in both
-//! modes; see `docs/transactions.md`. The durable store runs the four
-//! rules only (Kafka mode in the store is the next step).
+//! modes; see `docs/transactions.md`. The durable store takes the same
+//! choice ([`StoreOptions::semantics`]): under Kafka semantics its log
+//! holds the transactional batches and markers, replay rebuilds open
+//! transactions, coordinator epochs and aborted lists exactly, and the
+//! choice is recorded in the directory ([`Error::SemanticsMismatch`]).
 //!
 //! ```
 //! use producer_state::{AppendOptions, Batch, Marker, MarkerOutcome, Origin, ProducerStateManager, Semantics};
