@@ -340,7 +340,7 @@ impl ProducerStateStore {
     /// store.append_marker(7u64, 0, 0, Marker::abort(1, 105, 2), Origin::Coordinator)?;
     /// assert_eq!(store.aborted_transactions(0)[0].first_offset, 100);
     /// assert_eq!(store.last_stable_offset(0, 106), 106);
-    /// # Ok::<(), producer_state::Error>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
     /// # Errors
