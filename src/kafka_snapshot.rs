@@ -26,42 +26,10 @@ use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::codec::{Dec, Put};
 use crate::entry::RETAINED_BATCHES;
 use crate::error::Corruption;
-use crate::id::ProducerId;
 use crate::kafka_state::{FullEntry, KafkaState};
 use crate::txn::AbortedTxn;
 
-const ID_NUMERIC: u8 = 0;
-const ID_NAMED: u8 = 1;
-
-fn put_id(buf: &mut Vec<u8>, id: &ProducerId) {
-    match id.as_numeric() {
-        Some(n) => {
-            buf.put_u8(ID_NUMERIC);
-            buf.put_u64(n);
-        }
-        None => {
-            let name = id.name_bytes().unwrap_or_default();
-            buf.put_u8(ID_NAMED);
-            buf.put_u16(name.len() as u16);
-            buf.extend_from_slice(name);
-        }
-    }
-}
-
-fn get_id(d: &mut Dec<'_>) -> Result<ProducerId, Corruption> {
-    let short = || Corruption::BadField("Kafka section (too short)");
-    Ok(match d.u8().ok_or_else(short)? {
-        ID_NUMERIC => ProducerId::numeric(d.u64().ok_or_else(short)?),
-        ID_NAMED => {
-            let n = d.u16().ok_or_else(short)? as usize;
-            let name = d.bytes(n).ok_or_else(short)?;
-            let name = std::str::from_utf8(name)
-                .map_err(|_| Corruption::BadField("producer name (not UTF-8)"))?;
-            ProducerId::named(name)
-        }
-        _ => return Err(Corruption::BadField("Kafka section id kind")),
-    })
-}
+use crate::wal::op::{decode_id as get_id, put_id};
 
 /// Appends the Kafka section of `k`: its length (`u64`, the bytes after
 /// it), the side-table keys, then the aborted lists. Side-table keys are

@@ -224,7 +224,7 @@ impl LogOp {
 }
 
 /// Starts a record of `kind` at the end of `buf`; returns its start.
-fn begin(buf: &mut Vec<u8>, kind: u8) -> usize {
+pub(super) fn begin(buf: &mut Vec<u8>, kind: u8) -> usize {
     let start = buf.len();
     let mut head = [0u8; HEADER];
     if let Some(k) = head.get_mut(AT_KIND) {
@@ -235,7 +235,7 @@ fn begin(buf: &mut Vec<u8>, kind: u8) -> usize {
 }
 
 /// Sets the length of the record that starts at `start` and ends `buf`.
-fn end(buf: &mut [u8], start: usize) {
+pub(super) fn end(buf: &mut [u8], start: usize) {
     let len = (buf.len() - start) as u32;
     set_u32(buf, start + AT_LEN, len);
 }
@@ -263,6 +263,13 @@ pub(crate) fn encode_group(buf: &mut Vec<u8>, kind: GroupKind, members: u32, arg
 }
 
 fn put_key(buf: &mut Vec<u8>, id: &ProducerId, partition: i32) {
+    put_id(buf, id);
+    buf.put_i32(partition);
+}
+
+/// A producer id as removal records and the snapshot's Kafka section hold
+/// it: `u8` 0 and `u64`, or `u8` 1, `u16` length and UTF-8.
+pub(crate) fn put_id(buf: &mut Vec<u8>, id: &ProducerId) {
     match id.as_numeric() {
         Some(n) => {
             buf.put_u8(0);
@@ -275,7 +282,6 @@ fn put_key(buf: &mut Vec<u8>, id: &ProducerId, partition: i32) {
             buf.extend_from_slice(name);
         }
     }
-    buf.put_i32(partition);
 }
 
 /// Appends removal records for `keys` (as many as their bytes need, each
@@ -415,7 +421,14 @@ pub(super) fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<LogOp, Corrupt
 }
 
 fn decode_key(d: &mut Dec<'_>) -> Result<(ProducerId, i32), Corruption> {
+    let id = decode_id(d)?;
     let short = Corruption::BadField("removed key (too short)");
+    Ok((id, d.i32().ok_or(short)?))
+}
+
+/// Reads what [`put_id`] wrote.
+pub(crate) fn decode_id(d: &mut Dec<'_>) -> Result<ProducerId, Corruption> {
+    let short = Corruption::BadField("producer id (too short)");
     let id = match d.u8().ok_or(short.clone())? {
         0 => ProducerId::numeric(d.u64().ok_or(short.clone())?),
         1 => {
@@ -425,7 +438,7 @@ fn decode_key(d: &mut Dec<'_>) -> Result<(ProducerId, i32), Corruption> {
                 .map_err(|_| Corruption::BadField("producer name (not UTF-8)"))?;
             ProducerId::named(name)
         }
-        _ => return Err(Corruption::BadField("removed key id kind")),
+        _ => return Err(Corruption::BadField("producer id kind")),
     };
-    Ok((id, d.i32().ok_or(short)?))
+    Ok(id)
 }

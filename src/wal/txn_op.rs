@@ -11,10 +11,10 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use super::op::LogOp;
-use super::record::{AT_KIND, AT_LEN, HEADER};
+use super::op::{LogOp, begin, end};
+use super::record::{AT_KIND, HEADER};
 use crate::batch::{AppendRequest, BatchMetadata};
-use crate::codec::{Dec, Put, set_u32};
+use crate::codec::{Dec, Put};
 use crate::error::Corruption;
 use crate::id::ProducerId;
 use crate::txn::{Marker, MarkerKind};
@@ -39,21 +39,6 @@ const NAMED_BASE: usize = HEADER + 2;
 /// The batch flag: the batch is transactional.
 const TRANSACTIONAL: u8 = 1;
 const _: () = assert!(NAMED_BASE + crate::wal::record::MAX_NAME + BATCH_TAIL <= super::op::MAX_LEN);
-
-fn begin(buf: &mut Vec<u8>, kind: u8) -> usize {
-    let start = buf.len();
-    let mut head = [0u8; HEADER];
-    if let Some(k) = head.get_mut(AT_KIND) {
-        *k = kind;
-    }
-    buf.extend_from_slice(&head);
-    start
-}
-
-fn end(buf: &mut [u8], start: usize) {
-    let len = (buf.len() - start) as u32;
-    set_u32(buf, start + AT_LEN, len);
-}
 
 /// Puts the id (numeric: `u64`; named: `u16` length and UTF-8) and
 /// returns the record kind to use, numeric or named.
