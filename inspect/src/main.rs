@@ -20,7 +20,9 @@ use producer_state::inspect::{
     Problem, RemoveReason, Role, SegmentEnd, Verdict,
 };
 use producer_state::kafka::{self, KafkaProducerEntry};
-use producer_state::{AppendRequest, Error, ProducerEntry, ProducerId, RecoveryReport, Repair};
+use producer_state::{
+    AppendRequest, Error, MarkerKind, ProducerEntry, ProducerId, RecoveryReport, Repair,
+};
 use serde::Serialize;
 
 /// Inspect a producer-state snapshot, log segment or store directory, or an
@@ -292,6 +294,9 @@ struct Output {
     kind: &'static str,
     format: String,
     version: Option<u16>,
+    /// `seed` or `kafka`: the semantics of the store that wrote the file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    semantics: Option<&'static str>,
     position: Option<u64>,
     entry_count: Option<u64>,
     verdict: &'static str,
@@ -315,6 +320,7 @@ impl Output {
             kind,
             format: format.into(),
             version: None,
+            semantics: None,
             position: None,
             entry_count: None,
             verdict: "ok",
@@ -541,6 +547,7 @@ fn inspect_snapshot(
     let result = inspect::snapshot(&ReadOnlyFs(StdFs), path, &mut |n| p.tick(n));
     settle(out, result, |out, (s, state)| {
         out.version = Some(s.version);
+        out.semantics = Some(s.semantics.as_str());
         out.position = Some(s.position);
         out.entry_count = Some(s.entries);
         out.entries = entries_of(&state, f, list);
@@ -642,6 +649,40 @@ fn op_records(position: u64, at: u64, op: &LogOp, f: &Filter, out: &mut Vec<Reco
                 });
             }
         }
+        LogOp::KafkaBatch {
+            request,
+            transactional,
+        } if f.keeps(&request.producer_id, Some(request.partition)) => {
+            let mut v = request_record(position, at, request);
+            v.op = "kafka-batch";
+            v.detail = transactional.then(|| "transactional".to_string());
+            out.push(v);
+        }
+        LogOp::TxnMarker {
+            producer_id,
+            partition,
+            epoch,
+            marker,
+        } if f.keeps(producer_id, Some(*partition)) => {
+            let kind = match marker.kind {
+                MarkerKind::Commit => "commit",
+                _ => "abort",
+            };
+            let d = format!("{kind}, coordinator epoch {}", marker.coordinator_epoch);
+            let mut v = store_record(position, at, "txn-marker", d);
+            v.producer_id = Some(id_view(producer_id).0);
+            v.partition = Some(*partition);
+            v.epoch = Some(*epoch);
+            v.offset = Some(marker.offset);
+            v.timestamp = Some(marker.timestamp);
+            out.push(v);
+        }
+        LogOp::ForgetAborted { partition, offset } if unfiltered => {
+            let d = format!("aborted transactions below offset {offset} forgotten");
+            let mut v = store_record(position, at, "forget-aborted", d);
+            v.partition = Some(*partition);
+            out.push(v);
+        }
         _ => {}
     }
 }
@@ -669,6 +710,7 @@ fn inspect_segment(
     settle(out, result, |out, s| {
         out.position = Some(s.first_position);
         out.version = Some(s.version);
+        out.semantics = Some(s.semantics.as_str());
         out.entry_count = Some(s.records);
         let (offset, kind) = match &s.end {
             SegmentEnd::TornTail { offset, kind } => (
@@ -1020,6 +1062,9 @@ fn print_human(w: &mut dyn Write, out: &Output) -> io::Result<()> {
         out.version
             .map_or(String::new(), |v| format!(", version {v}"))
     )?;
+    if out.semantics == Some("kafka") {
+        writeln!(w, "semantics: kafka (Semantics::Kafka store)")?;
+    }
     match (out.kind, out.position, out.entry_count) {
         ("snapshot", Some(p), _) => {
             writeln!(w, "position:  {p} (covers log records before position {p})")?

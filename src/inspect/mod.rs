@@ -152,6 +152,18 @@ pub struct SnapshotSummary {
     pub entries: u64,
     /// File size in bytes.
     pub bytes: u64,
+    /// The semantics of the store that wrote it (header flag bit 0): a
+    /// Kafka-mode snapshot also holds a Kafka section (side table and
+    /// aborted transactions), verified with the rest.
+    pub semantics: crate::Semantics,
+}
+
+fn semantics_of(kafka: bool) -> crate::Semantics {
+    if kafka {
+        crate::Semantics::Kafka
+    } else {
+        crate::Semantics::Seed
+    }
 }
 
 /// Reads and decodes every entry of a snapshot and verifies its checksums,
@@ -178,6 +190,7 @@ pub fn decode_snapshot(fs: &dyn FileSystem, path: &Path) -> Result<SnapshotSumma
         position: h.position,
         entries: h.entries,
         bytes: len,
+        semantics: semantics_of(h.kafka),
     })
 }
 
@@ -217,6 +230,7 @@ pub fn snapshot(
             position: h.position,
             entries: h.entries,
             bytes: len,
+            semantics: semantics_of(h.kafka),
         },
         RecoveredState(shards),
     ))
@@ -279,6 +293,8 @@ pub struct SegmentSummary {
     pub valid_bytes: u64,
     /// How the records end.
     pub end: SegmentEnd,
+    /// The semantics of the store that wrote it (header flag bit 1).
+    pub semantics: crate::Semantics,
 }
 
 /// Streams a segment, handing each operation of each valid record
@@ -329,6 +345,7 @@ pub fn segment(
         records: s.records,
         bytes: s.file_len,
         valid_bytes: s.valid_len,
+        semantics: semantics_of(s.kafka),
         end: match s.end {
             End::Clean => SegmentEnd::Clean,
             End::Torn { offset, kind } => SegmentEnd::TornTail { offset, kind },

@@ -34,6 +34,12 @@ pub(crate) fn stored(fs: &dyn FileSystem, dir: &Path) -> Result<Option<(Semantic
     };
     let mut found: Option<(Semantics, PathBuf)> = None;
     for e in &listing {
+        // Only regular files are opened: a FIFO or device named like a
+        // segment could block or harm a read, and recovery refuses it by
+        // name (`Error::NotAFile`) right after this check.
+        if e.kind != Some(crate::fs::EntryKind::File) {
+            continue;
+        }
         let path = dir.join(&e.name);
         let kafka = match classify(&e.name) {
             Some(StoreFile::Segment(_)) => {

@@ -242,6 +242,8 @@ pub(crate) struct Scan {
     /// The last valid record is a close marker: the store that wrote it
     /// was closed cleanly and wrote nothing after.
     pub closed: bool,
+    /// The header's [`FLAG_KAFKA`].
+    pub kafka: bool,
 }
 
 /// A reader that keeps a window of the file in memory, so a huge segment is
@@ -408,6 +410,7 @@ pub(crate) fn scan(
             end,
             store: h.store,
             closed,
+            kafka: h.kafka,
         }
     };
     let misplaced = |at: u64, kind: Corruption| End::MidLog {
