@@ -326,7 +326,7 @@ impl Keys {
     ) -> bool {
         let new = self.shards.install(hash, id, partition, entry, act);
         if let Some(o) = &mut self.order {
-            o.note(shard_of(hash), act, id, partition, new);
+            o.note(act, hash);
         }
         new
     }
@@ -343,12 +343,8 @@ impl Keys {
         if matches!(reason, RemoveReason::Expired | RemoveReason::Evicted) {
             self.meta.filter.insert(hash);
         }
-        // An eviction's victim left its list when it was chosen.
-        if reason != RemoveReason::Evicted
-            && let Some(o) = &mut self.order
-        {
-            o.removed(shard_of(hash));
-        }
+        // The order finds out at its next eviction (no key has the rank it
+        // listed).
         self.shards.remove(hash, id, partition)
     }
 
@@ -365,13 +361,7 @@ impl Keys {
         if o.is_accepted()
             && let Some(order) = &mut self.order
         {
-            order.note(
-                shard_of(hash),
-                how.x.ms(),
-                &r.producer_id,
-                r.partition,
-                created,
-            );
+            order.note(how.x.ms(), hash);
         }
         (o, created)
     }
