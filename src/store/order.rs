@@ -36,10 +36,6 @@
 //! id and partition order, so an eviction may take more keys than asked
 //! when such keys come last: never otherwise.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::collections::binary_heap::PeekMut;
-
 use crate::id::ProducerId;
 use crate::shards::{Map, SHARDS, Shards, shard_of};
 
@@ -123,6 +119,11 @@ impl ShardOrder {
         self.list.first().copied()
     }
 
+    /// The ranks not yet taken.
+    fn rest(&self) -> &[Rank] {
+        self.list.get(self.head..).unwrap_or_default()
+    }
+
     /// A key now ranked `r`, at or below the bound: listed in its place.
     fn insert(&mut self, r: Rank, cap: usize) {
         if self.list.len() >= cap {
@@ -146,8 +147,7 @@ impl ShardOrder {
                 }
             }
         }
-        let tail = self.list.get(self.head..).unwrap_or_default();
-        let at = self.head + tail.partition_point(|&x| x < r);
+        let at = self.head + self.rest().partition_point(|&x| x < r);
         self.list.insert(at, r);
     }
 }
@@ -209,7 +209,8 @@ impl Order {
             cap,
         } = self;
         let cap = *cap;
-        let mut heads = BinaryHeap::with_capacity(SHARDS);
+        // The shards whose lists have ranks left (rebuilt if they ran out).
+        let mut active: Vec<usize> = Vec::with_capacity(SHARDS);
         for (i, o) in lists.iter_mut().enumerate() {
             let map = shards.shard(i);
             if map.len() == 0 {
@@ -218,38 +219,24 @@ impl Order {
             if !o.built {
                 o.rebuild(map, 0, scratch, cap);
             }
-            if let Some(r) = o.next(map, scratch, cap) {
-                heads.push(Reverse(r));
+            if o.next(map, scratch, cap).is_some() {
+                active.push(i);
             }
         }
         let mut batch: Vec<Rank> = Vec::with_capacity(n.min(1 << 16));
-        let mut last = None;
-        while out.len() < n {
-            // The next ranks in order, as many as victims are missing (some
-            // may find no key: touched, removed, or in flight).
+        while out.len() < n && !active.is_empty() {
+            // The least ranks, as many as victims are missing (some may
+            // find no key: touched, removed, or in flight).
             batch.clear();
-            while batch.len() < n - out.len() {
-                let Some(mut top) = heads.peek_mut() else {
-                    break;
-                };
-                let Reverse(r) = *top;
-                let s = shard_of(rank_hash(r));
-                let (Some(o), map) = (lists.get_mut(s), shards.shard(s)) else {
-                    break;
-                };
-                o.head += 1;
-                match o.next(map, scratch, cap) {
-                    Some(next) => *top = Reverse(next),
-                    None => {
-                        PeekMut::pop(top);
-                    }
-                }
-                // Equal ranks are adjacent; the first resolves them all.
-                if last != Some(r) {
-                    batch.push(r);
-                }
-                last = Some(r);
-            }
+            take(
+                lists,
+                &mut active,
+                shards,
+                scratch,
+                cap,
+                n - out.len(),
+                &mut batch,
+            );
             if batch.is_empty() {
                 break;
             }
@@ -262,7 +249,12 @@ impl Order {
                 })
                 .count();
             std::hint::black_box(found);
+            let mut last = None;
             for &r in &batch {
+                // Equal ranks are adjacent; the first resolves them all.
+                if last.replace(r) == Some(r) {
+                    continue;
+                }
                 let (act, h) = (rank_act(r), rank_hash(r));
                 let start = out.len();
                 for (id, p, a) in shards.shard(shard_of(h)).keys_with_hash(h) {
@@ -278,6 +270,81 @@ impl Order {
             }
         }
         out
+    }
+}
+
+/// Moves the `need` least ranks not yet taken (fewer if the lists run
+/// out, more only for ranks equal to the last) from the lists of the
+/// `active` shards to `batch`, shard by shard. No merge of the lists one
+/// rank at a time: a threshold is found by selection, and each list gives
+/// its ranks up to it at once.
+///
+/// Every list lists every key of its shard ranked at or below its bound,
+/// so below the least bound of the lists in play every rank is known: a
+/// round takes the ranks at or below `min(bound, estimate)` (the
+/// `need`-th least of them, if that is fewer), which uses up at least the
+/// list of that bound; that list is rebuilt from above it, and the next
+/// round goes on from there.
+fn take(
+    lists: &mut [ShardOrder],
+    active: &mut Vec<usize>,
+    shards: &Shards,
+    scratch: &mut Vec<Rank>,
+    cap: usize,
+    mut need: usize,
+    batch: &mut Vec<Rank>,
+) {
+    // An upper bound of the `need`-th least rank: the `need`-th least of
+    // each list's first ranks (half again the even share of each).
+    let share = need.div_ceil(active.len().max(1));
+    let first = share + share / 2 + 4;
+    scratch.clear();
+    for &i in active.iter() {
+        if let Some(o) = lists.get(i) {
+            scratch.extend(o.rest().iter().take(first));
+        }
+    }
+    let estimate = match need.checked_sub(1) {
+        Some(k) if k < scratch.len() => *scratch.select_nth_unstable(k).1,
+        _ => Rank::MAX,
+    };
+    while need > 0 && !active.is_empty() {
+        let known = active
+            .iter()
+            .filter_map(|&i| lists.get(i).map(|o| o.bound))
+            .fold(estimate, Rank::min);
+        let count: usize = active
+            .iter()
+            .filter_map(|&i| lists.get(i))
+            .map(|o| o.rest().partition_point(|&r| r <= known))
+            .sum();
+        let limit = if count > need {
+            scratch.clear();
+            for &i in active.iter() {
+                if let Some(o) = lists.get(i) {
+                    let r = o.rest();
+                    scratch.extend_from_slice(&r[..r.partition_point(|&x| x <= known)]);
+                }
+            }
+            *scratch.select_nth_unstable(need - 1).1
+        } else {
+            known
+        };
+        for &i in active.iter() {
+            if let Some(o) = lists.get_mut(i) {
+                let r = o.rest();
+                let k = r.partition_point(|&x| x <= limit);
+                batch.extend_from_slice(&r[..k]);
+                o.head += k;
+                need = need.saturating_sub(k);
+            }
+        }
+        // Lists used up: rebuilt from above their bound, or done.
+        active.retain(|&i| {
+            lists
+                .get_mut(i)
+                .is_some_and(|o| o.next(shards.shard(i), scratch, cap).is_some())
+        });
     }
 }
 
@@ -326,13 +393,28 @@ mod tests {
             .collect()
     }
 
-    fn keys(v: &[(u64, ProducerId, i32)]) -> Vec<(ProducerId, i32)> {
-        v.iter().map(|(_, id, p)| (id.clone(), *p)).collect()
+    /// Victims (still in `s`) in eviction order: the order lists them
+    /// shard by shard.
+    fn keys(s: &Shards, v: &[(u64, ProducerId, i32)]) -> Vec<(ProducerId, i32)> {
+        let mut v: Vec<(i64, u64, ProducerId, i32)> = v
+            .iter()
+            .map(|(h, id, p)| {
+                (
+                    s.activity(*h, id, *p).unwrap_or(i64::MIN),
+                    *h,
+                    id.clone(),
+                    *p,
+                )
+            })
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, _, id, p)| (id, p)).collect()
     }
 
-    fn ids(v: &[(u64, ProducerId, i32)]) -> Vec<u64> {
-        v.iter()
-            .map(|(_, id, _)| id.as_numeric().unwrap_or(u64::MAX))
+    fn ids(s: &Shards, v: &[(u64, ProducerId, i32)]) -> Vec<u64> {
+        keys(s, v)
+            .iter()
+            .map(|(id, _)| id.as_numeric().unwrap_or(u64::MAX))
             .collect()
     }
 
@@ -349,7 +431,7 @@ mod tests {
         for round in 0..40 {
             let want = expected(&s, 2_100, |_, _| false);
             let got = order.victims(&s, 2_100, |_, _, _| false);
-            assert_eq!(keys(&got), want, "round {round}");
+            assert_eq!(keys(&s, &got), want, "round {round}");
             for (h, id, p) in got {
                 assert!(s.remove(h, &id, p));
             }
@@ -364,7 +446,7 @@ mod tests {
         // Build the lists (key 0 is in flight: passed over), then touch
         // the least active keys (newer).
         let first = order.victims(&s, 1, |_, id, _| id.as_numeric() == Some(0));
-        assert_eq!(ids(&first), vec![1]);
+        assert_eq!(ids(&s, &first), vec![1]);
         assert!(s.remove(first[0].0, &first[0].1, 0));
         for k in [0, 2, 3, 4, 5, 6, 7, 8, 9] {
             install(
@@ -376,22 +458,22 @@ mod tests {
             );
         }
         let got = order.victims(&s, 5, |_, id, _| id.as_numeric() == Some(12));
-        assert_eq!(ids(&got), vec![10, 11, 13, 14, 15]);
+        assert_eq!(ids(&s, &got), vec![10, 11, 13, 14, 15]);
         for (h, id, p) in &got {
             assert!(s.remove(*h, id, *p));
         }
         // A key set back in time goes first: it is listed in its place.
         install(&mut s, &mut order, &ProducerId::numeric(4_999), 0, -1);
         let got = order.victims(&s, 1, |_, _, _| false);
-        assert_eq!(ids(&got), vec![4_999]);
+        assert_eq!(ids(&s, &got), vec![4_999]);
         assert!(s.remove(got[0].0, &got[0].1, 0));
         // Key 12 was passed over while in flight; its record, once
         // applied, ranks it again (here at its old activity).
         install(&mut s, &mut order, &ProducerId::numeric(12), 0, 12);
         let got = order.victims(&s, 3, |_, _, _| false);
-        assert_eq!(ids(&got), vec![12, 16, 17]);
+        assert_eq!(ids(&s, &got), vec![12, 16, 17]);
         assert_eq!(
-            keys(&got),
+            keys(&s, &got),
             expected(&s, 3, |_, _| false),
             "the reference agrees"
         );
@@ -477,7 +559,7 @@ mod tests {
             let n = rng.below(500) as usize;
             let want = expected(&s, n, excluded);
             let got = order.victims(&s, n, |_, id, p| excluded(id, p));
-            assert_eq!(keys(&got), want, "lists of {cap}, round {round}");
+            assert_eq!(keys(&s, &got), want, "lists of {cap}, round {round}");
             for (h, id, p) in got {
                 assert!(s.remove(h, &id, p));
             }
@@ -537,14 +619,24 @@ mod tests {
                 10 + k as i64,
             );
         }
-        // Same activity: one rank, both taken together (one more than asked).
+        // Same activity: one rank. In flight, one of them is passed over;
+        // the other still goes.
+        install(&mut s, &mut order, &second, 0, 5);
+        install(&mut s, &mut order, &first, 0, 5);
+        let got = order.victims(&s, 1, |_, id, _| *id == first);
+        assert_eq!(keys(&s, &got), vec![(second.clone(), 0)]);
+        assert!(s.remove(got[0].0, &second, 0));
+        // Both, once the first's record is applied: taken together, in id
+        // order (one more than asked).
         install(&mut s, &mut order, &second, 0, 5);
         install(&mut s, &mut order, &first, 0, 5);
         let got = order.victims(&s, 1, |_, _, _| false);
-        assert_eq!(keys(&got), vec![(first.clone(), 0), (second.clone(), 0)]);
-        // In flight, one of them is passed over; the other still goes.
-        let got = order.victims(&s, 1, |_, id, _| *id == first);
-        assert_eq!(keys(&got), vec![(second.clone(), 0)]);
+        assert_eq!(
+            got.iter()
+                .map(|(_, id, p)| (id.clone(), *p))
+                .collect::<Vec<_>>(),
+            vec![(first.clone(), 0), (second.clone(), 0)]
+        );
         for (h, id, p) in &got {
             assert!(s.remove(*h, id, *p));
         }
@@ -552,9 +644,12 @@ mod tests {
         install(&mut s, &mut order, &second, 0, 6);
         install(&mut s, &mut order, &first, 0, 7);
         let got = order.victims(&s, 1, |_, _, _| false);
-        assert_eq!(keys(&got), vec![(second.clone(), 0)]);
+        assert_eq!(keys(&s, &got), vec![(second.clone(), 0)]);
         assert!(s.remove(got[0].0, &second, 0));
         let got = order.victims(&s, 2, |_, _, _| false);
-        assert_eq!(keys(&got), vec![(first, 0), (ProducerId::numeric(0), 0)]);
+        assert_eq!(
+            keys(&s, &got),
+            vec![(first, 0), (ProducerId::numeric(0), 0)]
+        );
     }
 }
