@@ -129,6 +129,12 @@ pub(super) enum Submit {
     Refused(Error),
 }
 
+/// Whether a removal for this reason is remembered by the removed-key
+/// filter (the store forgot the key by its own choice).
+fn remembered(reason: RemoveReason) -> bool {
+    matches!(reason, RemoveReason::Expired | RemoveReason::Evicted)
+}
+
 /// What the lifecycle options say, as the lock's holder needs them.
 pub(super) struct Life {
     pub(super) always: bool,
@@ -340,11 +346,16 @@ impl Keys {
         partition: i32,
         reason: RemoveReason,
     ) -> bool {
-        if matches!(reason, RemoveReason::Expired | RemoveReason::Evicted) {
+        if remembered(reason) {
             self.meta.filter.insert(hash);
         }
-        // The order finds out at its next eviction (no key has the rank it
-        // listed).
+        self.forget(hash, id, partition)
+    }
+
+    /// Removes a key from the committed state, the filter left to the
+    /// caller. The eviction order finds out at its next eviction (no key
+    /// has the rank it listed).
+    fn forget(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
         self.shards.remove(hash, id, partition)
     }
 
@@ -706,6 +717,14 @@ impl State {
                     pos,
                 });
             } else {
+                // The filter first, in a loop of its own: its blocks' cache
+                // misses overlap, where between two table removals they
+                // would not.
+                if remembered(reason) {
+                    for (hash, _, _) in &chunk {
+                        self.keys.meta.filter.insert(*hash);
+                    }
+                }
                 for part in chunk.chunks(32) {
                     // Look the keys up first: their cache misses overlap
                     // (see `shards::warm`).
@@ -716,7 +735,7 @@ impl State {
                     std::hint::black_box(found);
                     for (hash, id, p) in part {
                         self.keys.save_pre_image(*hash, id, *p, pos);
-                        if self.keys.remove(*hash, id, *p, reason) {
+                        if self.keys.forget(*hash, id, *p) {
                             self.spec_len -= 1;
                         }
                     }
