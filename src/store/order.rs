@@ -17,18 +17,28 @@
 //! 35 with the table's spare room): each shard keeps a sorted list of the
 //! ranks of up to [`CANDIDATES`] of its least active keys, built by one
 //! pass over the shard, and a bound: every key of the shard whose rank is
-//! at or below the bound is listed, or was taken from the list before. An
-//! eviction merges the shards' list heads (a heap of 256 ranks) and looks
-//! each victim's slot up by its hash (a batch of lookups first, so that
-//! their cache misses overlap). A list entry whose key has since been
-//! touched or removed finds no key with that rank and is passed over; a
-//! key whose new rank falls at or below its shard's bound (a batch with an
-//! old timestamp, a clock set back, a new key in the same millisecond) is
-//! inserted into the list, which drops its greatest rank if full and lowers
-//! the bound to the one before. A list that runs out is rebuilt from the
-//! keys ranked above its bound (so a victim taken but not yet removed is
-//! never listed twice). Under steady churn at 1M keys a rebuild reads
-//! about 4,000 slots for 1,024 victims.
+//! at or below the bound is listed, or was taken from the list before.
+//!
+//! An eviction of `n` keys does not merge the 256 lists one rank at a time
+//! (a heap operation per victim, each reading a different list: the
+//! largest cost before this design). Below the least bound of the lists
+//! every rank is known, so it finds the `n`-th least rank by a selection
+//! over the lists' first ranks and takes, from each list at once, its
+//! ranks up to that threshold; when a list's bound comes first, the ranks
+//! up to it are taken, that list is rebuilt from the keys ranked above its
+//! bound (so a victim taken but not yet removed is never listed twice), and
+//! the next round goes on. It then looks each victim's slot up by its hash
+//! (a batch of lookups first, so that their cache misses overlap). The
+//! victims come out shard by shard (their log record lists them so; the
+//! set is what the order defines).
+//!
+//! A list entry whose key has since been touched or removed finds no key
+//! with that rank and is passed over; a key whose new rank falls at or
+//! below its shard's bound (a batch with an old timestamp, a clock set
+//! back, a new key in the same millisecond) is inserted into the list,
+//! which drops its greatest rank if full and lowers the bound to the one
+//! before. Under steady churn at 1M keys a rebuild reads about 4,000 slots
+//! for 1,024 victims.
 //!
 //! Keys with records in flight are never victims: the caller excludes them,
 //! and they are passed over (their records, once applied, rank them again).
@@ -190,9 +200,9 @@ impl Order {
     }
 
     /// The next `n` victims in eviction order among the keys of `shards`
-    /// that `excluded` does not rule out, least active first (fewer if
-    /// the state holds fewer; more only when the last ones share their
-    /// rank with others, see the module docs).
+    /// that `excluded` does not rule out, shard by shard (fewer if the
+    /// state holds fewer; more only when the last ones share their rank
+    /// with others, see the module docs).
     pub(crate) fn victims(
         &mut self,
         shards: &Shards,
@@ -516,7 +526,7 @@ mod tests {
         let mut next_id = 0u64;
         let mut now = 1_000i64;
         let key = |k: u64| {
-            if k % 5 == 0 {
+            if k.is_multiple_of(5) {
                 (ProducerId::named(&format!("producer-{k}")), (k % 3) as i32)
             } else {
                 (ProducerId::numeric(k), (k % 3) as i32)
