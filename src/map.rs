@@ -621,11 +621,6 @@ impl<X: Extra> StateMap<X> {
         Some((st.to_entry(&self.arena), x))
     }
 
-    /// A key's extra alone (no window is read).
-    pub(crate) fn extra(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<X> {
-        self.slot(hash, id, partition).map(|(_, x)| x)
-    }
-
     /// Sets one key's entry and extra, replacing what was there (the
     /// durable store installing what an accepted append computed), with
     /// the key's hash already computed. True if the key is new.
@@ -849,15 +844,55 @@ impl<X: Extra> StateMap<X> {
         numeric.chain(named)
     }
 
-    /// Every key with its extra, without building entries: what eviction
-    /// order and listings filter on before they look closer.
-    /// Every key's extra (for the store, its last activity), in no
-    /// particular order.
-    pub(crate) fn extras(&self) -> impl Iterator<Item = X> + '_ {
-        let numeric = self.numeric.iter().map(|s| s.x);
-        numeric.chain(self.named.iter().map(|s| s.x))
+    /// Every key's extra with the key's hash, without building ids or
+    /// entries: what the eviction order ranks keys by (one pass over the
+    /// slots; a numeric key's hash is one multiply).
+    pub(crate) fn extras_hashed(&self) -> impl Iterator<Item = (X, u64)> + '_ {
+        let numeric = self
+            .numeric
+            .iter()
+            .map(|s| (s.x, hash_numeric(join_pid(s.pid), s.partition)));
+        numeric.chain(
+            self.named
+                .iter()
+                .map(|s| (s.x, hash_key(&s.id, s.partition))),
+        )
     }
 
+    /// The keys whose hash is `hash`, with their extras, numeric keys
+    /// first: usually one or none (more only for keys that share a 64-bit
+    /// hash). One probe of each table, as a lookup.
+    pub(crate) fn keys_with_hash(
+        &self,
+        hash: u64,
+    ) -> impl Iterator<Item = (ProducerId, i32, X)> + '_ {
+        let numeric = self
+            .numeric
+            .iter_hash(hash)
+            .filter(move |s| hash_numeric(join_pid(s.pid), s.partition) == hash)
+            .map(|s| (ProducerId::numeric(join_pid(s.pid)), s.partition, s.x));
+        let named = self
+            .named
+            .iter_hash(hash)
+            .filter(move |s| hash_key(&s.id, s.partition) == hash)
+            .map(|s| (s.id.clone(), s.partition, s.x));
+        numeric.chain(named)
+    }
+
+    /// Whether a key has hash `hash`: the lookup of
+    /// [`StateMap::keys_with_hash`] without building anything, which the
+    /// eviction order runs ahead of it to bring the slots into cache.
+    pub(crate) fn has_hash(&self, hash: u64) -> bool {
+        self.numeric
+            .iter_hash(hash)
+            .any(|s| hash_numeric(join_pid(s.pid), s.partition) == hash)
+            || self
+                .named
+                .iter_hash(hash)
+                .any(|s| hash_key(&s.id, s.partition) == hash)
+    }
+
+    /// Every key with its extra.
     pub(crate) fn keys(&self) -> impl Iterator<Item = (ProducerId, i32, X)> + '_ {
         let numeric = self
             .numeric

@@ -203,8 +203,9 @@ impl Shards {
     }
 
     /// A key's last activity.
+    #[cfg(test)]
     pub(crate) fn activity(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<i64> {
-        self.map(hash).extra(hash, id, partition).map(Activity::ms)
+        self.get_full(hash, id, partition).map(|(_, a)| a)
     }
 
     /// Inserts an entry for a key that has none; false if the key exists.

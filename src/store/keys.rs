@@ -132,6 +132,12 @@ pub(super) enum Submit {
     Refused(Error),
 }
 
+/// Whether a removal for this reason is remembered by the removed-key
+/// filter (the store forgot the key by its own choice).
+fn remembered(reason: RemoveReason) -> bool {
+    matches!(reason, RemoveReason::Expired | RemoveReason::Evicted)
+}
+
 /// What the lifecycle options say, as the lock's holder needs them.
 pub(super) struct Life {
     pub(super) always: bool,
@@ -334,7 +340,7 @@ impl Keys {
     ) -> bool {
         let new = self.shards.install(hash, id, partition, entry, act);
         if let Some(o) = &mut self.order {
-            o.note(shard_of(hash), act, id, partition, new);
+            o.note(act, hash);
         }
         new
     }
@@ -348,15 +354,16 @@ impl Keys {
         partition: i32,
         reason: RemoveReason,
     ) -> bool {
-        if matches!(reason, RemoveReason::Expired | RemoveReason::Evicted) {
+        if remembered(reason) {
             self.meta.filter.insert(hash);
         }
-        // An eviction's victim left its list when it was chosen.
-        if reason != RemoveReason::Evicted
-            && let Some(o) = &mut self.order
-        {
-            o.removed(shard_of(hash));
-        }
+        self.forget(hash, id, partition)
+    }
+
+    /// Removes a key from the committed state, the filter left to the
+    /// caller. The eviction order finds out at its next eviction (no key
+    /// has the rank it listed).
+    fn forget(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
         self.shards.remove(hash, id, partition)
     }
 
@@ -373,13 +380,7 @@ impl Keys {
         if o.is_accepted()
             && let Some(order) = &mut self.order
         {
-            order.note(
-                shard_of(hash),
-                how.x.ms(),
-                &r.producer_id,
-                r.partition,
-                created,
-            );
+            order.note(how.x.ms(), hash);
         }
         (o, created)
     }
@@ -733,6 +734,14 @@ impl State {
                     pos,
                 });
             } else {
+                // The filter first, in a loop of its own: its blocks' cache
+                // misses overlap, where between two table removals they
+                // would not.
+                if remembered(reason) {
+                    for (hash, _, _) in &chunk {
+                        self.keys.meta.filter.insert(*hash);
+                    }
+                }
                 for part in chunk.chunks(32) {
                     // Look the keys up first: their cache misses overlap
                     // (see `shards::warm`).
@@ -743,7 +752,7 @@ impl State {
                     std::hint::black_box(found);
                     for (hash, id, p) in part {
                         self.keys.save_pre_image(*hash, id, *p, pos);
-                        if self.keys.remove(*hash, id, *p, reason) {
+                        if self.keys.forget(*hash, id, *p) {
                             self.spec_len -= 1;
                         }
                     }

@@ -1,249 +1,360 @@
 //! Which keys a full table evicts: the least recently active.
 //!
 //! The order is total and depends on the state alone: a key's last
-//! activity, then its producer id, then its partition (ids compare as
-//! [`ProducerId`] does: numbers before names). So the victims of an
-//! eviction are exactly determined by the state, whatever structure finds
-//! them, and a store that recovered picks the same ones as one that never
-//! stopped. (Replay does not pick at all: the log names the victims.)
+//! activity, then the key's 64-bit hash (the store's fixed hash,
+//! `map::hash_key`, the one the removed-key filter uses), then, for keys
+//! that share both, its producer id (numbers before names, as
+//! [`ProducerId`] orders) and its partition. So the victims of an eviction
+//! are exactly determined by the state, whatever structure finds them, and
+//! a store that recovered picks the same ones as one that never stopped.
+//! (Replay does not pick at all: the log names the victims.) The hash
+//! rather than the id breaks ties because a key's place is then two plain
+//! integers, its *rank*: a 16-byte `Copy` value that is compared, sorted
+//! and merged without building a [`ProducerId`] or reading a name.
 //!
-//! Finding them without a scan of the whole table per eviction, and
+//! Finding the victims without a scan of the whole table per eviction, and
 //! without a linked list through every slot (16 bytes more per key, about
-//! 35 with the table's spare room): each shard keeps a sorted list of its
-//! [`CANDIDATES`] least active keys, built by one scan of the shard, and a
-//! bound: every key of the shard at or below the bound is in the list. An
-//! eviction merges the shards' list heads. An entry whose key has since
-//! been touched (its activity changed) or removed is stale and passed
-//! over (a list is checked entry by entry only once a key of its shard
-//! was touched or removed otherwise than by eviction: under churn, where
-//! new keys come and the least active go, never); a key whose new
-//! activity falls at or below its shard's bound (a batch with an old
-//! timestamp, a clock set back) makes the list unusable, and the next
-//! eviction rebuilds it. Under steady churn a shard's list lasts many
-//! evictions: at 1M keys a rebuild scans about 4,000 keys' activities for
-//! 256 victims (it finds the 256th least activity first, then builds only
-//! the keys at or below it).
+//! 35 with the table's spare room): each shard keeps a sorted list of the
+//! ranks of up to [`CANDIDATES`] of its least active keys, built by one
+//! pass over the shard, and a bound: every key of the shard whose rank is
+//! at or below the bound is listed, or was taken from the list before.
 //!
-//! Keys with records in flight are never victims: the caller excludes them.
-
-use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+//! An eviction of `n` keys does not merge the 256 lists one rank at a time
+//! (a heap operation per victim, each reading a different list: the
+//! largest cost before this design). Below the least bound of the lists
+//! every rank is known, so it finds the `n`-th least rank by a selection
+//! over the lists' first ranks and takes, from each list at once, its
+//! ranks up to that threshold; when a list's bound comes first, the ranks
+//! up to it are taken, that list is rebuilt from the keys ranked above its
+//! bound (so a victim taken but not yet removed is never listed twice), and
+//! the next round goes on. It then looks each victim's slot up by its hash
+//! (a batch of lookups first, so that their cache misses overlap). The
+//! victims come out shard by shard (their log record lists them so; the
+//! set is what the order defines).
+//!
+//! A list entry whose key has since been touched or removed finds no key
+//! with that rank and is passed over; a key whose new rank falls at or
+//! below its shard's bound (a batch with an old timestamp, a clock set
+//! back, a new key in the same millisecond) is inserted into the list,
+//! which drops its greatest rank if full and lowers the bound to the one
+//! before. Under steady churn at 1M keys a rebuild reads about 4,000 slots
+//! for 1,024 victims.
+//!
+//! Keys with records in flight are never victims: the caller excludes them,
+//! and they are passed over (their records, once applied, rank them again).
+//! Keys that share a rank (activity and 64-bit hash) are taken together, in
+//! id and partition order, so an eviction may take more keys than asked
+//! when such keys come last: never otherwise.
 
 use crate::id::ProducerId;
-use crate::map::{Activity, hash_key};
-use crate::shards::{SHARDS, Shards};
+use crate::shards::{Map, SHARDS, Shards, shard_of};
 
-/// Keys a shard's list holds when it is built.
-const CANDIDATES: usize = 256;
+/// Ranks a shard's list holds at most: 16 KiB a shard, 4 MiB for all.
+const CANDIDATES: usize = 1024;
 
-/// Hashes a key's hash (already well mixed) to itself.
-#[derive(Default)]
-struct HashIsKey(u64);
+/// A key's place in eviction order: its activity (sign bit flipped, so
+/// that unsigned order is signed order) above its hash.
+type Rank = u128;
 
-impl Hasher for HashIsKey {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
+/// The bound of a list that holds every key of its shard.
+const COMPLETE: Rank = Rank::MAX;
+
+#[inline(always)]
+fn rank(act: i64, hash: u64) -> Rank {
+    (u128::from((act as u64) ^ (1 << 63)) << 64) | u128::from(hash)
 }
 
-/// A key in eviction order.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Cand {
-    pub act: i64,
-    pub id: ProducerId,
-    pub partition: i32,
+#[inline(always)]
+fn rank_act(r: Rank) -> i64 {
+    (((r >> 64) as u64) ^ (1 << 63)) as i64
 }
 
-/// Whether (act, id, partition) sorts at or before `c`.
-fn at_or_before(act: i64, id: &ProducerId, partition: i32, c: &Cand) -> bool {
-    match act.cmp(&c.act) {
-        Ordering::Less => true,
-        Ordering::Greater => false,
-        Ordering::Equal => (id, partition) <= (&c.id, c.partition),
-    }
+#[inline(always)]
+fn rank_hash(r: Rank) -> u64 {
+    r as u64
 }
 
 #[derive(Default)]
 struct ShardOrder {
-    cands: VecDeque<Cand>,
-    /// Every key of the shard at or before this is in `cands` (`None`
-    /// with `built`: every key of the shard is).
-    bound: Option<Cand>,
+    /// Ranks in ascending order; those before `head` were taken.
+    list: Vec<Rank>,
+    head: usize,
+    /// Every key of the shard whose rank is at or below this is in
+    /// `list[head..]`, or was taken from the list (chosen, or passed over
+    /// while in flight). `COMPLETE`: every key of the shard.
+    bound: Rank,
     built: bool,
-    /// A key of the shard was touched or removed since the list was
-    /// built: an entry may be stale, check each against the state.
-    stale: bool,
 }
 
 impl ShardOrder {
-    /// Lists the shard's least active keys, leaving out those `skip`
-    /// says (victims already taken, keys in flight: these come back
-    /// through [`Order::note`] when their records apply).
-    fn rebuild(&mut self, map: &crate::shards::Map, skip: impl Fn(&ProducerId, i32) -> bool) {
-        // First the activity at or below which the list's keys lie: the
-        // CANDIDATES-th least of all (the skipped keys too, so the list may
-        // come out shorter, which is fine), from the activities alone: no
-        // key is built or compared for the thousands that do not qualify.
-        let mut limit = i64::MAX;
-        if map.len() > CANDIDATES {
-            let mut acts: Vec<i64> = map.extras().map(Activity::ms).collect();
-            let (_, nth, _) = acts.select_nth_unstable(CANDIDATES - 1);
-            limit = *nth;
+    /// Lists the least ranks of the shard's keys ranked at or above
+    /// `floor` (all of them when they are few).
+    fn rebuild(&mut self, map: &Map, floor: Rank, scratch: &mut Vec<Rank>, cap: usize) {
+        scratch.clear();
+        scratch.extend(
+            map.extras_hashed()
+                .map(|(a, h)| rank(a.ms(), h))
+                .filter(|&r| r >= floor),
+        );
+        let complete = scratch.len() <= cap;
+        if !complete {
+            scratch.select_nth_unstable(cap - 1);
+            scratch.truncate(cap);
         }
-        let collect = |limit: i64| -> Vec<Cand> {
-            map.keys()
-                .filter(|(id, partition, a)| a.ms() <= limit && !skip(id, *partition))
-                .map(|(id, partition, a): (ProducerId, i32, Activity)| Cand {
-                    act: a.ms(),
-                    id,
-                    partition,
-                })
-                .collect()
+        scratch.sort_unstable();
+        if self.list.capacity() == 0 {
+            self.list.reserve_exact(cap);
+        }
+        self.list.clear();
+        self.list.extend_from_slice(scratch);
+        self.head = 0;
+        self.bound = match self.list.last() {
+            Some(&last) if !complete => last,
+            _ => COMPLETE,
         };
-        let mut all = collect(limit);
-        if all.is_empty() && limit < i64::MAX {
-            // Every key at or below it is skipped: list from all of them.
-            limit = i64::MAX;
-            all = collect(limit);
-        }
-        if limit < i64::MAX || all.len() > CANDIDATES {
-            // Every key of the shard at or before the last listed one is
-            // listed (or skipped).
-            all.sort_unstable();
-            all.truncate(CANDIDATES);
-            self.bound = all.last().cloned();
-        } else {
-            all.sort_unstable();
-            self.bound = None;
-        }
-        self.cands = all.into();
         self.built = true;
-        self.stale = false;
+    }
+
+    /// The least rank not yet taken, rebuilding the list when it ran out
+    /// and keys are ranked above its bound.
+    #[inline]
+    fn next(&mut self, map: &Map, scratch: &mut Vec<Rank>, cap: usize) -> Option<Rank> {
+        if let Some(&r) = self.list.get(self.head) {
+            return Some(r);
+        }
+        if self.bound == COMPLETE {
+            return None;
+        }
+        self.rebuild(map, self.bound + 1, scratch, cap);
+        self.list.first().copied()
+    }
+
+    /// The ranks not yet taken.
+    fn rest(&self) -> &[Rank] {
+        self.list.get(self.head..).unwrap_or_default()
+    }
+
+    /// A key now ranked `r`, at or below the bound: listed in its place.
+    fn insert(&mut self, r: Rank, cap: usize) {
+        if self.list.len() >= cap {
+            if self.head > 0 {
+                self.list.drain(..self.head);
+                self.head = 0;
+            } else {
+                // Full: the greatest rank leaves; its key (or keys) lie
+                // above the new bound unless one of its rank is still
+                // listed, which resolves to all of them.
+                self.list.pop();
+                match self.list.last() {
+                    Some(&last) => self.bound = last,
+                    None => {
+                        self.built = false;
+                        return;
+                    }
+                }
+                if r > self.bound {
+                    return;
+                }
+            }
+        }
+        let at = self.head + self.rest().partition_point(|&x| x < r);
+        self.list.insert(at, r);
     }
 }
 
 /// The eviction order of the whole state (see the module docs).
 pub(crate) struct Order {
     shards: Vec<ShardOrder>,
+    /// A rebuild's work space (the ranks of one shard).
+    scratch: Vec<Rank>,
+    /// Ranks a list holds at most: [`CANDIDATES`], fewer in tests.
+    cap: usize,
 }
 
 impl Default for Order {
     fn default() -> Self {
-        Order {
-            shards: (0..SHARDS).map(|_| ShardOrder::default()).collect(),
-        }
+        Order::with_candidates(CANDIDATES)
     }
 }
 
 impl Order {
-    /// A key of shard `shard` now has activity `act`: it was created
-    /// (`created`), or appended to or set.
-    #[inline]
-    pub(crate) fn note(
-        &mut self,
-        shard: usize,
-        act: i64,
-        id: &ProducerId,
-        partition: i32,
-        created: bool,
-    ) {
-        let Some(o) = self.shards.get_mut(shard) else {
-            return;
-        };
-        if !o.built {
-            return;
-        }
-        let inside = match &o.bound {
-            None => true,
-            Some(b) => at_or_before(act, id, partition, b),
-        };
-        if inside {
-            o.built = false;
-            o.cands.clear();
-        } else if !created {
-            // It may be in the list with its old activity.
-            o.stale = true;
+    fn with_candidates(cap: usize) -> Order {
+        Order {
+            shards: (0..SHARDS).map(|_| ShardOrder::default()).collect(),
+            scratch: Vec::new(),
+            cap: cap.max(1),
         }
     }
 
-    /// A key of shard `shard` was removed otherwise than by an eviction
-    /// this order chose: its entry, if it has one, is stale.
+    /// The key with hash `hash` was created, appended to or set, and now
+    /// has activity `act`.
     #[inline]
-    pub(crate) fn removed(&mut self, shard: usize) {
-        if let Some(o) = self.shards.get_mut(shard) {
-            o.stale = true;
+    pub(crate) fn note(&mut self, act: i64, hash: u64) {
+        let Some(o) = self.shards.get_mut(shard_of(hash)) else {
+            return;
+        };
+        let r = rank(act, hash);
+        if o.built && r <= o.bound {
+            o.insert(r, self.cap);
         }
     }
 
     /// The next `n` victims in eviction order among the keys of `shards`
-    /// that `excluded` does not rule out, least active first (fewer if
-    /// the state holds fewer).
+    /// that `excluded` does not rule out, shard by shard (fewer if the
+    /// state holds fewer; more only when the last ones share their rank
+    /// with others, see the module docs).
     pub(crate) fn victims(
         &mut self,
         shards: &Shards,
         n: usize,
         excluded: impl Fn(u64, &ProducerId, i32) -> bool,
     ) -> Vec<(u64, ProducerId, i32)> {
-        let mut out: Vec<(u64, ProducerId, i32)> = Vec::new();
+        let mut out: Vec<(u64, ProducerId, i32)> = Vec::with_capacity(n.min(1 << 16));
         if n == 0 {
             return out;
         }
-        // The victims taken, by hash (confirmed against `out` on a match).
-        let mut chosen: HashSet<u64, BuildHasherDefault<HashIsKey>> =
-            HashSet::with_capacity_and_hasher(n.min(1 << 16), BuildHasherDefault::default());
-        let mut heap = BinaryHeap::new();
-        for (i, o) in self.shards.iter_mut().enumerate() {
-            if shards.shard(i).len() == 0 {
+        let Order {
+            shards: lists,
+            scratch,
+            cap,
+        } = self;
+        let cap = *cap;
+        // The shards whose lists have ranks left (rebuilt if they ran out).
+        let mut active: Vec<usize> = Vec::with_capacity(SHARDS);
+        for (i, o) in lists.iter_mut().enumerate() {
+            let map = shards.shard(i);
+            if map.len() == 0 {
                 continue;
             }
-            if !o.built || (o.cands.is_empty() && o.bound.is_some()) {
-                o.rebuild(shards.shard(i), |id, p| excluded(hash_key(id, p), id, p));
+            if !o.built {
+                o.rebuild(map, 0, scratch, cap);
             }
-            if let Some(c) = o.cands.front() {
-                heap.push(Reverse((c.clone(), i)));
+            if o.next(map, scratch, cap).is_some() {
+                active.push(i);
             }
         }
-        while out.len() < n {
-            let Some(Reverse((c, i))) = heap.pop() else {
+        let mut batch: Vec<Rank> = Vec::with_capacity(n.min(1 << 16));
+        while out.len() < n && !active.is_empty() {
+            // The least ranks, as many as victims are missing (some may
+            // find no key: touched, removed, or in flight).
+            batch.clear();
+            take(
+                lists,
+                &mut active,
+                shards,
+                scratch,
+                cap,
+                n - out.len(),
+                &mut batch,
+            );
+            if batch.is_empty() {
                 break;
-            };
-            let Some(o) = self.shards.get_mut(i) else {
-                break;
-            };
-            o.cands.pop_front();
-            let hash = hash_key(&c.id, c.partition);
-            let current = !o.stale || shards.activity(hash, &c.id, c.partition) == Some(c.act);
-            if current && !excluded(hash, &c.id, c.partition) {
-                chosen.insert(hash);
-                out.push((hash, c.id, c.partition));
             }
-            if o.cands.is_empty() && o.bound.is_some() {
-                // The victims taken are still in the shard (they are
-                // removed after this call): passed over, like keys in
-                // flight.
-                o.rebuild(shards.shard(i), |id, p| {
-                    let h = hash_key(id, p);
-                    let taken = chosen.contains(&h)
-                        && out
-                            .iter()
-                            .any(|(oh, oid, op)| *oh == h && oid == id && *op == p);
-                    taken || excluded(h, id, p)
-                });
-            }
-            if let Some(f) = o.cands.front() {
-                heap.push(Reverse((f.clone(), i)));
+            // Their slots, looked up ahead of the loop that reads them.
+            let found = batch
+                .iter()
+                .filter(|&&r| {
+                    let h = rank_hash(r);
+                    shards.shard(shard_of(h)).has_hash(h)
+                })
+                .count();
+            std::hint::black_box(found);
+            let mut last = None;
+            for &r in &batch {
+                // Equal ranks are adjacent; the first resolves them all.
+                if last.replace(r) == Some(r) {
+                    continue;
+                }
+                let (act, h) = (rank_act(r), rank_hash(r));
+                let start = out.len();
+                for (id, p, a) in shards.shard(shard_of(h)).keys_with_hash(h) {
+                    if a.ms() == act && !excluded(h, &id, p) {
+                        out.push((h, id, p));
+                    }
+                }
+                if let Some(same) = out.get_mut(start..)
+                    && same.len() > 1
+                {
+                    same.sort_unstable_by(|x, y| (&x.1, x.2).cmp(&(&y.1, y.2)));
+                }
             }
         }
         out
+    }
+}
+
+/// Moves the `need` least ranks not yet taken (fewer if the lists run
+/// out, more only for ranks equal to the last) from the lists of the
+/// `active` shards to `batch`, shard by shard. No merge of the lists one
+/// rank at a time: a threshold is found by selection, and each list gives
+/// its ranks up to it at once.
+///
+/// Every list lists every key of its shard ranked at or below its bound,
+/// so below the least bound of the lists in play every rank is known: a
+/// round takes the ranks at or below `min(bound, estimate)` (the
+/// `need`-th least of them, if that is fewer), which uses up at least the
+/// list of that bound; that list is rebuilt from above it, and the next
+/// round goes on from there.
+fn take(
+    lists: &mut [ShardOrder],
+    active: &mut Vec<usize>,
+    shards: &Shards,
+    scratch: &mut Vec<Rank>,
+    cap: usize,
+    mut need: usize,
+    batch: &mut Vec<Rank>,
+) {
+    // An upper bound of the `need`-th least rank: the `need`-th least of
+    // each list's first ranks (half again the even share of each).
+    let share = need.div_ceil(active.len().max(1));
+    let first = share + share / 2 + 4;
+    scratch.clear();
+    for &i in active.iter() {
+        if let Some(o) = lists.get(i) {
+            scratch.extend(o.rest().iter().take(first));
+        }
+    }
+    let estimate = match need.checked_sub(1) {
+        Some(k) if k < scratch.len() => *scratch.select_nth_unstable(k).1,
+        _ => Rank::MAX,
+    };
+    while need > 0 && !active.is_empty() {
+        let known = active
+            .iter()
+            .filter_map(|&i| lists.get(i).map(|o| o.bound))
+            .fold(estimate, Rank::min);
+        let count: usize = active
+            .iter()
+            .filter_map(|&i| lists.get(i))
+            .map(|o| o.rest().partition_point(|&r| r <= known))
+            .sum();
+        let limit = if count > need {
+            scratch.clear();
+            for &i in active.iter() {
+                if let Some(o) = lists.get(i) {
+                    let r = o.rest();
+                    scratch.extend_from_slice(&r[..r.partition_point(|&x| x <= known)]);
+                }
+            }
+            *scratch.select_nth_unstable(need - 1).1
+        } else {
+            known
+        };
+        for &i in active.iter() {
+            if let Some(o) = lists.get_mut(i) {
+                let r = o.rest();
+                let k = r.partition_point(|&x| x <= limit);
+                batch.extend_from_slice(&r[..k]);
+                o.head += k;
+                need = need.saturating_sub(k);
+            }
+        }
+        // Lists used up: rebuilt from above their bound, or done.
+        active.retain(|&i| {
+            lists
+                .get_mut(i)
+                .is_some_and(|o| o.next(shards.shard(i), scratch, cap).is_some())
+        });
     }
 }
 
@@ -251,6 +362,14 @@ impl Order {
 mod tests {
     use super::*;
     use crate::entry::ProducerEntry;
+    use crate::map::hash_key;
+
+    fn install(s: &mut Shards, order: &mut Order, id: &ProducerId, p: i32, act: i64) {
+        let e = ProducerEntry::start(0, 0, 0, None);
+        let h = hash_key(id, p);
+        s.install(h, id, p, &e, act);
+        order.note(act, h);
+    }
 
     fn state(keys: &[(u64, i64)]) -> Shards {
         let mut s = Shards::default();
@@ -262,80 +381,285 @@ mod tests {
         s
     }
 
-    /// The `n` least active keys, by sorting everything.
-    fn expected(s: &Shards, n: usize, skip: &[u64]) -> Vec<u64> {
-        let mut all: Vec<Cand> = (0..SHARDS)
+    /// The `n` first keys in eviction order, by sorting everything: the
+    /// reference the order is checked against.
+    fn expected(
+        s: &Shards,
+        n: usize,
+        excluded: impl Fn(&ProducerId, i32) -> bool,
+    ) -> Vec<(ProducerId, i32)> {
+        let mut all: Vec<(i64, u64, ProducerId, i32)> = (0..SHARDS)
             .flat_map(|i| {
-                s.shard(i).keys().map(|(id, partition, a)| Cand {
-                    act: a.ms(),
-                    id,
-                    partition,
-                })
+                s.shard(i)
+                    .keys()
+                    .map(|(id, p, a)| (a.ms(), hash_key(&id, p), id, p))
             })
-            .filter(|c| !skip.contains(&c.id.as_numeric().unwrap_or(0)))
+            .filter(|(_, _, id, p)| !excluded(id, *p))
             .collect();
         all.sort();
         all.into_iter()
             .take(n)
-            .map(|c| c.id.as_numeric().unwrap_or(0))
+            .map(|(_, _, id, p)| (id, p))
             .collect()
     }
 
-    fn ids(v: &[(u64, ProducerId, i32)]) -> Vec<u64> {
-        v.iter()
-            .map(|(_, id, _)| id.as_numeric().unwrap_or(0))
+    /// Victims (still in `s`) in eviction order: the order lists them
+    /// shard by shard.
+    fn keys(s: &Shards, v: &[(u64, ProducerId, i32)]) -> Vec<(ProducerId, i32)> {
+        let mut v: Vec<(i64, u64, ProducerId, i32)> = v
+            .iter()
+            .map(|(h, id, p)| {
+                (
+                    s.activity(*h, id, *p).unwrap_or(i64::MIN),
+                    *h,
+                    id.clone(),
+                    *p,
+                )
+            })
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, _, id, p)| (id, p)).collect()
+    }
+
+    fn ids(s: &Shards, v: &[(u64, ProducerId, i32)]) -> Vec<u64> {
+        keys(s, v)
+            .iter()
+            .map(|(id, _)| id.as_numeric().unwrap_or(u64::MAX))
             .collect()
     }
 
     #[test]
     fn victims_are_the_least_active_in_order_across_rebuilds() {
-        // 100k keys, activities with many ties: the order falls back to ids.
-        let keys: Vec<(u64, i64)> = (0..100_000u64)
-            .map(|k| (k, ((k * 7919) % 5000) as i64))
-            .collect();
-        let mut s = state(&keys);
+        // 100k keys, activities with many ties: the order falls back to
+        // hashes.
+        let mut s = state(
+            &(0..100_000u64)
+                .map(|k| (k, ((k * 7919) % 5000) as i64))
+                .collect::<Vec<_>>(),
+        );
         let mut order = Order::default();
         for round in 0..40 {
-            let want = expected(&s, 700, &[]);
-            let got = order.victims(&s, 700, |_, _, _| false);
-            assert_eq!(ids(&got), want, "round {round}");
+            let want = expected(&s, 2_100, |_, _| false);
+            let got = order.victims(&s, 2_100, |_, _, _| false);
+            assert_eq!(keys(&s, &got), want, "round {round}");
             for (h, id, p) in got {
                 assert!(s.remove(h, &id, p));
             }
         }
-        assert_eq!(s.len(), 100_000 - 40 * 700);
+        assert_eq!(s.len(), 100_000 - 40 * 2_100);
     }
 
     #[test]
-    fn touched_keys_and_excluded_keys_are_passed_over_and_old_activity_rebuilds() {
-        let keys: Vec<(u64, i64)> = (0..5_000u64).map(|k| (k, k as i64)).collect();
-        let mut s = state(&keys);
+    fn touched_keys_and_excluded_keys_are_passed_over_and_old_activity_is_listed() {
+        let mut s = state(&(0..5_000u64).map(|k| (k, k as i64)).collect::<Vec<_>>());
         let mut order = Order::default();
         // Build the lists (key 0 is in flight: passed over), then touch
         // the least active keys (newer).
         let first = order.victims(&s, 1, |_, id, _| id.as_numeric() == Some(0));
-        assert_eq!(ids(&first), vec![1]);
-        let e = ProducerEntry::start(0, 0, 1, None);
+        assert_eq!(ids(&s, &first), vec![1]);
+        assert!(s.remove(first[0].0, &first[0].1, 0));
         for k in [0, 2, 3, 4, 5, 6, 7, 8, 9] {
-            let id = ProducerId::numeric(k);
-            let h = hash_key(&id, 0);
-            s.install(h, &id, 0, &e, 100_000 + k as i64);
-            order.note(
-                crate::shards::shard_of(h),
-                100_000 + k as i64,
-                &id,
+            install(
+                &mut s,
+                &mut order,
+                &ProducerId::numeric(k),
                 0,
-                false,
+                100_000 + k as i64,
             );
         }
         let got = order.victims(&s, 5, |_, id, _| id.as_numeric() == Some(12));
-        assert_eq!(ids(&got), vec![10, 11, 13, 14, 15]);
-        // A key set back in time goes first: its shard's list is rebuilt.
-        let id = ProducerId::numeric(4_999);
-        let h = hash_key(&id, 0);
-        s.install(h, &id, 0, &e, -1);
-        order.note(crate::shards::shard_of(h), -1, &id, 0, false);
-        assert_eq!(ids(&order.victims(&s, 1, |_, _, _| false)), vec![4_999]);
-        assert_eq!(expected(&s, 1, &[]), vec![4_999]);
+        assert_eq!(ids(&s, &got), vec![10, 11, 13, 14, 15]);
+        for (h, id, p) in &got {
+            assert!(s.remove(*h, id, *p));
+        }
+        // A key set back in time goes first: it is listed in its place.
+        install(&mut s, &mut order, &ProducerId::numeric(4_999), 0, -1);
+        let got = order.victims(&s, 1, |_, _, _| false);
+        assert_eq!(ids(&s, &got), vec![4_999]);
+        assert!(s.remove(got[0].0, &got[0].1, 0));
+        // Key 12 was passed over while in flight; its record, once
+        // applied, ranks it again (here at its old activity).
+        install(&mut s, &mut order, &ProducerId::numeric(12), 0, 12);
+        let got = order.victims(&s, 3, |_, _, _| false);
+        assert_eq!(ids(&s, &got), vec![12, 16, 17]);
+        assert_eq!(
+            keys(&s, &got),
+            expected(&s, 3, |_, _| false),
+            "the reference agrees"
+        );
+    }
+
+    /// A tiny xorshift: the same operations in every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    #[test]
+    fn victims_match_a_sort_of_everything_under_mixed_operations() {
+        // Lists of one rank, a few, and the store's own: every path of
+        // listing, running out, rebuilding above the bound and inserting
+        // into a full list.
+        for cap in [1, 3, 16, CANDIDATES] {
+            mixed_operations(cap);
+        }
+    }
+
+    fn mixed_operations(cap: usize) {
+        // Numeric and named keys, activities bunched in a few milliseconds
+        // (ties broken by hash), keys touched forward and back in time,
+        // removed behind the order's back, excluded while in flight;
+        // after each eviction the victims are checked against a sort of
+        // every key.
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut s = Shards::default();
+        let mut order = Order::with_candidates(cap);
+        let mut next_id = 0u64;
+        let mut now = 1_000i64;
+        let key = |k: u64| {
+            if k.is_multiple_of(5) {
+                (ProducerId::named(&format!("producer-{k}")), (k % 3) as i32)
+            } else {
+                (ProducerId::numeric(k), (k % 3) as i32)
+            }
+        };
+        for round in 0..300 {
+            for _ in 0..rng.below(600) {
+                let (id, p) = key(next_id);
+                next_id += 1;
+                install(&mut s, &mut order, &id, p, now);
+                if rng.below(4) == 0 {
+                    now += 1;
+                }
+            }
+            for _ in 0..rng.below(40) {
+                let (id, p) = key(rng.below(next_id.max(1)));
+                if s.activity(hash_key(&id, p), &id, p).is_some() {
+                    let act = if rng.below(3) == 0 {
+                        now - 1 - rng.below(50) as i64
+                    } else {
+                        now
+                    };
+                    install(&mut s, &mut order, &id, p, act);
+                }
+            }
+            for _ in 0..rng.below(20) {
+                let (id, p) = key(rng.below(next_id.max(1)));
+                s.remove(hash_key(&id, p), &id, p);
+            }
+            // The keys in flight: passed over by this eviction; their
+            // records, once applied, rank them again (as the store's
+            // `Keys::install` does), some at their old activity.
+            let flight = rng.below(7);
+            let excluded = |id: &ProducerId, p: i32| {
+                let h = hash_key(id, p);
+                (h ^ u64::from(p as u32)) % 7 == flight && p == 1
+            };
+            // Fewer victims than new keys on average: the table grows to
+            // tens of keys a shard.
+            let n = rng.below(500) as usize;
+            let want = expected(&s, n, excluded);
+            let got = order.victims(&s, n, |_, id, p| excluded(id, p));
+            assert_eq!(keys(&s, &got), want, "lists of {cap}, round {round}");
+            for (h, id, p) in got {
+                assert!(s.remove(h, &id, p));
+            }
+            let in_flight: Vec<(ProducerId, i32, i64)> = (0..SHARDS)
+                .flat_map(|i| s.shard(i).keys().collect::<Vec<_>>())
+                .filter(|(id, p, _)| excluded(id, *p))
+                .map(|(id, p, a)| (id, p, a.ms()))
+                .collect();
+            for (id, p, act) in in_flight {
+                let act = if rng.below(2) == 0 { act } else { now };
+                install(&mut s, &mut order, &id, p, act);
+            }
+        }
+        assert!(next_id > 50_000, "{next_id} keys");
+        assert!(s.len() > 5_000, "{} keys held", s.len());
+    }
+
+    /// Two 16-byte names whose hashes are equal: their first two words are
+    /// `2x, y` and `x, 2y` under the hash's constants, so the multiply
+    /// that folds them gives the same product.
+    fn colliding_names() -> (ProducerId, ProducerId) {
+        const K0: u64 = 0x243f_6a88_85a3_08d3;
+        const K1: u64 = 0x1319_8a2e_0370_7344;
+        let printable = |w: u64| w.to_le_bytes().iter().all(|b| (0x21..0x7f).contains(b));
+        let mut rng = Rng(7);
+        // A word below 2^63 whose own and double's bytes, under `k`, are
+        // printable.
+        let mut find = |k: u64| loop {
+            let x = (rng.next() >> 1) & !(1 << 62);
+            if printable(x ^ k) && printable((2 * x) ^ k) {
+                return x;
+            }
+        };
+        let (x, y) = (find(K0), find(K1));
+        let name = |a: u64, b: u64| {
+            let mut bytes = (a ^ K0).to_le_bytes().to_vec();
+            bytes.extend_from_slice(&(b ^ K1).to_le_bytes());
+            ProducerId::named(std::str::from_utf8(&bytes).unwrap_or_default())
+        };
+        (name(2 * x, y), name(x, 2 * y))
+    }
+
+    #[test]
+    fn keys_sharing_a_hash_and_activity_go_together_in_id_order() {
+        let (a, b) = colliding_names();
+        assert_ne!(a, b);
+        assert_eq!(hash_key(&a, 0), hash_key(&b, 0), "the names collide");
+        let (first, second) = if a < b { (a, b) } else { (b, a) };
+        let mut s = Shards::default();
+        let mut order = Order::default();
+        for k in 0..3_000u64 {
+            install(
+                &mut s,
+                &mut order,
+                &ProducerId::numeric(k),
+                0,
+                10 + k as i64,
+            );
+        }
+        // Same activity: one rank. In flight, one of them is passed over;
+        // the other still goes.
+        install(&mut s, &mut order, &second, 0, 5);
+        install(&mut s, &mut order, &first, 0, 5);
+        let got = order.victims(&s, 1, |_, id, _| *id == first);
+        assert_eq!(keys(&s, &got), vec![(second.clone(), 0)]);
+        assert!(s.remove(got[0].0, &second, 0));
+        // Both, once the first's record is applied: taken together, in id
+        // order (one more than asked).
+        install(&mut s, &mut order, &second, 0, 5);
+        install(&mut s, &mut order, &first, 0, 5);
+        let got = order.victims(&s, 1, |_, _, _| false);
+        assert_eq!(
+            got.iter()
+                .map(|(_, id, p)| (id.clone(), *p))
+                .collect::<Vec<_>>(),
+            vec![(first.clone(), 0), (second.clone(), 0)]
+        );
+        for (h, id, p) in &got {
+            assert!(s.remove(*h, id, *p));
+        }
+        // Different activities: two ranks, each its own victim in order.
+        install(&mut s, &mut order, &second, 0, 6);
+        install(&mut s, &mut order, &first, 0, 7);
+        let got = order.victims(&s, 1, |_, _, _| false);
+        assert_eq!(keys(&s, &got), vec![(second.clone(), 0)]);
+        assert!(s.remove(got[0].0, &second, 0));
+        let got = order.victims(&s, 2, |_, _, _| false);
+        assert_eq!(
+            keys(&s, &got),
+            vec![(first, 0), (ProducerId::numeric(0), 0)]
+        );
     }
 }

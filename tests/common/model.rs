@@ -27,6 +27,46 @@ pub struct ModelEntry {
     pub act: i64,
 }
 
+/// The store's fixed 64-bit hash of a key, written from docs/format.md
+/// ("The hash of a key"), not from the engine: eviction breaks ties of
+/// activity by it.
+pub fn key_hash(key: &Key) -> u64 {
+    const K: [u64; 4] = [
+        0x243f_6a88_85a3_08d3,
+        0x1319_8a2e_0370_7344,
+        0xa409_3822_299f_31d0,
+        0x082e_fa98_ec4e_6c89,
+    ];
+    let fold = |a: u64, b: u64| {
+        let p = u128::from(a) * u128::from(b);
+        (p as u64) ^ ((p >> 64) as u64)
+    };
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w[..b.len()].copy_from_slice(b);
+        u64::from_le_bytes(w)
+    };
+    let (id, partition) = key;
+    let p = u64::from(*partition as u32).wrapping_mul(K[2] | 1);
+    if let Some(n) = id.as_numeric() {
+        return fold(n ^ K[0], K[1]) ^ p;
+    }
+    let name = id.as_name().unwrap_or_default().as_bytes();
+    if name.len() <= 24 {
+        let mut b = [0u8; 24];
+        b[..name.len()].copy_from_slice(name);
+        let w = |i: usize| word(&b[i..i + 8]);
+        fold(w(0) ^ K[0], w(8) ^ K[1]) ^ fold(w(16) ^ K[3] ^ name.len() as u64, K[2]) ^ p
+    } else {
+        let mut h = K[3] ^ name.len() as u64;
+        for block in name.chunks(16) {
+            let (a, b) = block.split_at(block.len().min(8));
+            h = fold(word(a) ^ K[0] ^ h, word(b) ^ K[1]);
+        }
+        h ^ p
+    }
+}
+
 /// What the store was opened with, as far as the model cares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ModelConfig {
@@ -351,8 +391,8 @@ impl Model {
 
     /// Before `key` gets state: at the cap, evict a 256th of the cap (at
     /// least one, and enough to get below the cap), the least recently
-    /// active first (activity, then id, then partition), never `key` nor a
-    /// key in flight; or refuse.
+    /// active first (activity, then the key's hash, then id, then
+    /// partition), never `key` nor a key in flight; or refuse.
     fn make_room(&mut self, key: &Key, in_flight: &HashSet<Key>) -> Result<(), Refused> {
         let Some(cap) = self.config.cap else {
             return Ok(());
@@ -364,14 +404,14 @@ impl Model {
             return Err(Refused);
         }
         let n = (cap / 256).max(1).max(self.keys.len() + 1 - cap);
-        let mut order: Vec<(i64, Key)> = self
+        let mut order: Vec<(i64, u64, Key)> = self
             .keys
             .iter()
             .filter(|(k, _)| *k != key && !in_flight.contains(*k))
-            .map(|(k, e)| (e.act, k.clone()))
+            .map(|(k, e)| (e.act, key_hash(k), k.clone()))
             .collect();
         order.sort();
-        let victims: Vec<Key> = order.into_iter().take(n).map(|(_, k)| k).collect();
+        let victims: Vec<Key> = order.into_iter().take(n).map(|(_, _, k)| k).collect();
         if !victims.is_empty() {
             for k in &victims {
                 self.keys.remove(k);
