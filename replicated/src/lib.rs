@@ -64,7 +64,7 @@ use std::path::Path;
 
 use producer_state::fs::FileSystem;
 
-pub use command::{Append, Command, Outcome, Producer, Response};
+pub use command::{Append, Command, LifecycleOutcome, Outcome, Producer, Response};
 pub use log::{LogOpened, LogStats, LogStore, OpenLogError};
 pub use network::{Faults, Router};
 pub use node::{Cluster, ClusterObserver, ClusterOptions, Replica, StartError, SubmitError};

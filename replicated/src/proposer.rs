@@ -147,12 +147,19 @@ async fn run(
         };
         let mut appends = first.0.appends().len();
         let mut bytes = GROUP_HEAD + first.0.appends_len();
+        let alone = !first.0.is_append();
         let mut waiting = vec![first];
         // Everything queued, up to the most one entry may hold, in appends
-        // and in bytes (each request passed `Command::validate` alone).
-        while let Ok(next) = rx.try_recv() {
+        // and in bytes (each request passed `Command::validate` alone). A
+        // lifecycle command is an entry of its own, in its place in the
+        // order: the appends before it are proposed first.
+        while !alone {
+            let Ok(next) = rx.try_recv() else { break };
             let (n, b) = (next.0.appends().len(), next.0.appends_len());
-            if appends + n > MAX_APPENDS_PER_ENTRY || bytes + b > MAX_COMMAND_BYTES {
+            if !next.0.is_append()
+                || appends + n > MAX_APPENDS_PER_ENTRY
+                || bytes + b > MAX_COMMAND_BYTES
+            {
                 carried = Some(next);
                 break;
             }
@@ -202,6 +209,16 @@ fn answer_all(
     waiting: Vec<(Command, Reply)>,
 ) {
     match result {
+        // A request alone (a lifecycle command's answer is not a slice).
+        Ok((log_id, response)) if waiting.len() == 1 => {
+            if let Some((_, reply)) = waiting.into_iter().next() {
+                let _ = reply.send(Ok(Answer {
+                    log_id,
+                    first_slot: 0,
+                    response,
+                }));
+            }
+        }
         Ok((log_id, response)) => {
             let mut outcomes = response.outcomes.into_iter();
             let mut slot = 0;
@@ -211,7 +228,10 @@ fn answer_all(
                 let _ = reply.send(Ok(Answer {
                     log_id,
                     first_slot: slot,
-                    response: Response { outcomes: mine },
+                    response: Response {
+                        outcomes: mine,
+                        lifecycle: None,
+                    },
                 }));
                 slot += n;
             }
