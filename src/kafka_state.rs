@@ -292,7 +292,7 @@ fn newest_timestamp(e: &ProducerEntry) -> Option<i64> {
 pub(crate) fn expire_compact(map: &mut StateMap, now_ms: i64, expiration_ms: i64) -> usize {
     let before = map.len();
     map.retain(|_, _, e| {
-        !newest_timestamp(e).is_some_and(|ts| now_ms.saturating_sub(ts) >= expiration_ms)
+        newest_timestamp(e).is_none_or(|ts| now_ms.saturating_sub(ts) < expiration_ms)
     });
     before - map.len()
 }

@@ -153,8 +153,7 @@ async fn run(
         // and in bytes (each request passed `Command::validate` alone). A
         // lifecycle command is an entry of its own, in its place in the
         // order: the appends before it are proposed first.
-        while !alone {
-            let Ok(next) = rx.try_recv() else { break };
+        while let Some(next) = (!alone).then(|| rx.try_recv().ok()).flatten() {
             let (n, b) = (next.0.appends().len(), next.0.appends_len());
             if !next.0.is_append()
                 || appends + n > MAX_APPENDS_PER_ENTRY

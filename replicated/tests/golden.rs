@@ -198,10 +198,7 @@ async fn the_golden_files_decode_to_their_history_and_are_written_byte_for_byte(
     assert_eq!(at, Some(history()[8].log_id));
     assert_eq!(state.len(), 2);
     assert_eq!(state.get(7u64, 0).unwrap().last_sequence(), 1);
-    assert_eq!(
-        state.get(3u64, 9),
-        moved().iter().next().map(|i| i.entry.clone())
-    );
+    assert_eq!(state.get(3u64, 9), moved().iter().next().map(|i| i.entry));
     // A snapshot written before the crate's snapshot version 3 (no store
     // section, no activity per key) still opens to the state after the
     // appends of the history.
