@@ -14,6 +14,10 @@
 //! request gets its own slice of the entry's outcomes, and its offsets are
 //! its appends' slots in the entry.
 //!
+//! A lifecycle command ([`Command::Expire`] and the others) is never
+//! batched: it is proposed as an entry of its own, in its place in the
+//! order requests arrived, and answered with the whole response.
+//!
 //! Up to [`ProposerOptions::in_flight`] proposals (default two) are in
 //! flight at once, handed to the leader's openraft in order
 //! (`client_write_ff`), so the log keeps the order in which requests
