@@ -16,6 +16,10 @@
 //! the sectors of unsynced writes persisted out of order, which leaves a
 //! damaged record followed by valid records of the same write (every
 //! record names its write, so the log cuts that write rather than refuse).
+//!
+//! A second workload opens a log of the previous version (2), which the
+//! open rewrites as version 3, and appends to it: a crash at any of its
+//! operations keeps every entry of the old file.
 
 use std::path::Path;
 use std::sync::Arc;
