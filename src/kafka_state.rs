@@ -285,6 +285,18 @@ fn newest_timestamp(e: &ProducerEntry) -> Option<i64> {
         .map(|m| m.timestamp)
 }
 
+/// Drops every compact key whose newest batch has a timestamp
+/// `expiration_ms` or more before `now_ms` (a key whose newest append
+/// carried none does not expire); returns how many. Kafka's rule for
+/// plain producers, and the seed engine's expiration.
+pub(crate) fn expire_compact(map: &mut StateMap, now_ms: i64, expiration_ms: i64) -> usize {
+    let before = map.len();
+    map.retain(|_, _, e| {
+        newest_timestamp(e).is_none_or(|ts| now_ms.saturating_sub(ts) < expiration_ms)
+    });
+    before - map.len()
+}
+
 fn regular_current(e: &ProducerEntry) -> KafkaCurrent {
     KafkaCurrent {
         epoch: e.epoch(),
@@ -571,11 +583,19 @@ impl KafkaState {
     /// (single-sequence appends carry none) does not expire.
     pub(crate) fn expire(&mut self, map: &mut StateMap, now_ms: i64, expiration_ms: i64) -> usize {
         let expired = |ts: i64| now_ms.saturating_sub(ts) >= expiration_ms;
-        let before = map.len() + self.full.len();
-        map.retain(|_, _, e| !newest_timestamp(e).is_some_and(expired));
+        let before = self.full.len();
+        let compact = expire_compact(map, now_ms, expiration_ms);
         self.full
             .retain(|_, e| e.txn_first_offset.is_some() || !expired(e.last_timestamp));
-        before - map.len() - self.full.len()
+        compact + before - self.full.len()
+    }
+
+    /// Forgets every side-table key of `partition` and the partition's
+    /// transaction index (open and aborted transactions); the caller
+    /// removes its compact keys.
+    pub(crate) fn remove_partition(&mut self, partition: i32) {
+        self.full.retain(|(_, p), _| *p != partition);
+        self.txns.remove_partition(partition);
     }
 
     /// The partition's producers as Kafka's snapshot holds them. Named

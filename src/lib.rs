@@ -162,7 +162,7 @@
 //! | negative sequence | `INVALID_RECORD`, before producer state | `OUT_OF_ORDER` (`NegativeSequence`), which `kafka_error` maps to `INVALID_RECORD` |
 //! | lower epoch | `INVALID_PRODUCER_EPOCH` | `FENCED_EPOCH`: the same error |
 //! | retry window after a restart | shrinks to 1 batch (snapshot v1 keeps only the last) | all retained batches survive |
-//! | producer expiration | decided again from the wall clock whenever a snapshot is loaded (replicas and restarts can disagree) | the store logs it: the removals and every key's last activity are records, replay reads no clock ([`StoreOptions::producer_expiration`]); the in-memory engine expires only under `Semantics::Kafka` ([`ProducerStateManager::expire_producers`]) |
+//! | producer expiration | decided again from the wall clock whenever a snapshot is loaded (replicas and restarts can disagree) | the store logs it: the removals and every key's last activity are records, replay reads no clock ([`StoreOptions::producer_expiration`]); the in-memory engine expires when its caller says, at the time its caller gives, under either semantics, a key's last activity being its newest batch's timestamp (a key whose newest append carried no timestamp never expires there) ([`ProducerStateManager::expire_producers`]); `producer-state-raft` carries that time in a log entry, so replicas agree |
 //! | bounded number of producers | none (KIP-936 proposed) | [`StoreOptions::max_producers`]: least recently active evicted (logged, deterministic) or new keys refused |
 //! | transactions, markers, coordinator epochs | supported | [`Error::Unsupported`] |
 //! | replication origin (a follower's appends) | no duplicate or sequence check, lower epochs applied | [`Error::Unsupported`] |

@@ -15,9 +15,11 @@ use std::path::Path;
 use crate::batch::{AppendOptions, AppendRequest, Batch, BatchMetadata, Origin};
 use crate::entry::ProducerEntry;
 use crate::error::{Corruption, Error, Result};
+use crate::export::PartitionExport;
 use crate::id::ProducerId;
+use crate::info::ProducerInfo;
 use crate::kafka::{KafkaProducerEntry, Unrepresentable};
-use crate::kafka_state::{KafkaProducerState, KafkaState};
+use crate::kafka_state::{KafkaProducerState, KafkaState, expire_compact};
 use crate::map::{Apply, StateMap, hash_key};
 use crate::outcome::{AppendOutcome, BatchOutcome};
 use crate::rules::UnknownProducer;
@@ -386,20 +388,78 @@ impl ProducerStateManager {
         }
     }
 
-    /// Kafka's `removeExpiredProducers`: forgets every producer without an
-    /// open transaction whose last batch or marker is `expiration_ms` or
-    /// more before `now_ms` (Kafka's `producer.id.expiration.ms`, one day by
-    /// default). An expired producer is unknown again: its next batch is
-    /// accepted at any sequence. Returns how many keys were forgotten.
-    /// A key whose newest append carries no timestamp (single-sequence
-    /// appends) does not expire.
+    /// Forgets every producer whose last activity is `expiration_ms` or
+    /// more before `now_ms` (Kafka's `removeExpiredProducers`, its
+    /// `producer.id.expiration.ms` one day by default), and returns how
+    /// many keys were forgotten. An expired key has no state: its next
+    /// append is classified as a new producer's (rule 1 under
+    /// [`Semantics::Seed`]; under [`Semantics::Kafka`] accepted at any
+    /// sequence).
+    ///
+    /// The engine keeps no clock, so a key's last activity is the
+    /// timestamp of its newest retained batch (and, under
+    /// [`Semantics::Kafka`], of its last marker). **A key whose newest
+    /// append carried no timestamp (a single-sequence
+    /// [`append`](ProducerStateManager::append)) never expires here**: the
+    /// engine does not know when it was made. (The durable store stamps
+    /// such appends with its clock and expires them; docs/lifecycle.md.)
+    /// Under [`Semantics::Kafka`] a producer with an open transaction
+    /// does not expire either, as in Kafka.
+    ///
+    /// The time is the caller's: the same state and the same arguments
+    /// forget the same keys on any machine, so replicas that apply the
+    /// same call stay equal (what `producer-state-raft` does).
+    ///
+    /// ```
+    /// use producer_state::{Batch, ProducerStateManager};
+    ///
+    /// let day = 86_400_000;
+    /// let mut mgr = ProducerStateManager::new();
+    /// mgr.append_batch(1u64, 0, 0, Batch::new(0, 4, 100, 1_000));
+    /// mgr.append_batch(2u64, 0, 0, Batch::new(0, 4, 105, 5_000));
+    /// mgr.append(3u64, 0, 0, 0); // no timestamp: never expires here
+    /// assert_eq!(mgr.expire_producers(1_000 + day, day)?, 1);
+    /// assert!(mgr.get(1u64, 0).is_none() && mgr.get(2u64, 0).is_some());
+    /// assert_eq!(mgr.expire_producers(i64::MAX, day)?, 1);
+    /// assert_eq!(mgr.len(), 1);
+    /// # Ok::<(), producer_state::Error>(())
+    /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`].
+    /// None today under either semantics; the `Result` stays so that a
+    /// refusal (as before seed-mode expiration existed) is not a breaking
+    /// change.
     pub fn expire_producers(&mut self, now_ms: i64, expiration_ms: i64) -> Result<usize> {
-        let (k, map) = self.kafka_mut("Kafka's producer expiration")?;
-        Ok(k.expire(map, now_ms, expiration_ms))
+        match &mut self.kafka {
+            Some(k) => Ok(k.expire(&mut self.map, now_ms, expiration_ms)),
+            None => Ok(expire_compact(&mut self.map, now_ms, expiration_ms)),
+        }
+    }
+
+    /// Forgets every key of `partition` and returns how many there were:
+    /// the partition has moved away or been deleted. Under
+    /// [`Semantics::Kafka`] its transactions go too: the open ones (its
+    /// last stable offset is the log end again) and the aborted ones.
+    ///
+    /// ```
+    /// use producer_state::ProducerStateManager;
+    ///
+    /// let mut mgr = ProducerStateManager::new();
+    /// mgr.append(1u64, 0, 0, 0);
+    /// mgr.append(2u64, 0, 0, 0);
+    /// mgr.append(1u64, 1, 0, 0);
+    /// assert_eq!(mgr.remove_partition(0), 2);
+    /// assert_eq!(mgr.remove_partition(0), 0);
+    /// assert_eq!(mgr.len(), 1);
+    /// ```
+    pub fn remove_partition(&mut self, partition: i32) -> usize {
+        let before = self.len();
+        self.map.retain(|_, p, _| p != partition);
+        if let Some(k) = &mut self.kafka {
+            k.remove_partition(partition);
+        }
+        before - self.len()
     }
 
     /// The partition's producers as a Kafka `.snapshot` file holds them
@@ -534,6 +594,86 @@ impl ProducerStateManager {
             let activity = snapshot::legacy_activity(&e);
             (id, p, e, activity)
         })
+    }
+
+    /// The producer state of `partition` (each key with its whole retry
+    /// window), for a partition that moves to another engine or store
+    /// ([`ProducerStateManager::import_partition`],
+    /// [`ProducerStateStore::import_partition`](crate::ProducerStateStore::import_partition),
+    /// [`PartitionExport::to_bytes`](crate::PartitionExport::to_bytes) for
+    /// the wire). The engine keeps no clock: each key's last activity is
+    /// its newest batch's timestamp, 0 for a key without one (as in
+    /// [`ProducerStateManager::encode_snapshot`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Kafka`]: the export holds
+    /// the seed rules' entries, not transactions, and leaving them out
+    /// would lose state.
+    pub fn export_partition(&self, partition: i32) -> Result<PartitionExport> {
+        if self.kafka.is_some() {
+            return Err(Error::Unsupported {
+                what: "a partition export",
+                semantics: Semantics::Kafka,
+            });
+        }
+        let entries = self
+            .map
+            .iter()
+            .filter(|(_, p, _)| *p == partition)
+            .map(|(producer_id, partition, entry)| ProducerInfo {
+                last_activity: snapshot::legacy_activity(&entry),
+                producer_id,
+                partition,
+                entry,
+            })
+            .collect();
+        Ok(PartitionExport::new(partition, entries))
+    }
+
+    /// Adds the keys of `export` (a partition moved here) and returns how
+    /// many: a producer retrying against its new home gets `DUPLICATE`
+    /// with the original offset, as it would have from the old one. Last
+    /// activities are not kept (the engine has none; see
+    /// [`ProducerStateManager::expire_producers`]).
+    ///
+    /// ```
+    /// use producer_state::{Batch, BatchOutcome, ProducerStateManager};
+    ///
+    /// let (mut old, mut new) = (ProducerStateManager::new(), ProducerStateManager::new());
+    /// let batch = Batch::new(0, 9, 1000, 1_700_000_000_000);
+    /// old.append_batch(42u64, 3, 0, batch);
+    /// assert_eq!(new.import_partition(&old.export_partition(3)?)?, 1);
+    /// assert_eq!(
+    ///     new.append_batch(42u64, 3, 0, batch),
+    ///     BatchOutcome::Duplicate { original: Some(batch.metadata()) }
+    /// );
+    /// # Ok::<(), producer_state::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ImportConflict`] if a key of the export already has state
+    /// here (remove the partition first if the import is meant to replace
+    /// it); nothing is imported then.
+    pub fn import_partition(&mut self, export: &PartitionExport) -> Result<usize> {
+        if let Some(i) = export
+            .iter()
+            .find(|i| self.get(i.producer_id.clone(), i.partition).is_some())
+        {
+            return Err(Error::ImportConflict {
+                producer_id: i.producer_id.clone(),
+                partition: i.partition,
+            });
+        }
+        for i in export.iter() {
+            let h = hash_key(&i.producer_id, i.partition);
+            // Each key once (the export's reader refuses repeats), and
+            // none here (checked above): every insert is new.
+            self.map
+                .insert_new_hashed(h, &i.producer_id, i.partition, &i.entry, ());
+        }
+        Ok(export.len())
     }
 
     /// The entry of one key, if it has state.
@@ -952,5 +1092,212 @@ mod tests {
                 "flip at {at}"
             );
         }
+    }
+
+    /// One step of the lifecycle property test.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Batch {
+            pid: u8,
+            partition: u8,
+            epoch: i16,
+            ts: i64,
+        },
+        Single {
+            pid: u8,
+            partition: u8,
+            epoch: i16,
+        },
+        Expire {
+            now: i64,
+            expiration: i64,
+        },
+        RemovePartition(u8),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u8..6, 0u8..3, 0i16..2, 0i64..1_000)
+                .prop_map(|(pid, partition, epoch, ts)| Step::Batch { pid, partition, epoch, ts }),
+            2 => (0u8..6, 0u8..3, 0i16..2)
+                .prop_map(|(pid, partition, epoch)| Step::Single { pid, partition, epoch }),
+            1 => (0i64..1_500, 0i64..600)
+                .prop_map(|(now, expiration)| Step::Expire { now, expiration }),
+            1 => (0u8..4).prop_map(Step::RemovePartition),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Expiration and partition removal against a model that keeps,
+        /// per key, only the timestamp of its last accepted append (none
+        /// for a single-sequence append): a key expires when that
+        /// timestamp is `expiration` or more before `now`, never without
+        /// one; a partition removal forgets exactly its keys. The counts
+        /// returned and the keys left are the model's after every step.
+        #[test]
+        fn expiration_and_partition_removal_match_a_model(
+            steps in proptest::collection::vec(step(), 1..120),
+        ) {
+            use std::collections::BTreeMap;
+            let mut mgr = ProducerStateManager::new();
+            let mut model: BTreeMap<(u64, i32), Option<i64>> = BTreeMap::new();
+            let mut next: BTreeMap<(u64, i32, i16), i32> = BTreeMap::new();
+            for s in steps {
+                match s {
+                    Step::Batch { pid, partition, epoch, ts } => {
+                        let (pid, p) = (u64::from(pid), i32::from(partition));
+                        let seq = next.get(&(pid, p, epoch)).copied().unwrap_or(0);
+                        let b = Batch::new(seq, seq + 1, i64::from(seq), ts);
+                        if mgr.append_batch(pid, p, epoch, b).is_accepted() {
+                            model.insert((pid, p), Some(ts));
+                            next.insert((pid, p, epoch), seq + 2);
+                        } else {
+                            // Forgotten or fenced: start the session over.
+                            next.insert((pid, p, epoch), 0);
+                        }
+                    }
+                    Step::Single { pid, partition, epoch } => {
+                        let (pid, p) = (u64::from(pid), i32::from(partition));
+                        let seq = next.get(&(pid, p, epoch)).copied().unwrap_or(0);
+                        if mgr.append(pid, p, epoch, seq) == Accepted {
+                            model.insert((pid, p), None);
+                            next.insert((pid, p, epoch), seq + 1);
+                        } else {
+                            next.insert((pid, p, epoch), 0);
+                        }
+                    }
+                    Step::Expire { now, expiration } => {
+                        let before = model.len();
+                        model.retain(|_, ts| !ts.is_some_and(|t| now - t >= expiration));
+                        let n = mgr.expire_producers(now, expiration).unwrap();
+                        proptest::prop_assert_eq!(n, before - model.len());
+                    }
+                    Step::RemovePartition(partition) => {
+                        let p = i32::from(partition);
+                        let before = model.len();
+                        model.retain(|&(_, kp), _| kp != p);
+                        proptest::prop_assert_eq!(mgr.remove_partition(p), before - model.len());
+                    }
+                }
+                let mut keys: Vec<(u64, i32)> = mgr
+                    .iter()
+                    .map(|(id, p, _)| (id.as_numeric().unwrap(), p))
+                    .collect();
+                keys.sort();
+                proptest::prop_assert_eq!(keys, model.keys().copied().collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn an_expired_producer_is_new_again_and_its_retry_is_not_a_duplicate() {
+        let mut mgr = ProducerStateManager::new();
+        let b = Batch::new(0, 4, 10, 1_000);
+        assert_eq!(mgr.append_batch(1u64, 0, 3, b), BatchOutcome::Accepted);
+        assert_eq!(
+            mgr.append_batch(1u64, 0, 3, Batch::new(5, 9, 15, 1_001)),
+            BatchOutcome::Accepted
+        );
+        assert_eq!(
+            mgr.expire_producers(1_500, 500).unwrap(),
+            0,
+            "1,001 is newer"
+        );
+        assert_eq!(mgr.expire_producers(1_501, 500).unwrap(), 1);
+        // A retry of its last batch is now a gap (rule 1), not a
+        // duplicate; a batch at sequence 0 is a new producer's, accepted
+        // at any epoch (and a retry of its first batch would be accepted
+        // again: why the expiration must outlast any retry).
+        let last = Batch::new(5, 9, 15, 1_001);
+        assert_eq!(mgr.append_batch(1u64, 0, 3, last).outcome(), OutOfOrder);
+        assert_eq!(mgr.append_batch(1u64, 0, 0, b), BatchOutcome::Accepted);
+        assert_eq!(mgr.get(1u64, 0).map(|e| e.epoch()), Some(0));
+        // Saturating: times at the ends of i64 neither wrap nor panic.
+        assert_eq!(mgr.expire_producers(i64::MIN, 0).unwrap(), 0);
+        assert_eq!(mgr.expire_producers(i64::MAX, i64::MAX).unwrap(), 0);
+        assert_eq!(mgr.expire_producers(i64::MAX, 1).unwrap(), 1);
+    }
+
+    #[test]
+    fn removing_a_kafka_partition_forgets_its_transactions_and_side_table_keys() {
+        use crate::{AppendOptions, Marker, Origin};
+        let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
+        let txn = AppendOptions::client().transactional().verified();
+        for p in [0, 1] {
+            mgr.append_with(1u64, p, 0, Batch::new(0, 0, 10, 1), txn)
+                .unwrap();
+            mgr.append_marker(1u64, p, 0, Marker::abort(0, 11, 2), Origin::Coordinator)
+                .unwrap();
+            mgr.append_with(2u64, p, 0, Batch::new(0, 0, 12, 3), txn)
+                .unwrap();
+            mgr.append(3u64, p, 0, 0);
+        }
+        assert_eq!(
+            (
+                mgr.first_unstable_offset(0),
+                mgr.aborted_transactions(0).len()
+            ),
+            (Some(12), 1)
+        );
+        assert_eq!(mgr.remove_partition(0), 3);
+        assert_eq!(mgr.first_unstable_offset(0), None);
+        assert!(mgr.aborted_transactions(0).is_empty());
+        assert!(mgr.kafka_state(1u64, 0).is_none() && mgr.kafka_state(2u64, 0).is_none());
+        assert!(mgr.get(3u64, 0).is_none());
+        // The other partition keeps everything.
+        assert_eq!(
+            (
+                mgr.first_unstable_offset(1),
+                mgr.aborted_transactions(1).len()
+            ),
+            (Some(12), 1)
+        );
+        assert_eq!(mgr.len(), 3);
+        // A producer of the removed partition starts over there.
+        assert!(
+            mgr.append_with(2u64, 0, 0, Batch::new(0, 0, 20, 4), txn)
+                .unwrap()
+                .is_accepted()
+        );
+        assert_eq!(mgr.first_unstable_offset(0), Some(20));
+    }
+
+    #[test]
+    fn a_partition_moves_between_engines_with_its_retry_windows() {
+        let mut old = varied();
+        let export = old.export_partition(-4).unwrap();
+        assert_eq!(export.len(), 1);
+        let bytes = export.to_bytes();
+        let moved = crate::PartitionExport::from_bytes(&bytes).unwrap();
+        let mut new = ProducerStateManager::new();
+        new.append(5u64, 0, 0, 0);
+        assert_eq!(new.import_partition(&moved).unwrap(), 1);
+        assert_eq!(new.get("named", -4), old.get("named", -4));
+        assert_eq!(
+            new.append_batch("named", -4, 2, Batch::new(16, 17, 8, 9)),
+            BatchOutcome::Duplicate {
+                original: Some(BatchMetadata {
+                    offset: 8,
+                    timestamp: 9
+                })
+            }
+        );
+        // A second import of the same keys is refused whole.
+        let before = sorted(&new);
+        match new.import_partition(&moved) {
+            Err(Error::ImportConflict { partition: -4, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(sorted(&new), before);
+        // Removed at the old home, the partition has no state left there.
+        assert_eq!(old.remove_partition(-4), 1);
+        assert!(old.export_partition(-4).unwrap().is_empty());
+        // Kafka mode holds transactions an export cannot carry.
+        let kafka = ProducerStateManager::with_semantics(Semantics::Kafka);
+        assert!(matches!(
+            kafka.export_partition(0),
+            Err(Error::Unsupported { .. })
+        ));
     }
 }

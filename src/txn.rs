@@ -296,6 +296,12 @@ impl TxnIndex {
         self.partitions.entry(partition).or_default().aborted = list;
     }
 
+    /// Forgets the partition's open and aborted transactions (the
+    /// partition was removed).
+    pub(crate) fn remove_partition(&mut self, partition: i32) {
+        self.partitions.remove(&partition);
+    }
+
     /// How many transactions are open, over all partitions.
     #[cfg(test)]
     pub(crate) fn open_count(&self) -> usize {

@@ -649,8 +649,6 @@ enum Reason {
     NoTransactions,
     /// The replication origin is Kafka mode's.
     NoReplicationOrigin,
-    /// Expiration is Kafka mode's.
-    NoExpiration,
     /// A verdict for a producer whose earlier command already differed for
     /// one of the reasons above (its state differs since).
     Consequence,
@@ -679,7 +677,6 @@ fn reason(step: &Step, before: &Before) -> Option<Reason> {
         Command::Data { repl: true, .. } if ours == "UNSUPPORTED" => {
             Some(Reason::NoReplicationOrigin)
         }
-        Command::Expire if ours == "UNSUPPORTED" => Some(Reason::NoExpiration),
         Command::Data { first, last, .. } => {
             if last < first && ours == ooo {
                 Some(Reason::WrapInsideBatch)
@@ -711,9 +708,6 @@ fn seed_mode_differs_only_where_the_differences_table_says() {
         let mut d = Driver::new(Semantics::Seed);
         let mut differed: Vec<i64> = Vec::new();
         let mut after_reload = false;
-        // After an expiration the seed engine could not do, every producer
-        // it kept differs from Kafka's.
-        let mut expiration_skipped = false;
         for s in &steps {
             let pid = match s.cmd {
                 Command::Data { pid, .. } | Command::Marker { pid, .. } => Some(pid),
@@ -732,7 +726,7 @@ fn seed_mode_differs_only_where_the_differences_table_says() {
                     })
                     .unwrap_or_default(),
                 after_reload,
-                differed: expiration_skipped || pid.is_some_and(|p| differed.contains(&p)),
+                differed: pid.is_some_and(|p| differed.contains(&p)),
             };
             let saved = d.map_end;
             let ours = d.run(&s.cmd);
@@ -757,7 +751,6 @@ fn seed_mode_differs_only_where_the_differences_table_says() {
             if let Some(p) = pid {
                 differed.push(p);
             }
-            expiration_skipped |= r == Reason::NoExpiration;
             found.push((commands.rsplit('/').next().unwrap().to_string(), s.line, r));
         }
     }
@@ -801,9 +794,8 @@ const PINNED: &[(&str, usize, Reason)] = &[
     ("edge-cases.in", 82, UnknownProducer),
     ("edge-cases.in", 83, Consequence),
     ("edge-cases.in", 90, WindowAfterRestart),
-    ("edge-cases.in", 96, NoExpiration),
-    ("edge-cases.in", 97, Consequence),
-    ("edge-cases.in", 98, Consequence),
+    ("edge-cases.in", 97, UnknownProducer),
+    ("edge-cases.in", 98, UnknownProducer),
     ("commands.txt", 11, NoTransactions),
     ("commands.txt", 12, NoTransactions),
     ("commands.txt", 13, NoTransactions),

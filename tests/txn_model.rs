@@ -553,7 +553,8 @@ fn seed_semantics_refuse_what_they_do_not_model() {
         mgr.append_marker(1u64, 0, 0, Marker::commit(0, 1, 0), Origin::Coordinator)
             .is_err()
     );
-    assert!(mgr.expire_producers(0, 1).is_err());
+    // Expiration works under both (by batch timestamps; nothing to expire).
+    assert_eq!(mgr.expire_producers(0, 1).unwrap(), 0);
     assert!(mgr.kafka_snapshot_entries(0).is_err());
     assert!(mgr.load_kafka_snapshot(0, &[]).is_err());
     assert_eq!(mgr.len(), 0, "nothing was applied");

@@ -8,13 +8,17 @@
 //! chosen by anyone: it is the append's place in the replicated log
 //! ([`offset_of`]), the same on every replica and never reused.
 //!
-//! The command enum is `#[non_exhaustive]`: lifecycle operations (producer
-//! expiration, eviction, partition moves; issue 13) become new variants
-//! with new tags in [`Command::encode`], decided from the log and never from
-//! a replica's clock (docs/scaling.md).
+//! Lifecycle operations are commands too ([`Command::Expire`],
+//! [`Command::RemovePartition`], [`Command::ImportPartition`]): whatever
+//! they decide is decided by the proposer and carried in the entry (the
+//! expiration's time above all), never taken from a replica's clock or
+//! memory, so every replica removes or adds exactly the same keys
+//! (docs/scaling.md, "Lifecycle operations"). Each kind has its own tag in
+//! [`Command::encode`]; tags are only ever added (docs/format.md).
 
 use producer_state::{
-    AppendRequest, Batch, BatchMetadata, BatchOutcome, ProducerId, ProducerStateManager,
+    AppendRequest, Batch, BatchMetadata, BatchOutcome, PartitionExport, ProducerId,
+    ProducerStateManager,
 };
 use serde::{Deserialize, Serialize};
 
@@ -168,15 +172,61 @@ pub enum Command {
     /// for many partitions, like the store's `append_all`. One Raft round
     /// and one log fsync for the whole group.
     AppendAll(Vec<Append>),
+    /// Forgets every producer whose newest batch's timestamp is
+    /// `expiration_ms` or more before `now_ms`
+    /// (`ProducerStateManager::expire_producers`; a key whose newest append
+    /// carried no timestamp never expires). The time is chosen once, by
+    /// whoever proposes the entry (`Cluster::expire` reads its clock), and
+    /// every replica applies that time: none reads a clock while applying.
+    /// Answered with [`LifecycleOutcome::Expired`].
+    Expire {
+        /// "Now", in milliseconds since the Unix epoch, as the proposer saw it.
+        now_ms: i64,
+        /// How long a producer may be silent (not negative).
+        expiration_ms: i64,
+    },
+    /// Forgets every producer of the partition (it moved to another group
+    /// or was deleted). Answered with [`LifecycleOutcome::PartitionRemoved`].
+    RemovePartition {
+        /// The partition.
+        partition: i32,
+    },
+    /// Adds a partition's producers, as another group (or a store)
+    /// exported them: the bytes of a [`PartitionExport`]
+    /// ([`Command::import_partition`] makes one). Answered with
+    /// [`LifecycleOutcome::Imported`], or
+    /// [`LifecycleOutcome::ImportRefused`] (nothing added) when a key of
+    /// the export already has another state here.
+    ImportPartition {
+        /// [`PartitionExport::to_bytes`], checksummed.
+        export: Vec<u8>,
+    },
 }
 
 impl Command {
-    /// The appends of the command, in the order they are classified.
+    /// The command that imports `export` (a partition moved here).
+    pub fn import_partition(export: &PartitionExport) -> Command {
+        Command::ImportPartition {
+            export: export.to_bytes(),
+        }
+    }
+
+    /// The appends of the command, in the order they are classified (none
+    /// for a lifecycle command).
     pub fn appends(&self) -> &[Append] {
         match self {
             Command::Append(a) => std::slice::from_ref(a),
             Command::AppendAll(v) => v,
+            Command::Expire { .. }
+            | Command::RemovePartition { .. }
+            | Command::ImportPartition { .. } => &[],
         }
+    }
+
+    /// True for appends (one or a group), which a `Proposer` may batch with
+    /// others; false for a lifecycle command, which is an entry of its own.
+    pub fn is_append(&self) -> bool {
+        matches!(self, Command::Append(_) | Command::AppendAll(_))
     }
 
     /// The length of [`Command::encode`]'s bytes, computed without
@@ -185,6 +235,9 @@ impl Command {
         let head = match self {
             Command::Append(_) => 1,
             Command::AppendAll(_) => GROUP_HEAD,
+            Command::Expire { .. } => 1 + 8 + 8,
+            Command::RemovePartition { .. } => 1 + 4,
+            Command::ImportPartition { export } => 1 + 4 + export.len(),
         };
         head + self.appends_len()
     }
@@ -253,19 +306,60 @@ impl Outcome {
     }
 }
 
-/// The answer to one entry: one outcome per append, in order. Entries
-/// that carry no command (Raft's blank and membership entries) answer an
-/// empty list.
+/// What a lifecycle command came to on the replica that applied it (the
+/// same on every replica).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LifecycleOutcome {
+    /// [`Command::Expire`]: this many keys expired.
+    Expired {
+        /// Keys forgotten.
+        keys: u64,
+    },
+    /// [`Command::RemovePartition`]: this many keys were the partition's.
+    PartitionRemoved {
+        /// Keys forgotten.
+        keys: u64,
+    },
+    /// [`Command::ImportPartition`]: the state now holds every key of the
+    /// export as exported, this many. A retry of an import that was
+    /// applied finds every key as exported and is answered the same,
+    /// adding nothing.
+    Imported {
+        /// Keys of the export.
+        keys: u64,
+    },
+    /// [`Command::ImportPartition`] refused, nothing added: a key of the
+    /// export has another state here (remove the partition first if the
+    /// import is meant to replace it), or the bytes are not an export.
+    ImportRefused {
+        /// Why, as the engine words it.
+        reason: String,
+    },
+}
+
+/// The answer to one entry: one outcome per append, in order, or what a
+/// lifecycle command did. Entries that carry no command (Raft's blank and
+/// membership entries) answer an empty list and no lifecycle outcome.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
-    /// One outcome per append of the command.
+    /// One outcome per append of the command (empty for a lifecycle
+    /// command).
     pub outcomes: Vec<Outcome>,
+    /// What a lifecycle command did; `None` for appends.
+    #[serde(default)]
+    pub lifecycle: Option<LifecycleOutcome>,
 }
 
 /// Classifies every append of `command`, the entry at log `index`, against
 /// `mgr`, in order. Deterministic: the same state and the same entry give
 /// the same outcomes and the same new state on every replica.
 pub fn apply(mgr: &mut ProducerStateManager, index: u64, command: &Command) -> Response {
+    if let Some(done) = apply_lifecycle(mgr, command) {
+        return Response {
+            outcomes: Vec::new(),
+            lifecycle: Some(done),
+        };
+    }
     let outcomes = command
         .appends()
         .iter()
@@ -282,14 +376,77 @@ pub fn apply(mgr: &mut ProducerStateManager, index: u64, command: &Command) -> R
             Outcome::from_engine(mgr.append_request(&a.request(offset)), offset)
         })
         .collect();
-    Response { outcomes }
+    Response {
+        outcomes,
+        lifecycle: None,
+    }
+}
+
+/// A lifecycle command against `mgr` (`None` for appends): deterministic,
+/// from the command alone (no clock, no memory size, nothing of the
+/// replica's own).
+fn apply_lifecycle(mgr: &mut ProducerStateManager, command: &Command) -> Option<LifecycleOutcome> {
+    Some(match command {
+        Command::Expire {
+            now_ms,
+            expiration_ms,
+        } => LifecycleOutcome::Expired {
+            // Never an error (the replicas run the seed rules).
+            keys: mgr.expire_producers(*now_ms, *expiration_ms).unwrap_or(0) as u64,
+        },
+        Command::RemovePartition { partition } => LifecycleOutcome::PartitionRemoved {
+            keys: mgr.remove_partition(*partition) as u64,
+        },
+        Command::ImportPartition { export } => {
+            let refused = |e: producer_state::Error| LifecycleOutcome::ImportRefused {
+                reason: e.to_string(),
+            };
+            // Validated before it was proposed, under the log's CRC since:
+            // a failure here is identical on every replica anyway.
+            let export = match PartitionExport::from_bytes(export) {
+                Ok(e) => e,
+                Err(e) => return Some(refused(e)),
+            };
+            let keys = export.len() as u64;
+            // A retry of an import that was applied (its answer lost):
+            // every key is already here, as exported.
+            let done = export.iter().all(|i| {
+                mgr.get(i.producer_id.clone(), i.partition)
+                    .is_some_and(|e| e == i.entry)
+            });
+            if done && !export.is_empty() {
+                return Some(LifecycleOutcome::Imported { keys });
+            }
+            match mgr.import_partition(&export) {
+                Ok(_) => LifecycleOutcome::Imported { keys },
+                Err(e) => refused(e),
+            }
+        }
+        Command::Append(_) | Command::AppendAll(_) => return None,
+    })
 }
 
 impl Command {
     /// Refuses a command that cannot be proposed: no appends, more than
-    /// [`MAX_APPENDS_PER_ENTRY`], a name longer than 65,535 bytes, or more
-    /// than [`MAX_COMMAND_BYTES`] in all.
+    /// [`MAX_APPENDS_PER_ENTRY`], a name longer than 65,535 bytes, more
+    /// than [`MAX_COMMAND_BYTES`] in all, a negative expiration, or an
+    /// import whose bytes are not a valid partition export.
     pub fn validate(&self) -> Result<(), &'static str> {
+        if self.encoded_len() > MAX_COMMAND_BYTES {
+            return Err("a command is at most 16 MiB encoded");
+        }
+        match self {
+            Command::Append(_) | Command::AppendAll(_) => {}
+            Command::Expire { expiration_ms, .. } if *expiration_ms < 0 => {
+                return Err("an expiration is not negative");
+            }
+            Command::ImportPartition { export } if PartitionExport::from_bytes(export).is_err() => {
+                return Err("the import's bytes are not a valid partition export");
+            }
+            Command::Expire { .. }
+            | Command::RemovePartition { .. }
+            | Command::ImportPartition { .. } => return Ok(()),
+        }
         let appends = self.appends();
         if appends.is_empty() {
             return Err("a command must carry at least one append");
@@ -303,9 +460,6 @@ impl Command {
         {
             return Err("a producer name is at most 65,535 bytes");
         }
-        if self.encoded_len() > MAX_COMMAND_BYTES {
-            return Err("a command is at most 16 MiB encoded");
-        }
         Ok(())
     }
 }
@@ -313,8 +467,13 @@ impl Command {
 // ---------------------------------------------------------------------------
 // Bytes (docs/format.md, "Raft log of producer-state-raft").
 
+// Tags are only ever added, and an existing tag's bytes never change
+// (docs/format.md, "Versions"): tags 3 to 5 came with log version 3.
 const TAG_APPEND: u8 = 1;
 const TAG_APPEND_ALL: u8 = 2;
+const TAG_EXPIRE: u8 = 3;
+const TAG_REMOVE_PARTITION: u8 = 4;
+const TAG_IMPORT_PARTITION: u8 = 5;
 const PRODUCER_ID: u8 = 0;
 const PRODUCER_NAME: u8 = 1;
 const HAS_TIMESTAMP: u8 = 1;
@@ -333,6 +492,24 @@ impl Command {
                 for a in v {
                     encode_append(a, out);
                 }
+            }
+            Command::Expire {
+                now_ms,
+                expiration_ms,
+            } => {
+                out.push(TAG_EXPIRE);
+                out.extend_from_slice(&now_ms.to_le_bytes());
+                out.extend_from_slice(&expiration_ms.to_le_bytes());
+            }
+            Command::RemovePartition { partition } => {
+                out.push(TAG_REMOVE_PARTITION);
+                out.extend_from_slice(&partition.to_le_bytes());
+            }
+            Command::ImportPartition { export } => {
+                out.push(TAG_IMPORT_PARTITION);
+                // At most 16 MiB (`validate`), so the length fits.
+                out.extend_from_slice(&(export.len() as u32).to_le_bytes());
+                out.extend_from_slice(export);
             }
         }
     }
@@ -354,7 +531,20 @@ impl Command {
                 }
                 Command::AppendAll(v)
             }
-            _ => return Err("unknown command tag"),
+            TAG_EXPIRE => Command::Expire {
+                now_ms: r.u64()? as i64,
+                expiration_ms: r.u64()? as i64,
+            },
+            TAG_REMOVE_PARTITION => Command::RemovePartition {
+                partition: r.u32()? as i32,
+            },
+            TAG_IMPORT_PARTITION => {
+                let n = r.u32()? as usize;
+                Command::ImportPartition {
+                    export: r.take(n)?.to_vec(),
+                }
+            }
+            _ => return Err(UNKNOWN_TAG),
         };
         if !r.0.is_empty() {
             return Err("bytes after the command");
@@ -429,6 +619,10 @@ fn decode_append(r: &mut Reader<'_>) -> Result<Append, &'static str> {
     })
 }
 
+/// [`Command::decode`]'s answer to a tag it does not know: a command of a
+/// later build (the log refuses it by name rather than cut it as damage).
+pub(crate) const UNKNOWN_TAG: &str = "unknown command tag";
+
 /// A bounds-checked little-endian reader.
 pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
@@ -472,7 +666,91 @@ mod tests {
                 Append::batch(u64::MAX, i32::MAX, 2, 0, 4, i64::MAX),
                 Append::single("", i32::MIN, -1, i32::MAX),
             ]),
+            Command::Expire {
+                now_ms: i64::MIN,
+                expiration_ms: i64::MAX,
+            },
+            Command::RemovePartition {
+                partition: i32::MIN,
+            },
+            Command::import_partition(&export()),
         ]
+    }
+
+    /// Partition 4 of an engine with two producers.
+    fn export() -> PartitionExport {
+        let mut mgr = ProducerStateManager::new();
+        mgr.append_batch(1u64, 4, 0, Batch::new(0, 9, 100, 5));
+        mgr.append("named", 4, 2, 0);
+        mgr.append(1u64, 5, 0, 0);
+        mgr.export_partition(4).unwrap()
+    }
+
+    #[test]
+    fn lifecycle_commands_answer_how_many_keys_went_and_only_appends_batch() {
+        let mut mgr = ProducerStateManager::new();
+        for p in [0, 1] {
+            apply(
+                &mut mgr,
+                1,
+                &Command::Append(Append::batch(9u64, p, 0, 0, 0, 1_000)),
+            );
+        }
+        apply(&mut mgr, 2, &Command::Append(Append::single(8u64, 0, 0, 0)));
+        let expire = |now_ms| Command::Expire {
+            now_ms,
+            expiration_ms: 500,
+        };
+        let answer = |mgr: &mut ProducerStateManager, c: &Command| apply(mgr, 3, c).lifecycle;
+        assert_eq!(
+            answer(&mut mgr, &expire(1_499)),
+            Some(LifecycleOutcome::Expired { keys: 0 })
+        );
+        let r = apply(&mut mgr, 4, &expire(1_500));
+        assert_eq!(
+            (r.outcomes.len(), r.lifecycle),
+            (0, Some(LifecycleOutcome::Expired { keys: 2 }))
+        );
+        assert_eq!(mgr.len(), 1, "the single-sequence key has no timestamp");
+        assert_eq!(
+            answer(&mut mgr, &Command::RemovePartition { partition: 0 }),
+            Some(LifecycleOutcome::PartitionRemoved { keys: 1 })
+        );
+        assert!(mgr.is_empty());
+        // An import; its retry (the answer lost) is answered the same and
+        // adds nothing; a conflicting one is refused whole.
+        let import = Command::import_partition(&export());
+        for _ in 0..2 {
+            assert_eq!(
+                answer(&mut mgr, &import),
+                Some(LifecycleOutcome::Imported { keys: 2 })
+            );
+            assert_eq!(mgr.len(), 2);
+        }
+        apply(
+            &mut mgr,
+            5,
+            &Command::Append(Append::batch(1u64, 4, 0, 10, 11, 6)),
+        );
+        let before = mgr.get(1u64, 4);
+        assert!(matches!(
+            answer(&mut mgr, &import),
+            Some(LifecycleOutcome::ImportRefused { .. })
+        ));
+        assert_eq!((mgr.len(), mgr.get(1u64, 4)), (2, before));
+        // Damaged bytes never reach a replica (validate), and would be
+        // refused alike if they did.
+        let mut bad = export().to_bytes();
+        bad[20] ^= 1;
+        let bad = Command::ImportPartition { export: bad };
+        assert!(bad.validate().is_err());
+        assert!(matches!(
+            answer(&mut mgr, &bad),
+            Some(LifecycleOutcome::ImportRefused { .. })
+        ));
+        assert!(
+            !expire(0).is_append() && Command::Append(Append::single(1u64, 0, 0, 0)).is_append()
+        );
     }
 
     #[test]
@@ -569,6 +847,15 @@ mod tests {
         assert!(Command::AppendAll(many).validate().is_err());
         let long = Append::single("x".repeat(70_000).as_str(), 0, 0, 0);
         assert!(Command::Append(long).validate().is_err());
+        let negative = Command::Expire {
+            now_ms: 0,
+            expiration_ms: -1,
+        };
+        assert!(negative.validate().is_err());
+        let huge = Command::ImportPartition {
+            export: vec![0; MAX_COMMAND_BYTES],
+        };
+        assert_eq!(huge.validate(), Err("a command is at most 16 MiB encoded"));
         assert!(sample().iter().all(|c| c.validate().is_ok()));
     }
 }

@@ -19,7 +19,15 @@
 //!   ([`StateMachine`]); after a restart the snapshot is loaded and the
 //!   committed entries after it are applied once;
 //! - a lagging or new replica is sent that snapshot; it is verified before
-//!   it replaces anything ([`state::verify_snapshot`]).
+//!   it replaces anything ([`state::verify_snapshot`]);
+//! - the producer lifecycle is entries too: [`Command::Expire`] carries the
+//!   time its proposer read (no replica reads a clock while applying),
+//!   [`Command::RemovePartition`] forgets a partition, and
+//!   [`Command::ImportPartition`] adds one exported from another group
+//!   ([`Cluster::export_partition`]); each is answered with how many keys
+//!   it removed or added ([`LifecycleOutcome`]). A store's `truncate_to`
+//!   has no counterpart: a replica applies only committed entries, which
+//!   are never truncated (docs/scaling.md, "Lifecycle operations").
 //!
 //! [`Proposer`] batches concurrent requests into shared entries (openraft
 //! 0.9 commits one log append per fsync, so without it concurrent
@@ -41,6 +49,13 @@
 //! let (_, retry) = cluster.submit(batch).await?;
 //! let Outcome::Accepted { offset } = first.outcomes[0] else { unreachable!() };
 //! assert_eq!(retry.outcomes[0], Outcome::Duplicate { original: Some((offset, 1_700_000_000_000)) });
+//!
+//! // A day later (by the batch's timestamp), the producer expires on every replica.
+//! let (_, keys) = cluster.submit(Command::Expire {
+//!     now_ms: 1_700_000_000_000 + 86_400_000,
+//!     expiration_ms: 86_400_000,
+//! }).await.map(|(at, r)| (at, r.lifecycle))?;
+//! assert_eq!(keys, Some(producer_state_raft::LifecycleOutcome::Expired { keys: 1 }));
 //! cluster.shutdown().await;
 //! # Ok(()) }
 //! ```
@@ -64,7 +79,7 @@ use std::path::Path;
 
 use producer_state::fs::FileSystem;
 
-pub use command::{Append, Command, Outcome, Producer, Response};
+pub use command::{Append, Command, LifecycleOutcome, Outcome, Producer, Response};
 pub use log::{LogOpened, LogStats, LogStore, OpenLogError};
 pub use network::{Faults, Router};
 pub use node::{Cluster, ClusterObserver, ClusterOptions, Replica, StartError, SubmitError};

@@ -50,7 +50,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 
-use crate::command::{Command, MAX_COMMAND_BYTES, Reader};
+use crate::command::{self, Command, MAX_COMMAND_BYTES, Reader};
 use crate::state::StateMachine;
 use crate::writer::{self, Op};
 use crate::{NodeId, TypeConfig, read_file, write_atomically};
@@ -62,7 +62,11 @@ const META_FILE: &str = "raft-meta.json";
 const COMMITTED_FILE: &str = "raft-committed.json";
 const RECORD_HEADER: usize = 8;
 const LOG_MAGIC: &[u8; 8] = b"PSRAFTLG";
-const LOG_VERSION: u16 = 2;
+/// Version 3: command tags 3 to 5 (the lifecycle commands) may appear.
+/// Version 2 logs are read and rewritten as version 3 when opened
+/// (docs/format.md, "Versions").
+const LOG_VERSION: u16 = 3;
+const LOG_VERSION_2: u16 = 2;
 /// `raft.log` starts with magic, version, reserved, a salt, and a CRC of
 /// those.
 const LOG_HEADER: usize = 24;
@@ -251,40 +255,63 @@ pub(crate) fn seal_write(buf: &mut [u8], write_start: u64, seed: u32) {
     }
 }
 
-/// One record at the start of `bytes`, file offset `at`: the entry and
-/// the record's length; `None` if these bytes are not a whole valid
-/// record.
-fn decode_record(bytes: &[u8], at: usize, seed: u32) -> Option<(Entry<TypeConfig>, usize)> {
+/// What the bytes at an offset of the log are.
+enum Decoded {
+    /// A whole valid record: the entry and the record's length.
+    Record(Entry<TypeConfig>, usize),
+    /// Not a whole valid record (cut short, or its checksum fails).
+    NotARecord,
+    /// A whole record, checksummed by this log, whose command this build
+    /// does not read: written by a later build (a tag added since).
+    /// Neither damage nor a torn write, and never cut: a replica that
+    /// dropped it would apply a different log than the others.
+    UnknownCommand,
+}
+
+/// The record at the start of `bytes`, file offset `at`.
+fn decode_record(bytes: &[u8], at: usize, seed: u32) -> Decoded {
     let mut r = Reader(bytes);
-    let len = r.u32().ok()?;
-    let crc = r.u32().ok()?;
+    let (Ok(len), Ok(crc)) = (r.u32(), r.u32()) else {
+        return Decoded::NotARecord;
+    };
     if len > MAX_PAYLOAD {
-        return None;
+        return Decoded::NotARecord;
     }
-    let payload = r.take(len as usize).ok()?;
+    let Ok(payload) = r.take(len as usize) else {
+        return Decoded::NotARecord;
+    };
     let computed = crc32c::crc32c_append(crc32c::crc32c_append(seed, &len.to_le_bytes()), payload);
     if computed != crc {
-        return None;
+        return Decoded::NotARecord;
     }
+    match decode_payload(payload, at) {
+        Ok(entry) => Decoded::Record(entry, RECORD_HEADER + len as usize),
+        Err(Some(command::UNKNOWN_TAG)) => Decoded::UnknownCommand,
+        Err(_) => Decoded::NotARecord,
+    }
+}
+
+/// A checksummed record's payload; `Err(Some(why))` when its command does
+/// not decode.
+fn decode_payload(payload: &[u8], at: usize) -> Result<Entry<TypeConfig>, Option<&'static str>> {
     let mut p = Reader(payload);
-    let term = p.u64().ok()?;
-    let node_id = p.u64().ok()?;
-    let index = p.u64().ok()?;
-    let write_start = p.u64().ok()?;
+    let term = p.u64().map_err(|_| None)?;
+    let node_id = p.u64().map_err(|_| None)?;
+    let index = p.u64().map_err(|_| None)?;
+    let write_start = p.u64().map_err(|_| None)?;
     if !(LOG_HEADER as u64..=at as u64).contains(&write_start) {
-        return None;
+        return Err(None);
     }
-    let payload = match p.u8().ok()? {
+    let payload = match p.u8().map_err(|_| None)? {
         KIND_BLANK if p.0.is_empty() => EntryPayload::Blank,
-        KIND_NORMAL => EntryPayload::Normal(Command::decode(p.0).ok()?),
-        KIND_MEMBERSHIP => EntryPayload::Membership(serde_json::from_slice(p.0).ok()?),
-        _ => return None,
+        KIND_NORMAL => EntryPayload::Normal(Command::decode(p.0).map_err(Some)?),
+        KIND_MEMBERSHIP => EntryPayload::Membership(serde_json::from_slice(p.0).map_err(|_| None)?),
+        _ => return Err(None),
     };
-    let entry = Entry {
+    Ok(Entry {
         log_id: LogId::new(CommittedLeaderId::new(term, node_id), index),
         payload,
-    };
-    Some((entry, RECORD_HEADER + len as usize))
+    })
 }
 
 /// Whether the bytes of `bytes` from `at` (where no valid record starts)
@@ -423,7 +450,10 @@ impl LogStore {
         }
         let header: [u8; LOG_HEADER] = match bytes.get(..LOG_HEADER) {
             Some(h) if h[..8] != LOG_MAGIC[..] => None,
-            Some(h) if h[8..10] != LOG_VERSION.to_le_bytes() => {
+            Some(h)
+                if h[8..10] != LOG_VERSION.to_le_bytes()
+                    && h[8..10] != LOG_VERSION_2.to_le_bytes() =>
+            {
                 return Err(OpenLogError::Corrupt {
                     path,
                     offset: 8,
@@ -448,22 +478,32 @@ impl LogStore {
                 // their order: a purge to a snapshot's log id can pass the
                 // end of the log (an installed snapshot), and the next
                 // record then follows the snapshot, not the last record.
-                Some((e, n)) if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) => {
+                Decoded::Record(e, n)
+                    if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) =>
+                {
                     at += n;
                 }
-                Some((e, n)) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
+                Decoded::Record(e, n) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
                     prev = Some(e.log_id.index);
                     entries.insert(e.log_id.index, (at as u64, e));
                     at += n;
                 }
-                Some(_) => {
+                Decoded::UnknownCommand => {
+                    return Err(OpenLogError::Corrupt {
+                        path,
+                        offset: at as u64,
+                        what: "a command this build does not read (written by a later build: \
+                               upgrade this replica)",
+                    });
+                }
+                Decoded::Record(..) => {
                     return Err(OpenLogError::Corrupt {
                         path,
                         offset: at as u64,
                         what: "a record out of index order",
                     });
                 }
-                None => {
+                Decoded::NotARecord => {
                     if !torn_write(&bytes, at, seed) {
                         return Err(OpenLogError::Corrupt {
                             path,
@@ -485,8 +525,25 @@ impl LogStore {
                 || entries.get(&c.index).is_some_and(|(_, e)| e.log_id == *c)
         });
         let torn_bytes = (bytes.len() - at) as u64;
+        let upgrade = header[8..10] == LOG_VERSION_2.to_le_bytes();
+        let (header, seed, at) = if upgrade {
+            // A version-2 log: rewritten as version 3 (the same salt and
+            // entries, so records under the new header's seed) before
+            // anything is appended, atomically. A build that reads only
+            // version 2 then refuses the file by its version, rather than
+            // cut a lifecycle command it cannot read as a torn write.
+            let salt = u64::from_le_bytes(header[12..20].try_into().unwrap_or_default());
+            let header = log_header(salt);
+            let buf = rewrite(&header, &mut entries).map_err(io("upgrade", &path))?;
+            write_atomically(fs.as_ref(), dir, LOG_FILE, &buf, true)
+                .map_err(io("upgrade", &path))?;
+            (header, record_seed(&header), buf.len())
+        } else {
+            (header, seed, at)
+        };
         let mut file = fs.open_append(&path).map_err(io("open", &path))?;
-        if torn_bytes > 0 {
+        // (An upgraded file holds no torn bytes: they were not rewritten.)
+        if torn_bytes > 0 && !upgrade {
             file.set_len(at as u64).map_err(io("truncate", &path))?;
             file.sync_data().map_err(io("fsync", &path))?;
         }
@@ -587,22 +644,8 @@ impl Inner {
         if first_offset < 1 << 16 || first_offset < self.len / 2 {
             return None;
         }
-        let mut buf = self.header.to_vec();
-        let mut offsets = Vec::with_capacity(self.entries.len());
-        for (_, e) in self.entries.values() {
-            offsets.push(buf.len() as u64);
-            // Every entry was encoded once already when it was appended.
-            encode_entry(e, &mut buf).ok()?;
-        }
-        for ((o, _), at) in self.entries.values_mut().zip(offsets) {
-            *o = at;
-        }
-        // One write, after the header.
-        seal_write(
-            &mut buf[LOG_HEADER..],
-            LOG_HEADER as u64,
-            record_seed(&self.header),
-        );
+        // Every entry was encoded once already when it was appended.
+        let buf = rewrite(&self.header, &mut self.entries).ok()?;
         self.len = buf.len() as u64;
         Some(self.queue(|reply| Op::Replace(buf, reply)))
     }
@@ -617,6 +660,29 @@ impl Inner {
         let _ = self.writer.send(op(tx));
         rx
     }
+}
+
+/// The bytes of a log holding `entries` under `header`, as one write after
+/// the header; each entry's offset is set to its place in them.
+fn rewrite(
+    header: &[u8; LOG_HEADER],
+    entries: &mut BTreeMap<u64, (u64, Entry<TypeConfig>)>,
+) -> std::io::Result<Vec<u8>> {
+    let mut buf = header.to_vec();
+    let mut offsets = Vec::with_capacity(entries.len());
+    for (_, e) in entries.values() {
+        offsets.push(buf.len() as u64);
+        encode_entry(e, &mut buf)?;
+    }
+    for ((o, _), at) in entries.values_mut().zip(offsets) {
+        *o = at;
+    }
+    seal_write(
+        &mut buf[LOG_HEADER..],
+        LOG_HEADER as u64,
+        record_seed(header),
+    );
+    Ok(buf)
 }
 
 /// The writer's answer to a queued operation.

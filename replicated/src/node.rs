@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, LogId, Raft, SnapshotPolicy};
-use producer_state::ProducerStateManager;
+use producer_state::{PartitionExport, ProducerStateManager};
 use tokio::sync::watch;
 
-use crate::command::{Command, Response};
+use crate::command::{Command, LifecycleOutcome, Response};
 use crate::log::{LogOpened, LogStats, LogStore, OpenLogError};
 use crate::network::{Faults, NetworkFactory, Router};
 use crate::state::{ApplyObserver, SnapshotError, StateMachine};
@@ -73,6 +73,25 @@ pub enum SubmitError {
         /// Why.
         reason: String,
     },
+    /// The command was committed and applied, and every replica refused
+    /// it alike, changing nothing (an import conflicting with the state).
+    #[error("refused at {log_id}: {reason}")]
+    Refused {
+        /// The entry that carried it.
+        log_id: LogId<NodeId>,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A lifecycle command answered with another kind's outcome: cannot
+/// happen (apply answers each kind with its own), reported rather than
+/// panicking.
+fn unexpected(got: Option<LifecycleOutcome>) -> SubmitError {
+    SubmitError::Refused {
+        log_id: LogId::default(),
+        reason: format!("unexpected answer {got:?}"),
+    }
 }
 
 /// One running replica: its openraft handle and its state machine.
@@ -382,6 +401,119 @@ impl Cluster {
             attempts,
             last,
         })
+    }
+
+    /// Expires every producer silent for `expiration` or longer
+    /// ([`Command::Expire`]): reads this machine's clock **once**, here,
+    /// and proposes that time in the entry, so every replica forgets the
+    /// same keys, whenever it applies the entry (and a retry of the entry
+    /// carries the same time). Returns the entry and how many keys expired.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cluster::submit`]; [`SubmitError::Invalid`] for an expiration
+    /// beyond `i64::MAX` milliseconds.
+    pub async fn expire(&self, expiration: Duration) -> Result<(LogId<NodeId>, u64), SubmitError> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let expiration_ms = i64::try_from(expiration.as_millis())
+            .map_err(|_| SubmitError::Invalid("an expiration is at most i64::MAX ms"))?;
+        let (log_id, r) = self
+            .submit(Command::Expire {
+                now_ms,
+                expiration_ms,
+            })
+            .await?;
+        match r.lifecycle {
+            Some(LifecycleOutcome::Expired { keys }) => Ok((log_id, keys)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Forgets every producer of `partition` ([`Command::RemovePartition`]):
+    /// the partition moved to another group or was deleted. Returns the
+    /// entry and how many keys went.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cluster::submit`].
+    pub async fn remove_partition(
+        &self,
+        partition: i32,
+    ) -> Result<(LogId<NodeId>, u64), SubmitError> {
+        let (log_id, r) = self.submit(Command::RemovePartition { partition }).await?;
+        match r.lifecycle {
+            Some(LifecycleOutcome::PartitionRemoved { keys }) => Ok((log_id, keys)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The producer state of `partition` as the group has committed it, to
+    /// move the partition to another group ([`Cluster::import_partition`]
+    /// there) or a store. A linearizable read at the leader: it confirms
+    /// its leadership with a majority and waits until it has applied
+    /// everything committed before the call, so every append answered
+    /// before it is in the export. Stop sending the partition's appends
+    /// here first (its producers retry against the new home).
+    ///
+    /// # Errors
+    ///
+    /// [`SubmitError::NotAnswered`] if the replica asked is not the leader
+    /// (or loses leadership) or no leader is known; [`SubmitError::Timeout`]
+    /// after [`ClusterOptions::submit_timeout`].
+    pub async fn export_partition(&self, partition: i32) -> Result<PartitionExport, SubmitError> {
+        let timeout = self.options.submit_timeout;
+        let not = |node, reason: String| SubmitError::NotAnswered {
+            node,
+            leader: None,
+            reason,
+        };
+        let leader = self
+            .leader()
+            .and_then(|l| self.replica(l))
+            .ok_or_else(|| not(0, "no leader known".into()))?;
+        match tokio::time::timeout(timeout, leader.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(not(leader.id, e.to_string())),
+            Err(_) => {
+                return Err(SubmitError::Timeout {
+                    timeout,
+                    attempts: 1,
+                    last: "the leader did not confirm its leadership".into(),
+                });
+            }
+        }
+        let (_, state) = leader.state();
+        // The replicas run the seed rules, whose state an export holds.
+        state
+            .export_partition(partition)
+            .map_err(|e| not(leader.id, e.to_string()))
+    }
+
+    /// Adds the producers of a partition exported elsewhere
+    /// ([`Command::ImportPartition`]): a producer retrying against this
+    /// group gets `DUPLICATE` with the offset its first attempt was given
+    /// there. Returns the entry and how many keys the export holds; a
+    /// retry of an import that was applied is answered the same.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cluster::submit`]; [`SubmitError::Invalid`] for an export of
+    /// more than 16 MiB; [`SubmitError::Refused`] (nothing added) when a
+    /// key of the export already has another state here.
+    pub async fn import_partition(
+        &self,
+        export: &PartitionExport,
+    ) -> Result<(LogId<NodeId>, u64), SubmitError> {
+        let (log_id, r) = self.submit(Command::import_partition(export)).await?;
+        match r.lifecycle {
+            Some(LifecycleOutcome::Imported { keys }) => Ok((log_id, keys)),
+            Some(LifecycleOutcome::ImportRefused { reason }) => {
+                Err(SubmitError::Refused { log_id, reason })
+            }
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Stops replica `id` (its files stay): a crash of the process as far

@@ -14,6 +14,10 @@
 //! request gets its own slice of the entry's outcomes, and its offsets are
 //! its appends' slots in the entry.
 //!
+//! A lifecycle command ([`Command::Expire`] and the others) is never
+//! batched: it is proposed as an entry of its own, in its place in the
+//! order requests arrived, and answered with the whole response.
+//!
 //! Up to [`ProposerOptions::in_flight`] proposals (default two) are in
 //! flight at once, handed to the leader's openraft in order
 //! (`client_write_ff`), so the log keeps the order in which requests
@@ -147,12 +151,18 @@ async fn run(
         };
         let mut appends = first.0.appends().len();
         let mut bytes = GROUP_HEAD + first.0.appends_len();
+        let alone = !first.0.is_append();
         let mut waiting = vec![first];
         // Everything queued, up to the most one entry may hold, in appends
-        // and in bytes (each request passed `Command::validate` alone).
-        while let Ok(next) = rx.try_recv() {
+        // and in bytes (each request passed `Command::validate` alone). A
+        // lifecycle command is an entry of its own, in its place in the
+        // order: the appends before it are proposed first.
+        while let Some(next) = (!alone).then(|| rx.try_recv().ok()).flatten() {
             let (n, b) = (next.0.appends().len(), next.0.appends_len());
-            if appends + n > MAX_APPENDS_PER_ENTRY || bytes + b > MAX_COMMAND_BYTES {
+            if !next.0.is_append()
+                || appends + n > MAX_APPENDS_PER_ENTRY
+                || bytes + b > MAX_COMMAND_BYTES
+            {
                 carried = Some(next);
                 break;
             }
@@ -202,6 +212,16 @@ fn answer_all(
     waiting: Vec<(Command, Reply)>,
 ) {
     match result {
+        // A request alone (a lifecycle command's answer is not a slice).
+        Ok((log_id, response)) if waiting.len() == 1 => {
+            if let Some((_, reply)) = waiting.into_iter().next() {
+                let _ = reply.send(Ok(Answer {
+                    log_id,
+                    first_slot: 0,
+                    response,
+                }));
+            }
+        }
         Ok((log_id, response)) => {
             let mut outcomes = response.outcomes.into_iter();
             let mut slot = 0;
@@ -211,7 +231,10 @@ fn answer_all(
                 let _ = reply.send(Ok(Answer {
                     log_id,
                     first_slot: slot,
-                    response: Response { outcomes: mine },
+                    response: Response {
+                        outcomes: mine,
+                        lifecycle: None,
+                    },
                 }));
                 slot += n;
             }

@@ -16,6 +16,10 @@
 //! the sectors of unsynced writes persisted out of order, which leaves a
 //! damaged record followed by valid records of the same write (every
 //! record names its write, so the log cuts that write rather than refuse).
+//!
+//! A second workload opens a log of the previous version (2), which the
+//! open rewrites as version 3, and appends to it: a crash at any of its
+//! operations keeps every entry of the old file.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -245,4 +249,87 @@ async fn a_crash_at_every_io_operation_keeps_everything_acknowledged() {
         }
     }
     eprintln!("{checked} crash images checked over {ops} operations");
+}
+
+/// A replica of the previous build: the golden version-2 log.
+fn version_2_replica(dir: &Path) -> Arc<SimFs> {
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/raft-v2.log");
+    let fs = Arc::new(SimFs::new());
+    fs.overwrite(&dir.join("raft.log"), &std::fs::read(golden).unwrap());
+    fs
+}
+
+/// Opens the log in `dir` (rewriting a version-2 log as version 3) and
+/// appends one lifecycle entry; what was read, and whether the entry was
+/// acknowledged.
+async fn upgrade_and_append(fs: Arc<SimFs>, dir: &Path) -> Option<(Vec<Entry<TypeConfig>>, bool)> {
+    let (mut log, _) = LogStore::open_with(fs, dir).ok()?;
+    let read = log.try_get_log_entries(0..u64::MAX).await.unwrap();
+    let next = Entry {
+        log_id: LogId::new(CommittedLeaderId::new(9, 1), read.len() as u64),
+        payload: EntryPayload::Normal(Command::RemovePartition { partition: 4 }),
+    };
+    let acked = log.blocking_append([next]).await.is_ok();
+    Some((read, acked))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_while_a_version_2_log_is_rewritten_keeps_every_entry() {
+    // Opening a version-2 log rewrites it as version 3 (docs/format.md,
+    // "Versions"). A crash at any IO operation of that open, or of the
+    // append after it, leaves a log that opens to every entry the old file
+    // held (then the appended one if it was acknowledged, or nothing else
+    // but it), in version 3 once opened.
+    let dir = Path::new("/replica");
+    let full = version_2_replica(dir);
+    let (old, acked) = upgrade_and_append(full.clone(), dir).await.unwrap();
+    assert!(acked && old.len() == 5, "{} entries", old.len());
+    let ops = full.ops();
+    let mut checked = 0;
+    for crash_at in 0..ops {
+        let fs = version_2_replica(dir);
+        fs.set_fault(crash_at, Fault::Crash);
+        let acked = upgrade_and_append(fs.clone(), dir)
+            .await
+            .is_some_and(|(_, acked)| acked);
+        assert!(
+            fs.crashed(),
+            "the crash at {crash_at} of {ops} did not happen"
+        );
+        for (image, name) in [
+            (fs.crash_image(Unsynced::Drop), "unsynced dropped"),
+            (fs.crash_image(Unsynced::Keep), "unsynced kept"),
+            (
+                fs.crash_image(Unsynced::TornPrefix(crash_at)),
+                "a torn prefix",
+            ),
+            (
+                fs.crash_image_reordered(Unsynced::TornPrefix(crash_at), crash_at),
+                "a torn prefix, directory changes reordered",
+            ),
+            (
+                fs.crash_image(Unsynced::Sectors(crash_at)),
+                "sectors out of order",
+            ),
+        ] {
+            let what = format!("crash at op {crash_at} of {ops}, {name}");
+            let image = Arc::new(image);
+            let (mut log, _) = match LogStore::open_with(image.clone(), dir) {
+                Ok(l) => l,
+                Err(e) => panic!("{what}: the log does not open: {e}"),
+            };
+            let got = log.try_get_log_entries(0..u64::MAX).await.unwrap();
+            assert_eq!(&got[..old.len().min(got.len())], &old[..], "{what}");
+            assert!(
+                got.len() == old.len() + 1 || (!acked && got.len() == old.len()),
+                "{what}: {} entries",
+                got.len()
+            );
+            drop(log);
+            let bytes = image.read_file(&dir.join("raft.log")).unwrap();
+            assert_eq!(&bytes[8..10], &3u16.to_le_bytes(), "{what}");
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} crash images of an upgrade checked over {ops} operations");
 }

@@ -16,6 +16,12 @@
 //!   where its answer says), and no append is accepted twice;
 //! - each producer's state ends at its last acknowledged sequence.
 //!
+//! Beside the producers, a lifecycle actor writes short-lived keys and
+//! proposes expirations (with the time in the entry), partition removals
+//! and partition imports, through the cluster and through the
+//! `Proposer`: the reference applies those entries too, so every
+//! replica's state and every lifecycle answer is checked against it.
+//!
 //! `cargo test` runs a few seeds; `RAFT_FAULT_SEEDS=N` runs N seeds from
 //! `RAFT_FAULT_FIRST_SEED` (default 0) and `RAFT_FAULT_BUDGET_SECS` stops
 //! starting new seeds after that many seconds (CI's longer sweep).
@@ -24,10 +30,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use producer_state::ProducerStateManager;
+use producer_state::{Batch, ProducerStateManager};
 use producer_state_raft::command::apply;
 use producer_state_raft::{
-    Append, Cluster, ClusterOptions, Command, Faults, NodeId, Outcome, Producer, Proposer, Response,
+    Append, Cluster, ClusterOptions, Command, Faults, LifecycleOutcome, NodeId, Outcome, Producer,
+    Proposer, Response,
 };
 
 mod common;
@@ -62,6 +69,13 @@ struct Ack {
 
 const PRODUCERS: u64 = 4;
 const BATCHES: i32 = 40;
+/// The producers' batch timestamps start here: far from the lifecycle
+/// actor's expirations, which forget only keys with timestamps below
+/// [`LIFECYCLE_PARTITIONS`]'s few hundred milliseconds.
+const TS_BASE: i64 = 1_000_000;
+/// Partitions from here on are the lifecycle actor's; the producers'
+/// (0, 1, 10, 11) are below.
+const LIFECYCLE_PARTITIONS: i32 = 20;
 
 /// A producer: sequential batches on its partition, a new epoch half way
 /// (restarting at 0), a zombie write from the old epoch, and a two-append
@@ -95,7 +109,7 @@ async fn produce(
         if n == BATCHES / 2 {
             seq = 0;
         }
-        let ts = i64::from(n);
+        let ts = TS_BASE + i64::from(n);
         let command = if n % 7 == 3 {
             Command::AppendAll(vec![
                 Append::batch(p, partition, epoch, seq, seq + 1, ts),
@@ -122,6 +136,83 @@ async fn produce(
                 response,
             });
         }
+    }
+}
+
+/// Short-lived keys and the lifecycle entries that forget or add them, in
+/// cycles of six steps: producer 100, 101 or 102 (a different one each
+/// cycle) appends on partitions 20 and 30 with timestamps that grow from
+/// 0; an expiration of every key older than three steps (the time carried
+/// in the entry); producer 200 appends on partition 40 after the batch it
+/// was imported with; partition 30 or 40 is removed; partition 40 is
+/// imported (refused while producer 200 has moved on there, accepted
+/// after the partition's removal). A forgotten key starts over at
+/// sequence 0, as a client does after UNKNOWN_PRODUCER_ID.
+async fn lifecycle(cluster: Arc<Cluster>, proposer: Proposer, acks: Arc<Mutex<Vec<Ack>>>) {
+    const IMPORTED_TS: i64 = TS_BASE / 2;
+    let export = {
+        let mut other = ProducerStateManager::new();
+        for pid in [200u64, 201] {
+            other.append_batch(pid, 40, 0, Batch::new(0, 9, 7 << 16, IMPORTED_TS));
+        }
+        other.export_partition(40).unwrap()
+    };
+    let mut next_seq: BTreeMap<(u64, i32), i32> = BTreeMap::new();
+    for k in 0..30i64 {
+        let command = match k % 6 {
+            0 | 1 => {
+                let pid = 100 + (k as u64 / 6) % 3;
+                let partition = if k % 2 == 0 { 20 } else { 30 };
+                let seq = next_seq.get(&(pid, partition)).copied().unwrap_or(0);
+                Command::Append(Append::batch(pid, partition, 0, seq, seq, k * 10))
+            }
+            2 => Command::Expire {
+                now_ms: TS_BASE,
+                expiration_ms: TS_BASE - (k - 3) * 10,
+            },
+            3 => {
+                let seq = next_seq.get(&(200, 40)).copied().unwrap_or(10);
+                Command::Append(Append::batch(200u64, 40, 0, seq, seq, IMPORTED_TS + k))
+            }
+            4 => Command::RemovePartition {
+                partition: if k % 12 == 4 { 30 } else { 40 },
+            },
+            _ => Command::import_partition(&export),
+        };
+        // Half through the Proposer (a lifecycle command goes alone there),
+        // half straight to the cluster.
+        let (index, first_slot, response) = if k % 2 == 0 {
+            let a = proposer.submit(command.clone()).await.expect("answered");
+            (a.log_id.index, a.first_slot, a.response)
+        } else {
+            let (log_id, r) = cluster.submit(command.clone()).await.expect("answered");
+            (log_id.index, 0, r)
+        };
+        match (command.appends().first(), &response.lifecycle) {
+            (Some(a), _) => {
+                let Producer::Id(pid) = a.producer else {
+                    unreachable!()
+                };
+                let next = match response.outcomes.first() {
+                    Some(Outcome::Accepted { .. } | Outcome::Duplicate { .. }) => {
+                        a.first_sequence + 1
+                    }
+                    _ => 0,
+                };
+                next_seq.insert((pid, a.partition), next);
+            }
+            (None, Some(LifecycleOutcome::Imported { .. })) => {
+                next_seq.insert((200, 40), 10);
+            }
+            (None, _) => {}
+        }
+        acks.lock().unwrap().push(Ack {
+            command,
+            index,
+            first_slot,
+            response,
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -215,7 +306,7 @@ async fn run_seed(seed: u64) {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let proposer = Proposer::new(cluster.clone());
     let chaos = tokio::spawn(chaos(cluster.clone(), seed, stop.clone()));
-    let producers: Vec<_> = (1..=PRODUCERS)
+    let mut producers: Vec<_> = (1..=PRODUCERS)
         .map(|p| {
             // Producers 3 and 4 share a proposal batcher: their requests
             // travel in shared entries.
@@ -223,6 +314,11 @@ async fn run_seed(seed: u64) {
             tokio::spawn(produce(cluster.clone(), proposer, p, acks.clone()))
         })
         .collect();
+    producers.push(tokio::spawn(lifecycle(
+        cluster.clone(),
+        proposer.clone(),
+        acks.clone(),
+    )));
     for h in producers {
         h.await.unwrap();
     }
@@ -275,6 +371,10 @@ async fn run_seed(seed: u64) {
         let Some(cmd) = cmd else { continue };
         let r = apply(&mut reference, *index, cmd);
         for (a, o) in cmd.appends().iter().zip(&r.outcomes) {
+            if a.partition >= LIFECYCLE_PARTITIONS {
+                // Short-lived keys start over once forgotten.
+                continue;
+            }
             if let Outcome::Accepted { offset } = o {
                 accepted
                     .entry((
@@ -323,7 +423,26 @@ async fn run_seed(seed: u64) {
     // append is in the reference where its answer says.
     let acks = std::mem::take(&mut *acks.lock().unwrap());
     let mut last_acked: BTreeMap<(Producer, i32), (i16, i32)> = BTreeMap::new();
+    let mut lifecycle_answers: BTreeMap<&'static str, u64> = BTreeMap::new();
     for ack in acks.iter() {
+        if !ack.command.is_append() {
+            // A lifecycle entry: its answer is the reference's, whole.
+            assert_eq!(
+                Some(&ack.response),
+                outcomes.get(&ack.index),
+                "seed {seed}: lifecycle answer at index {}",
+                ack.index
+            );
+            let (kind, keys) = match &ack.response.lifecycle {
+                Some(LifecycleOutcome::Expired { keys }) => ("expired", *keys),
+                Some(LifecycleOutcome::PartitionRemoved { keys }) => ("removed", *keys),
+                Some(LifecycleOutcome::Imported { keys }) => ("imported", *keys),
+                Some(LifecycleOutcome::ImportRefused { .. }) => ("import refused", 1),
+                None => panic!("seed {seed}: a lifecycle command without its answer"),
+            };
+            *lifecycle_answers.entry(kind).or_default() += keys;
+            continue;
+        }
         let n = ack.command.appends().len();
         let committed = outcomes
             .get(&ack.index)
@@ -336,6 +455,9 @@ async fn run_seed(seed: u64) {
             ack.first_slot
         );
         for (a, o) in ack.command.appends().iter().zip(&ack.response.outcomes) {
+            if a.partition >= LIFECYCLE_PARTITIONS {
+                continue;
+            }
             let key = (
                 a.producer.clone(),
                 a.partition,
@@ -377,6 +499,15 @@ async fn run_seed(seed: u64) {
             "seed {seed}: {producer:?} {partition}"
         );
     }
+    // The lifecycle entries did something: keys expired, were removed,
+    // were imported (partition 40's two, more than once) and an import was
+    // refused while they were there.
+    for kind in ["expired", "removed", "imported", "import refused"] {
+        assert!(
+            lifecycle_answers.get(kind).is_some_and(|&n| n > 0),
+            "seed {seed}: no key {kind}: {lifecycle_answers:?}"
+        );
+    }
     let answered = acks.len();
     assert!(answered >= (PRODUCERS as usize) * (BATCHES as usize));
     let stats = cluster.router().stats();
@@ -388,7 +519,7 @@ async fn run_seed(seed: u64) {
     );
     eprintln!(
         "seed {seed}: {answered} answers, log {first}..={}, {dropped} dropped, {duplicated} duplicated, \
-         snapshots {} installed {} refused, chaos {:?}",
+         snapshots {} installed {} refused, chaos {:?}, lifecycle keys {lifecycle_answers:?}",
         last.index,
         stats
             .snapshots_installed

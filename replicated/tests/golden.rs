@@ -4,6 +4,12 @@
 //! and the encoders must still write exactly them. To write them anew
 //! after a deliberate format change (with a new version):
 //! `PRODUCER_STATE_BLESS=1 cargo test -p producer-state-raft --test golden`.
+//!
+//! Older files stay as they were written and must still be read:
+//! `raft-v2.log` (log version 2, appends only: the first five entries of
+//! the history) opens to its entries and is rewritten as version 3;
+//! `raft-snapshot-crate-v2` holds the state after those five entries in
+//! the crate's snapshot version 2.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,7 +18,10 @@ use openraft::storage::{RaftLogStorageExt, RaftStateMachine};
 use openraft::{
     CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader, RaftSnapshotBuilder,
 };
-use producer_state_raft::{Append, Command, LogStore, OpenLogError, StateMachine, TypeConfig};
+use producer_state::{Batch, ProducerStateManager};
+use producer_state_raft::{
+    Append, Command, LifecycleOutcome, LogStore, OpenLogError, Outcome, StateMachine, TypeConfig,
+};
 
 fn golden() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
@@ -55,7 +64,45 @@ fn history() -> Vec<Entry<TypeConfig>> {
                 1_700_000_000_999,
             ))),
         },
+        // Log version 3: the lifecycle commands.
+        Entry {
+            log_id: id(2, 5),
+            payload: EntryPayload::Normal(Command::Expire {
+                now_ms: 1_700_000_000_000,
+                expiration_ms: 86_400_000,
+            }),
+        },
+        Entry {
+            log_id: id(2, 6),
+            payload: EntryPayload::Normal(Command::RemovePartition { partition: -1 }),
+        },
+        Entry {
+            log_id: id(3, 7),
+            payload: EntryPayload::Normal(Command::import_partition(&moved())),
+        },
+        Entry {
+            log_id: id(3, 8),
+            payload: EntryPayload::Normal(Command::Append(Append::batch(
+                3u64,
+                9,
+                1,
+                0,
+                4,
+                1_700_000_000_500,
+            ))),
+        },
     ]
+}
+
+/// The entries of `raft-v2.log`: the history's appends.
+const V2_ENTRIES: usize = 5;
+
+/// A partition exported from another group: producer 3 on partition 9,
+/// one batch at offset 77 * 65,536.
+fn moved() -> producer_state::PartitionExport {
+    let mut other = ProducerStateManager::new();
+    other.append_batch(3u64, 9, 1, Batch::new(0, 4, 77 << 16, 1_700_000_000_400));
+    other.export_partition(9).unwrap()
 }
 
 /// The golden log's salt: a new log draws one at random, so the history
@@ -64,7 +111,7 @@ const SALT: u64 = 0x0123_4567_89ab_cdef;
 
 fn header() -> Vec<u8> {
     let mut h = b"PSRAFTLG".to_vec();
-    h.extend_from_slice(&2u16.to_le_bytes());
+    h.extend_from_slice(&3u16.to_le_bytes());
     h.extend_from_slice(&0u16.to_le_bytes());
     h.extend_from_slice(&SALT.to_le_bytes());
     let crc = crc32c::crc32c(&h);
@@ -82,9 +129,31 @@ async fn write(dir: &Path) {
     // The retry at index 4 was answered from the window of index 3.
     assert_eq!(
         responses[4].outcomes[0],
-        producer_state_raft::Outcome::Duplicate {
+        Outcome::Duplicate {
             original: Some((3 * 65536, 1_700_000_000_000))
         }
+    );
+    // The expiration forgot the key whose batch is from 1969 (timestamp
+    // -5), not "orders" (its batch is "now") nor producer 7 (no
+    // timestamp); the removal forgot "orders"; the import added producer
+    // 3, whose retry is answered with the offset its old group gave.
+    let lifecycle: Vec<_> = responses[5..8]
+        .iter()
+        .map(|r| r.lifecycle.clone())
+        .collect();
+    assert_eq!(
+        lifecycle,
+        [
+            Some(LifecycleOutcome::Expired { keys: 1 }),
+            Some(LifecycleOutcome::PartitionRemoved { keys: 1 }),
+            Some(LifecycleOutcome::Imported { keys: 1 }),
+        ]
+    );
+    assert_eq!(
+        responses[8].outcomes,
+        [Outcome::Duplicate {
+            original: Some((77 << 16, 1_700_000_000_400))
+        }]
     );
     sm.get_snapshot_builder()
         .await
@@ -122,30 +191,64 @@ async fn the_golden_files_decode_to_their_history_and_are_written_byte_for_byte(
         std::fs::copy(golden().join(f), copy.path().join(f)).unwrap();
     }
     let (mut log, opened) = LogStore::open(copy.path()).unwrap();
-    assert_eq!((opened.entries, opened.torn_bytes), (5, 0));
+    assert_eq!((opened.entries, opened.torn_bytes), (history().len(), 0));
     assert_eq!(log.try_get_log_entries(0..100).await.unwrap(), history());
-    check_state(copy.path());
+    let sm = StateMachine::open(copy.path(), None).unwrap();
+    let (at, state) = sm.state();
+    assert_eq!(at, Some(history()[8].log_id));
+    assert_eq!(state.len(), 2);
+    assert_eq!(state.get(7u64, 0).unwrap().last_sequence(), 1);
+    assert_eq!(state.get(3u64, 9), moved().iter().next().map(|i| i.entry));
     // A snapshot written before the crate's snapshot version 3 (no store
-    // section, no activity per key) still opens to the same state.
+    // section, no activity per key) still opens to the state after the
+    // appends of the history.
     let older = tempfile::tempdir().unwrap();
     std::fs::copy(
         golden().join("raft-snapshot-crate-v2"),
         older.path().join("raft-snapshot"),
     )
     .unwrap();
-    check_state(older.path());
+    check_state_after_appends(older.path());
 }
 
-/// The state machine in `dir` holds the history's state.
-fn check_state(dir: &Path) {
+/// The state machine in `dir` holds the state after the history's
+/// appends (its first five entries).
+fn check_state_after_appends(dir: &Path) {
     let sm = StateMachine::open(dir, None).unwrap();
     let (at, state) = sm.state();
-    assert_eq!(at, Some(history()[4].log_id));
+    assert_eq!(at, Some(history()[V2_ENTRIES - 1].log_id));
     assert_eq!(state.len(), 3);
     let orders = state.get("orders", -1).unwrap();
     assert_eq!((orders.epoch(), orders.last_sequence()), (3, 9));
     assert_eq!(state.get(7u64, 0).unwrap().last_sequence(), 1);
     assert_eq!(state.get(u64::MAX, i32::MAX).unwrap().epoch(), i16::MAX);
+}
+
+#[tokio::test]
+async fn a_log_of_version_2_opens_to_its_entries_and_is_rewritten_as_version_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raft.log");
+    let v2 = std::fs::read(golden().join("raft-v2.log")).unwrap();
+    std::fs::write(&path, &v2).unwrap();
+    let appends = history()[..V2_ENTRIES].to_vec();
+    let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+    assert_eq!((opened.entries, opened.torn_bytes), (V2_ENTRIES, 0));
+    assert_eq!(log.try_get_log_entries(0..100).await.unwrap(), appends);
+    // Rewritten before anything is appended: version 3, the same salt, so
+    // a build that reads only version 2 refuses it by its version instead
+    // of cutting a lifecycle command it cannot read as a torn write.
+    let now = std::fs::read(&path).unwrap();
+    assert_eq!(&now[8..10], &3u16.to_le_bytes());
+    assert_eq!(now[12..20], v2[12..20]);
+    assert_ne!(now, v2);
+    // The rewritten log goes on like any other: a lifecycle command is
+    // appended after the old entries, and everything reads back.
+    let rest = history()[V2_ENTRIES..].to_vec();
+    log.blocking_append(rest).await.unwrap();
+    drop(log);
+    let (mut log, opened) = LogStore::open(dir.path()).unwrap();
+    assert_eq!((opened.entries, opened.torn_bytes), (history().len(), 0));
+    assert_eq!(log.try_get_log_entries(0..100).await.unwrap(), history());
 }
 
 #[test]

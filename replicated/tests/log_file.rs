@@ -453,3 +453,51 @@ async fn a_record_crafted_into_a_producer_name_does_not_make_a_torn_write_refuse
     let salt = |d: &std::path::Path| std::fs::read(log_path(d)).unwrap()[12..20].to_vec();
     assert_ne!(salt(dir.path()), salt(other.path()));
 }
+
+#[tokio::test]
+async fn a_whole_record_with_a_command_of_a_later_build_is_refused_not_cut() {
+    // A later build adds a command tag; this build meets it in the last
+    // record. The record is whole (its checksum verifies under this log's
+    // salt), so it is not a torn write: cutting it would make this replica
+    // apply a shorter log than the others. The log refuses to open, naming
+    // the reason.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = LogStore::open(dir.path()).unwrap();
+    log.blocking_append((1..=3).map(|i| entry(1, i)))
+        .await
+        .unwrap();
+    let at = std::fs::metadata(log_path(dir.path())).unwrap().len() as usize;
+    let last = Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), 4),
+        payload: EntryPayload::Normal(Command::RemovePartition { partition: 7 }),
+    };
+    log.blocking_append([last]).await.unwrap();
+    drop(log);
+    let mut bytes = std::fs::read(log_path(dir.path())).unwrap();
+    // The command's tag follows the record header (8), the entry's head
+    // (32) and its kind (1); re-seal the record under the log's seed (the
+    // header's CRC, bytes 20..24).
+    let tag = at + 8 + 33;
+    assert_eq!(bytes[tag], 4, "RemovePartition's tag");
+    bytes[tag] = 200;
+    let seed = u32::from_le_bytes(bytes[20..24].try_into().unwrap());
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c_append(seed, &bytes[at..at + 4]),
+        &bytes[at + 8..],
+    );
+    bytes[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(log_path(dir.path()), &bytes).unwrap();
+    match LogStore::open(dir.path()) {
+        Err(OpenLogError::Corrupt { offset, what, .. }) => {
+            assert_eq!(offset as usize, at);
+            assert!(what.contains("later build"), "{what}");
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok((_, opened)) => panic!("opened, cutting {} bytes", opened.torn_bytes),
+    }
+    assert_eq!(
+        std::fs::read(log_path(dir.path())).unwrap(),
+        bytes,
+        "nothing was cut"
+    );
+}
