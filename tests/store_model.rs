@@ -113,12 +113,25 @@ fn partial(store: &ProducerStateStore, before: &Model, removed: &[Key]) -> Optio
             gone.push(k.clone());
         }
     }
+    // A sweep logs one record per shard: where the log ends is known only
+    // within bounds. Every record of `before` must be there (at least its
+    // position): a state that merely holds the same keys (a partition
+    // removed and imported back, the move lost in the crash) is an earlier
+    // prefix with another history, which truncation would replay
+    // differently. Each removed key surviving takes at most one record
+    // (its shard's), and at least one survived if any did.
+    let pos = store.next_position();
+    let records = pos.checked_sub(before.next_pos);
+    let fits = match records {
+        Some(0) => gone.is_empty(),
+        Some(n) => !gone.is_empty() && n <= gone.len() as u64,
+        None => false,
+    };
     if !gone.is_empty() {
         m.history.push(HistOp::Remove(gone));
     }
-    // A sweep logs one record per shard: where the log ends is not known.
-    (matches(store, &m) && store.end_offset() == m.high + 1).then(|| {
-        m.next_pos = store.next_position();
+    (fits && matches(store, &m) && store.end_offset() == m.high + 1).then(|| {
+        m.next_pos = pos;
         m
     })
 }
