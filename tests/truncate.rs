@@ -298,6 +298,9 @@ fn an_import_counts_at_its_highest_batch_offset_even_if_not_its_newest() {
     assert!(b.get(1u64, 4).is_none(), "the import is undone");
     assert_eq!(b.get(2u64, 0).unwrap().last_sequence(), 0);
     for info in b.producers(0) {
-        assert!(info.retained_batches().all(|r| r.metadata.is_none_or(|m| m.offset < 500)));
+        assert!(
+            info.retained_batches()
+                .all(|r| r.metadata.is_none_or(|m| m.offset < 500))
+        );
     }
 }
