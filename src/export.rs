@@ -86,19 +86,16 @@ impl PartitionExport {
         self.entries.iter()
     }
 
-    /// The highest batch offset the state holds (each key's newest batch
-    /// with an offset), -1 for none: the offset at or below which
+    /// The highest batch offset the state holds (of every retained batch
+    /// of every key, not only each key's newest: offsets in a window need
+    /// not grow), -1 for none: the offset at or below which
     /// [`truncate_to`](crate::ProducerStateStore::truncate_to) undoes the
-    /// import.
+    /// import, so a truncation never keeps a batch at or above its offset.
     pub fn high_offset(&self) -> i64 {
         self.entries
             .iter()
-            .filter_map(|i| {
-                i.retained_batches()
-                    .filter_map(|b| b.metadata)
-                    .last()
-                    .map(|m| m.offset)
-            })
+            .flat_map(|i| i.retained_batches().filter_map(|b| b.metadata))
+            .map(|m| m.offset)
             .max()
             .unwrap_or(-1)
     }

@@ -274,3 +274,33 @@ fn truncation_undoes_an_import_whose_offsets_it_reaches() {
     assert!(matches(&b, &m), "{}", diff(&b, &m));
     assert_eq!(b.get(2u64, 0).unwrap().last_sequence(), 0);
 }
+
+/// Offsets in a window need not grow (a client resending an old batch as
+/// the sequence's next after a wrap, offsets from another log): an import
+/// counts at the highest offset any of its batches holds, not its keys'
+/// newest, so a truncation leaves no batch at or above its offset.
+#[test]
+fn an_import_counts_at_its_highest_batch_offset_even_if_not_its_newest() {
+    let (fa, fb) = (SimFs::new(), SimFs::new());
+    let a = ProducerStateStore::open_with(dir(), opts(&fa)).unwrap();
+    // The newest batch (offset 300) is below an older one (700).
+    a.append_request(&batch(1, 4, 0, 2, 700)).unwrap();
+    a.append_request(&batch(1, 4, 2, 1, 300)).unwrap();
+    let export = a.export_partition(4).unwrap();
+    assert_eq!(export.high_offset(), 700);
+    let b = ProducerStateStore::open_with(dir(), opts(&fb)).unwrap();
+    b.append_request(&batch(2, 0, 0, 1, 10)).unwrap();
+    b.import_partition(&export).unwrap();
+    assert_eq!(b.end_offset(), 701);
+    // 500 is above the newest batch but below the one at 700: the import
+    // is undone whole, the append below stays.
+    b.truncate_to(500).unwrap();
+    assert!(b.get(1u64, 4).is_none(), "the import is undone");
+    assert_eq!(b.get(2u64, 0).unwrap().last_sequence(), 0);
+    for info in b.producers(0) {
+        assert!(
+            info.retained_batches()
+                .all(|r| r.metadata.is_none_or(|m| m.offset < 500))
+        );
+    }
+}

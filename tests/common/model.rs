@@ -525,11 +525,14 @@ impl Model {
     }
 
     /// Imports keys (of another store's partition): their highest batch
-    /// offset is what truncation undoes the import at.
+    /// offset (of any retained batch: offsets in a window need not grow)
+    /// is what truncation undoes the import at.
     pub fn import(&mut self, entries: Vec<(Key, ModelEntry)>) {
         let high = entries
             .iter()
-            .filter_map(|(_, e)| e.retained.as_ref()?.iter().rev().find_map(|b| b.2))
+            .filter_map(|(_, e)| e.retained.as_ref())
+            .flatten()
+            .filter_map(|b| b.2)
             .map(|m| m.offset)
             .max()
             .unwrap_or(-1);
