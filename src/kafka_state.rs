@@ -590,6 +590,72 @@ impl KafkaState {
         compact + before - self.full.len()
     }
 
+    /// The keys [`KafkaState::expire`] would drop now, without dropping
+    /// them: the store logs them first, then removes each with
+    /// [`KafkaState::remove_key`] (replay removes the logged keys, never
+    /// decides again).
+    pub(crate) fn expired_keys(
+        &self,
+        map: &StateMap,
+        now_ms: i64,
+        expiration_ms: i64,
+    ) -> Vec<(ProducerId, i32)> {
+        let expired = |ts: i64| now_ms.saturating_sub(ts) >= expiration_ms;
+        let mut out: Vec<(ProducerId, i32)> = map
+            .iter()
+            .filter(|(_, _, e)| newest_timestamp(e).is_some_and(expired))
+            .map(|(id, p, _)| (id, p))
+            .collect();
+        out.extend(
+            self.full
+                .iter()
+                .filter(|(_, e)| e.txn_first_offset.is_none() && expired(e.last_timestamp))
+                .map(|((id, p), _)| (id.clone(), *p)),
+        );
+        out
+    }
+
+    /// Forgets one key, in the map or the side table (an open transaction
+    /// of it is forgotten too: it is no longer open); false without state.
+    pub(crate) fn remove_key(
+        &mut self,
+        map: &mut StateMap,
+        id: &ProducerId,
+        partition: i32,
+    ) -> bool {
+        if map.remove(id, partition).is_some() {
+            return true;
+        }
+        if self.full.is_empty() {
+            return false;
+        }
+        match self.full.remove(&(id.clone(), partition)) {
+            Some(e) => {
+                if let Some(first) = e.txn_first_offset {
+                    self.txns.forget_open(partition, id, first);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The keys of `partition`, map and side table, in no particular order.
+    pub(crate) fn keys_of(&self, map: &StateMap, partition: i32) -> Vec<ProducerId> {
+        let mut out: Vec<ProducerId> = map
+            .iter()
+            .filter(|(_, p, _)| *p == partition)
+            .map(|(id, _, _)| id)
+            .collect();
+        out.extend(
+            self.full
+                .keys()
+                .filter(|(_, p)| *p == partition)
+                .map(|(id, _)| id.clone()),
+        );
+        out
+    }
+
     /// Forgets every side-table key of `partition` and the partition's
     /// transaction index (open and aborted transactions); the caller
     /// removes its compact keys.

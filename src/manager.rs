@@ -549,6 +549,39 @@ impl ProducerStateManager {
         }
     }
 
+    /// The keys a Kafka-mode expiration at `now_ms` drops (see
+    /// [`ProducerStateManager::expire_producers`]), left in place; empty
+    /// under the seed rules.
+    pub(crate) fn kafka_expired_keys(
+        &self,
+        now_ms: i64,
+        expiration_ms: i64,
+    ) -> Vec<(ProducerId, i32)> {
+        self.kafka
+            .as_deref()
+            .map(|k| k.expired_keys(&self.map, now_ms, expiration_ms))
+            .unwrap_or_default()
+    }
+
+    /// Forgets one Kafka-mode key (a logged expiration replayed, or the
+    /// live store applying the one it logged); false without state.
+    pub(crate) fn remove_kafka_key(&mut self, id: &ProducerId, partition: i32) -> bool {
+        match &mut self.kafka {
+            Some(k) => k.remove_key(&mut self.map, id, partition),
+            None => self.map.remove(id, partition).is_some(),
+        }
+    }
+
+    /// The producer ids with state on `partition`, sorted.
+    pub(crate) fn kafka_keys_of(&self, partition: i32) -> Vec<ProducerId> {
+        let mut ids = match self.kafka.as_deref() {
+            Some(k) => k.keys_of(&self.map, partition),
+            None => Vec::new(),
+        };
+        ids.sort();
+        ids
+    }
+
     /// The Kafka-mode side of the engine (side table, transactions).
     pub(crate) fn kafka_side(&self) -> Option<&KafkaState> {
         self.kafka.as_deref()

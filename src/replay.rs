@@ -23,7 +23,6 @@
 
 use crate::apply::{KeyOp, Rec};
 use crate::error::{Error, Result};
-use crate::manager::ProducerStateManager;
 use crate::map::{Activity, Apply, hash_key};
 use crate::meta::Meta;
 use crate::rules::UnknownProducer;
@@ -42,7 +41,11 @@ pub(crate) fn append_offset(r: &crate::batch::AppendRequest, pos: u64) -> i64 {
 /// and applying each exactly as it was applied live gives the live state
 /// (open transactions, coordinator epochs, aborted lists, where each key
 /// lives). `high` follows the highest batch or marker offset.
-fn kafka_op(k: &mut ProducerStateManager, high: &mut i64, op: &LogOp) -> Result<()> {
+fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
+    let Some(k) = meta.kafka.as_deref_mut() else {
+        return Ok(());
+    };
+    let high = &mut meta.high;
     match op {
         // A Kafka-mode store writes neither; harmless if present.
         LogOp::Clock(_) | LogOp::AcceptedUnknown => {}
@@ -71,9 +74,32 @@ fn kafka_op(k: &mut ProducerStateManager, high: &mut i64, op: &LogOp) -> Result<
             k.apply_kafka_marker(producer_id, *partition, *epoch, marker);
         }
         LogOp::ForgetAborted { partition, offset } => k.forget_aborted_before(*partition, *offset),
-        LogOp::Remove { .. } | LogOp::Group { .. } | LogOp::Set { .. } => {
+        // An expiration (or eviction) removes exactly the logged keys and
+        // remembers them in the filter, as in seed mode; a partition
+        // removal's members name keys its group record already dropped.
+        LogOp::Remove { reason, keys } => {
+            let remember = matches!(reason, RemoveReason::Expired | RemoveReason::Evicted);
+            for (id, p) in keys {
+                k.remove_kafka_key(id, *p);
+                if remember {
+                    meta.filter.insert(hash_key(id, *p));
+                }
+            }
+        }
+        // Handed over only once every member is read (the segment scan):
+        // the partition goes whole at its group record.
+        LogOp::Group {
+            kind: GroupKind::RemovePartition,
+            arg,
+            ..
+        } => {
+            if let Ok(p) = i32::try_from(*arg) {
+                k.remove_partition(p);
+            }
+        }
+        LogOp::Group { .. } | LogOp::Set { .. } => {
             return Err(Error::Unsupported {
-                what: "a lifecycle record in a Kafka-mode log",
+                what: "a truncation or import record in a Kafka-mode log",
                 semantics: Semantics::Kafka,
             });
         }
@@ -124,8 +150,8 @@ impl Replayer {
         mut push: impl FnMut(Rec) -> Result<()>,
     ) -> Result<()> {
         self.positions += u64::from(op.takes_position());
-        if let Some(k) = &mut self.meta.kafka {
-            return kafka_op(k, &mut self.meta.high, op);
+        if self.meta.kafka.is_some() {
+            return kafka_op(&mut self.meta, op);
         }
         let rec = |op: KeyOp| {
             let (id, p) = match &op {

@@ -326,13 +326,15 @@ impl StoreOptions {
     /// choice is recorded in the directory (docs/format.md): opening it
     /// with the other semantics is [`Error::SemanticsMismatch`].
     ///
-    /// Kafka mode has no store-level expiration sweep, eviction bound,
-    /// truncation or partition moves yet (docs/transactions.md says why):
-    /// choosing it turns [`StoreOptions::producer_expiration`] off, and
-    /// setting that or [`StoreOptions::max_producers`] afterwards is
-    /// [`Error::InvalidOptions`] at open. The unknown-producer rule is
-    /// Kafka's (any sequence), whatever
-    /// [`StoreOptions::unknown_producer`] says.
+    /// Kafka mode expires producers as Kafka does (by their batches' and
+    /// markers' timestamps, never one with an open transaction), but
+    /// choosing it turns [`StoreOptions::producer_expiration`] off: set it
+    /// again after this call to expire (the timestamps are the broker's,
+    /// and a test's small ones would all expire at once). It has no
+    /// eviction bound: [`StoreOptions::max_producers`] is
+    /// [`Error::InvalidOptions`] at open (docs/lifecycle.md, "Kafka
+    /// mode"). The unknown-producer rule is Kafka's (any sequence),
+    /// whatever [`StoreOptions::unknown_producer`] says.
     pub fn semantics(mut self, semantics: Semantics) -> Self {
         self.semantics = semantics;
         if semantics == Semantics::Kafka {
@@ -342,11 +344,9 @@ impl StoreOptions {
     }
 
     pub(super) fn validate(&self) -> Result<()> {
-        if self.semantics == Semantics::Kafka
-            && (self.expiration.is_some() || self.max_producers.is_some())
-        {
+        if self.semantics == Semantics::Kafka && self.max_producers.is_some() {
             return Err(Error::InvalidOptions(
-                "Semantics::Kafka has no producer_expiration or max_producers in the store yet: set them to None".into(),
+                "Semantics::Kafka has no max_producers (Kafka has no cap, and evicting a producer with an open transaction would lose it): set it to None, or bound the table with producer_expiration".into(),
             ));
         }
         if self.keep_snapshots < 2 {
