@@ -36,7 +36,7 @@ use crate::kafka_rules::{self, KafkaCurrent, first_sequence_of, sequence_span};
 use crate::map::{Decided, StateMap, hash_key};
 use crate::outcome::BatchOutcome;
 use crate::rules::next_sequence;
-use crate::txn::{Marker, MarkerKind, MarkerOutcome, TxnIndex};
+use crate::txn::{AbortedTxn, Marker, MarkerKind, MarkerOutcome, TxnIndex};
 
 /// One key's state as Kafka's broker holds it.
 ///
@@ -638,6 +638,49 @@ impl KafkaState {
             }
             None => false,
         }
+    }
+
+    /// True if every side-table key and aborted list is of `partition`.
+    pub(crate) fn only_partition(&self, partition: i32) -> bool {
+        self.full.keys().all(|(_, p)| *p == partition)
+            && self.txns.aborted_lists().all(|(p, _)| p == partition)
+    }
+
+    /// Adds another state's side-table keys (a key already here is kept)
+    /// and appends its aborted lists to this one's.
+    pub(crate) fn absorb(&mut self, other: KafkaState) {
+        for ((id, p), e) in other.full {
+            self.insert_side(id, p, e);
+        }
+        for (p, list) in other.txns.aborted_lists() {
+            let mut all = self.txns.aborted(p).to_vec();
+            all.extend_from_slice(list);
+            self.txns.set_aborted(p, all);
+        }
+    }
+
+    /// The side-table keys of `partition`, sorted by id, and its aborted
+    /// list.
+    pub(crate) fn partition_side(
+        &self,
+        partition: i32,
+    ) -> (Vec<(ProducerId, FullEntry)>, Vec<AbortedTxn>) {
+        let mut side: Vec<(ProducerId, FullEntry)> = self
+            .full
+            .iter()
+            .filter(|((_, p), _)| *p == partition)
+            .map(|((id, _), e)| (id.clone(), e.clone()))
+            .collect();
+        side.sort_by(|a, b| a.0.cmp(&b.0));
+        (side, self.txns.aborted(partition).to_vec())
+    }
+
+    /// Every partition with a side-table key or an aborted list.
+    pub(crate) fn partitions(&self) -> impl Iterator<Item = i32> + '_ {
+        self.full
+            .keys()
+            .map(|(_, p)| *p)
+            .chain(self.txns.aborted_lists().map(|(p, _)| p))
     }
 
     /// The keys of `partition`, map and side table, in no particular order.

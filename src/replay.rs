@@ -97,14 +97,49 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
                 k.remove_partition(p);
             }
         }
-        LogOp::Group { .. } | LogOp::Set { .. } => {
+        // A truncation's group record: its members set the partitions it
+        // changed; the highest offset follows at its end (`finish`).
+        LogOp::Group {
+            kind: GroupKind::Truncate,
+            ..
+        } => {}
+        LogOp::KafkaPartition {
+            partition,
+            reset,
+            section,
+        } => k.apply_kafka_partition(*partition, *reset, section)?,
+        LogOp::Set { entries } => {
+            for e in entries {
+                k.set_kafka_compact(&e.producer_id, e.partition, &e.entry);
+            }
+        }
+        LogOp::Group { .. } => {
             return Err(Error::Unsupported {
-                what: "a truncation or import record in a Kafka-mode log",
+                what: "an import record in a Kafka-mode log",
                 semantics: Semantics::Kafka,
             });
         }
     }
     Ok(())
+}
+
+/// Applies one operation of a Kafka-mode log to `meta` as replay does:
+/// the live store runs a truncation's members through it, so the live
+/// state is what recovery will rebuild.
+pub(crate) fn apply_kafka(meta: &mut Meta, op: &LogOp) -> Result<()> {
+    kafka_op(meta, op)
+}
+
+/// The offset truncation compares a Kafka-mode operation with: a batch's
+/// or marker's offset (a single-sequence append's position); `None` for
+/// what is not cut by offset.
+fn kafka_offset(op: &LogOp, pos: u64) -> Option<i64> {
+    match op {
+        LogOp::Append(r) => Some(append_offset(r, pos)),
+        LogOp::KafkaBatch { request, .. } => Some(append_offset(request, pos)),
+        LogOp::TxnMarker { marker, .. } => Some(marker.offset),
+        _ => None,
+    }
 }
 
 /// The state of a replay between records.
@@ -151,7 +186,7 @@ impl Replayer {
     ) -> Result<()> {
         self.positions += u64::from(op.takes_position());
         if self.meta.kafka.is_some() {
-            return kafka_op(&mut self.meta, op);
+            return self.kafka(pos, op);
         }
         let rec = |op: KeyOp| {
             let (id, p) = match &op {
@@ -228,7 +263,10 @@ impl Replayer {
             }
             // Only a Kafka-flagged segment decodes these, and a seed store
             // refuses such a segment before replay.
-            LogOp::KafkaBatch { .. } | LogOp::TxnMarker { .. } | LogOp::ForgetAborted { .. } => {
+            LogOp::KafkaBatch { .. }
+            | LogOp::TxnMarker { .. }
+            | LogOp::ForgetAborted { .. }
+            | LogOp::KafkaPartition { .. } => {
                 return Err(Error::Unsupported {
                     what: "a transaction record",
                     semantics: Semantics::Seed,
@@ -236,6 +274,45 @@ impl Replayer {
             }
         }
         Ok(())
+    }
+
+    /// A Kafka-mode operation: as the seed path for groups and for what
+    /// truncation passes over (operations at or above its offset, groups
+    /// that reach it), then [`kafka_op`].
+    fn kafka(&mut self, pos: u64, op: &LogOp) -> Result<()> {
+        if let LogOp::Group { kind, members, arg } = op {
+            let undone = matches!(kind, GroupKind::Truncate | GroupKind::Import)
+                && self.skip_from.is_some_and(|x| *arg >= x);
+            if undone {
+                self.skipping = *members;
+                return Ok(());
+            }
+            kafka_op(&mut self.meta, op)?;
+            if *members == 0 {
+                self.finish(*kind, *arg);
+            } else {
+                self.group = Some((*kind, *arg, *members));
+            }
+            return Ok(());
+        }
+        let member = matches!(
+            op,
+            LogOp::Remove { .. } | LogOp::Set { .. } | LogOp::KafkaPartition { .. }
+        ) && (self.skipping > 0 || self.group.is_some());
+        if member {
+            if self.skip_member() {
+                return Ok(());
+            }
+            kafka_op(&mut self.meta, op)?;
+            self.end_of_member();
+            return Ok(());
+        }
+        if let (Some(x), Some(o)) = (self.skip_from, kafka_offset(op, pos))
+            && o >= x
+        {
+            return Ok(());
+        }
+        kafka_op(&mut self.meta, op)
     }
 
     /// True (and one fewer to go) if a member of a group being passed

@@ -130,3 +130,155 @@ fn kafka_mode_has_no_producer_cap() {
     let r = ProducerStateStore::open_with(dir(), opts(&fs, &clock).max_producers(Some(10)));
     assert!(matches!(r, Err(Error::InvalidOptions(_))), "{:?}", r.err());
 }
+
+/// Data batches and markers over three producers and two partitions, at
+/// growing offsets (a log's), with aborts, epoch bumps and plain batches.
+fn stream(seed: u64, n: usize) -> Vec<(u64, i16, Option<(i32, i32, bool)>, Option<bool>, i64)> {
+    let mut s = seed | 1;
+    let mut next = [0i32; 3];
+    let mut epoch = [0i16; 3];
+    let mut offset = 0i64;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let p = (s % 3) as usize;
+        match (s >> 8) % 6 {
+            0 | 1 => {
+                let commit = s >> 20 & 1 == 0;
+                if s >> 21 & 3 == 0 {
+                    epoch[p] += 1;
+                    next[p] = 0;
+                }
+                out.push((p as u64, epoch[p], None, Some(commit), offset));
+                offset += 1;
+            }
+            _ => {
+                let len = ((s >> 12) % 3) as i32;
+                let txn = p != 2 || s >> 30 & 1 == 1;
+                out.push((
+                    p as u64,
+                    epoch[p],
+                    Some((next[p], next[p] + len, txn)),
+                    None,
+                    offset,
+                ));
+                next[p] += len + 1;
+                offset += i64::from(len) + 1;
+            }
+        }
+    }
+    out
+}
+
+type Step = (u64, i16, Option<(i32, i32, bool)>, Option<bool>, i64);
+
+fn on_engine(
+    m: &mut producer_state::ProducerStateManager,
+    &(pid, epoch, data, marker, offset): &Step,
+) {
+    let p = (pid % 2) as i32;
+    if let Some((first, last, t)) = data {
+        let o = if t { txn() } else { AppendOptions::client() };
+        m.append_with(pid, p, epoch, Batch::new(first, last, offset, offset), o)
+            .unwrap();
+    }
+    if let Some(commit) = marker {
+        let mk = if commit {
+            Marker::commit
+        } else {
+            Marker::abort
+        };
+        m.append_marker(pid, p, epoch, mk(1, offset, offset), Origin::Coordinator)
+            .unwrap();
+    }
+}
+
+fn on_store(s: &ProducerStateStore, &(pid, epoch, data, marker, offset): &Step) {
+    let p = (pid % 2) as i32;
+    if let Some((first, last, t)) = data {
+        let o = if t { txn() } else { AppendOptions::client() };
+        s.append_with(pid, p, epoch, Batch::new(first, last, offset, offset), o)
+            .unwrap();
+    }
+    if let Some(commit) = marker {
+        let mk = if commit {
+            Marker::commit
+        } else {
+            Marker::abort
+        };
+        s.append_marker(pid, p, epoch, mk(1, offset, offset), Origin::Coordinator)
+            .unwrap();
+    }
+}
+
+fn same_as(s: &ProducerStateStore, m: &producer_state::ProducerStateManager) -> bool {
+    (0..2).all(|p| {
+        let mut ids: Vec<_> = m.iter().filter(|e| e.1 == p).map(|e| e.0).collect();
+        ids.sort();
+        let want: Vec<_> = ids
+            .into_iter()
+            .map(|id| (id.clone(), m.kafka_state(id, p).unwrap()))
+            .collect();
+        s.kafka_producers(p) == want
+            && s.aborted_transactions(p) == m.aborted_transactions(p)
+            && s.first_unstable_offset(p) == m.first_unstable_offset(p)
+    })
+}
+
+#[test]
+fn truncate_to_is_kafkas_truncate_and_reload_and_survives_reopen() {
+    let steps = stream(0x9e37_79b9, 120);
+    let end = steps.last().map(|s| s.4 + 3).unwrap();
+    let mut checked = 0;
+    for x in (0..end).step_by(7).chain([end / 2 + 1]) {
+        let fs = SimFs::new();
+        let clock = Arc::new(ManualClock::new(0));
+        let o = opts(&fs, &clock)
+            .producer_expiration(None)
+            .snapshot_every_records(Some(25))
+            .keep_snapshots(64);
+        let s = ProducerStateStore::open_with(dir(), o.clone()).unwrap();
+        for st in &steps {
+            on_store(&s, st);
+        }
+        let high = steps
+            .iter()
+            .map(|s| s.4 + s.2.map_or(0, |d| i64::from(d.1 - d.0)))
+            .max();
+        if x > high.unwrap() + 1 {
+            assert!(matches!(
+                s.truncate_to(x),
+                Err(Error::TruncateAboveEnd { .. })
+            ));
+            continue;
+        }
+        s.truncate_to(x).unwrap();
+        let mut m = producer_state::ProducerStateManager::with_semantics(Semantics::Kafka);
+        for st in steps.iter().filter(|st| st.4 < x) {
+            on_engine(&mut m, st);
+        }
+        assert!(same_as(&s, &m), "truncated to {x}");
+        drop(s);
+        let s = ProducerStateStore::open_with(dir(), o).unwrap();
+        assert!(same_as(&s, &m), "reopened after truncating to {x}");
+        // The log goes on from the offset, and a second truncation below
+        // the first passes over it.
+        for st in steps.iter().filter(|st| st.4 >= x).take(5) {
+            on_store(&s, st);
+            on_engine(&mut m, st);
+        }
+        assert!(same_as(&s, &m), "appended after truncating to {x}");
+        if x >= 10 {
+            s.truncate_to(x - 10).unwrap();
+            let mut m = producer_state::ProducerStateManager::with_semantics(Semantics::Kafka);
+            for st in steps.iter().filter(|st| st.4 < x - 10) {
+                on_engine(&mut m, st);
+            }
+            assert!(same_as(&s, &m), "truncated again to {}", x - 10);
+        }
+        checked += 1;
+    }
+    assert!(checked > 10);
+}

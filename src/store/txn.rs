@@ -35,7 +35,7 @@ use crate::map::hash_key;
 use crate::outcome::BatchOutcome;
 use crate::semantics::Semantics;
 use crate::txn::{AbortedTxn, Marker, MarkerOutcome};
-use crate::wal::op::{self, GroupKind, RemoveReason};
+use crate::wal::op::{self, GroupKind, LogOp, RemoveReason};
 use crate::wal::txn_op;
 
 /// One Kafka-mode operation.
@@ -262,6 +262,69 @@ impl State {
             self.log.queue(Queued::KafkaSettle { key, pos });
         }
         Ok(KafkaSubmit::Queued { answer, group, pos })
+    }
+}
+
+impl State {
+    /// Logs a Kafka-mode truncation to `offset` whose state is `cut`: one
+    /// group whose members set every partition whose view differs from
+    /// the live one to its state in `cut` (partition-state records, then
+    /// key-state records), applied to the live engine through the same
+    /// function replay uses. Returns the last member's position.
+    pub(super) fn log_kafka_truncation(
+        &mut self,
+        offset: i64,
+        cut: &ProducerStateManager,
+    ) -> Result<u64> {
+        let engine = self.keys.meta.kafka.as_deref().ok_or_else(engine_lost)?;
+        let mut partitions = engine.kafka_partitions();
+        partitions.extend(cut.kafka_partitions());
+        let mut ops = Vec::new();
+        let mut changed = 0u64;
+        for p in partitions {
+            if engine.kafka_partition_view(p) != cut.kafka_partition_view(p) {
+                ops.extend(cut.kafka_partition_ops(p)?);
+                changed += 1;
+            }
+        }
+        let mut scratch = Vec::new();
+        let mut members = 0usize;
+        for o in &ops {
+            members += match o {
+                LogOp::KafkaPartition {
+                    partition,
+                    reset,
+                    section,
+                } => {
+                    txn_op::encode_partition(&mut scratch, *partition, *reset, section);
+                    1
+                }
+                LogOp::Set { entries } => op::encode_sets(&mut scratch, entries.iter()).len(),
+                _ => 0,
+            };
+        }
+        let group = LogOp::Group {
+            kind: GroupKind::Truncate,
+            members: members as u32,
+            arg: offset,
+        };
+        let before = self.log.buffered();
+        let (first, ()) = self.log.push_op(|b| {
+            op::encode_group(b, GroupKind::Truncate, members as u32, offset);
+            b.extend_from_slice(&scratch);
+            (1 + members as u64, ())
+        });
+        self.counted(before, 1 + members as u64);
+        // The live engine takes exactly what replay will.
+        let meta = &mut self.keys.meta;
+        crate::replay::apply_kafka(meta, &group)?;
+        for o in &ops {
+            crate::replay::apply_kafka(meta, o)?;
+        }
+        meta.high = offset.saturating_sub(1);
+        self.life_stats.truncations += 1;
+        self.life_stats.truncated_keys += changed;
+        Ok(first + members as u64)
     }
 }
 
