@@ -131,9 +131,13 @@ fn kafka_mode_has_no_producer_cap() {
     assert!(matches!(r, Err(Error::InvalidOptions(_))), "{:?}", r.err());
 }
 
+/// A producer, its epoch, a data batch (first, last, transactional) or a
+/// marker (commit), and the offset.
+type Step = (u64, i16, Option<(i32, i32, bool)>, Option<bool>, i64);
+
 /// Data batches and markers over three producers and two partitions, at
 /// growing offsets (a log's), with aborts, epoch bumps and plain batches.
-fn stream(seed: u64, n: usize) -> Vec<(u64, i16, Option<(i32, i32, bool)>, Option<bool>, i64)> {
+fn stream(seed: u64, n: usize) -> Vec<Step> {
     let mut s = seed | 1;
     let mut next = [0i32; 3];
     let mut epoch = [0i16; 3];
@@ -172,7 +176,6 @@ fn stream(seed: u64, n: usize) -> Vec<(u64, i16, Option<(i32, i32, bool)>, Optio
     out
 }
 
-type Step = (u64, i16, Option<(i32, i32, bool)>, Option<bool>, i64);
 
 fn on_engine(
     m: &mut producer_state::ProducerStateManager,
