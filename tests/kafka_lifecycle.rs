@@ -176,7 +176,6 @@ fn stream(seed: u64, n: usize) -> Vec<Step> {
     out
 }
 
-
 fn on_engine(
     m: &mut producer_state::ProducerStateManager,
     &(pid, epoch, data, marker, offset): &Step,
