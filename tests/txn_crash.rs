@@ -500,7 +500,7 @@ fn case(ops: &[Op], crash_at: u64, image: u8) -> Result<bool, TestCaseError> {
         }
         let now = clock.now_ms();
         let Some(step) = resolve(op, &model.m, end, now) else {
-            store = None;
+            drop(store.take());
             store = Some(open(&mut fs, &clock, &mut crashed, crash_at, image)?);
             let s = store.as_ref().unwrap();
             same(s, &model.m).map_err(|e| TestCaseError::fail(format!("reopen: {e}")))?;
@@ -522,14 +522,13 @@ fn case(ops: &[Op], crash_at: u64, image: u8) -> Result<bool, TestCaseError> {
                 crashed = true;
                 // Reopen the crash image: the acknowledged prefix, or it
                 // and the step in flight.
-                store = None;
+                drop(store.take());
                 fs = crash_image(&fs, crash_at, image);
                 let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock))
                     .map_err(|e| TestCaseError::fail(format!("recovery: {e}")))?;
                 if same(&s, &model.m).is_err() {
-                    let mut with = model.clone();
-                    let answer = apply(&mut with.m.clone(), &step);
-                    let mut trial = with.clone();
+                    let answer = apply(&mut model.m.clone(), &step);
+                    let mut trial = model.clone();
                     trial.step(step).unwrap();
                     same(&s, &trial.m).map_err(|e| {
                         TestCaseError::fail(format!(
