@@ -408,9 +408,6 @@ mod tests {
             StoreOptions::default()
                 .semantics(Semantics::Kafka)
                 .max_producers(Some(10)),
-            StoreOptions::default()
-                .semantics(Semantics::Kafka)
-                .producer_expiration(Some(Duration::from_secs(1))),
             StoreOptions::default().metric_label("", "x"),
             StoreOptions::default().metric_label("1st", "x"),
             StoreOptions::default().metric_label("store-name", "x"),
@@ -430,6 +427,15 @@ mod tests {
         assert!(
             StoreOptions::default()
                 .semantics(Semantics::Kafka)
+                .validate()
+                .is_ok()
+        );
+        // Kafka mode expires (issue 15), off unless set after the choice.
+        let kafka = StoreOptions::default().semantics(Semantics::Kafka);
+        assert_eq!(kafka.expiration, None);
+        assert!(
+            kafka
+                .producer_expiration(Some(Duration::from_secs(1)))
                 .validate()
                 .is_ok()
         );
