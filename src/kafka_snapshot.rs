@@ -82,6 +82,21 @@ pub(crate) fn encode(buf: &mut Vec<u8>, k: &KafkaState) {
     }
 }
 
+/// A Kafka section without its length field (what a partition-state
+/// log record carries).
+pub(crate) fn encode_body(k: &KafkaState) -> Vec<u8> {
+    let mut buf = Vec::new();
+    encode(&mut buf, k);
+    buf.split_off(8)
+}
+
+/// Decodes a Kafka section body into a state of its own.
+pub(crate) fn decode_state(bytes: &[u8]) -> Result<KafkaState, (usize, Corruption)> {
+    let mut k = KafkaState::default();
+    decode(bytes, &mut k)?;
+    Ok(k)
+}
+
 fn flag(d: &mut Dec<'_>, what: &'static str) -> Result<bool, Corruption> {
     match d.u8() {
         Some(0) => Ok(false),

@@ -36,7 +36,7 @@ use crate::kafka_rules::{self, KafkaCurrent, first_sequence_of, sequence_span};
 use crate::map::{Decided, StateMap, hash_key};
 use crate::outcome::BatchOutcome;
 use crate::rules::next_sequence;
-use crate::txn::{Marker, MarkerKind, MarkerOutcome, TxnIndex};
+use crate::txn::{AbortedTxn, Marker, MarkerKind, MarkerOutcome, TxnIndex};
 
 /// One key's state as Kafka's broker holds it.
 ///
@@ -588,6 +588,115 @@ impl KafkaState {
         self.full
             .retain(|_, e| e.txn_first_offset.is_some() || !expired(e.last_timestamp));
         compact + before - self.full.len()
+    }
+
+    /// The keys [`KafkaState::expire`] would drop now, without dropping
+    /// them: the store logs them first, then removes each with
+    /// [`KafkaState::remove_key`] (replay removes the logged keys, never
+    /// decides again).
+    pub(crate) fn expired_keys(
+        &self,
+        map: &StateMap,
+        now_ms: i64,
+        expiration_ms: i64,
+    ) -> Vec<(ProducerId, i32)> {
+        let expired = |ts: i64| now_ms.saturating_sub(ts) >= expiration_ms;
+        let mut out: Vec<(ProducerId, i32)> = map
+            .iter()
+            .filter(|(_, _, e)| newest_timestamp(e).is_some_and(expired))
+            .map(|(id, p, _)| (id, p))
+            .collect();
+        out.extend(
+            self.full
+                .iter()
+                .filter(|(_, e)| e.txn_first_offset.is_none() && expired(e.last_timestamp))
+                .map(|((id, p), _)| (id.clone(), *p)),
+        );
+        out
+    }
+
+    /// Forgets one key, in the map or the side table (an open transaction
+    /// of it is forgotten too: it is no longer open); false without state.
+    pub(crate) fn remove_key(
+        &mut self,
+        map: &mut StateMap,
+        id: &ProducerId,
+        partition: i32,
+    ) -> bool {
+        if map.remove(id, partition).is_some() {
+            return true;
+        }
+        if self.full.is_empty() {
+            return false;
+        }
+        match self.full.remove(&(id.clone(), partition)) {
+            Some(e) => {
+                if let Some(first) = e.txn_first_offset {
+                    self.txns.forget_open(partition, id, first);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// True if every side-table key and aborted list is of `partition`.
+    pub(crate) fn only_partition(&self, partition: i32) -> bool {
+        self.full.keys().all(|(_, p)| *p == partition)
+            && self.txns.aborted_lists().all(|(p, _)| p == partition)
+    }
+
+    /// Adds another state's side-table keys (a key already here is kept)
+    /// and appends its aborted lists to this one's.
+    pub(crate) fn absorb(&mut self, other: KafkaState) {
+        for ((id, p), e) in other.full {
+            self.insert_side(id, p, e);
+        }
+        for (p, list) in other.txns.aborted_lists() {
+            let mut all = self.txns.aborted(p).to_vec();
+            all.extend_from_slice(list);
+            self.txns.set_aborted(p, all);
+        }
+    }
+
+    /// The side-table keys of `partition`, sorted by id, and its aborted
+    /// list.
+    pub(crate) fn partition_side(
+        &self,
+        partition: i32,
+    ) -> (Vec<(ProducerId, FullEntry)>, Vec<AbortedTxn>) {
+        let mut side: Vec<(ProducerId, FullEntry)> = self
+            .full
+            .iter()
+            .filter(|((_, p), _)| *p == partition)
+            .map(|((id, _), e)| (id.clone(), e.clone()))
+            .collect();
+        side.sort_by(|a, b| a.0.cmp(&b.0));
+        (side, self.txns.aborted(partition).to_vec())
+    }
+
+    /// Every partition with a side-table key or an aborted list.
+    pub(crate) fn partitions(&self) -> impl Iterator<Item = i32> + '_ {
+        self.full
+            .keys()
+            .map(|(_, p)| *p)
+            .chain(self.txns.aborted_lists().map(|(p, _)| p))
+    }
+
+    /// The keys of `partition`, map and side table, in no particular order.
+    pub(crate) fn keys_of(&self, map: &StateMap, partition: i32) -> Vec<ProducerId> {
+        let mut out: Vec<ProducerId> = map
+            .iter()
+            .filter(|(_, p, _)| *p == partition)
+            .map(|(id, _, _)| id)
+            .collect();
+        out.extend(
+            self.full
+                .keys()
+                .filter(|(_, p)| *p == partition)
+                .map(|(id, _)| id.clone()),
+        );
+        out
     }
 
     /// Forgets every side-table key of `partition` and the partition's

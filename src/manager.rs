@@ -26,6 +26,7 @@ use crate::rules::UnknownProducer;
 use crate::semantics::Semantics;
 use crate::snapshot;
 use crate::txn::{AbortedTxn, Marker, MarkerOutcome};
+use crate::wal::op::LogOp;
 
 /// The idempotent-produce engine: classifies every append per
 /// (producer id, partition) and keeps the state that only accepted appends
@@ -462,6 +463,24 @@ impl ProducerStateManager {
         before - self.len()
     }
 
+    /// Forgets one key and says whether it had state (under
+    /// [`Semantics::Kafka`] an open transaction of it is no longer open):
+    /// what a durable store's logged expiration does to one key, for a
+    /// caller that keeps its own engine in step with such a log.
+    ///
+    /// ```
+    /// use producer_state::ProducerStateManager;
+    ///
+    /// let mut mgr = ProducerStateManager::new();
+    /// mgr.append(1u64, 0, 0, 0);
+    /// assert!(mgr.remove_producer(1u64, 0));
+    /// assert!(!mgr.remove_producer(1u64, 0));
+    /// assert!(mgr.is_empty());
+    /// ```
+    pub fn remove_producer(&mut self, producer_id: impl Into<ProducerId>, partition: i32) -> bool {
+        self.remove_kafka_key(&producer_id.into(), partition)
+    }
+
     /// The partition's producers as a Kafka `.snapshot` file holds them
     /// (each with its newest batch, coordinator epoch and open
     /// transaction), in no particular order; write them with
@@ -547,6 +566,174 @@ impl ProducerStateManager {
         if let Some(k) = &mut self.kafka {
             k.marker(&mut self.map, producer_id, partition, epoch, marker, None);
         }
+    }
+
+    /// The keys a Kafka-mode expiration at `now_ms` drops (see
+    /// [`ProducerStateManager::expire_producers`]), left in place; empty
+    /// under the seed rules.
+    pub(crate) fn kafka_expired_keys(
+        &self,
+        now_ms: i64,
+        expiration_ms: i64,
+    ) -> Vec<(ProducerId, i32)> {
+        self.kafka
+            .as_deref()
+            .map(|k| k.expired_keys(&self.map, now_ms, expiration_ms))
+            .unwrap_or_default()
+    }
+
+    /// Forgets one Kafka-mode key (a logged expiration replayed, or the
+    /// live store applying the one it logged); false without state.
+    pub(crate) fn remove_kafka_key(&mut self, id: &ProducerId, partition: i32) -> bool {
+        match &mut self.kafka {
+            Some(k) => k.remove_key(&mut self.map, id, partition),
+            None => self.map.remove(id, partition).is_some(),
+        }
+    }
+
+    /// The producer ids with state on `partition`, sorted.
+    pub(crate) fn kafka_keys_of(&self, partition: i32) -> Vec<ProducerId> {
+        let mut ids = match self.kafka.as_deref() {
+            Some(k) => k.keys_of(&self.map, partition),
+            None => Vec::new(),
+        };
+        ids.sort();
+        ids
+    }
+
+    /// Every partition with Kafka-mode state: keys, open or aborted
+    /// transactions.
+    pub(crate) fn kafka_partitions(&self) -> std::collections::BTreeSet<i32> {
+        let mut out: std::collections::BTreeSet<i32> = self.map.iter().map(|(_, p, _)| p).collect();
+        if let Some(k) = self.kafka.as_deref() {
+            out.extend(k.partitions());
+        }
+        out
+    }
+
+    /// What a reader of `partition` sees: each producer's Kafka state
+    /// (sorted by id) and the aborted list. Two engines with the same view
+    /// of every partition give the same verdicts.
+    pub(crate) fn kafka_partition_view(
+        &self,
+        partition: i32,
+    ) -> (Vec<(ProducerId, KafkaProducerState)>, Vec<AbortedTxn>) {
+        let keys = self
+            .kafka_keys_of(partition)
+            .into_iter()
+            .filter_map(|id| Some((id.clone(), self.kafka_state(id, partition)?)))
+            .collect();
+        (keys, self.aborted_transactions(partition).to_vec())
+    }
+
+    /// The log operations that set `partition` to this engine's state of
+    /// it (members of a Kafka-mode truncation group): partition-state
+    /// records (the first resets) for the side table and the aborted
+    /// list, then key-state records for the compact keys.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] if one side-table key alone does not fit a
+    /// record (a producer name of over about 65,000 bytes).
+    pub(crate) fn kafka_partition_ops(&self, partition: i32) -> Result<Vec<LogOp>> {
+        /// A record's worth, by estimate (a record holds up to 64 KiB).
+        const CHUNK: usize = 48 << 10;
+        let k = self.kafka_ref("a Kafka-mode truncation")?;
+        let (side, aborted) = k.partition_side(partition);
+        let id_len = |id: &ProducerId| id.name_bytes().map_or(8, |n| 2 + n.len());
+        let mut chunks: Vec<KafkaState> = vec![KafkaState::default()];
+        let mut size = 0;
+        for (id, e) in side {
+            let est = id_len(&id) + 40 + 25 * e.batches.len();
+            if size + est > CHUNK && size > 0 {
+                chunks.push(KafkaState::default());
+                size = 0;
+            }
+            size += est;
+            if let Some(c) = chunks.last_mut() {
+                c.insert_side(id, partition, e);
+            }
+        }
+        let mut list: Vec<AbortedTxn> = Vec::new();
+        for t in aborted {
+            let est = id_len(&t.producer_id) + 25;
+            if size + est > CHUNK && size > 0 {
+                if let Some(c) = chunks.last_mut() {
+                    c.txns_mut()
+                        .set_aborted(partition, std::mem::take(&mut list));
+                }
+                chunks.push(KafkaState::default());
+                size = 0;
+            }
+            size += est;
+            list.push(t);
+        }
+        if let Some(c) = chunks.last_mut()
+            && !list.is_empty()
+        {
+            c.txns_mut().set_aborted(partition, list);
+        }
+        let mut ops = Vec::with_capacity(chunks.len() + 1);
+        for (i, c) in chunks.iter().enumerate() {
+            let section = crate::kafka_snapshot::encode_body(c);
+            if section.len() > crate::wal::txn_op::MAX_SECTION {
+                return Err(Error::Unsupported {
+                    what: "truncating a Kafka-mode partition with a producer name this long",
+                    semantics: Semantics::Kafka,
+                });
+            }
+            ops.push(LogOp::KafkaPartition {
+                partition,
+                reset: i == 0,
+                section,
+            });
+        }
+        let compact: Vec<ProducerInfo> = self
+            .map
+            .iter()
+            .filter(|(_, p, _)| *p == partition)
+            .map(|(producer_id, partition, entry)| ProducerInfo {
+                producer_id,
+                partition,
+                entry,
+                last_activity: 0,
+            })
+            .collect();
+        for part in compact.chunks(256) {
+            ops.push(LogOp::Set {
+                entries: part.to_vec(),
+            });
+        }
+        Ok(ops)
+    }
+
+    /// Applies a partition-state record (see
+    /// [`ProducerStateManager::kafka_partition_ops`]).
+    pub(crate) fn apply_kafka_partition(
+        &mut self,
+        partition: i32,
+        reset: bool,
+        section: &[u8],
+    ) -> Result<()> {
+        let add = crate::kafka_snapshot::decode_state(section)
+            .map_err(|_| Error::Internal("a partition-state record that decoded once does not"))?;
+        if reset {
+            self.remove_partition(partition);
+        }
+        let (k, _) = self.kafka_mut("a Kafka-mode truncation")?;
+        k.absorb(add);
+        Ok(())
+    }
+
+    /// Sets a compact key to `entry` (a truncation's key-state record).
+    pub(crate) fn set_kafka_compact(
+        &mut self,
+        id: &ProducerId,
+        partition: i32,
+        entry: &ProducerEntry,
+    ) {
+        self.remove_kafka_key(id, partition);
+        self.insert_loaded(id, partition, entry);
     }
 
     /// The Kafka-mode side of the engine (side table, transactions).

@@ -23,7 +23,6 @@
 
 use crate::apply::{KeyOp, Rec};
 use crate::error::{Error, Result};
-use crate::manager::ProducerStateManager;
 use crate::map::{Activity, Apply, hash_key};
 use crate::meta::Meta;
 use crate::rules::UnknownProducer;
@@ -42,7 +41,11 @@ pub(crate) fn append_offset(r: &crate::batch::AppendRequest, pos: u64) -> i64 {
 /// and applying each exactly as it was applied live gives the live state
 /// (open transactions, coordinator epochs, aborted lists, where each key
 /// lives). `high` follows the highest batch or marker offset.
-fn kafka_op(k: &mut ProducerStateManager, high: &mut i64, op: &LogOp) -> Result<()> {
+fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
+    let Some(k) = meta.kafka.as_deref_mut() else {
+        return Ok(());
+    };
+    let high = &mut meta.high;
     match op {
         // A Kafka-mode store writes neither; harmless if present.
         LogOp::Clock(_) | LogOp::AcceptedUnknown => {}
@@ -71,14 +74,72 @@ fn kafka_op(k: &mut ProducerStateManager, high: &mut i64, op: &LogOp) -> Result<
             k.apply_kafka_marker(producer_id, *partition, *epoch, marker);
         }
         LogOp::ForgetAborted { partition, offset } => k.forget_aborted_before(*partition, *offset),
-        LogOp::Remove { .. } | LogOp::Group { .. } | LogOp::Set { .. } => {
+        // An expiration (or eviction) removes exactly the logged keys and
+        // remembers them in the filter, as in seed mode; a partition
+        // removal's members name keys its group record already dropped.
+        LogOp::Remove { reason, keys } => {
+            let remember = matches!(reason, RemoveReason::Expired | RemoveReason::Evicted);
+            for (id, p) in keys {
+                k.remove_kafka_key(id, *p);
+                if remember {
+                    meta.filter.insert(hash_key(id, *p));
+                }
+            }
+        }
+        // Handed over only once every member is read (the segment scan):
+        // the partition goes whole at its group record.
+        LogOp::Group {
+            kind: GroupKind::RemovePartition,
+            arg,
+            ..
+        } => {
+            if let Ok(p) = i32::try_from(*arg) {
+                k.remove_partition(p);
+            }
+        }
+        // A truncation's group record: its members set the partitions it
+        // changed; the highest offset follows at its end (`finish`).
+        LogOp::Group {
+            kind: GroupKind::Truncate,
+            ..
+        } => {}
+        LogOp::KafkaPartition {
+            partition,
+            reset,
+            section,
+        } => k.apply_kafka_partition(*partition, *reset, section)?,
+        LogOp::Set { entries } => {
+            for e in entries {
+                k.set_kafka_compact(&e.producer_id, e.partition, &e.entry);
+            }
+        }
+        LogOp::Group { .. } => {
             return Err(Error::Unsupported {
-                what: "a lifecycle record in a Kafka-mode log",
+                what: "an import record in a Kafka-mode log",
                 semantics: Semantics::Kafka,
             });
         }
     }
     Ok(())
+}
+
+/// Applies one operation of a Kafka-mode log to `meta` as replay does:
+/// the live store runs a truncation's members through it, so the live
+/// state is what recovery will rebuild.
+pub(crate) fn apply_kafka(meta: &mut Meta, op: &LogOp) -> Result<()> {
+    kafka_op(meta, op)
+}
+
+/// The offset truncation compares a Kafka-mode operation with: a batch's
+/// or marker's offset (a single-sequence append's position); `None` for
+/// what is not cut by offset.
+fn kafka_offset(op: &LogOp, pos: u64) -> Option<i64> {
+    match op {
+        LogOp::Append(r) => Some(append_offset(r, pos)),
+        LogOp::KafkaBatch { request, .. } => Some(append_offset(request, pos)),
+        LogOp::TxnMarker { marker, .. } => Some(marker.offset),
+        _ => None,
+    }
 }
 
 /// The state of a replay between records.
@@ -124,8 +185,8 @@ impl Replayer {
         mut push: impl FnMut(Rec) -> Result<()>,
     ) -> Result<()> {
         self.positions += u64::from(op.takes_position());
-        if let Some(k) = &mut self.meta.kafka {
-            return kafka_op(k, &mut self.meta.high, op);
+        if self.meta.kafka.is_some() {
+            return self.kafka(pos, op);
         }
         let rec = |op: KeyOp| {
             let (id, p) = match &op {
@@ -202,7 +263,10 @@ impl Replayer {
             }
             // Only a Kafka-flagged segment decodes these, and a seed store
             // refuses such a segment before replay.
-            LogOp::KafkaBatch { .. } | LogOp::TxnMarker { .. } | LogOp::ForgetAborted { .. } => {
+            LogOp::KafkaBatch { .. }
+            | LogOp::TxnMarker { .. }
+            | LogOp::ForgetAborted { .. }
+            | LogOp::KafkaPartition { .. } => {
                 return Err(Error::Unsupported {
                     what: "a transaction record",
                     semantics: Semantics::Seed,
@@ -210,6 +274,45 @@ impl Replayer {
             }
         }
         Ok(())
+    }
+
+    /// A Kafka-mode operation: as the seed path for groups and for what
+    /// truncation passes over (operations at or above its offset, groups
+    /// that reach it), then [`kafka_op`].
+    fn kafka(&mut self, pos: u64, op: &LogOp) -> Result<()> {
+        if let LogOp::Group { kind, members, arg } = op {
+            let undone = matches!(kind, GroupKind::Truncate | GroupKind::Import)
+                && self.skip_from.is_some_and(|x| *arg >= x);
+            if undone {
+                self.skipping = *members;
+                return Ok(());
+            }
+            kafka_op(&mut self.meta, op)?;
+            if *members == 0 {
+                self.finish(*kind, *arg);
+            } else {
+                self.group = Some((*kind, *arg, *members));
+            }
+            return Ok(());
+        }
+        let member = matches!(
+            op,
+            LogOp::Remove { .. } | LogOp::Set { .. } | LogOp::KafkaPartition { .. }
+        ) && (self.skipping > 0 || self.group.is_some());
+        if member {
+            if self.skip_member() {
+                return Ok(());
+            }
+            kafka_op(&mut self.meta, op)?;
+            self.end_of_member();
+            return Ok(());
+        }
+        if let (Some(x), Some(o)) = (self.skip_from, kafka_offset(op, pos))
+            && o >= x
+        {
+            return Ok(());
+        }
+        kafka_op(&mut self.meta, op)
     }
 
     /// True (and one fewer to go) if a member of a group being passed

@@ -121,6 +121,48 @@ pub(crate) fn truncated_state(
     Ok(shards)
 }
 
+/// A Kafka-mode store's state with every batch and marker at or above
+/// `offset` removed (Kafka's `truncateAndReload`: the producers, their
+/// open transactions and the aborted list as of the log below it): the
+/// base's engine replayed as [`crate::replay`] says for a target offset.
+pub(crate) fn truncated_kafka(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    base: &Base,
+    segments: &[u64],
+    end: u64,
+    offset: i64,
+) -> Result<crate::manager::ProducerStateManager> {
+    let mut meta = match &base.snapshot {
+        Some(path) => load_snapshot(fs, path)?.meta,
+        None => Meta::default(),
+    };
+    if meta.kafka.is_none() {
+        meta.kafka = Some(Box::new(
+            crate::manager::ProducerStateManager::with_semantics(crate::Semantics::Kafka),
+        ));
+    }
+    let start = base.position;
+    let first = segments.iter().rposition(|&s| s <= start).ok_or_else(|| {
+        let kind = Corruption::LogGone {
+            needed: start,
+            oldest: segments.first().copied(),
+        };
+        Error::corrupt(dir, 0, kind)
+    })?;
+    let segs = segments.get(first..).unwrap_or_default();
+    let mut replayer = Replayer::new(meta, Some(offset));
+    // Kafka-mode records go to the engine, never to the sink.
+    let mut shards = Shards::default();
+    let mut sink = Sequential::dropping(&mut shards);
+    replay(fs, dir, segs, start, end, &mut replayer, &mut sink)?;
+    replayer
+        .meta
+        .kafka
+        .map(|k| *k)
+        .ok_or(Error::Internal("a Kafka-mode replay lost its engine"))
+}
+
 /// Replays `segments` from position `start` to `end` into `sink`.
 fn replay(
     fs: &dyn FileSystem,

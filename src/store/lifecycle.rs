@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use super::txn::{KafkaAnswer, KafkaOp};
 use super::{ProducerStateStore, Shared};
 use crate::error::Result;
 use crate::id::ProducerId;
@@ -49,6 +50,18 @@ impl Shared {
     pub(super) fn expire(&self, expiration: Duration) -> Result<usize> {
         let now = self.opts.clock.now_ms();
         let exp = i64::try_from(expiration.as_millis()).unwrap_or(i64::MAX);
+        if self.kafka {
+            // One engine under one lock: one pass, one logged removal
+            // (docs/lifecycle.md, "Kafka mode").
+            let op = KafkaOp::Expire {
+                now_ms: now,
+                expiration_ms: exp,
+            };
+            return Ok(match self.kafka_run(op)? {
+                KafkaAnswer::Removed(n) => n,
+                _ => 0,
+            });
+        }
         // now - activity >= expiration, without overflow.
         let cutoff = now.saturating_sub(exp);
         let mut total = 0;
@@ -108,7 +121,6 @@ impl ProducerStateStore {
     /// store is then poisoned), [`Error::Poisoned`](crate::Error::Poisoned)
     /// after an earlier failure.
     pub fn expire_now(&self) -> Result<usize> {
-        self.refuse_in_kafka_mode("the store's expiration sweep")?;
         match self.shared.opts.expiration {
             Some(exp) => self.shared.expire(exp),
             None => Ok(0),
@@ -122,6 +134,13 @@ impl ProducerStateStore {
     /// lock (consistent within a shard). Under `Always` the state of
     /// durable appends, as [`ProducerStateStore::get`].
     pub fn producers(&self, partition: i32) -> Vec<ProducerInfo> {
+        if self.shared.kafka {
+            return self
+                .kafka_producers(partition)
+                .into_iter()
+                .filter_map(|(id, _)| self.describe(id, partition))
+                .collect();
+        }
         let mut out = Vec::new();
         for s in 0..SHARDS {
             let st = self.shared.lock_state();
@@ -143,6 +162,18 @@ impl ProducerStateStore {
     ) -> Option<ProducerInfo> {
         let producer_id = producer_id.into();
         let st = self.shared.lock_state();
+        if let Some(k) = st.keys.meta.kafka.as_deref() {
+            let entry = k.get(producer_id.clone(), partition)?;
+            let last_activity = k
+                .kafka_state(producer_id.clone(), partition)?
+                .last_timestamp;
+            return Some(ProducerInfo {
+                producer_id,
+                partition,
+                entry,
+                last_activity,
+            });
+        }
         let (entry, last_activity) =
             st.keys
                 .committed(hash_key(&producer_id, partition), &producer_id, partition)?;
@@ -180,8 +211,15 @@ impl ProducerStateStore {
     ///
     /// As [`ProducerStateStore::expire_now`].
     pub fn remove_partition(&self, partition: i32) -> Result<usize> {
-        self.refuse_in_kafka_mode("remove_partition")?;
         let shared = &*self.shared;
+        if shared.kafka {
+            return Ok(
+                match shared.kafka_run(KafkaOp::RemovePartition { partition })? {
+                    KafkaAnswer::Removed(n) => n,
+                    _ => 0,
+                },
+            );
+        }
         let mut st = shared.lock_to_write(false)?;
         let keys = st.keys.spec_keys_of_partition(partition);
         if keys.is_empty() {

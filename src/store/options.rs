@@ -326,13 +326,15 @@ impl StoreOptions {
     /// choice is recorded in the directory (docs/format.md): opening it
     /// with the other semantics is [`Error::SemanticsMismatch`].
     ///
-    /// Kafka mode has no store-level expiration sweep, eviction bound,
-    /// truncation or partition moves yet (docs/transactions.md says why):
-    /// choosing it turns [`StoreOptions::producer_expiration`] off, and
-    /// setting that or [`StoreOptions::max_producers`] afterwards is
-    /// [`Error::InvalidOptions`] at open. The unknown-producer rule is
-    /// Kafka's (any sequence), whatever
-    /// [`StoreOptions::unknown_producer`] says.
+    /// Kafka mode expires producers as Kafka does (by their batches' and
+    /// markers' timestamps, never one with an open transaction), but
+    /// choosing it turns [`StoreOptions::producer_expiration`] off: set it
+    /// again after this call to expire (the timestamps are the broker's,
+    /// and a test's small ones would all expire at once). It has no
+    /// eviction bound: [`StoreOptions::max_producers`] is
+    /// [`Error::InvalidOptions`] at open (docs/lifecycle.md, "Kafka
+    /// mode"). The unknown-producer rule is Kafka's (any sequence),
+    /// whatever [`StoreOptions::unknown_producer`] says.
     pub fn semantics(mut self, semantics: Semantics) -> Self {
         self.semantics = semantics;
         if semantics == Semantics::Kafka {
@@ -342,11 +344,9 @@ impl StoreOptions {
     }
 
     pub(super) fn validate(&self) -> Result<()> {
-        if self.semantics == Semantics::Kafka
-            && (self.expiration.is_some() || self.max_producers.is_some())
-        {
+        if self.semantics == Semantics::Kafka && self.max_producers.is_some() {
             return Err(Error::InvalidOptions(
-                "Semantics::Kafka has no producer_expiration or max_producers in the store yet: set them to None".into(),
+                "Semantics::Kafka has no max_producers (Kafka has no cap, and evicting a producer with an open transaction would lose it): set it to None, or bound the table with producer_expiration".into(),
             ));
         }
         if self.keep_snapshots < 2 {
@@ -408,9 +408,6 @@ mod tests {
             StoreOptions::default()
                 .semantics(Semantics::Kafka)
                 .max_producers(Some(10)),
-            StoreOptions::default()
-                .semantics(Semantics::Kafka)
-                .producer_expiration(Some(Duration::from_secs(1))),
             StoreOptions::default().metric_label("", "x"),
             StoreOptions::default().metric_label("1st", "x"),
             StoreOptions::default().metric_label("store-name", "x"),
@@ -430,6 +427,15 @@ mod tests {
         assert!(
             StoreOptions::default()
                 .semantics(Semantics::Kafka)
+                .validate()
+                .is_ok()
+        );
+        // Kafka mode expires (issue 15), off unless set after the choice.
+        let kafka = StoreOptions::default().semantics(Semantics::Kafka);
+        assert_eq!(kafka.expiration, None);
+        assert!(
+            kafka
+                .producer_expiration(Some(Duration::from_secs(1)))
                 .validate()
                 .is_ok()
         );

@@ -49,7 +49,6 @@ impl ProducerStateStore {
     /// [`Error::Io`], [`Error::Corrupt`] if reading or writing fails,
     /// [`Error::Poisoned`] after an earlier failure.
     pub fn truncate_to(&self, offset: i64) -> Result<()> {
-        self.refuse_in_kafka_mode("truncate_to")?;
         let due = std::sync::atomic::AtomicBool::new(false);
         let result = self.truncate(offset, &due);
         // A snapshot asked for while the book was held is taken now (it
@@ -96,6 +95,17 @@ impl ProducerStateStore {
             }
         };
         let next = st.log.next_position();
+        if shared.kafka {
+            let cut = truncate::truncated_kafka(fs, &shared.dir, &base, &segments, next, offset)?;
+            let pos = st.log_kafka_truncation(offset, &cut)?;
+            drop(book);
+            shared.finish_op(st, pos)?;
+            if !shared.is_always() {
+                shared.sync()?;
+            }
+            shared.snapshot_due();
+            return Ok(());
+        }
         let cut = truncate::truncated_state(fs, &shared.dir, &base, &segments, next, offset)?;
 
         // The difference, shard by shard.

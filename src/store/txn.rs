@@ -31,9 +31,11 @@ use crate::error::{Error, Result};
 use crate::id::ProducerId;
 use crate::kafka_state::KafkaProducerState;
 use crate::manager::ProducerStateManager;
+use crate::map::hash_key;
 use crate::outcome::BatchOutcome;
 use crate::semantics::Semantics;
 use crate::txn::{AbortedTxn, Marker, MarkerOutcome};
+use crate::wal::op::{self, GroupKind, LogOp, RemoveReason};
 use crate::wal::txn_op;
 
 /// One Kafka-mode operation.
@@ -50,6 +52,13 @@ pub(super) enum KafkaOp<'a> {
     },
     /// Aborted transactions forgotten below an offset.
     Forget { partition: i32, offset: i64 },
+    /// Kafka's `removeExpiredProducers` with the store's clock reading:
+    /// the keys it drops are logged (kind 7, `Expired`), never decided
+    /// again at replay.
+    Expire { now_ms: i64, expiration_ms: i64 },
+    /// Every key of a partition and its transactions (a group of kind
+    /// `RemovePartition`).
+    RemovePartition { partition: i32 },
 }
 
 impl KafkaOp<'_> {
@@ -58,7 +67,9 @@ impl KafkaOp<'_> {
         match self {
             KafkaOp::Batch(r) => Some((r.producer_id.clone(), r.partition)),
             KafkaOp::Marker { id, partition, .. } => Some(((*id).clone(), *partition)),
-            KafkaOp::Forget { .. } => None,
+            KafkaOp::Forget { .. } | KafkaOp::Expire { .. } | KafkaOp::RemovePartition { .. } => {
+                None
+            }
         }
     }
 }
@@ -69,6 +80,8 @@ pub(super) enum KafkaAnswer {
     Batch(BatchOutcome),
     Marker(MarkerOutcome),
     Done,
+    /// How many keys a lifecycle operation removed.
+    Removed(usize),
 }
 
 impl KafkaAnswer {
@@ -112,6 +125,7 @@ impl State {
             return Ok(KafkaSubmit::Wait { group, pos });
         }
         let before = self.log.buffered();
+        let mut records = 1;
         let engine = self
             .keys
             .meta
@@ -166,9 +180,77 @@ impl State {
                 });
                 ((KafkaAnswer::Done, pos), None)
             }
+            KafkaOp::Expire {
+                now_ms,
+                expiration_ms,
+            } => {
+                let in_flight = &self.keys.kafka_in_flight;
+                let mut gone = engine.kafka_expired_keys(*now_ms, *expiration_ms);
+                // As in seed mode: a key whose record is not yet durable
+                // is left for the next sweep.
+                gone.retain(|k| !in_flight.contains_key(k));
+                if gone.is_empty() {
+                    return Ok(KafkaSubmit::Done(KafkaAnswer::Removed(0)));
+                }
+                gone.sort();
+                for (id, p) in &gone {
+                    engine.remove_kafka_key(id, *p);
+                    self.keys.meta.filter.insert(hash_key(id, *p));
+                }
+                self.life_stats.expired += gone.len() as u64;
+                let (first, n) = self.log.push_op(|b| {
+                    let c = op::encode_removes(
+                        b,
+                        RemoveReason::Expired,
+                        gone.iter().map(|(id, p)| (id, *p)),
+                    );
+                    (c.len() as u64, c.len() as u64)
+                });
+                records = n;
+                let pos = first + n - 1;
+                ((KafkaAnswer::Removed(gone.len()), pos), None)
+            }
+            KafkaOp::RemovePartition { partition } => {
+                let ids = engine.kafka_keys_of(*partition);
+                let aborted = !engine.aborted_transactions(*partition).is_empty();
+                if ids.is_empty() && !aborted {
+                    return Ok(KafkaSubmit::Done(KafkaAnswer::Removed(0)));
+                }
+                engine.remove_partition(*partition);
+                self.life_stats.partition_removed += ids.len() as u64;
+                // One group: the group record and the keys' removals (none
+                // when only aborted transactions were left). Replay drops
+                // the whole partition at the group record, which the log
+                // hands over only once every member is read.
+                let (first, n) = self.log.push_op(|b| {
+                    let mut scratch = Vec::new();
+                    let members = if ids.is_empty() {
+                        0
+                    } else {
+                        op::encode_removes(
+                            &mut scratch,
+                            RemoveReason::PartitionRemoved,
+                            ids.iter().map(|id| (id, *partition)),
+                        )
+                        .len()
+                    };
+                    op::encode_group(
+                        b,
+                        GroupKind::RemovePartition,
+                        members as u32,
+                        i64::from(*partition),
+                    );
+                    b.extend_from_slice(&scratch);
+                    let n = 1 + members as u64;
+                    (n, n)
+                });
+                records = n;
+                let pos = first + n - 1;
+                ((KafkaAnswer::Removed(ids.len()), pos), None)
+            }
         };
         let (answer, pos) = answer;
-        self.counted(before, 1);
+        self.counted(before, records);
         if let Some(h) = high {
             self.keys.meta.high = self.keys.meta.high.max(h);
         }
@@ -180,6 +262,69 @@ impl State {
             self.log.queue(Queued::KafkaSettle { key, pos });
         }
         Ok(KafkaSubmit::Queued { answer, group, pos })
+    }
+}
+
+impl State {
+    /// Logs a Kafka-mode truncation to `offset` whose state is `cut`: one
+    /// group whose members set every partition whose view differs from
+    /// the live one to its state in `cut` (partition-state records, then
+    /// key-state records), applied to the live engine through the same
+    /// function replay uses. Returns the last member's position.
+    pub(super) fn log_kafka_truncation(
+        &mut self,
+        offset: i64,
+        cut: &ProducerStateManager,
+    ) -> Result<u64> {
+        let engine = self.keys.meta.kafka.as_deref().ok_or_else(engine_lost)?;
+        let mut partitions = engine.kafka_partitions();
+        partitions.extend(cut.kafka_partitions());
+        let mut ops = Vec::new();
+        let mut changed = 0u64;
+        for p in partitions {
+            if engine.kafka_partition_view(p) != cut.kafka_partition_view(p) {
+                ops.extend(cut.kafka_partition_ops(p)?);
+                changed += 1;
+            }
+        }
+        let mut scratch = Vec::new();
+        let mut members = 0usize;
+        for o in &ops {
+            members += match o {
+                LogOp::KafkaPartition {
+                    partition,
+                    reset,
+                    section,
+                } => {
+                    txn_op::encode_partition(&mut scratch, *partition, *reset, section);
+                    1
+                }
+                LogOp::Set { entries } => op::encode_sets(&mut scratch, entries.iter()).len(),
+                _ => 0,
+            };
+        }
+        let group = LogOp::Group {
+            kind: GroupKind::Truncate,
+            members: members as u32,
+            arg: offset,
+        };
+        let before = self.log.buffered();
+        let (first, ()) = self.log.push_op(|b| {
+            op::encode_group(b, GroupKind::Truncate, members as u32, offset);
+            b.extend_from_slice(&scratch);
+            (1 + members as u64, ())
+        });
+        self.counted(before, 1 + members as u64);
+        // The live engine takes exactly what replay will.
+        let meta = &mut self.keys.meta;
+        crate::replay::apply_kafka(meta, &group)?;
+        for o in &ops {
+            crate::replay::apply_kafka(meta, o)?;
+        }
+        meta.high = offset.saturating_sub(1);
+        self.life_stats.truncations += 1;
+        self.life_stats.truncated_keys += changed;
+        Ok(first + members as u64)
     }
 }
 
@@ -425,6 +570,26 @@ impl ProducerStateStore {
     ) -> Option<KafkaProducerState> {
         let id = producer_id.into();
         self.engine(|k| k.kafka_state(id, partition)).flatten()
+    }
+
+    /// The producers of one partition as Kafka's DescribeProducers
+    /// (KIP-664) gives them, sorted by producer id: each with its epoch,
+    /// last sequence, last timestamp, coordinator epoch and the first
+    /// offset of its open transaction (`current_txn_first_offset`, Kafka's
+    /// `currentTransactionStartOffset`). Reads the state of every
+    /// operation queued, as [`ProducerStateStore::kafka_state`]. Empty
+    /// under [`Semantics::Seed`] (use [`ProducerStateStore::producers`]).
+    pub fn kafka_producers(&self, partition: i32) -> Vec<(ProducerId, KafkaProducerState)> {
+        self.engine(|k| {
+            k.kafka_keys_of(partition)
+                .into_iter()
+                .filter_map(|id| {
+                    let st = k.kafka_state(id.clone(), partition)?;
+                    Some((id, st))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
     }
 
     /// The first offset of the oldest transaction open on the partition;

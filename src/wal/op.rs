@@ -213,6 +213,20 @@ pub enum LogOp {
         /// The offset.
         offset: i64,
     },
+    /// Part of a partition's state as a Kafka-mode truncation left it
+    /// (kind 21, inside a truncation group): with `reset`, the partition's
+    /// keys and transactions are dropped first; then the side-table keys
+    /// and aborted transactions of `section` (the layout of a snapshot's
+    /// Kafka section, after its length) are added. The partition's compact
+    /// keys follow as key-state records (kind 9).
+    KafkaPartition {
+        /// The partition.
+        partition: i32,
+        /// Drop the partition's state first (its first such record).
+        reset: bool,
+        /// The Kafka section bytes (validated when decoded).
+        section: Vec<u8>,
+    },
 }
 
 impl LogOp {

@@ -321,6 +321,7 @@ fn member_ok(kind: GroupKind, op: &LogOp) -> bool {
             *reason == R::PartitionRemoved
         }
         (GroupKind::Truncate | GroupKind::Import, LogOp::Set { .. }) => true,
+        (GroupKind::Truncate, LogOp::KafkaPartition { .. }) => true,
         _ => false,
     }
 }
@@ -329,7 +330,7 @@ fn member_ok(kind: GroupKind, op: &LogOp) -> bool {
 fn alone_ok(op: &LogOp) -> bool {
     match op {
         LogOp::Remove { reason, .. } => !reason.in_group(),
-        LogOp::Set { .. } => false,
+        LogOp::Set { .. } | LogOp::KafkaPartition { .. } => false,
         _ => true,
     }
 }

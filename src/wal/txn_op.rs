@@ -24,6 +24,7 @@ const KIND_BATCH_NAMED: u8 = 17;
 const KIND_MARKER_NUMERIC: u8 = 18;
 const KIND_MARKER_NAMED: u8 = 19;
 const KIND_FORGET_ABORTED: u8 = 20;
+const KIND_KAFKA_PARTITION: u8 = 21;
 
 /// Fields of a batch after the id: partition, epoch, first, last, offset,
 /// timestamp, flags.
@@ -35,6 +36,11 @@ const MARKER_TAIL: usize = 4 + 2 + 1 + 4 + 8 + 8;
 pub(super) const BATCH_NUMERIC_LEN: usize = HEADER + 8 + BATCH_TAIL;
 pub(super) const MARKER_NUMERIC_LEN: usize = HEADER + 8 + MARKER_TAIL;
 pub(super) const FORGET_LEN: usize = HEADER + 4 + 8;
+/// A partition-state record holds at least its partition, its reset flag
+/// and the two counts of an empty section.
+const PARTITION_MIN_LEN: usize = HEADER + 4 + 1 + 4 + 4;
+/// The longest section a partition-state record carries.
+pub(crate) const MAX_SECTION: usize = super::op::MAX_LEN - (HEADER + 4 + 1);
 const NAMED_BASE: usize = HEADER + 2;
 /// The batch flag: the batch is transactional.
 const TRANSACTIONAL: u8 = 1;
@@ -115,9 +121,20 @@ pub(crate) fn encode_forget(buf: &mut Vec<u8>, partition: i32, offset: i64) {
     end(buf, s);
 }
 
+/// Appends a partition-state record (kind 21): `section` is a Kafka
+/// section without its length field, at most [`MAX_SECTION`] bytes (the
+/// caller cuts larger states into several records).
+pub(crate) fn encode_partition(buf: &mut Vec<u8>, partition: i32, reset: bool, section: &[u8]) {
+    let s = begin(buf, KIND_KAFKA_PARTITION);
+    buf.put_i32(partition);
+    buf.put_u8(u8::from(reset));
+    buf.extend_from_slice(section);
+    end(buf, s);
+}
+
 /// Whether `kind` is a transaction record kind.
 pub(super) fn is_kind(kind: u8) -> bool {
-    (KIND_BATCH_NUMERIC..=KIND_FORGET_ABORTED).contains(&kind)
+    (KIND_BATCH_NUMERIC..=KIND_KAFKA_PARTITION).contains(&kind)
 }
 
 /// Whether `len` can be the length of a record of transaction `kind`.
@@ -130,6 +147,7 @@ pub(super) fn len_ok(kind: u8, len: usize) -> bool {
         KIND_MARKER_NUMERIC => len == MARKER_NUMERIC_LEN,
         KIND_MARKER_NAMED => named(MARKER_TAIL),
         KIND_FORGET_ABORTED => len == FORGET_LEN,
+        KIND_KAFKA_PARTITION => (PARTITION_MIN_LEN..=super::op::MAX_LEN).contains(&len),
         _ => false,
     }
 }
@@ -197,6 +215,25 @@ pub(super) fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<LogOp, Corrupt
             partition: d.i32().ok_or_else(short)?,
             offset: d.i64().ok_or_else(short)?,
         },
+        KIND_KAFKA_PARTITION => {
+            let partition = d.i32().ok_or_else(short)?;
+            let reset = match d.u8().ok_or_else(short)? {
+                0 => false,
+                1 => true,
+                _ => return Err(Corruption::BadField("partition reset flag")),
+            };
+            let section = d.bytes(d.remaining()).ok_or_else(short)?.to_vec();
+            // Valid, and of this partition only, or damage.
+            let state = crate::kafka_snapshot::decode_state(&section).map_err(|(_, k)| k)?;
+            if !state.only_partition(partition) {
+                return Err(Corruption::BadField("partition state of another partition"));
+            }
+            LogOp::KafkaPartition {
+                partition,
+                reset,
+                section,
+            }
+        }
         other => return Err(Corruption::BadKind(other)),
     };
     if d.remaining() != 0 {

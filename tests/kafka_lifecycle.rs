@@ -1,0 +1,286 @@
+//! Issue 13's lifecycle in a `Semantics::Kafka` store (issue 15): Kafka's
+//! expiration (never a producer with an open transaction), partition
+//! removal with its transactions, the DescribeProducers view, each logged
+//! and replayed exactly (a reopen with the clock far ahead decides
+//! nothing again).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::store_util::{dir, sim_opts};
+use producer_state::fs::SimFs;
+use producer_state::{
+    AppendOptions, Batch, Error, ManualClock, Marker, Origin, ProducerStateStore, Semantics,
+    StoreOptions,
+};
+
+const DAY: i64 = 86_400_000;
+
+fn opts(fs: &SimFs, clock: &Arc<ManualClock>) -> StoreOptions {
+    sim_opts(fs)
+        .semantics(Semantics::Kafka)
+        .producer_expiration(Some(Duration::from_millis(DAY as u64)))
+        .clock(clock.clone())
+}
+
+fn txn() -> AppendOptions {
+    AppendOptions::client().transactional().verified()
+}
+
+#[test]
+fn kafka_mode_expires_by_timestamp_but_never_an_open_transaction_and_replays_it() {
+    let fs = SimFs::new();
+    let clock = Arc::new(ManualClock::new(DAY));
+    let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap();
+    // 1: plain, old. 2: open transaction, old. 3: plain, recent.
+    // 4: committed transaction, its marker old.
+    s.append_batch(1u64, 0, 0, Batch::new(0, 0, 10, 1_000))
+        .unwrap();
+    s.append_with(2u64, 0, 0, Batch::new(0, 0, 11, 1_000), txn())
+        .unwrap();
+    s.append_batch(3u64, 0, 0, Batch::new(0, 0, 12, DAY + 5_000))
+        .unwrap();
+    s.append_with(4u64, 1, 0, Batch::new(0, 0, 13, 1_000), txn())
+        .unwrap();
+    s.append_marker(4u64, 1, 0, Marker::abort(2, 14, 2_000), Origin::Coordinator)
+        .unwrap();
+    // Kafka's rule: now - lastTimestamp >= expiration, at the boundary too.
+    clock.set(DAY + 2_000);
+    assert_eq!(s.expire_now().unwrap(), 2, "1 and 4");
+    assert!(s.kafka_state(1u64, 0).is_none() && s.kafka_state(4u64, 1).is_none());
+    assert!(
+        s.kafka_state(2u64, 0).is_some(),
+        "an open transaction stays"
+    );
+    assert_eq!(s.first_unstable_offset(0), Some(11));
+    assert_eq!(s.aborted_transactions(1).len(), 1, "the aborted list stays");
+    assert!(s.was_removed(1u64, 0) && !s.was_removed(3u64, 0));
+    // The expired producer starts again at any sequence (KIP-360).
+    assert!(
+        s.append_batch(1u64, 0, 0, Batch::new(7, 7, 15, DAY + 2_000))
+            .unwrap()
+            .is_accepted()
+    );
+    assert_eq!(s.expire_now().unwrap(), 0);
+    let live: Vec<_> = (0..2).map(|p| s.kafka_producers(p)).collect();
+    drop(s);
+    // Far in the future: recovery replays the logged expiration, decides
+    // nothing again.
+    clock.set(i64::MAX / 2);
+    let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap();
+    let again: Vec<_> = (0..2).map(|p| s.kafka_producers(p)).collect();
+    assert_eq!(again, live);
+    assert!(s.was_removed(4u64, 1), "the filter is replayed too");
+    assert_eq!(s.kafka_state(1u64, 0).map(|k| k.last_sequence), Some(7));
+    // Now everything without an open transaction goes.
+    assert_eq!(s.expire_now().unwrap(), 2);
+    assert_eq!(s.kafka_producers(0).len(), 1);
+}
+
+#[test]
+fn remove_partition_drops_its_producers_and_transactions_atomically() {
+    let fs = SimFs::new();
+    let clock = Arc::new(ManualClock::new(0));
+    let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap();
+    s.append_with(1u64, 0, 0, Batch::new(0, 1, 10, 1), txn())
+        .unwrap();
+    s.append_with(2u64, 0, 0, Batch::new(0, 0, 12, 1), txn())
+        .unwrap();
+    s.append_marker(2u64, 0, 0, Marker::abort(0, 13, 1), Origin::Coordinator)
+        .unwrap();
+    s.append_batch(3u64, 0, 0, Batch::new(0, 0, 14, 1)).unwrap();
+    s.append_with(1u64, 1, 0, Batch::new(0, 0, 15, 1), txn())
+        .unwrap();
+    let d = s.kafka_producers(0);
+    assert_eq!(
+        d.iter()
+            .map(|(id, k)| (
+                id.as_numeric().unwrap(),
+                k.current_txn_first_offset,
+                k.coordinator_epoch
+            ))
+            .collect::<Vec<_>>(),
+        [(1, Some(10), -1), (2, None, 0), (3, None, -1)]
+    );
+    assert_eq!(s.producers(0).len(), 3);
+    assert_eq!(s.describe(3u64, 0).map(|i| i.last_activity), Some(1));
+    assert_eq!(s.remove_partition(0).unwrap(), 3);
+    assert_eq!(s.remove_partition(0).unwrap(), 0);
+    assert!(s.kafka_producers(0).is_empty() && s.aborted_transactions(0).is_empty());
+    assert_eq!(s.first_unstable_offset(0), None);
+    assert_eq!(
+        s.first_unstable_offset(1),
+        Some(15),
+        "other partitions stay"
+    );
+    assert!(!s.was_removed(1u64, 0), "a removal is not a forgetting");
+    drop(s);
+    let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap();
+    assert!(s.kafka_producers(0).is_empty() && s.aborted_transactions(0).is_empty());
+    assert_eq!(s.first_unstable_offset(1), Some(15));
+    assert_eq!(s.len(), 1);
+}
+
+#[test]
+fn kafka_mode_has_no_producer_cap() {
+    let fs = SimFs::new();
+    let clock = Arc::new(ManualClock::new(0));
+    let r = ProducerStateStore::open_with(dir(), opts(&fs, &clock).max_producers(Some(10)));
+    assert!(matches!(r, Err(Error::InvalidOptions(_))), "{:?}", r.err());
+}
+
+/// A producer, its epoch, a data batch (first, last, transactional) or a
+/// marker (commit), and the offset.
+type Step = (u64, i16, Option<(i32, i32, bool)>, Option<bool>, i64);
+
+/// Data batches and markers over three producers and two partitions, at
+/// growing offsets (a log's), with aborts, epoch bumps and plain batches.
+fn stream(seed: u64, n: usize) -> Vec<Step> {
+    let mut s = seed | 1;
+    let mut next = [0i32; 3];
+    let mut epoch = [0i16; 3];
+    let mut offset = 0i64;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let p = (s % 3) as usize;
+        match (s >> 8) % 6 {
+            0 | 1 => {
+                let commit = s >> 20 & 1 == 0;
+                if s >> 21 & 3 == 0 {
+                    epoch[p] += 1;
+                    next[p] = 0;
+                }
+                out.push((p as u64, epoch[p], None, Some(commit), offset));
+                offset += 1;
+            }
+            _ => {
+                let len = ((s >> 12) % 3) as i32;
+                let txn = p != 2 || s >> 30 & 1 == 1;
+                out.push((
+                    p as u64,
+                    epoch[p],
+                    Some((next[p], next[p] + len, txn)),
+                    None,
+                    offset,
+                ));
+                next[p] += len + 1;
+                offset += i64::from(len) + 1;
+            }
+        }
+    }
+    out
+}
+
+fn on_engine(
+    m: &mut producer_state::ProducerStateManager,
+    &(pid, epoch, data, marker, offset): &Step,
+) {
+    let p = (pid % 2) as i32;
+    if let Some((first, last, t)) = data {
+        let o = if t { txn() } else { AppendOptions::client() };
+        m.append_with(pid, p, epoch, Batch::new(first, last, offset, offset), o)
+            .unwrap();
+    }
+    if let Some(commit) = marker {
+        let mk = if commit {
+            Marker::commit
+        } else {
+            Marker::abort
+        };
+        m.append_marker(pid, p, epoch, mk(1, offset, offset), Origin::Coordinator)
+            .unwrap();
+    }
+}
+
+fn on_store(s: &ProducerStateStore, &(pid, epoch, data, marker, offset): &Step) {
+    let p = (pid % 2) as i32;
+    if let Some((first, last, t)) = data {
+        let o = if t { txn() } else { AppendOptions::client() };
+        s.append_with(pid, p, epoch, Batch::new(first, last, offset, offset), o)
+            .unwrap();
+    }
+    if let Some(commit) = marker {
+        let mk = if commit {
+            Marker::commit
+        } else {
+            Marker::abort
+        };
+        s.append_marker(pid, p, epoch, mk(1, offset, offset), Origin::Coordinator)
+            .unwrap();
+    }
+}
+
+fn same_as(s: &ProducerStateStore, m: &producer_state::ProducerStateManager) -> bool {
+    (0..2).all(|p| {
+        let mut ids: Vec<_> = m.iter().filter(|e| e.1 == p).map(|e| e.0).collect();
+        ids.sort();
+        let want: Vec<_> = ids
+            .into_iter()
+            .map(|id| (id.clone(), m.kafka_state(id, p).unwrap()))
+            .collect();
+        s.kafka_producers(p) == want
+            && s.aborted_transactions(p) == m.aborted_transactions(p)
+            && s.first_unstable_offset(p) == m.first_unstable_offset(p)
+    })
+}
+
+#[test]
+fn truncate_to_is_kafkas_truncate_and_reload_and_survives_reopen() {
+    let steps = stream(0x9e37_79b9, 120);
+    let end = steps.last().map(|s| s.4 + 3).unwrap();
+    let mut checked = 0;
+    for x in (0..end).step_by(7).chain([end / 2 + 1]) {
+        let fs = SimFs::new();
+        let clock = Arc::new(ManualClock::new(0));
+        let o = opts(&fs, &clock)
+            .producer_expiration(None)
+            .snapshot_every_records(Some(25))
+            .keep_snapshots(64);
+        let s = ProducerStateStore::open_with(dir(), o.clone()).unwrap();
+        for st in &steps {
+            on_store(&s, st);
+        }
+        let high = steps
+            .iter()
+            .map(|s| s.4 + s.2.map_or(0, |d| i64::from(d.1 - d.0)))
+            .max();
+        if x > high.unwrap() + 1 {
+            assert!(matches!(
+                s.truncate_to(x),
+                Err(Error::TruncateAboveEnd { .. })
+            ));
+            continue;
+        }
+        s.truncate_to(x).unwrap();
+        let mut m = producer_state::ProducerStateManager::with_semantics(Semantics::Kafka);
+        for st in steps.iter().filter(|st| st.4 < x) {
+            on_engine(&mut m, st);
+        }
+        assert!(same_as(&s, &m), "truncated to {x}");
+        drop(s);
+        let s = ProducerStateStore::open_with(dir(), o).unwrap();
+        assert!(same_as(&s, &m), "reopened after truncating to {x}");
+        // The log goes on from the offset, and a second truncation below
+        // the first passes over it.
+        for st in steps.iter().filter(|st| st.4 >= x).take(5) {
+            on_store(&s, st);
+            on_engine(&mut m, st);
+        }
+        assert!(same_as(&s, &m), "appended after truncating to {x}");
+        if x >= 10 {
+            s.truncate_to(x - 10).unwrap();
+            let mut m = producer_state::ProducerStateManager::with_semantics(Semantics::Kafka);
+            for st in steps.iter().filter(|st| st.4 < x - 10) {
+                on_engine(&mut m, st);
+            }
+            assert!(same_as(&s, &m), "truncated again to {}", x - 10);
+        }
+        checked += 1;
+    }
+    assert!(checked > 10);
+}
