@@ -4,7 +4,8 @@
 //! `cargo run --release -p producer-state-bench --example txn_bench`
 //! (about a minute). `--batches N` batches per round (default 200,000),
 //! `--rounds N` (default 5; tables show medians), `--threads N` appenders
-//! under `FsyncPolicy::Always` (default 8), `--dir PATH` the disk.
+//! under `FsyncPolicy::Always` (default 8), `--policy never|always` one
+//! policy only (default both), `--dir PATH` the disk.
 //!
 //! The data: producers `0..P` (P = 64), producer `p` writing partition `p`
 //! at epoch 0, each batch 1 to 4 records, offsets counted per partition,
@@ -197,10 +198,19 @@ fn main() -> Result<()> {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     // Always with many threads is slow per batch: a tenth of the data.
+    let only = arg(&args, "--policy");
     for (policy, threads, share) in [
         (FsyncPolicy::Never, 1, 1),
         (FsyncPolicy::Always, threads, 10),
     ] {
+        let name = if policy == FsyncPolicy::Never {
+            "never"
+        } else {
+            "always"
+        };
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
         let work: Vec<Vec<(i32, i32)>> = work
             .iter()
             .map(|b| {
