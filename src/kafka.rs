@@ -476,7 +476,8 @@ pub fn seed_store_with(
 /// them (docs/transactions.md, "Seeding from Kafka's files").
 ///
 /// Kafka keeps aborted transactions in its `.txnindex` files, not in
-/// producer snapshots: the seeded store lists none.
+/// producer snapshots: the seeded store lists none. Unlike Kafka's reload,
+/// the seed reads no clock: producers that would have expired are kept.
 ///
 /// ```
 /// use producer_state::{kafka, ProducerStateStore, Semantics, StoreOptions};
