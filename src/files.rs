@@ -3,7 +3,8 @@
 //!
 //! One function, [`classify`], used by recovery (to pick the files it
 //! reads and removes), by [`kafka::seed_store`](crate::kafka::seed_store)
-//! (to refuse a directory that already holds a store) and by
+//! and [`kafka::seed_kafka_store`](crate::kafka::seed_kafka_store) (to
+//! refuse a directory that already holds a store) and by
 //! [`inspect`](crate::inspect) (so the inspector's verdict is about the
 //! files recovery reads, and only those). A name it does not recognise is
 //! never read by recovery, whatever its extension or bytes.

@@ -14,13 +14,24 @@
 //! Entry: producer id `i64`, epoch `i16`, last sequence `i32`, last offset
 //! `i64`, offset delta `i32`, timestamp `i64`, coordinator epoch `i32`,
 //! current transaction first offset `i64` (-1: none). Kafka persists only
-//! the last batch of each producer; entry order is Kafka's hash-map order
-//! (unspecified), so files compare as sets of entries.
+//! the last batch of each producer. Entry order is the iteration order of
+//! the broker's `java.util.HashMap`, which [`sort_in_kafka_order`]
+//! reproduces for a map filled in producer id order (files from other
+//! histories hold the same entries in another order: compare them as sets).
 //!
-//! Reading a Kafka snapshot into this crate's state ([`to_entry`]) gives each
-//! producer one retained batch, as Kafka keeps; writing one ([`from_entry`],
-//! [`encode`]) gives Kafka tooling what it reads. [`seed_store`] starts a
-//! store from the files a Kafka broker left behind.
+//! Two ways into a store, for its two semantics:
+//!
+//! - [`seed_kafka_store`] starts a [`Semantics::Kafka`] store from the files
+//!   a Kafka broker left behind, losing nothing (open transactions,
+//!   coordinator epochs, marker-only producers, marker timestamps), and
+//!   [`export_store`] writes the files back byte for byte;
+//! - [`seed_store`] starts a [`Semantics::Seed`] store, each producer one
+//!   entry with one retained batch ([`to_entry`]), dropping what the seed
+//!   rules have no place for; [`export`] writes a seed store's entries
+//!   ([`from_entry`]) as Kafka tooling reads them.
+//!
+//! [`Semantics::Kafka`]: crate::Semantics::Kafka
+//! [`Semantics::Seed`]: crate::Semantics::Seed
 
 #![deny(clippy::indexing_slicing)]
 
@@ -36,6 +47,8 @@ use crate::id::ProducerId;
 use crate::shards::Shards;
 use crate::snapshot;
 use crate::wal::segment::read_full;
+
+pub use crate::kafka_order::sort_in_kafka_order;
 
 /// The only snapshot version Kafka reads and writes.
 pub const VERSION: i16 = 1;
@@ -264,8 +277,9 @@ pub enum Unrepresentable {
     /// A negative producer id (Kafka's `NO_PRODUCER_ID` is -1).
     NegativeProducerId,
     /// No batch and no sequence: a producer Kafka knows only from
-    /// transaction markers. This crate has no state without a sequence (a
-    /// key without state accepts only sequence 0, as Kafka would here).
+    /// transaction markers. The seed rules have no state without a
+    /// sequence (a key without state accepts only sequence 0, as Kafka
+    /// would here); [`seed_kafka_store`] keeps such producers.
     NoSequence,
 }
 
@@ -286,7 +300,9 @@ impl fmt::Display for Unrepresentable {
 /// delta; offset = the batch's first offset; timestamp = the entry's). A
 /// batch whose sequences would wrap past `2^31 - 1`, or that has no offset,
 /// is not retained; the last sequence is. Transaction state is not modelled
-/// (the coordinator epoch and an open transaction's offset are dropped).
+/// (the coordinator epoch and an open transaction's offset are dropped):
+/// this is the seed rules' view ([`seed_store`]); [`seed_kafka_store`]
+/// keeps everything.
 ///
 /// # Errors
 ///
@@ -347,7 +363,8 @@ pub fn from_entry(id: &ProducerId, e: &ProducerEntry) -> Option<KafkaProducerEnt
     })
 }
 
-/// What [`seed_store`] imported and what it could not.
+/// What [`seed_store`] or [`seed_kafka_store`] imported and what it could
+/// not.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SeedReport {
@@ -359,10 +376,17 @@ pub struct SeedReport {
     pub snapshot: PathBuf,
 }
 
-/// Starts a new store in `dir` from Kafka snapshot files: each source is a
-/// Kafka `.snapshot` file and the partition it belongs to (Kafka keeps one
-/// directory per partition). Writes the imported state as this store's
-/// snapshot at position 0; open the store afterwards as usual.
+/// Starts a new store in `dir` from Kafka snapshot files, for a store
+/// opened with the default [`Semantics::Seed`](crate::Semantics::Seed):
+/// each source is a Kafka `.snapshot` file and the partition it belongs to
+/// (Kafka keeps one directory per partition). Writes the imported state as
+/// this store's snapshot at position 0; open the store afterwards as usual.
+///
+/// Each producer becomes one entry with its newest batch ([`to_entry`]);
+/// what the seed rules have no place for is dropped: coordinator epochs,
+/// open transactions, and producers known only from transaction markers
+/// (reported in [`SeedReport::skipped`]). A store that must keep those,
+/// and give Kafka's verdicts, is seeded by [`seed_kafka_store`].
 ///
 /// # Errors
 ///
@@ -392,42 +416,19 @@ pub fn seed_store_with(
     dir: &Path,
     sources: &[(PathBuf, i32)],
 ) -> Result<SeedReport> {
-    // The store's own lock: a store opened while this writes would not
-    // see the snapshot until its next open, which would then replay its
-    // log over it.
-    let _lock = crate::directory::lock(fs, dir)?;
-    let existing = fs.list(dir).map_err(|e| Error::io("list", dir, e))?;
-    if existing
-        .iter()
-        .any(|e| crate::files::classify(&e.name).is_some())
-    {
-        return Err(Error::InvalidOptions(format!(
-            "{} already holds a store; seed only a new directory",
-            dir.display()
-        )));
-    }
+    let _lock = lock_new(fs, dir)?;
     let mut shards = Shards::default();
     let mut meta = crate::meta::Meta::default();
     let mut report = SeedReport::default();
     for (path, partition) in sources {
-        let file = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
-        let len = file.len().map_err(|e| Error::io("stat", path, e))?;
-        let mut entries = Vec::new();
-        read(path, std::io::BufReader::new(file), len, |e| {
-            entries.push(e);
-            Ok(())
-        })?;
-        for k in entries {
+        for k in read_verified(fs, path)? {
             match to_entry(&k) {
                 Ok((id, e)) => {
                     // Kafka's lastTimestamp is the key's last activity;
                     // its offsets bound what truncation must undo.
                     meta.high = meta.high.max(k.last_offset);
                     if !shards.insert_new(&id, *partition, &e, k.timestamp) {
-                        return Err(Error::InvalidOptions(format!(
-                            "producer {} appears twice for partition {partition}",
-                            k.producer_id
-                        )));
+                        return Err(twice(k.producer_id, *partition));
                     }
                     report.imported += 1;
                 }
@@ -458,10 +459,143 @@ pub fn seed_store_with(
     Ok(report)
 }
 
+/// Starts a new [`Semantics::Kafka`](crate::Semantics::Kafka) store in
+/// `dir` from Kafka snapshot files, losing nothing a file holds: each
+/// producer's epoch, newest batch (last sequence, last offset, offset
+/// delta), timestamp (which may be a marker's), coordinator epoch and open
+/// transaction (its first offset; the partition's last stable offset
+/// stays below it), and producers known only from markers (no batch, last
+/// sequence -1). The state is what Kafka's broker holds after loading the
+/// same files: each producer's retry window is its one newest batch.
+///
+/// Writes the state as the store's snapshot at position 0, with the
+/// Kafka flag; open the directory with
+/// [`StoreOptions::semantics`](crate::StoreOptions::semantics)`(Semantics::Kafka)`
+/// (opening it under the seed rules is refused), and
+/// [`export_store`] writes the files back byte for byte as Kafka wrote
+/// them (docs/transactions.md, "Seeding from Kafka's files").
+///
+/// Kafka keeps aborted transactions in its `.txnindex` files, not in
+/// producer snapshots: the seeded store lists none. Unlike Kafka's reload,
+/// the seed reads no clock: producers that would have expired are kept.
+///
+/// ```
+/// use producer_state::{kafka, ProducerStateStore, Semantics, StoreOptions};
+///
+/// let dir = tempfile::tempdir()?;
+/// let file = "tests/fixtures/kafka/small/00000000000000000041.snapshot";
+/// let store_dir = dir.path().join("store");
+/// let report = kafka::seed_kafka_store(&store_dir, &[(file.into(), 0)])?;
+/// assert_eq!(report.imported, 6);
+/// let opts = StoreOptions::default().semantics(Semantics::Kafka);
+/// let store = ProducerStateStore::open_with(&store_dir, opts)?;
+/// assert_eq!(store.first_unstable_offset(0), Some(17)); // 1001's open transaction
+/// let out = dir.path().join(kafka::file_name(41));
+/// kafka::export_store(&store, 0, &out)?;
+/// assert_eq!(std::fs::read(&out)?, std::fs::read(file)?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`seed_store`]; a negative producer id is skipped and reported.
+pub fn seed_kafka_store(dir: &Path, sources: &[(PathBuf, i32)]) -> Result<SeedReport> {
+    seed_kafka_store_with(&StdFs, dir, sources)
+}
+
+/// [`seed_kafka_store`] through a [`FileSystem`].
+///
+/// # Errors
+///
+/// As [`seed_store`].
+pub fn seed_kafka_store_with(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    sources: &[(PathBuf, i32)],
+) -> Result<SeedReport> {
+    let _lock = lock_new(fs, dir)?;
+    let mut engine = crate::ProducerStateManager::with_semantics(crate::Semantics::Kafka);
+    let mut meta = crate::meta::Meta::default();
+    let mut report = SeedReport::default();
+    for (path, partition) in sources {
+        for k in read_verified(fs, path)? {
+            match engine.add_kafka_entry(*partition, &k)? {
+                Ok(true) => {
+                    // The offsets a truncation must undo: the newest batch,
+                    // and an open transaction's start.
+                    meta.high = meta.high.max(k.last_offset).max(k.current_txn_first_offset);
+                    report.imported += 1;
+                }
+                Ok(false) => return Err(twice(k.producer_id, *partition)),
+                Err(why) => report
+                    .skipped
+                    .push((path.clone(), k.producer_id, why.to_string())),
+            }
+        }
+    }
+    // What the store's own snapshot of a Kafka-mode state holds: the store
+    // section, the Kafka section (side table), then the compact keys.
+    let mut w = snapshot::Writer::create(fs, dir, 0)?;
+    w.write_meta(&meta)?;
+    if let Some(side) = engine.kafka_side() {
+        w.write_kafka(side)?;
+    }
+    let mut chunk = Vec::new();
+    let mut n = 0;
+    for (id, partition, e, activity) in engine.compact_entries() {
+        snapshot::encode_entry(&mut chunk, &id, partition, &e, activity);
+        n += 1;
+    }
+    w.write(&chunk, n)?;
+    report.snapshot = w.finish(fs, dir)?;
+    Ok(report)
+}
+
+/// Takes the store's lock on `dir` and checks that it holds no store yet.
+/// The lock is held while seeding: a store opened while the snapshot is
+/// written would not see it until its next open, which would then replay
+/// its log over it.
+fn lock_new(fs: &dyn FileSystem, dir: &Path) -> Result<Box<dyn crate::fs::LockGuard>> {
+    let lock = crate::directory::lock(fs, dir)?;
+    let existing = fs.list(dir).map_err(|e| Error::io("list", dir, e))?;
+    if existing
+        .iter()
+        .any(|e| crate::files::classify(&e.name).is_some())
+    {
+        return Err(Error::InvalidOptions(format!(
+            "{} already holds a store; seed only a new directory",
+            dir.display()
+        )));
+    }
+    Ok(lock)
+}
+
+/// A Kafka snapshot's entries, in file order, once the whole file is
+/// verified (see [`read`]).
+fn read_verified(fs: &dyn FileSystem, path: &Path) -> Result<Vec<KafkaProducerEntry>> {
+    let file = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
+    let len = file.len().map_err(|e| Error::io("stat", path, e))?;
+    let mut entries = Vec::new();
+    read(path, std::io::BufReader::new(file), len, |e| {
+        entries.push(e);
+        Ok(())
+    })?;
+    Ok(entries)
+}
+
+fn twice(producer_id: i64, partition: i32) -> Error {
+    Error::InvalidOptions(format!(
+        "producer {producer_id} appears twice for partition {partition}"
+    ))
+}
+
 /// Writes the entries of one partition of a store's state (for example from
 /// [`ProducerStateStore::iter`](crate::ProducerStateStore::iter)) as a Kafka
-/// snapshot file at `path`, sorted by producer id. Returns how many entries
-/// were written and how many could not be (named ids).
+/// snapshot file at `path`, in Kafka's order ([`sort_in_kafka_order`]).
+/// Returns how many entries were written and how many could not be (named
+/// ids). For a [`Semantics::Kafka`](crate::Semantics::Kafka) store, whose
+/// transactions and coordinator epochs these entries do not carry, use
+/// [`export_store`].
 ///
 /// The file is replaced atomically, as the store writes its snapshots: it
 /// is written to `<path>.tmp`, fsync'ed, renamed over `path`, and the
@@ -506,8 +640,64 @@ pub fn export_with(
             None => skipped += 1,
         }
     }
-    out.sort();
-    let bytes = encode(&out);
+    write_file(fs, out, path).map(|n| (n, skipped))
+}
+
+/// Writes one partition of a store as a Kafka snapshot file at `path`,
+/// whatever the store's semantics: under
+/// [`Semantics::Kafka`](crate::Semantics::Kafka) every field Kafka keeps
+/// ([`ProducerStateStore::kafka_snapshot_entries`](crate::ProducerStateStore::kafka_snapshot_entries):
+/// coordinator epochs, open transactions, marker timestamps, marker-only
+/// producers), under the seed rules as [`export`]. Entries come in Kafka's
+/// order ([`sort_in_kafka_order`]), so a file read by [`seed_kafka_store`]
+/// comes back byte for byte. The file is replaced atomically, as by
+/// [`export`]. Returns how many entries were written and how many keys of
+/// the partition could not be (named ids, ids above `i64::MAX`).
+///
+/// # Errors
+///
+/// [`Error::Io`] naming the operation and path that failed.
+pub fn export_store(
+    store: &crate::ProducerStateStore,
+    partition: i32,
+    path: &Path,
+) -> Result<(usize, usize)> {
+    export_store_with(&StdFs, store, partition, path)
+}
+
+/// [`export_store`] through a [`FileSystem`] (the file is written through
+/// `fs`, whatever the store's own).
+///
+/// # Errors
+///
+/// As [`export_store`].
+pub fn export_store_with(
+    fs: &dyn FileSystem,
+    store: &crate::ProducerStateStore,
+    partition: i32,
+    path: &Path,
+) -> Result<(usize, usize)> {
+    if store.semantics() != crate::Semantics::Kafka {
+        return export_with(fs, store.iter(), partition, path);
+    }
+    let entries = store.kafka_snapshot_entries(partition)?;
+    let kafka_ids = |id: &ProducerId| id.as_numeric().is_some_and(|n| i64::try_from(n).is_ok());
+    let skipped = store
+        .iter()
+        .filter(|(id, p, _)| *p == partition && !kafka_ids(id))
+        .count();
+    write_file(fs, entries, path).map(|n| (n, skipped))
+}
+
+/// Encodes `entries` in Kafka's order and replaces `path` with them
+/// atomically (see [`export`]); returns how many were written.
+fn write_file(
+    fs: &dyn FileSystem,
+    mut entries: Vec<KafkaProducerEntry>,
+    path: &Path,
+) -> Result<usize> {
+    sort_in_kafka_order(&mut entries);
+    let bytes = encode(&entries);
     let mut tmp_name = path.as_os_str().to_owned();
     tmp_name.push(".tmp");
     let tmp = PathBuf::from(tmp_name);
@@ -524,7 +714,7 @@ pub fn export_with(
     drop(f);
     fs.rename(&tmp, path).map_err(io_at("rename", path))?;
     fs.sync_dir(dir).map_err(io_at("fsync directory", dir))?;
-    Ok((out.len(), skipped))
+    Ok(entries.len())
 }
 
 #[cfg(test)]

@@ -752,25 +752,49 @@ impl KafkaState {
         });
         let mut skipped = Vec::new();
         for k in entries {
-            let Ok(pid) = u64::try_from(k.producer_id) else {
-                skipped.push((k.producer_id, Unrepresentable::NegativeProducerId));
-                continue;
-            };
-            let id = ProducerId::numeric(pid);
-            let full = FullEntry::from_kafka(k);
-            match full.as_regular() {
-                Some(e) => {
-                    map.insert_hashed(hash_key(&id, partition), &id, partition, &e, ());
-                }
-                None => {
-                    if let Some(first) = full.txn_first_offset {
-                        self.txns.open(partition, &id, first);
-                    }
-                    self.full.insert((id, partition), full);
-                }
+            if let Err(why) = self.insert_kafka(map, partition, k) {
+                skipped.push((k.producer_id, why));
             }
         }
         skipped
+    }
+
+    /// Adds one entry of a Kafka snapshot to the partition, as Kafka's
+    /// `readSnapshot` makes it (only its newest batch; an open transaction
+    /// is open again): into the compact map when it fits there (a plain
+    /// producer), else into the side table with its coordinator epoch,
+    /// timestamp and transaction. `Ok(false)`, changing nothing, if the key
+    /// has state already.
+    ///
+    /// # Errors
+    ///
+    /// [`Unrepresentable::NegativeProducerId`] for a negative producer id.
+    pub(crate) fn insert_kafka(
+        &mut self,
+        map: &mut StateMap,
+        partition: i32,
+        k: &KafkaProducerEntry,
+    ) -> Result<bool, Unrepresentable> {
+        let Ok(pid) = u64::try_from(k.producer_id) else {
+            return Err(Unrepresentable::NegativeProducerId);
+        };
+        let id = ProducerId::numeric(pid);
+        if self.in_side(&id, partition) || map.get(&id, partition).is_some() {
+            return Ok(false);
+        }
+        let full = FullEntry::from_kafka(k);
+        match full.as_regular() {
+            Some(e) => {
+                map.insert_hashed(hash_key(&id, partition), &id, partition, &e, ());
+            }
+            None => {
+                if let Some(first) = full.txn_first_offset {
+                    self.txns.open(partition, &id, first);
+                }
+                self.full.insert((id, partition), full);
+            }
+        }
+        Ok(true)
     }
 }
 

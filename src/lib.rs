@@ -193,6 +193,7 @@ mod id;
 mod info;
 pub mod inspect;
 pub mod kafka;
+mod kafka_order;
 mod kafka_rules;
 mod kafka_snapshot;
 mod kafka_state;

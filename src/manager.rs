@@ -517,6 +517,24 @@ impl ProducerStateManager {
         Ok(k.load(map, partition, entries))
     }
 
+    /// Adds one entry of a Kafka snapshot to the partition without
+    /// replacing the partition's other producers (seeding a store from
+    /// several files, see [`kafka::seed_kafka_store`](crate::kafka::seed_kafka_store)):
+    /// `Ok(false)` if the key has state already.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Seed`]; the inner error
+    /// for an entry that cannot be loaded (a negative producer id).
+    pub(crate) fn add_kafka_entry(
+        &mut self,
+        partition: i32,
+        entry: &KafkaProducerEntry,
+    ) -> Result<std::result::Result<bool, Unrepresentable>> {
+        let (k, map) = self.kafka_mut("seeding from a Kafka snapshot")?;
+        Ok(k.insert_kafka(map, partition, entry))
+    }
+
     /// Classifies a request under Kafka's rules with its own options and
     /// applies it if accepted (the Kafka-mode store's entry point); under
     /// the seed rules, as [`ProducerStateManager::append_request`].

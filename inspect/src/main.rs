@@ -21,7 +21,8 @@ use producer_state::inspect::{
 };
 use producer_state::kafka::{self, KafkaProducerEntry};
 use producer_state::{
-    AppendRequest, Error, MarkerKind, ProducerEntry, ProducerId, RecoveryReport, Repair,
+    AppendRequest, Error, KafkaProducerState, MarkerKind, ProducerEntry, ProducerId,
+    RecoveryReport, Repair,
 };
 use serde::Serialize;
 
@@ -305,12 +306,28 @@ struct Output {
     files: Vec<FileView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     recovery: Option<RecoveryView>,
+    /// A Kafka-mode snapshot: keys its Kafka section holds (beyond the
+    /// `entry_count` compact entries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kafka_section_keys: Option<u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     entries: Vec<EntryView>,
+    /// A Kafka-mode state's aborted transactions.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    aborted_transactions: Vec<AbortedView>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     records: Vec<RecordView>,
     #[serde(skip)]
     code: Verdict,
+}
+
+#[derive(Serialize)]
+struct AbortedView {
+    partition: i32,
+    producer_id: String,
+    first_offset: i64,
+    last_offset: i64,
+    last_stable_offset: i64,
 }
 
 impl Output {
@@ -327,7 +344,9 @@ impl Output {
             damage: Vec::new(),
             files: Vec::new(),
             recovery: None,
+            kafka_section_keys: None,
             entries: Vec::new(),
+            aborted_transactions: Vec::new(),
             records: Vec::new(),
             code: Verdict::Ok,
         }
@@ -477,14 +496,67 @@ fn entries_of(state: &inspect::RecoveredState, f: &Filter, list: bool) -> Vec<En
     let mut v: Vec<EntryView> = state
         .infos()
         .filter(|i| f.keeps(&i.producer_id, Some(i.partition)))
-        .map(|i| {
-            let mut v = entry_of(&i.producer_id, Some(i.partition), &i.entry);
-            v.last_activity = Some(i.last_activity);
-            v
-        })
+        .map(
+            |i| match state.kafka_state(i.producer_id.clone(), i.partition) {
+                // A Kafka-mode key: Kafka's view, every cached batch.
+                Some(k) => kafka_state_entry(&i.producer_id, i.partition, &k),
+                None => {
+                    let mut v = entry_of(&i.producer_id, Some(i.partition), &i.entry);
+                    v.last_activity = Some(i.last_activity);
+                    v
+                }
+            },
+        )
         .collect();
     v.sort_by(|a, b| a.key.cmp(&b.key));
     v
+}
+
+/// A key of a Kafka-mode state, with the fields Kafka's snapshot would
+/// hold for it (its newest batch's last offset and delta).
+fn kafka_state_entry(id: &ProducerId, partition: i32, k: &KafkaProducerState) -> EntryView {
+    let (producer_id, producer_id_kind, mut key) = id_view(id);
+    key.3 = Some(partition);
+    let newest = k.batches.last().and_then(|b| {
+        let m = b.metadata?;
+        let delta = i64::from(b.last_sequence.wrapping_sub(b.first_sequence)) & 0x7fff_ffff;
+        Some((m.offset.wrapping_add(delta), delta as i32))
+    });
+    EntryView {
+        producer_id,
+        producer_id_kind,
+        partition: Some(partition),
+        epoch: k.epoch,
+        last_sequence: k.last_sequence,
+        last_activity: None,
+        retained_batches: k.batches.iter().map(batch_view).collect(),
+        kafka: Some(KafkaFields {
+            last_offset: newest.map_or(-1, |n| n.0),
+            offset_delta: newest.map_or(0, |n| n.1),
+            timestamp: k.last_timestamp,
+            coordinator_epoch: k.coordinator_epoch,
+            current_txn_first_offset: k.current_txn_first_offset.unwrap_or(-1),
+        }),
+        key,
+    }
+}
+
+fn aborted_of(state: &inspect::RecoveredState, f: &Filter, list: bool) -> Vec<AbortedView> {
+    if !list {
+        return Vec::new();
+    }
+    state
+        .aborted_transactions()
+        .into_iter()
+        .filter(|(p, t)| f.keeps(&t.producer_id, Some(*p)))
+        .map(|(partition, t)| AbortedView {
+            partition,
+            producer_id: id_view(&t.producer_id).0,
+            first_offset: t.first_offset,
+            last_offset: t.last_offset,
+            last_stable_offset: t.last_stable_offset,
+        })
+        .collect()
 }
 
 /// A reader's IO error: not damage, its own exit code.
@@ -550,7 +622,11 @@ fn inspect_snapshot(
         out.semantics = Some(s.semantics.as_str());
         out.position = Some(s.position);
         out.entry_count = Some(s.entries);
+        if state.semantics() == producer_state::Semantics::Kafka {
+            out.kafka_section_keys = Some((state.len() as u64).saturating_sub(s.entries));
+        }
         out.entries = entries_of(&state, f, list);
+        out.aborted_transactions = aborted_of(&state, f, list);
     })
 }
 
@@ -919,6 +995,7 @@ fn inspect_dir(
             out.entry_count = Some(state.len() as u64);
             out.recovery = Some(recovery_view(report));
             out.entries = entries_of(state, f, list);
+            out.aborted_transactions = aborted_of(state, f, list);
         }
         DryRun::Refuses(e) => {
             out.recovery = Some(RecoveryView::Refuses {
@@ -1081,7 +1158,10 @@ fn print_human(w: &mut dyn Write, out: &Output) -> io::Result<()> {
         && out.kind != "segment"
         && let Some(n) = out.entry_count
     {
-        writeln!(w, "entries:   {n}")?;
+        match out.kafka_section_keys {
+            Some(k) => writeln!(w, "entries:   {n} (and {k} keys in the Kafka section)")?,
+            None => writeln!(w, "entries:   {n}")?,
+        }
     }
     let verdict = match out.code {
         Verdict::Ok => "OK, every checksum verifies",
@@ -1169,15 +1249,45 @@ fn print_human(w: &mut dyn Write, out: &Output) -> io::Result<()> {
             header.push("LAST ACTIVITY");
         }
         if kafka {
-            header.extend([
-                "LAST BATCH (first..last @offset time)",
-                "COORD EPOCH",
-                "TXN FIRST OFFSET",
-            ]);
+            // Kafka's file keeps one batch; a Kafka-mode store, its window.
+            header.push(if out.kind == "kafka_snapshot" {
+                "LAST BATCH (first..last @offset time)"
+            } else {
+                "BATCHES (first..last @offset time)"
+            });
+            header.extend(["COORD EPOCH", "TXN FIRST OFFSET"]);
         } else {
             header.push("RETAINED BATCHES (first..last @offset time)");
         }
         table(w, &header, &rows)?;
+    }
+    if !out.aborted_transactions.is_empty() {
+        writeln!(w)?;
+        writeln!(w, "aborted transactions (in marker order):")?;
+        let rows: Vec<Vec<String>> = out
+            .aborted_transactions
+            .iter()
+            .map(|t| {
+                vec![
+                    t.partition.to_string(),
+                    t.producer_id.clone(),
+                    t.first_offset.to_string(),
+                    t.last_offset.to_string(),
+                    t.last_stable_offset.to_string(),
+                ]
+            })
+            .collect();
+        table(
+            w,
+            &[
+                "PARTITION",
+                "PRODUCER",
+                "FIRST OFFSET",
+                "LAST OFFSET",
+                "LAST STABLE OFFSET",
+            ],
+            &rows,
+        )?;
     }
     if !out.records.is_empty() {
         writeln!(w)?;

@@ -738,3 +738,54 @@ fn a_segment_shows_its_lifecycle_records() {
     assert!(out.contains("truncate to offset 68"), "{out}");
     assert!(out.contains("OP"), "{out}");
 }
+
+/// A `Semantics::Kafka` store (the committed golden one): the dry run and
+/// its snapshot show every key, side-table keys with their transaction and
+/// coordinator epoch, and the aborted transactions; its segments show the
+/// transaction records.
+#[test]
+fn a_kafka_mode_store_shows_its_transactions() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/golden/store-kafka-v5"
+    );
+    let (code, v) = json(&[dir]);
+    assert_eq!(code, 0, "{v}");
+    let e = v["entries"].as_array().unwrap();
+    assert_eq!(e.len(), 6, "compact and side-table keys");
+    let seven = e.iter().find(|e| e["producer_id"] == "7").unwrap();
+    assert_eq!(seven["kafka"]["current_txn_first_offset"], 12);
+    assert_eq!(seven["kafka"]["coordinator_epoch"], 3);
+    assert_eq!(seven["retained_batches"].as_array().unwrap().len(), 3);
+    let aborted = v["aborted_transactions"].as_array().unwrap();
+    assert_eq!(aborted.len(), 1);
+    assert_eq!(
+        (&aborted[0]["producer_id"], &aborted[0]["first_offset"]),
+        (&Value::from("7"), &Value::from(8))
+    );
+    let (code, out, _) = run(&[dir, "--producer", "tx-named"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("COORD EPOCH"), "{out}");
+    assert!(!out.contains("aborted transactions"), "filtered: {out}");
+
+    let snap = format!("{dir}/00000000000000000012.snap");
+    let (code, out, _) = run(&[&snap]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("(and 3 keys in the Kafka section)"), "{out}");
+    let (_, v) = json(&[&snap]);
+    assert_eq!(v["entries"].as_array().unwrap().len(), 5);
+    assert_eq!(v["kafka_section_keys"], 3);
+    assert_eq!(v["aborted_transactions"].as_array().unwrap().len(), 2);
+
+    let (code, v) = json(&[&format!("{dir}/00000000000000000000.wal")]);
+    assert_eq!(code, 0);
+    let ops: Vec<&str> = v["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["op"].as_str().unwrap())
+        .collect();
+    for op in ["kafka-batch", "txn-marker", "forget-aborted"] {
+        assert!(ops.contains(&op), "{op}: {ops:?}");
+    }
+}

@@ -34,9 +34,12 @@ use crate::fs::ReadOnlyFs;
 use crate::id::ProducerId;
 use crate::info::ProducerInfo;
 use crate::kafka::{self, KafkaProducerEntry};
+use crate::kafka_state::KafkaProducerState;
+use crate::manager::ProducerStateManager;
 use crate::recovery::{self, RecoveryMode, RecoveryReport};
 use crate::shards::{SHARDS, Shards};
 use crate::snapshot;
+use crate::txn::AbortedTxn;
 use crate::wal::segment::{self, End, HeaderError};
 
 pub use crate::files::{StoreFile, classify};
@@ -210,7 +213,7 @@ pub fn snapshot(
     let (f, len) = open(fs, path)?;
     let mut t = Ticker::new(progress);
     let mut shards = Shards::default();
-    let (h, _) = snapshot::read(
+    let (h, _, kafka) = snapshot::read_kafka(
         path,
         io::BufReader::with_capacity(1 << 20, f),
         len,
@@ -224,6 +227,27 @@ pub fn snapshot(
             Ok(())
         },
     )?;
+    let state = match kafka {
+        None => RecoveredState {
+            shards,
+            kafka: None,
+        },
+        // A Kafka-mode state, as recovery's loader builds it: the Kafka
+        // section's side table, then the compact keys (a key in both is
+        // damage).
+        Some(side) => {
+            let mut engine = ProducerStateManager::from_kafka_side(side, shards.len() as u64);
+            for (id, p, e) in (0..SHARDS).flat_map(|i| shards.shard(i).iter()) {
+                if !engine.insert_loaded(&id, p, &e) {
+                    return Err(Error::corrupt(path, 0, Corruption::DuplicateKey));
+                }
+            }
+            RecoveredState {
+                shards: Shards::default(),
+                kafka: Some(Box::new(engine)),
+            }
+        }
+    };
     Ok((
         SnapshotSummary {
             version: h.version,
@@ -232,7 +256,7 @@ pub fn snapshot(
             bytes: len,
             semantics: semantics_of(h.kafka),
         },
-        RecoveredState(shards),
+        state,
     ))
 }
 
@@ -386,14 +410,22 @@ pub fn kafka_snapshot(
 }
 
 /// A state rebuilt from files: what recovery would rebuild, or what a
-/// snapshot holds.
+/// snapshot holds. Under [`Semantics::Kafka`](crate::Semantics::Kafka)
+/// it is the Kafka engine's state: every key (compact and side-table),
+/// with its transaction and coordinator epoch
+/// ([`RecoveredState::kafka_state`]) and the aborted transactions.
 #[derive(Clone, Debug)]
-pub struct RecoveredState(Shards);
+pub struct RecoveredState {
+    /// The seed rules' keys (empty under Kafka semantics).
+    shards: Shards,
+    /// The Kafka-mode state (`None` under the seed rules).
+    kafka: Option<Box<ProducerStateManager>>,
+}
 
 impl RecoveredState {
     /// Number of keys.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.shards.len() + self.kafka.as_ref().map_or(0, |k| k.len())
     }
 
     /// True when there are no keys.
@@ -401,16 +433,67 @@ impl RecoveredState {
         self.len() == 0
     }
 
-    /// Every key and its entry, in no particular order.
+    /// The semantics of the store whose files these are.
+    pub fn semantics(&self) -> crate::Semantics {
+        semantics_of(self.kafka.is_some())
+    }
+
+    /// Every key and its entry, in no particular order (a Kafka-mode key
+    /// outside the compact map as the nearest entry: see
+    /// [`ProducerStateManager::iter`]).
     pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
-        (0..SHARDS).flat_map(move |i| self.0.shard(i).iter())
+        (0..SHARDS)
+            .flat_map(move |i| self.shards.shard(i).iter())
+            .chain(self.kafka.iter().flat_map(|k| k.iter()))
     }
 
     /// Every key with its entry and last activity (snapshot version 3;
     /// older snapshots kept none: a key's newest batch timestamp, or 0),
-    /// in no particular order.
+    /// in no particular order. A Kafka-mode state keeps no activity: a
+    /// key's is its Kafka last timestamp (of its last batch or marker; -1
+    /// for none), what Kafka's expiration goes by.
     pub fn infos(&self) -> impl Iterator<Item = ProducerInfo> + '_ {
-        (0..SHARDS).flat_map(move |i| self.0.infos(i))
+        let kafka = self.kafka.iter().flat_map(|k| {
+            k.iter().map(|(producer_id, partition, entry)| {
+                let last_activity = k
+                    .kafka_state(producer_id.clone(), partition)
+                    .map_or(-1, |s| s.last_timestamp);
+                ProducerInfo {
+                    producer_id,
+                    partition,
+                    entry,
+                    last_activity,
+                }
+            })
+        });
+        (0..SHARDS)
+            .flat_map(move |i| self.shards.infos(i))
+            .chain(kafka)
+    }
+
+    /// One key's state as Kafka holds it (its open transaction, coordinator
+    /// epoch, every cached batch); `None` without state and for a state of
+    /// the seed rules.
+    pub fn kafka_state(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+    ) -> Option<KafkaProducerState> {
+        self.kafka.as_ref()?.kafka_state(producer_id, partition)
+    }
+
+    /// Every partition's aborted transactions (a Kafka-mode state), by
+    /// partition, each partition's in the order their markers came.
+    pub fn aborted_transactions(&self) -> Vec<(i32, AbortedTxn)> {
+        let Some(side) = self.kafka.as_ref().and_then(|k| k.kafka_side()) else {
+            return Vec::new();
+        };
+        let mut lists: Vec<_> = side.txns().aborted_lists().collect();
+        lists.sort_by_key(|(p, _)| *p);
+        lists
+            .into_iter()
+            .flat_map(|(p, list)| list.iter().map(move |t| (p, t.clone())))
+            .collect()
     }
 }
 
@@ -429,5 +512,11 @@ impl RecoveredState {
 pub fn dry_run(fs: &dyn FileSystem, dir: &Path) -> Result<(RecoveryReport, RecoveredState)> {
     crate::directory::check(fs, dir)?;
     let rec = recovery::recover_dry(fs, dir, RecoveryMode::Strict)?;
-    Ok((rec.report, RecoveredState(rec.shards)))
+    Ok((
+        rec.report,
+        RecoveredState {
+            shards: rec.shards,
+            kafka: rec.meta.kafka,
+        },
+    ))
 }

@@ -614,6 +614,27 @@ impl ProducerStateStore {
             .unwrap_or_default()
     }
 
+    /// The partition's producers as a Kafka `.snapshot` file holds them
+    /// (each with its newest batch, timestamp, coordinator epoch and open
+    /// transaction), as [`ProducerStateManager::kafka_snapshot_entries`];
+    /// [`kafka::export_store`](crate::kafka::export_store) writes them as
+    /// Kafka does.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Seed`] (export its
+    /// entries with [`kafka::export`](crate::kafka::export)).
+    pub fn kafka_snapshot_entries(
+        &self,
+        partition: i32,
+    ) -> Result<Vec<crate::kafka::KafkaProducerEntry>> {
+        self.engine(|k| k.kafka_snapshot_entries(partition))
+            .unwrap_or(Err(Error::Unsupported {
+                what: "Kafka's snapshot view",
+                semantics: Semantics::Seed,
+            }))
+    }
+
     /// Refuses a lifecycle operation Kafka mode does not have yet.
     pub(super) fn refuse_in_kafka_mode(&self, what: &'static str) -> Result<()> {
         if self.shared.kafka {

@@ -1,3 +1,4 @@
 pub mod model;
 pub mod ops;
+pub mod snapshot_bytes;
 pub mod store_util;
