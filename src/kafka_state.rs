@@ -177,7 +177,7 @@ impl FullEntry {
         self.last_timestamp = marker.timestamp;
     }
 
-    fn view(&self) -> KafkaProducerState {
+    pub(crate) fn view(&self) -> KafkaProducerState {
         KafkaProducerState {
             epoch: self.epoch,
             last_sequence: self.last_sequence,
