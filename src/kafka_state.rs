@@ -97,7 +97,7 @@ impl FullEntry {
         batches: VecDeque::new(),
     };
 
-    fn from_regular(e: &ProducerEntry) -> FullEntry {
+    pub(crate) fn from_regular(e: &ProducerEntry) -> FullEntry {
         let batches: VecDeque<RetainedBatch> = e.retained_batches().collect();
         FullEntry {
             epoch: e.epoch(),
