@@ -506,7 +506,8 @@ mod tests {
                 aborted: e.aborted_transactions().to_vec(),
             },
         );
-        assert!(!only_aborted.is_empty() && only_aborted.len() == 0);
+        assert!(!only_aborted.is_empty(), "an aborted list is state");
+        assert_eq!(only_aborted.len(), 0, "no producer");
         assert_eq!(
             PartitionExport::from_bytes(&only_aborted.to_bytes()).unwrap(),
             only_aborted
