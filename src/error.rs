@@ -189,6 +189,31 @@ pub enum Error {
         /// Its partition.
         partition: i32,
     },
+    /// `import_partition` was given an export taken under the other
+    /// semantics: a seed store has no place for a Kafka partition's
+    /// transactions and aborted list, and a seed export has none of what a
+    /// Kafka-mode store answers from. Nothing was imported.
+    #[error(
+        "cannot import partition {partition}: the export was taken under the {exported} semantics and this store has the {store} semantics; nothing was imported (a partition moves only between stores of the same semantics)"
+    )]
+    ImportSemanticsMismatch {
+        /// The exported partition.
+        partition: i32,
+        /// The semantics of the store the export was taken from.
+        exported: crate::Semantics,
+        /// This store's.
+        store: crate::Semantics,
+    },
+    /// Kafka mode: `import_partition` found the partition with state here
+    /// and no key to name (its aborted transactions are still listed).
+    /// Nothing was imported.
+    #[error(
+        "cannot import partition {partition}: this store still lists aborted transactions of it; nothing was imported (remove the partition first if the import is meant to replace it)"
+    )]
+    ImportPartitionNotEmpty {
+        /// The partition.
+        partition: i32,
+    },
 }
 
 impl Error {

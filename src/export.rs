@@ -23,9 +23,15 @@ use crate::entry_codec;
 use crate::error::{Corruption, Error, Result};
 use crate::id::ProducerId;
 use crate::info::ProducerInfo;
+use crate::kafka_state::{FullEntry, KafkaProducerState, KafkaState};
+use crate::semantics::Semantics;
+use crate::txn::AbortedTxn;
 
 const MAGIC: &[u8; 8] = b"PSTATEXP";
+/// A seed store's export.
 const VERSION: u16 = 1;
+/// A Kafka-mode store's export: a Kafka section before the entries.
+const VERSION_KAFKA: u16 = 2;
 /// Magic, version, flags, partition, count.
 const HEADER_LEN: usize = 8 + 2 + 2 + 4 + 8;
 
@@ -54,8 +60,35 @@ const HEADER_LEN: usize = 8 + 2 + 2 + 4 + 8;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PartitionExport {
     partition: i32,
-    /// Sorted by producer id; every entry of `partition`.
+    /// Sorted by producer id; every entry of `partition` (of a Kafka
+    /// export: the keys of the compact map).
     entries: Vec<ProducerInfo>,
+    /// A Kafka export's side table and aborted list; `None` for a seed
+    /// export.
+    kafka: Option<KafkaPart>,
+}
+
+/// What a Kafka-mode partition holds beyond its compact keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KafkaPart {
+    /// The side-table keys, sorted by id.
+    pub(crate) side: Vec<(ProducerId, FullEntry)>,
+    /// The aborted transactions, oldest marker first.
+    pub(crate) aborted: Vec<AbortedTxn>,
+}
+
+impl KafkaPart {
+    /// The part as a Kafka state of its own (for its section's bytes).
+    fn state(&self, partition: i32) -> KafkaState {
+        let mut k = KafkaState::default();
+        for (id, e) in &self.side {
+            k.insert_side(id.clone(), partition, e.clone());
+        }
+        if !self.aborted.is_empty() {
+            k.txns_mut().set_aborted(partition, self.aborted.clone());
+        }
+        k
+    }
 }
 
 impl PartitionExport {
@@ -63,7 +96,67 @@ impl PartitionExport {
     /// partition, each key once), sorted by producer id.
     pub(crate) fn new(partition: i32, mut entries: Vec<ProducerInfo>) -> PartitionExport {
         entries.sort_by(|a, b| a.producer_id.cmp(&b.producer_id));
-        PartitionExport { partition, entries }
+        PartitionExport {
+            partition,
+            entries,
+            kafka: None,
+        }
+    }
+
+    /// The export of a Kafka-mode partition: its compact keys (`entries`)
+    /// and `kafka`, the side-table keys and the aborted list.
+    pub(crate) fn new_kafka(
+        partition: i32,
+        entries: Vec<ProducerInfo>,
+        mut kafka: KafkaPart,
+    ) -> PartitionExport {
+        kafka.side.sort_by(|a, b| a.0.cmp(&b.0));
+        PartitionExport {
+            kafka: Some(kafka),
+            ..PartitionExport::new(partition, entries)
+        }
+    }
+
+    /// The semantics of the store (or engine) it was taken from: only a
+    /// store of the same semantics imports it.
+    pub fn semantics(&self) -> Semantics {
+        if self.kafka.is_some() {
+            Semantics::Kafka
+        } else {
+            Semantics::Seed
+        }
+    }
+
+    /// A Kafka export's side table and aborted list.
+    pub(crate) fn kafka_part(&self) -> Option<&KafkaPart> {
+        self.kafka.as_ref()
+    }
+
+    /// The partition's aborted transactions, oldest marker first (a Kafka
+    /// export's; empty for a seed export).
+    pub fn aborted_transactions(&self) -> &[AbortedTxn] {
+        self.kafka.as_ref().map_or(&[], |k| &k.aborted)
+    }
+
+    /// Every producer of the export as Kafka holds it, sorted by producer
+    /// id: of a Kafka export its coordinator epoch and open transaction
+    /// too; of a seed export each key's window as Kafka would read it.
+    pub fn kafka_producers(&self) -> Vec<(ProducerId, KafkaProducerState)> {
+        let mut out: Vec<(ProducerId, KafkaProducerState)> = self
+            .entries
+            .iter()
+            .map(|i| {
+                (
+                    i.producer_id.clone(),
+                    FullEntry::from_regular(&i.entry).view(),
+                )
+            })
+            .collect();
+        if let Some(k) = &self.kafka {
+            out.extend(k.side.iter().map(|(id, e)| (id.clone(), e.view())));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// The partition.
@@ -73,15 +166,20 @@ impl PartitionExport {
 
     /// Number of producers (keys).
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() + self.kafka.as_ref().map_or(0, |k| k.side.len())
     }
 
-    /// True when the partition had no producer state.
+    /// True when the partition had no producer state (for a Kafka export:
+    /// no producer and no aborted transaction).
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0 && self.aborted_transactions().is_empty()
     }
 
-    /// The keys and their states, sorted by producer id.
+    /// The keys and their states in the crate's entry form, sorted by
+    /// producer id: every key of a seed export; of a Kafka export, the
+    /// producers whose state is such an entry (no transaction, no marker,
+    /// a window of consecutive batches), the others being only in
+    /// [`PartitionExport::kafka_producers`].
     pub fn iter(&self) -> impl Iterator<Item = &ProducerInfo> {
         self.entries.iter()
     }
@@ -91,23 +189,43 @@ impl PartitionExport {
     /// not grow), -1 for none: the offset at or below which
     /// [`truncate_to`](crate::ProducerStateStore::truncate_to) undoes the
     /// import, so a truncation never keeps a batch at or above its offset.
+    ///
+    /// Of a Kafka export, the side-table keys' batches count too, and so do
+    /// the offsets of its open transactions and aborted transactions (the
+    /// last one is the ABORT marker's).
     pub fn high_offset(&self) -> i64 {
-        self.entries
+        let compact = self
+            .entries
             .iter()
             .flat_map(|i| i.retained_batches().filter_map(|b| b.metadata))
-            .map(|m| m.offset)
-            .max()
-            .unwrap_or(-1)
+            .map(|m| m.offset);
+        let kafka = self.kafka.iter().flat_map(|k| {
+            let side = k.side.iter().flat_map(|(_, e)| {
+                e.batches
+                    .iter()
+                    .filter_map(|b| b.metadata.map(|m| m.offset))
+                    .chain(e.txn_first_offset)
+            });
+            side.chain(k.aborted.iter().map(|t| t.last_offset.max(t.first_offset)))
+        });
+        compact.chain(kafka).max().unwrap_or(-1)
     }
 
     /// The bytes of the export (docs/format.md, "Partition exports").
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(MAGIC);
-        b.put_u16(VERSION);
+        b.put_u16(if self.kafka.is_some() {
+            VERSION_KAFKA
+        } else {
+            VERSION
+        });
         b.put_u16(0);
         b.put_i32(self.partition);
         b.put_u64(self.entries.len() as u64);
+        if let Some(k) = &self.kafka {
+            crate::kafka_snapshot::encode(&mut b, &k.state(self.partition));
+        }
         for i in &self.entries {
             entry_codec::encode_entry(
                 &mut b,
@@ -158,18 +276,27 @@ impl PartitionExport {
                 Corruption::ChecksumMismatch { stored, computed },
             ));
         }
-        if version != VERSION {
+        if version != VERSION && version != VERSION_KAFKA {
             return Err(Error::UnsupportedVersion {
                 file: file(),
                 found: version,
-                supported: VERSION,
+                supported: VERSION_KAFKA,
             });
         }
         if flags != 0 {
             return Err(bad(10, Corruption::BadField("export flags")));
         }
         let mut seen: HashSet<ProducerId> = HashSet::new();
-        let entries = entry_codec::decode_infos(body.get(HEADER_LEN..).unwrap_or_default(), |e| {
+        let mut at = HEADER_LEN;
+        let kafka = if version == VERSION_KAFKA {
+            let (part, len) = decode_kafka(body, partition).map_err(|(o, k)| bad(o, k))?;
+            seen.extend(part.side.iter().map(|(id, _)| id.clone()));
+            at += len;
+            Some(part)
+        } else {
+            None
+        };
+        let entries = entry_codec::decode_infos(body.get(at..).unwrap_or_default(), |e| {
             if e.partition != partition {
                 Err(Corruption::BadField("entry of another partition"))
             } else if !seen.insert(e.producer_id.clone()) {
@@ -178,7 +305,7 @@ impl PartitionExport {
                 Ok(())
             }
         })
-        .map_err(|(at, kind)| bad(HEADER_LEN + at, kind))?;
+        .map_err(|(o, kind)| bad(at + o, kind))?;
         if entries.len() as u64 != count {
             let found = entries.len() as u64;
             return Err(bad(
@@ -189,8 +316,39 @@ impl PartitionExport {
                 },
             ));
         }
-        Ok(PartitionExport::new(partition, entries))
+        Ok(match kafka {
+            Some(k) => PartitionExport::new_kafka(partition, entries, k),
+            None => PartitionExport::new(partition, entries),
+        })
     }
+}
+
+/// Reads the Kafka section of a version-2 export's `body` (after the
+/// header): the part and how many bytes it took, or the offset in `body`
+/// and the damage.
+fn decode_kafka(
+    body: &[u8],
+    partition: i32,
+) -> std::result::Result<(KafkaPart, usize), (usize, Corruption)> {
+    let len = body
+        .get(HEADER_LEN..)
+        .and_then(|b| Dec::new(b).u64())
+        .ok_or((HEADER_LEN, Corruption::BadField("Kafka section length")))?;
+    let start = HEADER_LEN + 8;
+    let section = usize::try_from(len)
+        .ok()
+        .and_then(|l| body.get(start..start.checked_add(l)?))
+        .ok_or((HEADER_LEN, Corruption::BadField("Kafka section length")))?;
+    let state =
+        crate::kafka_snapshot::decode_state(section).map_err(|(at, kind)| (start + at, kind))?;
+    if !state.only_partition(partition) {
+        return Err((
+            start,
+            Corruption::BadField("Kafka state of another partition"),
+        ));
+    }
+    let (side, aborted) = state.partition_side(partition);
+    Ok((KafkaPart { side, aborted }, 8 + section.len()))
 }
 
 #[cfg(test)]
@@ -247,11 +405,125 @@ mod tests {
             let err = PartitionExport::from_bytes(&x).unwrap_err();
             assert!(err.is_corruption(), "bit {bit}: {err}");
         }
+        // A seed export is version 1, as before Kafka mode.
+        assert_eq!(&b[8..10], &[1, 0]);
+        assert_eq!(e.semantics(), Semantics::Seed);
         let empty = PartitionExport::new(1, Vec::new());
         assert!(empty.is_empty() && empty.high_offset() == -1);
         assert_eq!(
             PartitionExport::from_bytes(&empty.to_bytes()).unwrap(),
             empty
         );
+    }
+
+    fn kafka_sample() -> PartitionExport {
+        let plain = sample().entries;
+        let open = FullEntry {
+            epoch: 3,
+            last_sequence: 9,
+            last_timestamp: 77,
+            coordinator_epoch: 5,
+            txn_first_offset: Some(120),
+            batches: [RetainedBatch {
+                first_sequence: 8,
+                last_sequence: 9,
+                metadata: Some(BatchMetadata {
+                    offset: 120,
+                    timestamp: 70,
+                }),
+            }]
+            .into(),
+        };
+        let aborted = vec![AbortedTxn {
+            producer_id: ProducerId::from(4u64),
+            first_offset: 90,
+            last_offset: 130,
+            last_stable_offset: 90,
+        }];
+        let side = vec![(ProducerId::from(8u64), open)];
+        PartitionExport::new_kafka(9, plain, KafkaPart { side, aborted })
+    }
+
+    use crate::batch::RetainedBatch;
+
+    #[test]
+    fn a_kafka_export_round_trips_and_every_damage_is_refused() {
+        let e = kafka_sample();
+        assert_eq!(e.semantics(), Semantics::Kafka);
+        assert_eq!(e.len(), 3);
+        // The aborted marker (130) is above every batch.
+        assert_eq!(e.high_offset(), 130);
+        let ids: Vec<ProducerId> = e.kafka_producers().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, [3u64.into(), 8u64.into(), "named".into()]);
+        let b = e.to_bytes();
+        // Version 2; the Kafka section (its length, then the body the
+        // snapshot's section has) right after the header; the entries
+        // after it; the CRC last.
+        assert_eq!(&b[8..10], &[2, 0]);
+        let len = u64::from_le_bytes(b[24..32].try_into().unwrap()) as usize;
+        let mut section = Vec::new();
+        crate::kafka_snapshot::encode(&mut section, &e.kafka.as_ref().unwrap().state(9));
+        assert_eq!(&b[24..32 + len], &section[..]);
+        assert_eq!(
+            u32::from_le_bytes(b[b.len() - 4..].try_into().unwrap()),
+            crc32c::crc32c(&b[..b.len() - 4])
+        );
+        assert_eq!(PartitionExport::from_bytes(&b).unwrap(), e);
+        for cut in 0..b.len() {
+            assert!(PartitionExport::from_bytes(&b[..cut]).is_err(), "cut {cut}");
+        }
+        for bit in 0..b.len() * 8 {
+            let mut x = b.clone();
+            x[bit / 8] ^= 1 << (bit % 8);
+            let err = PartitionExport::from_bytes(&x).unwrap_err();
+            assert!(err.is_corruption(), "bit {bit}: {err}");
+        }
+        // A key both in the side table and among the entries is damage,
+        // even with a good CRC.
+        let mut twice = kafka_sample();
+        twice.kafka.as_mut().unwrap().side[0].0 = ProducerId::from(3u64);
+        let mut x = twice.to_bytes();
+        x.truncate(x.len() - 4);
+        let crc = crc32c::crc32c(&x);
+        x.extend_from_slice(&crc.to_le_bytes());
+        let err = PartitionExport::from_bytes(&x).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Corrupt {
+                    kind: Corruption::DuplicateKey,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // An empty Kafka partition with only an aborted list is not empty.
+        let only_aborted = PartitionExport::new_kafka(
+            9,
+            Vec::new(),
+            KafkaPart {
+                side: Vec::new(),
+                aborted: e.aborted_transactions().to_vec(),
+            },
+        );
+        assert!(!only_aborted.is_empty(), "an aborted list is state");
+        assert_eq!(only_aborted.len(), 0, "no producer");
+        assert_eq!(
+            PartitionExport::from_bytes(&only_aborted.to_bytes()).unwrap(),
+            only_aborted
+        );
+    }
+
+    #[test]
+    fn a_later_version_is_refused_as_unsupported() {
+        let mut b = kafka_sample().to_bytes();
+        b[8] = 3;
+        b.truncate(b.len() - 4);
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            PartitionExport::from_bytes(&b),
+            Err(Error::UnsupportedVersion { found: 3, .. })
+        ));
     }
 }

@@ -97,7 +97,7 @@ impl FullEntry {
         batches: VecDeque::new(),
     };
 
-    fn from_regular(e: &ProducerEntry) -> FullEntry {
+    pub(crate) fn from_regular(e: &ProducerEntry) -> FullEntry {
         let batches: VecDeque<RetainedBatch> = e.retained_batches().collect();
         FullEntry {
             epoch: e.epoch(),
@@ -177,7 +177,7 @@ impl FullEntry {
         self.last_timestamp = marker.timestamp;
     }
 
-    fn view(&self) -> KafkaProducerState {
+    pub(crate) fn view(&self) -> KafkaProducerState {
         KafkaProducerState {
             epoch: self.epoch,
             last_sequence: self.last_sequence,

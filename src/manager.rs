@@ -15,7 +15,7 @@ use std::path::Path;
 use crate::batch::{AppendOptions, AppendRequest, Batch, BatchMetadata, Origin};
 use crate::entry::ProducerEntry;
 use crate::error::{Corruption, Error, Result};
-use crate::export::PartitionExport;
+use crate::export::{KafkaPart, PartitionExport};
 use crate::id::ProducerId;
 use crate::info::ProducerInfo;
 use crate::kafka::{KafkaProducerEntry, Unrepresentable};
@@ -812,16 +812,15 @@ impl ProducerStateManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Kafka`]: the export holds
-    /// the seed rules' entries, not transactions, and leaving them out
-    /// would lose state.
+    /// Under [`Semantics::Kafka`] the export also holds the producers the
+    /// side table keeps (coordinator epochs, open transactions) and the
+    /// partition's aborted transactions (a version-2 export).
+    ///
+    /// # Errors
+    ///
+    /// None today; the `Result` leaves room for an engine that cannot
+    /// export.
     pub fn export_partition(&self, partition: i32) -> Result<PartitionExport> {
-        if self.kafka.is_some() {
-            return Err(Error::Unsupported {
-                what: "a partition export",
-                semantics: Semantics::Kafka,
-            });
-        }
         let entries = self
             .map
             .iter()
@@ -833,7 +832,51 @@ impl ProducerStateManager {
                 entry,
             })
             .collect();
-        Ok(PartitionExport::new(partition, entries))
+        Ok(match self.kafka.as_deref() {
+            None => PartitionExport::new(partition, entries),
+            Some(k) => {
+                let (side, aborted) = k.partition_side(partition);
+                PartitionExport::new_kafka(partition, entries, KafkaPart { side, aborted })
+            }
+        })
+    }
+
+    /// Refuses an import the engine cannot take: an export of the other
+    /// semantics; under the seed rules a key the engine holds; under
+    /// [`Semantics::Kafka`] any state of the partition (a key, or aborted
+    /// transactions: the partition's aborted list and last stable offset
+    /// come from one log, and two cannot be merged).
+    pub(crate) fn check_import(&self, export: &PartitionExport) -> Result<()> {
+        let partition = export.partition();
+        if export.semantics() != self.semantics() {
+            return Err(Error::ImportSemanticsMismatch {
+                partition,
+                exported: export.semantics(),
+                store: self.semantics(),
+            });
+        }
+        if self.kafka.is_some() {
+            if let Some(id) = self.kafka_keys_of(partition).into_iter().min() {
+                return Err(Error::ImportConflict {
+                    producer_id: id,
+                    partition,
+                });
+            }
+            if !self.aborted_transactions(partition).is_empty() {
+                return Err(Error::ImportPartitionNotEmpty { partition });
+            }
+            return Ok(());
+        }
+        if let Some(i) = export
+            .iter()
+            .find(|i| self.get(i.producer_id.clone(), i.partition).is_some())
+        {
+            return Err(Error::ImportConflict {
+                producer_id: i.producer_id.clone(),
+                partition: i.partition,
+            });
+        }
+        Ok(())
     }
 
     /// Adds the keys of `export` (a partition moved here) and returns how
@@ -858,18 +901,25 @@ impl ProducerStateManager {
     ///
     /// # Errors
     ///
-    /// [`Error::ImportConflict`] if a key of the export already has state
-    /// here (remove the partition first if the import is meant to replace
-    /// it); nothing is imported then.
+    /// Nothing is imported on an error.
+    /// [`Error::ImportSemanticsMismatch`] for an export taken under the
+    /// other semantics; [`Error::ImportConflict`] if a key of the export
+    /// already has state here (under [`Semantics::Kafka`]: if any key of
+    /// the partition has; remove the partition first if the import is meant
+    /// to replace it); [`Error::ImportPartitionNotEmpty`] under
+    /// [`Semantics::Kafka`] if aborted transactions of the partition are
+    /// listed here.
     pub fn import_partition(&mut self, export: &PartitionExport) -> Result<usize> {
-        if let Some(i) = export
-            .iter()
-            .find(|i| self.get(i.producer_id.clone(), i.partition).is_some())
-        {
-            return Err(Error::ImportConflict {
-                producer_id: i.producer_id.clone(),
-                partition: i.partition,
-            });
+        self.check_import(export)?;
+        if let (Some(k), Some(part)) = (self.kafka.as_deref_mut(), export.kafka_part()) {
+            let p = export.partition();
+            for (id, e) in &part.side {
+                // The partition has no key here (checked above).
+                k.insert_side(id.clone(), p, e.clone());
+            }
+            if !part.aborted.is_empty() {
+                k.txns_mut().set_aborted(p, part.aborted.clone());
+            }
         }
         for i in export.iter() {
             let h = hash_key(&i.producer_id, i.partition);
@@ -1498,11 +1548,26 @@ mod tests {
         // Removed at the old home, the partition has no state left there.
         assert_eq!(old.remove_partition(-4), 1);
         assert!(old.export_partition(-4).unwrap().is_empty());
-        // Kafka mode holds transactions an export cannot carry.
-        let kafka = ProducerStateManager::with_semantics(Semantics::Kafka);
+        // An export moves only between engines of the same semantics.
+        let mut kafka = ProducerStateManager::with_semantics(Semantics::Kafka);
+        let e = kafka.import_partition(&moved).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ImportSemanticsMismatch {
+                    partition: -4,
+                    exported: Semantics::Seed,
+                    store: Semantics::Kafka
+                }
+            ),
+            "{e}"
+        );
+        let k_export = kafka.export_partition(-4).unwrap();
+        assert_eq!(k_export.semantics(), Semantics::Kafka);
         assert!(matches!(
-            kafka.export_partition(0),
-            Err(Error::Unsupported { .. })
+            new.import_partition(&k_export),
+            Err(Error::ImportSemanticsMismatch { .. })
         ));
+        assert!(kafka.is_empty());
     }
 }

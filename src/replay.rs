@@ -97,10 +97,11 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
                 k.remove_partition(p);
             }
         }
-        // A truncation's group record: its members set the partitions it
-        // changed; the highest offset follows at its end (`finish`).
+        // A truncation's or an import's group record: its members set the
+        // partitions it changed (an import's one partition, which had no
+        // state); the highest offset follows at its end (`finish`).
         LogOp::Group {
-            kind: GroupKind::Truncate,
+            kind: GroupKind::Truncate | GroupKind::Import,
             ..
         } => {}
         LogOp::KafkaPartition {
@@ -112,12 +113,6 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
             for e in entries {
                 k.set_kafka_compact(&e.producer_id, e.partition, &e.entry);
             }
-        }
-        LogOp::Group { .. } => {
-            return Err(Error::Unsupported {
-                what: "an import record in a Kafka-mode log",
-                semantics: Semantics::Kafka,
-            });
         }
     }
     Ok(())

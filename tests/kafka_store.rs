@@ -403,20 +403,26 @@ fn seed_mode_refuses_kafka_calls_and_kafka_mode_refuses_the_moves_it_lacks() {
     drop(seed);
     let fs = SimFs::new();
     let k = ProducerStateStore::open_with(dir(), kafka_opts(&fs)).unwrap();
-    // Truncation, expiration and removal work in Kafka mode
-    // (tests/kafka_lifecycle.rs); partition moves do not.
+    // Truncation, expiration, removal and partition moves work in Kafka
+    // mode (tests/kafka_lifecycle.rs); a seed export is refused.
     assert!(k.truncate_to(0).is_ok() && k.expire_now().is_ok());
-    let e = k.export_partition(0).err();
+    let mut seed_engine = producer_state::ProducerStateManager::new();
+    seed_engine.append(1u64, 0, 0, 0);
+    let e = k
+        .import_partition(&seed_engine.export_partition(0).unwrap())
+        .err();
     assert!(
         matches!(
             e,
-            Some(Error::Unsupported {
-                semantics: Semantics::Kafka,
+            Some(Error::ImportSemanticsMismatch {
+                exported: Semantics::Seed,
+                store: Semantics::Kafka,
                 ..
             })
         ),
         "{e:?}"
     );
+    assert!(k.is_empty());
     // append_all carries options in Kafka mode, and forgets are logged.
     let reqs = [
         producer_state::AppendRequest::batch(5u64, 0, 0, Batch::new(0, 0, 7, 1)).with_options(txn),

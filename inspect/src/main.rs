@@ -142,7 +142,10 @@ struct RecordView {
     byte_offset: u64,
     /// What the record does: `append`, `clock`, `accepted-unknown`,
     /// `expired`, `evicted`, `partition-removed`, `truncated` (a key
-    /// removed), `group` (an atomic group), `key-state` (a key set).
+    /// removed), `group` (an atomic group), `key-state` (a key set),
+    /// `kafka-batch`, `txn-marker`, `forget-aborted`, and a Kafka-mode
+    /// partition state: `partition-state` then its `kafka-key-state` and
+    /// `aborted-txn` records.
     op: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     producer_id: Option<String>,
@@ -753,6 +756,11 @@ fn op_records(position: u64, at: u64, op: &LogOp, f: &Filter, out: &mut Vec<Reco
             v.timestamp = Some(marker.timestamp);
             out.push(v);
         }
+        LogOp::KafkaPartition {
+            partition,
+            reset,
+            section,
+        } => partition_records(position, at, (*partition, *reset, section), f, out),
         LogOp::ForgetAborted { partition, offset } if unfiltered => {
             let d = format!("aborted transactions below offset {offset} forgotten");
             let mut v = store_record(position, at, "forget-aborted", d);
@@ -760,6 +768,78 @@ fn op_records(position: u64, at: u64, op: &LogOp, f: &Filter, out: &mut Vec<Reco
             out.push(v);
         }
         _ => {}
+    }
+}
+
+/// A partition-state record (kind 21, a Kafka-mode truncation's or
+/// import's member): one `partition-state` record saying what it does to
+/// the partition, then one `kafka-key-state` per side-table key and one
+/// `aborted-txn` per aborted transaction it carries.
+fn partition_records(
+    position: u64,
+    at: u64,
+    (partition, reset, section): (i32, bool, &[u8]),
+    f: &Filter,
+    out: &mut Vec<RecordView>,
+) {
+    let decoded = inspect::partition_section(partition, section);
+    if f.producer.is_none() && f.keeps_partition(Some(partition)) {
+        let what = match &decoded {
+            Ok(s) => format!(
+                "{}{} side-table key(s), {} aborted transaction(s)",
+                if reset {
+                    "the partition's keys and transactions dropped, then "
+                } else {
+                    ""
+                },
+                s.keys.len(),
+                s.aborted.len()
+            ),
+            Err(e) => format!("undecodable section: {e}"),
+        };
+        let mut v = store_record(position, at, "partition-state", what);
+        v.partition = Some(partition);
+        out.push(v);
+    }
+    let Ok(s) = decoded else { return };
+    for (id, k) in s.keys.iter().filter(|(id, _)| f.keeps(id, Some(partition))) {
+        let newest = k.batches.last();
+        let txn = k.current_txn_first_offset.map_or_else(
+            || "no open transaction".to_string(),
+            |o| format!("open transaction from offset {o}"),
+        );
+        out.push(RecordView {
+            position,
+            byte_offset: at,
+            op: "kafka-key-state",
+            producer_id: Some(id_view(id).0),
+            partition: Some(partition),
+            epoch: Some(k.epoch),
+            first_sequence: newest.map(|b| b.first_sequence),
+            last_sequence: Some(k.last_sequence),
+            offset: newest.and_then(|b| b.metadata).map(|m| m.offset),
+            timestamp: Some(k.last_timestamp),
+            detail: Some(format!(
+                "coordinator epoch {}, {txn}, {} cached batch(es)",
+                k.coordinator_epoch,
+                k.batches.len()
+            )),
+        });
+    }
+    for t in s
+        .aborted
+        .iter()
+        .filter(|t| f.keeps(&t.producer_id, Some(partition)))
+    {
+        let d = format!(
+            "aborted offsets {}..={}, last stable offset {}",
+            t.first_offset, t.last_offset, t.last_stable_offset
+        );
+        let mut v = store_record(position, at, "aborted-txn", d);
+        v.producer_id = Some(id_view(&t.producer_id).0);
+        v.partition = Some(partition);
+        v.offset = Some(t.first_offset);
+        out.push(v);
     }
 }
 

@@ -789,3 +789,125 @@ fn a_kafka_mode_store_shows_its_transactions() {
         assert!(ops.contains(&op), "{op}: {ops:?}");
     }
 }
+
+#[test]
+fn a_kafka_truncation_lists_its_partition_state() {
+    use producer_state::{AppendOptions, Marker, Origin, Semantics};
+    let d = tempfile::tempdir().unwrap();
+    let opts = StoreOptions::default().semantics(Semantics::Kafka);
+    let st = ProducerStateStore::open_with(d.path(), opts).unwrap();
+    let txn = AppendOptions::client().transactional().verified();
+    // Producer 5 aborts a transaction at 0..=2; producer 6 opens one at 3
+    // and appends again at 5; producer 7 is plain.
+    st.append_with(5u64, 2, 1, Batch::new(0, 1, 0, 1_000), txn)
+        .unwrap();
+    st.append_marker(5u64, 2, 1, Marker::abort(4, 2, 1_001), Origin::Coordinator)
+        .unwrap();
+    st.append_with(6u64, 2, 0, Batch::new(0, 1, 3, 1_002), txn)
+        .unwrap();
+    st.append_batch(7u64, 2, 0, Batch::new(0, 0, 4, 1_003))
+        .unwrap();
+    st.append_with(6u64, 2, 0, Batch::new(2, 2, 5, 1_004), txn)
+        .unwrap();
+    // Cut the second batch of producer 6: the partition is set again.
+    st.truncate_to(5).unwrap();
+    st.close().unwrap();
+    let mut recs = Vec::new();
+    for wal in files(d.path(), "wal") {
+        let (code, v) = json(&[s(&wal)]);
+        assert_eq!(code, 0, "{v}");
+        recs.extend(v["records"].as_array().unwrap().iter().cloned());
+    }
+    let ops: Vec<&str> = recs.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    let at = ops
+        .iter()
+        .position(|o| *o == "partition-state")
+        .unwrap_or_else(|| panic!("no partition-state in {ops:?}"));
+    assert_eq!(ops[at - 1], "group", "{ops:?}");
+    assert!(
+        recs[at - 1]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("truncate to offset 5")
+    );
+    assert_eq!(recs[at]["partition"], 2);
+    assert!(
+        recs[at]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("dropped, then 2 side-table key(s), 1 aborted transaction(s)"),
+        "{}",
+        recs[at]
+    );
+    // The side-table keys, by id: 5 (the aborted one), 6 (still open, its
+    // first batch only).
+    let keys: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r["op"] == "kafka-key-state")
+        .collect();
+    assert_eq!(keys.len(), 2, "{recs:?}");
+    assert_eq!(keys[0]["producer_id"], "5");
+    assert_eq!(keys[0]["epoch"], 1);
+    assert!(
+        keys[0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("coordinator epoch 4, no open transaction"),
+        "{}",
+        keys[0]
+    );
+    assert_eq!(keys[1]["producer_id"], "6");
+    assert_eq!(
+        (
+            keys[1]["last_sequence"].as_i64(),
+            keys[1]["offset"].as_i64()
+        ),
+        (Some(1), Some(3))
+    );
+    assert!(
+        keys[1]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("open transaction from offset 3, 1 cached batch(es)"),
+        "{}",
+        keys[1]
+    );
+    let aborted: Vec<&Value> = recs.iter().filter(|r| r["op"] == "aborted-txn").collect();
+    assert_eq!(aborted.len(), 1);
+    assert_eq!(
+        (
+            aborted[0]["producer_id"].as_str(),
+            aborted[0]["offset"].as_i64()
+        ),
+        (Some("5"), Some(0))
+    );
+    assert!(aborted[0]["detail"].as_str().unwrap().contains("0..=2"));
+    // The plain producer follows as a key state.
+    assert!(
+        recs.iter()
+            .any(|r| r["op"] == "key-state" && r["producer_id"] == "7"),
+        "{recs:?}"
+    );
+    // Filtered by producer: only that key's lines of the record.
+    let wal = files(d.path(), "wal").pop().unwrap();
+    let (_, v) = json(&[s(&wal), "--producer", "6"]);
+    let ops: Vec<&str> = v["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["op"].as_str().unwrap())
+        .collect();
+    assert!(
+        ops.contains(&"kafka-key-state")
+            && !ops.contains(&"partition-state")
+            && !ops.contains(&"aborted-txn"),
+        "{ops:?}"
+    );
+    // The table names the record.
+    let (code, out, _) = run(&[s(&wal)]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("partition-state") && out.contains("open transaction from offset 3"),
+        "{out}"
+    );
+}

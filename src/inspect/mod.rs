@@ -409,6 +409,41 @@ pub fn kafka_snapshot(
     Ok(out)
 }
 
+/// What a partition-state record ([`LogOp::KafkaPartition`], kind 21)
+/// carries, decoded: the Kafka-mode side-table keys it adds to its
+/// partition (each as [`KafkaProducerState`], sorted by producer id) and the
+/// aborted transactions it appends to the partition's list, in list order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PartitionSection {
+    /// The side-table keys (Kafka's `ProducerStateEntry`), sorted by id.
+    pub keys: Vec<(ProducerId, KafkaProducerState)>,
+    /// The aborted transactions, oldest marker first.
+    pub aborted: Vec<AbortedTxn>,
+}
+
+/// Decodes the section of a partition-state record of `partition` with the
+/// reader replay uses (the segment scan verified it once already).
+///
+/// # Errors
+///
+/// [`Error::Corrupt`] (naming "partition-state record" and the byte offset
+/// in the section) for bytes that are not a section of `partition`.
+pub fn partition_section(partition: i32, section: &[u8]) -> Result<PartitionSection> {
+    let file = || std::path::PathBuf::from("partition-state record");
+    let state = crate::kafka_snapshot::decode_state(section)
+        .map_err(|(at, kind)| Error::corrupt(file(), at as u64, kind))?;
+    if !state.only_partition(partition) {
+        let kind = Corruption::BadField("partition state of another partition");
+        return Err(Error::corrupt(file(), 0, kind));
+    }
+    let (side, aborted) = state.partition_side(partition);
+    Ok(PartitionSection {
+        keys: side.into_iter().map(|(id, e)| (id, e.view())).collect(),
+        aborted,
+    })
+}
+
 /// A state rebuilt from files: what recovery would rebuild, or what a
 /// snapshot holds. Under [`Semantics::Kafka`](crate::Semantics::Kafka)
 /// it is the Kafka engine's state: every key (compact and side-table),

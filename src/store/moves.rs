@@ -8,11 +8,22 @@
 //! lifecycle.md). Keys the store already holds are a conflict, refused
 //! before anything is written; at `max_producers` the import evicts (its
 //! evictions logged before the group) or is refused.
+//!
+//! Under `Semantics::Kafka` the export also carries the side table (open
+//! transactions, coordinator epochs) and the aborted list, and the import
+//! is the same kind of group with the members a Kafka-mode truncation
+//! writes: partition-state records (kind 21, the first resetting the
+//! partition, which has no state: an import into a partition with any is
+//! refused) and key-state records for the compact keys, applied to the
+//! live engine through replay's own function. A store refuses an export
+//! of the other semantics before anything is written.
 
 use super::ProducerStateStore;
 use crate::error::{Error, Result};
 use crate::export::PartitionExport;
+use crate::manager::ProducerStateManager;
 use crate::map::hash_key;
+use crate::semantics::Semantics;
 use crate::shards::SHARDS;
 use crate::wal::op::{GroupKind, RemoveReason};
 
@@ -26,14 +37,21 @@ impl ProducerStateStore {
     /// has moved). The keys stay here: remove them with
     /// [`ProducerStateStore::remove_partition`] once the move is done.
     ///
+    /// Under `Semantics::Kafka` the export holds the partition as Kafka
+    /// keeps it: every producer's coordinator epoch and open transaction
+    /// too, and the partition's aborted transactions (a version-2 export,
+    /// docs/format.md); only a Kafka-mode store imports it.
+    ///
     /// # Errors
     ///
     /// [`Error::Io`] if making the log durable failed,
     /// [`Error::Poisoned`] after an earlier failure.
     pub fn export_partition(&self, partition: i32) -> Result<PartitionExport> {
-        self.refuse_in_kafka_mode("export_partition")?;
         self.shared.sync()?;
         let st = self.shared.lock_state();
+        if let Some(engine) = st.keys.meta.kafka.as_deref() {
+            return engine.export_partition(partition);
+        }
         let mut entries = Vec::new();
         for s in 0..SHARDS {
             if st.keys.shards.partition_count(s, partition) > 0 {
@@ -48,19 +66,39 @@ impl ProducerStateStore {
     /// a crash leaves all of them or none. Under `FsyncPolicy::Always`
     /// durable when it returns.
     ///
+    /// Under `Semantics::Kafka` the producers' open transactions are open
+    /// here (a marker completes them), their coordinator epochs fence as
+    /// they did, and the aborted list and last stable offset are the
+    /// export's.
+    ///
     /// # Errors
     ///
-    /// Nothing is imported on an error. [`Error::ImportConflict`] if this
-    /// store already has state for one of the keys (remove the partition
-    /// first if the import is meant to replace it);
+    /// Nothing is imported on an error.
+    /// [`Error::ImportSemanticsMismatch`] for an export of a store of the
+    /// other semantics; [`Error::ImportConflict`] if this store already
+    /// has state for one of the keys (under `Semantics::Kafka`: for any key
+    /// of the partition), [`Error::ImportPartitionNotEmpty`] under
+    /// `Semantics::Kafka` if it lists aborted transactions of the
+    /// partition (remove the partition first if the import is meant to
+    /// replace it);
     /// [`Error::TooManyProducers`] if the keys do not fit under
     /// `max_producers` (with [`AtCapacity::Refuse`](crate::AtCapacity::Refuse),
     /// or more keys than the cap); [`Error::Io`], [`Error::Poisoned`] as
     /// for appends.
     pub fn import_partition(&self, export: &PartitionExport) -> Result<usize> {
-        self.refuse_in_kafka_mode("import_partition")?;
         let shared = &*self.shared;
+        let store = self.semantics();
+        if export.semantics() != store {
+            return Err(Error::ImportSemanticsMismatch {
+                partition: export.partition(),
+                exported: export.semantics(),
+                store,
+            });
+        }
         let mut st = shared.lock_to_write(false)?;
+        if shared.kafka {
+            return self.import_kafka(st, export);
+        }
         if export.is_empty() {
             return Ok(0);
         }
@@ -106,6 +144,35 @@ impl ProducerStateStore {
             sets,
         );
         shared.finish_op(st, pos)?;
+        Ok(n)
+    }
+
+    /// [`ProducerStateStore::import_partition`] under `Semantics::Kafka`
+    /// (see the module docs).
+    fn import_kafka(
+        &self,
+        mut st: std::sync::MutexGuard<'_, super::State>,
+        export: &PartitionExport,
+    ) -> Result<usize> {
+        let engine = st.keys.meta.kafka.as_deref().ok_or(Error::Internal(
+            "a Kafka-mode store has no Kafka-mode state",
+        ))?;
+        engine.check_import(export)?;
+        if export.is_empty() {
+            return Ok(0);
+        }
+        // The records that set an empty partition to the export's state:
+        // what a truncation writes for a partition, made by an engine that
+        // holds only the export.
+        let partition = export.partition();
+        let mut moved = ProducerStateManager::with_semantics(Semantics::Kafka);
+        let n = moved.import_partition(export)?;
+        let ops = moved.kafka_partition_ops(partition)?;
+        let high = export.high_offset();
+        let pos = st.log_kafka_group(GroupKind::Import, high, &ops)?;
+        st.keys.meta.high = st.keys.meta.high.max(high);
+        st.life_stats.imported += n as u64;
+        self.shared.finish_op(st, pos)?;
         Ok(n)
     }
 }

@@ -287,9 +287,27 @@ impl State {
                 changed += 1;
             }
         }
+        let last = self.log_kafka_group(GroupKind::Truncate, offset, &ops)?;
+        self.keys.meta.high = offset.saturating_sub(1);
+        self.life_stats.truncations += 1;
+        self.life_stats.truncated_keys += changed;
+        Ok(last)
+    }
+
+    /// Logs one Kafka-mode group of `kind` and `arg` whose members are
+    /// `ops` (partition-state and key-state records), and applies the
+    /// group record and each member to the live engine through the
+    /// function replay uses, so the live state is what recovery rebuilds.
+    /// Returns the last member's position (the group record's, if none).
+    pub(super) fn log_kafka_group(
+        &mut self,
+        kind: GroupKind,
+        arg: i64,
+        ops: &[LogOp],
+    ) -> Result<u64> {
         let mut scratch = Vec::new();
         let mut members = 0usize;
-        for o in &ops {
+        for o in ops {
             members += match o {
                 LogOp::KafkaPartition {
                     partition,
@@ -300,17 +318,17 @@ impl State {
                     1
                 }
                 LogOp::Set { entries } => op::encode_sets(&mut scratch, entries.iter()).len(),
-                _ => 0,
+                _ => return Err(Error::Internal("a Kafka-mode group of another record kind")),
             };
         }
         let group = LogOp::Group {
-            kind: GroupKind::Truncate,
+            kind,
             members: members as u32,
-            arg: offset,
+            arg,
         };
         let before = self.log.buffered();
         let (first, ()) = self.log.push_op(|b| {
-            op::encode_group(b, GroupKind::Truncate, members as u32, offset);
+            op::encode_group(b, kind, members as u32, arg);
             b.extend_from_slice(&scratch);
             (1 + members as u64, ())
         });
@@ -318,12 +336,9 @@ impl State {
         // The live engine takes exactly what replay will.
         let meta = &mut self.keys.meta;
         crate::replay::apply_kafka(meta, &group)?;
-        for o in &ops {
+        for o in ops {
             crate::replay::apply_kafka(meta, o)?;
         }
-        meta.high = offset.saturating_sub(1);
-        self.life_stats.truncations += 1;
-        self.life_stats.truncated_keys += changed;
         Ok(first + members as u64)
     }
 }
@@ -635,14 +650,4 @@ impl ProducerStateStore {
             }))
     }
 
-    /// Refuses a lifecycle operation Kafka mode does not have yet.
-    pub(super) fn refuse_in_kafka_mode(&self, what: &'static str) -> Result<()> {
-        if self.shared.kafka {
-            return Err(Error::Unsupported {
-                what,
-                semantics: Semantics::Kafka,
-            });
-        }
-        Ok(())
-    }
 }

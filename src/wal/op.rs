@@ -214,7 +214,7 @@ pub enum LogOp {
         offset: i64,
     },
     /// Part of a partition's state as a Kafka-mode truncation left it
-    /// (kind 21, inside a truncation group): with `reset`, the partition's
+    /// (kind 21, inside a truncation or import group): with `reset`, the partition's
     /// keys and transactions are dropped first; then the side-table keys
     /// and aborted transactions of `section` (the layout of a snapshot's
     /// Kafka section, after its length) are added. The partition's compact

@@ -321,7 +321,7 @@ fn member_ok(kind: GroupKind, op: &LogOp) -> bool {
             *reason == R::PartitionRemoved
         }
         (GroupKind::Truncate | GroupKind::Import, LogOp::Set { .. }) => true,
-        (GroupKind::Truncate, LogOp::KafkaPartition { .. }) => true,
+        (GroupKind::Truncate | GroupKind::Import, LogOp::KafkaPartition { .. }) => true,
         _ => false,
     }
 }
