@@ -373,3 +373,47 @@ fn kafka_mode_truncation_out_of_range_is_refused_and_changes_nothing() {
     let s = ProducerStateStore::open_with(dir(), o).unwrap();
     assert_eq!(view(&s), cut);
 }
+
+#[test]
+fn a_crash_in_a_large_kafka_expiration_keeps_a_prefix_of_its_records() {
+    use producer_state::fs::{Fault, Unsynced};
+    use producer_state::{AppendRequest, ProducerId};
+    // 6,000 plain producers on partition 0: their removals take two
+    // kind-7 records (64 KiB each at most).
+    const N: u64 = 6_000;
+    let fs = SimFs::new();
+    let clock = Arc::new(ManualClock::new(0));
+    let o = |fs: &SimFs| {
+        opts(fs, &clock)
+            .segment_size(1 << 20)
+            .snapshot_every_records(None)
+    };
+    let s = ProducerStateStore::open_with(dir(), o(&fs)).unwrap();
+    let requests: Vec<_> = (0..N)
+        .map(|pid| AppendRequest::batch(pid, 0, 0, Batch::new(0, 0, pid as i64, 0)))
+        .collect();
+    assert!(s.append_all(&requests).iter().all(|r| r.is_ok()));
+    clock.set(DAY);
+    // At the fsync after the write: the write's bytes are unsynced.
+    fs.set_fault(fs.ops() + 1, Fault::Crash);
+    assert!(s.expire_now().is_err(), "the crash comes in its write");
+    drop(s);
+    let mut partial = 0;
+    for seed in 0..40u64 {
+        let image = fs.crash_image(Unsynced::TornPrefix(seed));
+        let s = ProducerStateStore::open_with(dir(), o(&image)).unwrap();
+        // The keys go in id order: what survives is every key from some
+        // id on (a prefix of the records replayed, none decided again).
+        let left: Vec<u64> = s
+            .kafka_producers(0)
+            .into_iter()
+            .map(|(id, _)| id.as_numeric().unwrap())
+            .collect();
+        let from = N - left.len() as u64;
+        assert_eq!(left, (from..N).collect::<Vec<_>>(), "seed {seed}");
+        assert!(from == 0 || from > 4_000, "whole records: {from}");
+        partial += usize::from(from > 0 && from < N);
+        assert_eq!(s.was_removed(ProducerId::numeric(0), 0), from > 0);
+    }
+    assert!(partial > 0, "no image kept only the first record");
+}
