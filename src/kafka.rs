@@ -498,7 +498,11 @@ pub fn seed_store_with(
 ///
 /// # Errors
 ///
-/// As [`seed_store`]; a negative producer id is skipped and reported.
+/// As [`seed_store`]; a negative producer id is skipped and reported. A
+/// file of no bytes, or one that lists a producer twice (Kafka writes a
+/// map, so never does), is [`Error::Corrupt`] (`Corruption::DuplicateKey`
+/// at the second entry) and no store is written; a valid file of no
+/// producers seeds an empty store.
 pub fn seed_kafka_store(dir: &Path, sources: &[(PathBuf, i32)]) -> Result<SeedReport> {
     seed_kafka_store_with(&StdFs, dir, sources)
 }

@@ -717,3 +717,69 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn kafka_mode_seed_and_export_edge_cases_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    // A Kafka file of no producers seeds an empty Kafka-mode store, which
+    // exports a file of no producers.
+    let empty = dir.path().join("empty.snapshot");
+    std::fs::write(&empty, kafka::encode(&[])).unwrap();
+    let report = kafka::seed_kafka_store(&dir.path().join("e"), &[(empty.clone(), 0)]).unwrap();
+    assert_eq!((report.imported, report.skipped.len()), (0, 0));
+    let s = ProducerStateStore::open_with(dir.path().join("e"), kafka_opts()).unwrap();
+    assert!(s.kafka_producers(0).is_empty());
+    let out = dir.path().join("out.snapshot");
+    assert_eq!(kafka::export_store(&s, 0, &out).unwrap(), (0, 0));
+    assert_eq!(std::fs::read(&out).unwrap(), kafka::encode(&[]));
+    drop(s);
+    // A file of no bytes is corruption, and no store is left behind.
+    let nothing = dir.path().join("nothing.snapshot");
+    std::fs::write(&nothing, b"").unwrap();
+    let target = dir.path().join("z");
+    let err = kafka::seed_kafka_store(&target, &[(nothing, 0)]).unwrap_err();
+    assert!(
+        matches!(err, producer_state::Error::Corrupt { .. }),
+        "{err:?}"
+    );
+    // One producer twice in one file (Kafka writes a map, never this):
+    // corruption at the second entry; the directory holds no store, so a
+    // good seed into it goes through.
+    let twice = dir.path().join("twice.snapshot");
+    std::fs::write(&twice, kafka::encode(&[entry(5), entry(5)])).unwrap();
+    let err = kafka::seed_kafka_store(&target, &[(twice, 0)]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            producer_state::Error::Corrupt {
+                kind: producer_state::Corruption::DuplicateKey,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // A negative id alone: skipped, reported, and the store is empty.
+    let neg = dir.path().join("neg.snapshot");
+    std::fs::write(&neg, kafka::encode(&[entry(-7)])).unwrap();
+    let report = kafka::seed_kafka_store(&target, &[(neg.clone(), 0)]).unwrap();
+    assert_eq!(report.imported, 0);
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!((&report.skipped[0].0, report.skipped[0].1), (&neg, -7));
+    let s = ProducerStateStore::open_with(&target, kafka_opts()).unwrap();
+    assert!(s.kafka_producers(0).is_empty());
+    drop(s);
+    // A Kafka-mode store with ids Kafka cannot hold (a name, a number
+    // above i64::MAX): the export writes the others and counts these.
+    let s = ProducerStateStore::open_with(dir.path().join("n"), kafka_opts()).unwrap();
+    for id in [
+        producer_state::ProducerId::named("n"),
+        producer_state::ProducerId::numeric(u64::MAX),
+        producer_state::ProducerId::numeric(9),
+    ] {
+        let b = Batch::new(0, 0, 0, 0);
+        assert!(s.append_batch(id, 0, 0, b).unwrap().is_accepted());
+    }
+    assert_eq!(kafka::export_store(&s, 0, &out).unwrap(), (1, 2));
+    let back = kafka::decode(&out, &std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(back.iter().map(|e| e.producer_id).collect::<Vec<_>>(), [9]);
+}

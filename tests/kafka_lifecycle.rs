@@ -284,3 +284,136 @@ fn truncate_to_is_kafkas_truncate_and_reload_and_survives_reopen() {
     }
     assert!(checked > 10);
 }
+
+/// What a Kafka-mode store shows of partitions 0 and 1.
+type View = Vec<(
+    Vec<(
+        producer_state::ProducerId,
+        producer_state::KafkaProducerState,
+    )>,
+    Vec<producer_state::AbortedTxn>,
+    Option<i64>,
+)>;
+
+fn view(s: &ProducerStateStore) -> View {
+    (0..2)
+        .map(|p| {
+            (
+                s.kafka_producers(p),
+                s.aborted_transactions(p),
+                s.first_unstable_offset(p),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn kafka_mode_truncation_out_of_range_is_refused_and_changes_nothing() {
+    let fs = SimFs::new();
+    let clock = Arc::new(ManualClock::new(0));
+    let o = opts(&fs, &clock)
+        .producer_expiration(None)
+        .snapshot_every_records(Some(50))
+        .segment_size(2048);
+    let s = ProducerStateStore::open_with(dir(), o.clone()).unwrap();
+    // Four producers on two partitions, each a transaction of three
+    // batches then a marker (every third an ABORT), one offset each.
+    let mut offset = 0i64;
+    let mut seq = [0i32; 4];
+    for round in 0..60u64 {
+        let pid = round % 4;
+        let p = (round % 2) as i32;
+        for _ in 0..3 {
+            let b = Batch::new(seq[pid as usize], seq[pid as usize], offset, offset);
+            assert!(s.append_with(pid, p, 0, b, txn()).unwrap().is_accepted());
+            seq[pid as usize] += 1;
+            offset += 1;
+        }
+        let m = if round % 3 == 0 {
+            Marker::abort(0, offset, offset)
+        } else {
+            Marker::commit(0, offset, offset)
+        };
+        s.append_marker(pid, p, 0, m, Origin::Coordinator).unwrap();
+        offset += 1;
+    }
+    // One transaction left open.
+    let b = Batch::new(seq[1], seq[1], offset, offset);
+    assert!(s.append_with(1u64, 1, 0, b, txn()).unwrap().is_accepted());
+    let end = offset + 1;
+    assert!(s.stats().snapshots_written >= 4);
+    let before = view(&s);
+    assert!(!before[0].1.is_empty() && before[1].2.is_some());
+    let written = s.stats().records_written;
+    // Above the end: refused with the end, nothing written or changed.
+    match s.truncate_to(end + 1) {
+        Err(Error::TruncateAboveEnd { offset: o, end: e }) => assert_eq!((o, e), (end + 1, end)),
+        other => panic!("{other:?}"),
+    }
+    // At the end: nothing to undo, nothing written.
+    s.truncate_to(end).unwrap();
+    // Below every retained snapshot: refused, and the error says how far
+    // back it can go.
+    let lowest = match s.truncate_to(3) {
+        Err(Error::TruncateBelowHistory { offset: 3, lowest }) => lowest,
+        other => panic!("{other:?}"),
+    };
+    assert!(lowest > 3 && lowest < end, "{lowest}");
+    assert_eq!(s.stats().records_written, written);
+    assert_eq!(view(&s), before);
+    // Nothing reached the log: a reopen shows the same state.
+    drop(s);
+    let s = ProducerStateStore::open_with(dir(), o.clone()).unwrap();
+    assert_eq!(view(&s), before);
+    // The offset the error named is reachable.
+    s.truncate_to(lowest).unwrap();
+    assert_ne!(view(&s), before);
+    let cut = view(&s);
+    drop(s);
+    let s = ProducerStateStore::open_with(dir(), o).unwrap();
+    assert_eq!(view(&s), cut);
+}
+
+#[test]
+fn a_crash_in_a_large_kafka_expiration_keeps_a_prefix_of_its_records() {
+    use producer_state::fs::{Fault, Unsynced};
+    use producer_state::{AppendRequest, ProducerId};
+    // 6,000 plain producers on partition 0: their removals take two
+    // kind-7 records (64 KiB each at most).
+    const N: u64 = 6_000;
+    let fs = SimFs::new();
+    let clock = Arc::new(ManualClock::new(0));
+    let o = |fs: &SimFs| {
+        opts(fs, &clock)
+            .segment_size(1 << 20)
+            .snapshot_every_records(None)
+    };
+    let s = ProducerStateStore::open_with(dir(), o(&fs)).unwrap();
+    let requests: Vec<_> = (0..N)
+        .map(|pid| AppendRequest::batch(pid, 0, 0, Batch::new(0, 0, pid as i64, 0)))
+        .collect();
+    assert!(s.append_all(&requests).iter().all(|r| r.is_ok()));
+    clock.set(DAY);
+    // At the fsync after the write: the write's bytes are unsynced.
+    fs.set_fault(fs.ops() + 1, Fault::Crash);
+    assert!(s.expire_now().is_err(), "the crash comes in its write");
+    drop(s);
+    let mut partial = 0;
+    for seed in 0..40u64 {
+        let image = fs.crash_image(Unsynced::TornPrefix(seed));
+        let s = ProducerStateStore::open_with(dir(), o(&image)).unwrap();
+        // The keys go in id order: what survives is every key from some
+        // id on (a prefix of the records replayed, none decided again).
+        let left: Vec<u64> = s
+            .kafka_producers(0)
+            .into_iter()
+            .map(|(id, _)| id.as_numeric().unwrap())
+            .collect();
+        let from = N - left.len() as u64;
+        assert_eq!(left, (from..N).collect::<Vec<_>>(), "seed {seed}");
+        assert!(from == 0 || from > 4_000, "whole records: {from}");
+        partial += usize::from(from > 0 && from < N);
+        assert_eq!(s.was_removed(ProducerId::numeric(0), 0), from > 0);
+    }
+    assert!(partial > 0, "no image kept only the first record");
+}
