@@ -879,17 +879,21 @@ impl<X: Extra> StateMap<X> {
         numeric.chain(named)
     }
 
-    /// Whether a key has hash `hash`: the lookup of
-    /// [`StateMap::keys_with_hash`] without building anything, which the
-    /// eviction order runs ahead of it to bring the slots into cache.
-    pub(crate) fn has_hash(&self, hash: u64) -> bool {
-        self.numeric
-            .iter_hash(hash)
-            .any(|s| hash_numeric(join_pid(s.pid), s.partition) == hash)
-            || self
-                .named
-                .iter_hash(hash)
-                .any(|s| hash_key(&s.id, s.partition) == hash)
+    /// The first bucket of the numeric table whose control byte matches
+    /// `hash`: the control bytes of a lookup, without its slot. With
+    /// [`StateMap::touch`], a lookup split in two so that a loop over many
+    /// keys keeps many cache misses in flight (`Shards::warm_hashes`).
+    #[inline(always)]
+    pub(crate) fn probe(&self, hash: u64) -> Option<usize> {
+        // An equality that reads nothing: the slot stays out of it.
+        self.numeric.find_bucket_index(hash, |_| true)
+    }
+
+    /// Reads the numeric slot at `bucket`, if any: the second half of a
+    /// split lookup.
+    #[inline(always)]
+    pub(crate) fn touch(&self, bucket: usize) -> u32 {
+        self.numeric.get_bucket(bucket).map_or(0, |s| s.pid[0])
     }
 
     /// Every key with its extra.

@@ -32,7 +32,7 @@ use crate::meta::Meta;
 use crate::outcome::BatchOutcome;
 use crate::replay::append_offset;
 use crate::rules::{self, UnknownProducer};
-use crate::shards::{SHARDS, Shards, shard_of};
+use crate::shards::{SHARDS, Shards, WARM_CHUNK, shard_of};
 use crate::wal::op::{self, GroupKind, RemoveReason};
 
 /// A key's state as the log will say once everything in flight is
@@ -742,14 +742,16 @@ impl State {
                         self.keys.meta.filter.insert(*hash);
                     }
                 }
-                for part in chunk.chunks(32) {
-                    // Look the keys up first: their cache misses overlap
-                    // (see `shards::warm`).
-                    let found = part
-                        .iter()
-                        .filter(|(h, id, p)| self.keys.shards.contains(*h, id, *p))
-                        .count();
-                    std::hint::black_box(found);
+                let mut hashes = [0u64; WARM_CHUNK];
+                for part in chunk.chunks(WARM_CHUNK) {
+                    // Bring their slots in first: their cache misses
+                    // overlap (see `Shards::warm_hashes`).
+                    for (h, (hash, _, _)) in hashes.iter_mut().zip(part) {
+                        *h = *hash;
+                    }
+                    self.keys
+                        .shards
+                        .warm_hashes(hashes.get(..part.len()).unwrap_or_default());
                     for (hash, id, p) in part {
                         self.keys.save_pre_image(*hash, id, *p, pos);
                         if self.keys.forget(*hash, id, *p) {

@@ -47,7 +47,7 @@
 //! when such keys come last: never otherwise.
 
 use crate::id::ProducerId;
-use crate::shards::{Map, SHARDS, Shards, shard_of};
+use crate::shards::{Map, SHARDS, Shards, WARM_CHUNK, shard_of};
 
 /// Ranks a shard's list holds at most: 16 KiB a shard, 4 MiB for all.
 const CANDIDATES: usize = 1024;
@@ -250,32 +250,32 @@ impl Order {
             if batch.is_empty() {
                 break;
             }
-            // Their slots, looked up ahead of the loop that reads them.
-            let found = batch
-                .iter()
-                .filter(|&&r| {
-                    let h = rank_hash(r);
-                    shards.shard(shard_of(h)).has_hash(h)
-                })
-                .count();
-            std::hint::black_box(found);
             let mut last = None;
-            for &r in &batch {
-                // Equal ranks are adjacent; the first resolves them all.
-                if last.replace(r) == Some(r) {
-                    continue;
+            let mut hashes = [0u64; WARM_CHUNK];
+            for chunk in batch.chunks(WARM_CHUNK) {
+                // Their slots, brought into cache ahead of the loop that
+                // reads them, a chunk at a time (see `Shards::warm_hashes`).
+                for (h, &r) in hashes.iter_mut().zip(chunk) {
+                    *h = rank_hash(r);
                 }
-                let (act, h) = (rank_act(r), rank_hash(r));
-                let start = out.len();
-                for (id, p, a) in shards.shard(shard_of(h)).keys_with_hash(h) {
-                    if a.ms() == act && !excluded(h, &id, p) {
-                        out.push((h, id, p));
+                shards.warm_hashes(hashes.get(..chunk.len()).unwrap_or_default());
+                for &r in chunk {
+                    // Equal ranks are adjacent; the first resolves them all.
+                    if last.replace(r) == Some(r) {
+                        continue;
                     }
-                }
-                if let Some(same) = out.get_mut(start..)
-                    && same.len() > 1
-                {
-                    same.sort_unstable_by(|x, y| (&x.1, x.2).cmp(&(&y.1, y.2)));
+                    let (act, h) = (rank_act(r), rank_hash(r));
+                    let start = out.len();
+                    for (id, p, a) in shards.shard(shard_of(h)).keys_with_hash(h) {
+                        if a.ms() == act && !excluded(h, &id, p) {
+                            out.push((h, id, p));
+                        }
+                    }
+                    if let Some(same) = out.get_mut(start..)
+                        && same.len() > 1
+                    {
+                        same.sort_unstable_by(|x, y| (&x.1, x.2).cmp(&(&y.1, y.2)));
+                    }
                 }
             }
         }
