@@ -209,6 +209,29 @@ impl Order {
         n: usize,
         excluded: impl Fn(u64, &ProducerId, i32) -> bool,
     ) -> Vec<(u64, ProducerId, i32)> {
+        self.pick(Access::Read(shards), n, excluded)
+    }
+
+    /// [`Order::victims`], each removed from `shards` as soon as it is
+    /// found, while its slot is in cache: where nothing needs the victims'
+    /// states after their removal is decided (the buffered policies, no
+    /// snapshot capturing pre-images), this saves bringing every slot in
+    /// a second time to remove it.
+    pub(crate) fn remove_victims(
+        &mut self,
+        shards: &mut Shards,
+        n: usize,
+        excluded: impl Fn(u64, &ProducerId, i32) -> bool,
+    ) -> Vec<(u64, ProducerId, i32)> {
+        self.pick(Access::Remove(shards), n, excluded)
+    }
+
+    fn pick(
+        &mut self,
+        mut access: Access<'_>,
+        n: usize,
+        excluded: impl Fn(u64, &ProducerId, i32) -> bool,
+    ) -> Vec<(u64, ProducerId, i32)> {
         let mut out: Vec<(u64, ProducerId, i32)> = Vec::with_capacity(n.min(1 << 16));
         if n == 0 {
             return out;
@@ -219,6 +242,7 @@ impl Order {
             cap,
         } = self;
         let cap = *cap;
+        let shards = access.shards();
         // The shards whose lists have ranks left (rebuilt if they ran out).
         let mut active: Vec<usize> = Vec::with_capacity(SHARDS);
         for (i, o) in lists.iter_mut().enumerate() {
@@ -238,6 +262,7 @@ impl Order {
             // The least ranks, as many as victims are missing (some may
             // find no key: touched, removed, or in flight).
             batch.clear();
+            let shards = access.shards();
             take(
                 lists,
                 &mut active,
@@ -258,7 +283,10 @@ impl Order {
                 for (h, &r) in hashes.iter_mut().zip(chunk) {
                     *h = rank_hash(r);
                 }
-                shards.warm_hashes(hashes.get(..chunk.len()).unwrap_or_default());
+                access
+                    .shards()
+                    .warm_hashes(hashes.get(..chunk.len()).unwrap_or_default());
+                let first = out.len();
                 for &r in chunk {
                     // Equal ranks are adjacent; the first resolves them all.
                     if last.replace(r) == Some(r) {
@@ -266,7 +294,7 @@ impl Order {
                     }
                     let (act, h) = (rank_act(r), rank_hash(r));
                     let start = out.len();
-                    for (id, p, a) in shards.shard(shard_of(h)).keys_with_hash(h) {
+                    for (id, p, a) in access.shards().shard(shard_of(h)).keys_with_hash(h) {
                         if a.ms() == act && !excluded(h, &id, p) {
                             out.push((h, id, p));
                         }
@@ -277,9 +305,30 @@ impl Order {
                         same.sort_unstable_by(|x, y| (&x.1, x.2).cmp(&(&y.1, y.2)));
                     }
                 }
+                if let Access::Remove(shards) = &mut access {
+                    for (h, id, p) in out.get(first..).unwrap_or_default() {
+                        shards.remove(*h, id, *p);
+                    }
+                }
             }
         }
         out
+    }
+}
+
+/// How [`Order::pick`] reaches the state: to read it, or also to remove
+/// the victims it finds.
+enum Access<'a> {
+    Read(&'a Shards),
+    Remove(&'a mut Shards),
+}
+
+impl Access<'_> {
+    fn shards(&self) -> &Shards {
+        match self {
+            Access::Read(s) => s,
+            Access::Remove(s) => s,
+        }
     }
 }
 
@@ -567,11 +616,26 @@ mod tests {
             // Fewer victims than new keys on average: the table grows to
             // tens of keys a shard.
             let n = rng.below(500) as usize;
-            let want = expected(&s, n, excluded);
-            let got = order.victims(&s, n, |_, id, p| excluded(id, p));
-            assert_eq!(keys(&s, &got), want, "lists of {cap}, round {round}");
-            for (h, id, p) in got {
-                assert!(s.remove(h, &id, p));
+            let mut want = expected(&s, n, excluded);
+            if round % 2 == 0 {
+                let got = order.victims(&s, n, |_, id, p| excluded(id, p));
+                assert_eq!(keys(&s, &got), want, "lists of {cap}, round {round}");
+                for (h, id, p) in got {
+                    assert!(s.remove(h, &id, p));
+                }
+            } else {
+                // Removed as they are found: the same keys, gone.
+                let before = s.len();
+                let got = order.remove_victims(&mut s, n, |_, id, p| excluded(id, p));
+                let mut got: Vec<(ProducerId, i32)> =
+                    got.into_iter().map(|(_, id, p)| (id, p)).collect();
+                got.sort();
+                want.sort();
+                assert_eq!(got, want, "lists of {cap}, round {round}, removed");
+                assert_eq!(s.len(), before - got.len());
+                for (id, p) in &got {
+                    assert!(s.activity(hash_key(id, *p), id, *p).is_none());
+                }
             }
             let in_flight: Vec<(ProducerId, i32, i64)> = (0..SHARDS)
                 .flat_map(|i| s.shard(i).keys().collect::<Vec<_>>())
