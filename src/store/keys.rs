@@ -764,9 +764,10 @@ impl State {
                 // misses overlap, where between two table removals they
                 // would not.
                 if remembered(reason) {
-                    for (hash, _, _) in &chunk {
-                        self.keys.meta.filter.insert(*hash);
-                    }
+                    self.keys
+                        .meta
+                        .filter
+                        .insert_all(chunk.iter().map(|(hash, _, _)| *hash));
                 }
                 if removed {
                     self.spec_len -= chunk.len();
