@@ -844,17 +844,23 @@ impl<X: Extra> StateMap<X> {
         numeric.chain(named)
     }
 
-    /// Every key's extra with the key's hash, without building ids or
-    /// entries: what the eviction order ranks keys by (one pass over the
-    /// slots; a numeric key's hash is one multiply).
-    pub(crate) fn extras_hashed(&self) -> impl Iterator<Item = (X, u64)> + '_ {
+    /// Every key's extra with the key's hash, of the keys whose extra
+    /// `keep` accepts, without building ids or entries: what the eviction
+    /// order ranks keys by (one pass over the slots; the hash, for a
+    /// numeric key one multiply, computed for the kept keys alone).
+    pub(crate) fn extras_hashed_where(
+        &self,
+        keep: impl Fn(X) -> bool + Copy + 'static,
+    ) -> impl Iterator<Item = (X, u64)> + '_ {
         let numeric = self
             .numeric
             .iter()
+            .filter(move |s| keep(s.x))
             .map(|s| (s.x, hash_numeric(join_pid(s.pid), s.partition)));
         numeric.chain(
             self.named
                 .iter()
+                .filter(move |s| keep(s.x))
                 .map(|s| (s.x, hash_key(&s.id, s.partition))),
         )
     }
@@ -890,10 +896,14 @@ impl<X: Extra> StateMap<X> {
     }
 
     /// Reads the numeric slot at `bucket`, if any: the second half of a
-    /// split lookup.
+    /// split lookup. Both ends of it: a 32-byte slot is not aligned to 32
+    /// bytes (the table's allocation is aligned to 16), so half of them
+    /// straddle two cache lines.
     #[inline(always)]
     pub(crate) fn touch(&self, bucket: usize) -> u32 {
-        self.numeric.get_bucket(bucket).map_or(0, |s| s.pid[0])
+        self.numeric
+            .get_bucket(bucket)
+            .map_or(0, |s| s.pid[0] ^ s.st.win)
     }
 
     /// Every key with its extra.

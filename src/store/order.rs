@@ -84,18 +84,48 @@ struct ShardOrder {
     /// while in flight). `COMPLETE`: every key of the shard.
     bound: Rank,
     built: bool,
+    /// The activities the last list spanned, when it did not hold the
+    /// whole shard: a rebuild's guess of how far above its floor to look.
+    span: Option<i64>,
+}
+
+/// The ranks at or above `floor` of the keys of `map` whose activity
+/// `keep` accepts, into `scratch`.
+fn fill(
+    scratch: &mut Vec<Rank>,
+    map: &Map,
+    floor: Rank,
+    keep: impl Fn(crate::map::Activity) -> bool + Copy + 'static,
+) {
+    scratch.clear();
+    scratch.extend(
+        map.extras_hashed_where(keep)
+            .map(|(a, h)| rank(a.ms(), h))
+            .filter(|&r| r >= floor),
+    );
 }
 
 impl ShardOrder {
     /// Lists the least ranks of the shard's keys ranked at or above
     /// `floor` (all of them when they are few).
     fn rebuild(&mut self, map: &Map, floor: Rank, scratch: &mut Vec<Rank>, cap: usize) {
-        scratch.clear();
-        scratch.extend(
-            map.extras_hashed()
-                .map(|(a, h)| rank(a.ms(), h))
-                .filter(|&r| r >= floor),
-        );
+        // Under churn the next `cap` ranks of a shard span about the
+        // activities the last list spanned: a scan that keeps only the
+        // keys up to twice that above the floor (and hashes only those)
+        // usually still finds `cap` of them, which are then exactly the
+        // least. If it does not, the whole shard is read again.
+        let lo = rank_act(floor);
+        if let Some(span) = self.span {
+            let hi = lo.saturating_add(span.saturating_mul(2).saturating_add(1));
+            fill(scratch, map, floor, move |a| (lo..=hi).contains(&a.ms()));
+            // Exactly `cap` is not enough: a list that holds every key it
+            // saw must hold every key of the shard above its floor.
+            if scratch.len() <= cap {
+                fill(scratch, map, floor, move |a| a.ms() >= lo);
+            }
+        } else {
+            fill(scratch, map, floor, move |a| a.ms() >= lo);
+        }
         let complete = scratch.len() <= cap;
         if !complete {
             scratch.select_nth_unstable(cap - 1);
@@ -111,6 +141,12 @@ impl ShardOrder {
         self.bound = match self.list.last() {
             Some(&last) if !complete => last,
             _ => COMPLETE,
+        };
+        self.span = match (self.list.first(), self.list.last()) {
+            (Some(&a), Some(&b)) if !complete => {
+                Some(rank_act(b).saturating_sub(rank_act(a)).max(0))
+            }
+            _ => None,
         };
         self.built = true;
     }
