@@ -27,10 +27,13 @@
 //! ranks up to that threshold; when a list's bound comes first, the ranks
 //! up to it are taken, that list is rebuilt from the keys ranked above its
 //! bound (so a victim taken but not yet removed is never listed twice), and
-//! the next round goes on. It then looks each victim's slot up by its hash
-//! (a batch of lookups first, so that their cache misses overlap). The
-//! victims come out shard by shard (their log record lists them so; the
-//! set is what the order defines).
+//! the next round goes on. It then looks each victim's slot up by its hash,
+//! 32 at a time: first their control bytes, then their slots, each a loop
+//! of independent loads so that the cache misses overlap, then the loop
+//! that resolves them while they are in L1 (and, under the buffered
+//! policies, removes them: [`Order::remove_victims`]). The victims come out
+//! shard by shard (their log record lists them so; the set is what the
+//! order defines).
 //!
 //! A list entry whose key has since been touched or removed finds no key
 //! with that rank and is passed over; a key whose new rank falls at or
@@ -38,7 +41,8 @@
 //! back, a new key in the same millisecond) is inserted into the list,
 //! which drops its greatest rank if full and lowers the bound to the one
 //! before. Under steady churn at 1M keys a rebuild reads about 4,000 slots
-//! for 1,024 victims.
+//! for 1,024 victims, and keeps (and hashes) only those up to twice the
+//! last list's span of activity above its floor.
 //!
 //! Keys with records in flight are never victims: the caller excludes them,
 //! and they are passed over (their records, once applied, rank them again).
