@@ -86,11 +86,17 @@ impl std::fmt::Debug for RemovedFilter {
 /// bit (a blocked Bloom filter).
 const BLOCK_LOG2: u32 = 9;
 
+/// The first bit of the block of a key with hash `hash`: its top bits.
+#[inline(always)]
+fn block_of(hash: u64) -> usize {
+    ((hash >> (64 - (BITS_LOG2 - BLOCK_LOG2))) as usize) << BLOCK_LOG2
+}
+
 /// The bit positions of a key with hash `hash`: a block chosen by its top
 /// bits, and bits in it from a second mix of the hash.
 #[inline]
 fn positions(hash: u64) -> impl Iterator<Item = usize> {
-    let block = ((hash >> (64 - (BITS_LOG2 - BLOCK_LOG2))) as usize) << BLOCK_LOG2;
+    let block = block_of(hash);
     let mut h = hash.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (0..HASHES).map(move |_| {
         h = h.rotate_left(BLOCK_LOG2);
@@ -98,7 +104,42 @@ fn positions(hash: u64) -> impl Iterator<Item = usize> {
     })
 }
 
+/// Keys whose blocks [`RemovedFilter::insert_all`] reads ahead at once.
+const WARM_CHUNK: usize = 32;
+
 impl RemovedFilter {
+    /// Remembers the keys with these hashes, in order, as
+    /// [`RemovedFilter::insert`] one after the other would. Each insert is
+    /// a cache miss (the generation, 1 MiB, does not stay in a core's
+    /// cache beside the table), and a loop of inserts keeps few of them in
+    /// flight; so a chunk's blocks are read first, in a loop of loads
+    /// alone, and then set.
+    pub(crate) fn insert_all(&mut self, hashes: impl Iterator<Item = u64>) {
+        let mut chunk = [0u64; WARM_CHUNK];
+        let mut hashes = hashes.peekable();
+        while hashes.peek().is_some() {
+            let mut len = 0;
+            for (slot, h) in chunk.iter_mut().zip(hashes.by_ref()) {
+                *slot = h;
+                len += 1;
+            }
+            let part = chunk.get(..len).unwrap_or_default();
+            if let Some(g) = self
+                .gens
+                .as_ref()
+                .and_then(|g| g.get(usize::from(self.current & 1)))
+            {
+                let sum = part.iter().fold(0u64, |acc, &h| {
+                    acc ^ g.words.get(block_of(h) / 64).copied().unwrap_or(0)
+                });
+                std::hint::black_box(sum);
+            }
+            for &h in part {
+                self.insert(h);
+            }
+        }
+    }
+
     /// Remembers the key with hash `hash`.
     pub(crate) fn insert(&mut self, hash: u64) {
         let gens = self
@@ -275,6 +316,22 @@ mod tests {
             .filter(|&k| f.contains(h(k)))
             .count();
         assert!(fp < 500, "{fp} false positives of 100,000 when full");
+    }
+
+    #[test]
+    fn insert_all_is_insert_one_after_the_other_across_a_rotation() {
+        let hashes: Vec<u64> = (0..CAPACITY as u64 + 1_000)
+            .map(|k| hash_key(&ProducerId::numeric(k), 0))
+            .collect();
+        let (mut one, mut all) = (RemovedFilter::default(), RemovedFilter::default());
+        // A chunk that ends part-way, then the rest through the rotation.
+        for &h in &hashes {
+            one.insert(h);
+        }
+        all.insert_all(hashes.iter().take(45).copied());
+        all.insert_all(hashes.iter().skip(45).copied());
+        assert_eq!(one, all);
+        assert_eq!(all.current, 1, "it rotated");
     }
 
     #[test]

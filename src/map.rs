@@ -844,17 +844,23 @@ impl<X: Extra> StateMap<X> {
         numeric.chain(named)
     }
 
-    /// Every key's extra with the key's hash, without building ids or
-    /// entries: what the eviction order ranks keys by (one pass over the
-    /// slots; a numeric key's hash is one multiply).
-    pub(crate) fn extras_hashed(&self) -> impl Iterator<Item = (X, u64)> + '_ {
+    /// Every key's extra with the key's hash, of the keys whose extra
+    /// `keep` accepts, without building ids or entries: what the eviction
+    /// order ranks keys by (one pass over the slots; the hash, for a
+    /// numeric key one multiply, computed for the kept keys alone).
+    pub(crate) fn extras_hashed_where(
+        &self,
+        keep: impl Fn(X) -> bool + Copy + 'static,
+    ) -> impl Iterator<Item = (X, u64)> + '_ {
         let numeric = self
             .numeric
             .iter()
+            .filter(move |s| keep(s.x))
             .map(|s| (s.x, hash_numeric(join_pid(s.pid), s.partition)));
         numeric.chain(
             self.named
                 .iter()
+                .filter(move |s| keep(s.x))
                 .map(|s| (s.x, hash_key(&s.id, s.partition))),
         )
     }
@@ -879,17 +885,25 @@ impl<X: Extra> StateMap<X> {
         numeric.chain(named)
     }
 
-    /// Whether a key has hash `hash`: the lookup of
-    /// [`StateMap::keys_with_hash`] without building anything, which the
-    /// eviction order runs ahead of it to bring the slots into cache.
-    pub(crate) fn has_hash(&self, hash: u64) -> bool {
+    /// The first bucket of the numeric table whose control byte matches
+    /// `hash`: the control bytes of a lookup, without its slot. With
+    /// [`StateMap::touch`], a lookup split in two so that a loop over many
+    /// keys keeps many cache misses in flight (`Shards::warm_hashes`).
+    #[inline(always)]
+    pub(crate) fn probe(&self, hash: u64) -> Option<usize> {
+        // An equality that reads nothing: the slot stays out of it.
+        self.numeric.find_bucket_index(hash, |_| true)
+    }
+
+    /// Reads the numeric slot at `bucket`, if any: the second half of a
+    /// split lookup. Both ends of it: a 32-byte slot is not aligned to 32
+    /// bytes (the table's allocation is aligned to 16), so half of them
+    /// straddle two cache lines.
+    #[inline(always)]
+    pub(crate) fn touch(&self, bucket: usize) -> u32 {
         self.numeric
-            .iter_hash(hash)
-            .any(|s| hash_numeric(join_pid(s.pid), s.partition) == hash)
-            || self
-                .named
-                .iter_hash(hash)
-                .any(|s| hash_key(&s.id, s.partition) == hash)
+            .get_bucket(bucket)
+            .map_or(0, |s| s.pid[0] ^ s.st.win)
     }
 
     /// Every key with its extra.

@@ -161,6 +161,11 @@ pub(crate) fn warm<'r>(
     std::hint::black_box(found);
 }
 
+/// Keys whose slots [`Shards::warm_hashes`] looks up at once: enough
+/// to keep the core's outstanding misses busy, few enough that the slots
+/// are still in L1 when the loop after it reads them.
+pub(crate) const WARM_CHUNK: usize = 32;
+
 impl Shards {
     #[inline]
     fn map(&self, hash: u64) -> &Map {
@@ -269,6 +274,26 @@ impl Shards {
     pub(crate) fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
         let s = shard_of(hash);
         remove_in(&mut self.maps[s], &mut self.parts[s], hash, id, partition)
+    }
+
+    /// Brings the slots of the (numeric) keys with these hashes into
+    /// cache: first every key's control bytes, then every slot. A lookup
+    /// reads the slot only once its control bytes are in, and a loop of
+    /// lookups, whose branches depend on what they read, keeps only a few
+    /// of these misses in flight; here each pass is a run of independent
+    /// loads. Called on at most [`WARM_CHUNK`] hashes at a time.
+    pub(crate) fn warm_hashes(&self, hashes: &[u64]) {
+        let mut buckets = [None; WARM_CHUNK];
+        for (b, &h) in buckets.iter_mut().zip(hashes) {
+            *b = self.map(h).probe(h);
+        }
+        let mut sum = 0u32;
+        for (b, &h) in buckets.iter().zip(hashes) {
+            if let Some(b) = *b {
+                sum = sum.wrapping_add(self.map(h).touch(b));
+            }
+        }
+        std::hint::black_box(sum);
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -32,7 +32,7 @@ use crate::meta::Meta;
 use crate::outcome::BatchOutcome;
 use crate::replay::append_offset;
 use crate::rules::{self, UnknownProducer};
-use crate::shards::{SHARDS, Shards, shard_of};
+use crate::shards::{SHARDS, Shards, WARM_CHUNK, shard_of};
 use crate::wal::op::{self, GroupKind, RemoveReason};
 
 /// A key's state as the log will say once everything in flight is
@@ -681,10 +681,24 @@ impl State {
         // table filled.
         let n = Life::evict_batch(cap).max(self.spec_len + 1 - cap);
         let mut order = self.keys.order.take().unwrap_or_default();
-        let keys = &self.keys;
-        let victims = order.victims(&keys.shards, n, |h, id, p| {
-            (h == hash && *id == r.producer_id && p == r.partition) || keys.in_flight(h, id, p)
-        });
+        // Buffered, and no snapshot needing the victims' states as they
+        // were: removed from the table as they are found (their records
+        // and the filter follow in `log_removal`).
+        let at_once = !self.life.always && self.keys.capture.is_none();
+        let Keys {
+            shards, overlay, ..
+        } = &mut self.keys;
+        let excluded = |h: u64, id: &ProducerId, p: i32| {
+            (h == hash && *id == r.producer_id && p == r.partition)
+                || overlay
+                    .find(h, |q| q.partition == p && q.id == *id)
+                    .is_some()
+        };
+        let victims = if at_once {
+            order.remove_victims(shards, n, excluded)
+        } else {
+            order.victims(shards, n, excluded)
+        };
         self.keys.order = Some(order);
         if victims.is_empty() {
             // Every key is in flight: wait for them.
@@ -696,7 +710,7 @@ impl State {
             });
         }
         self.life_stats.evicted += victims.len() as u64;
-        self.log_removal(RemoveReason::Evicted, victims);
+        self.log_removal_of(RemoveReason::Evicted, victims, at_once);
         Ok(())
     }
 
@@ -708,6 +722,18 @@ impl State {
         &mut self,
         reason: RemoveReason,
         keys: Vec<(u64, ProducerId, i32)>,
+    ) -> u64 {
+        self.log_removal_of(reason, keys, false)
+    }
+
+    /// [`State::log_removal`]; `removed`: the buffered policies only, the
+    /// keys are already gone from the table (`Order::remove_victims`), and
+    /// no snapshot is capturing.
+    fn log_removal_of(
+        &mut self,
+        reason: RemoveReason,
+        keys: Vec<(u64, ProducerId, i32)>,
+        removed: bool,
     ) -> u64 {
         let before = self.log.buffered();
         let (first, counts) = self.log.push_op(|b| {
@@ -738,18 +764,25 @@ impl State {
                 // misses overlap, where between two table removals they
                 // would not.
                 if remembered(reason) {
-                    for (hash, _, _) in &chunk {
-                        self.keys.meta.filter.insert(*hash);
-                    }
+                    self.keys
+                        .meta
+                        .filter
+                        .insert_all(chunk.iter().map(|(hash, _, _)| *hash));
                 }
-                for part in chunk.chunks(32) {
-                    // Look the keys up first: their cache misses overlap
-                    // (see `shards::warm`).
-                    let found = part
-                        .iter()
-                        .filter(|(h, id, p)| self.keys.shards.contains(*h, id, *p))
-                        .count();
-                    std::hint::black_box(found);
+                if removed {
+                    self.spec_len -= chunk.len();
+                    continue;
+                }
+                let mut hashes = [0u64; WARM_CHUNK];
+                for part in chunk.chunks(WARM_CHUNK) {
+                    // Bring their slots in first: their cache misses
+                    // overlap (see `Shards::warm_hashes`).
+                    for (h, (hash, _, _)) in hashes.iter_mut().zip(part) {
+                        *h = *hash;
+                    }
+                    self.keys
+                        .shards
+                        .warm_hashes(hashes.get(..part.len()).unwrap_or_default());
                     for (hash, id, p) in part {
                         self.keys.save_pre_image(*hash, id, *p, pos);
                         if self.keys.forget(*hash, id, *p) {

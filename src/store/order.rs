@@ -27,10 +27,13 @@
 //! ranks up to that threshold; when a list's bound comes first, the ranks
 //! up to it are taken, that list is rebuilt from the keys ranked above its
 //! bound (so a victim taken but not yet removed is never listed twice), and
-//! the next round goes on. It then looks each victim's slot up by its hash
-//! (a batch of lookups first, so that their cache misses overlap). The
-//! victims come out shard by shard (their log record lists them so; the
-//! set is what the order defines).
+//! the next round goes on. It then looks each victim's slot up by its hash,
+//! 32 at a time: first their control bytes, then their slots, each a loop
+//! of independent loads so that the cache misses overlap, then the loop
+//! that resolves them while they are in L1 (and, under the buffered
+//! policies, removes them: [`Order::remove_victims`]). The victims come out
+//! shard by shard (their log record lists them so; the set is what the
+//! order defines).
 //!
 //! A list entry whose key has since been touched or removed finds no key
 //! with that rank and is passed over; a key whose new rank falls at or
@@ -38,7 +41,8 @@
 //! back, a new key in the same millisecond) is inserted into the list,
 //! which drops its greatest rank if full and lowers the bound to the one
 //! before. Under steady churn at 1M keys a rebuild reads about 4,000 slots
-//! for 1,024 victims.
+//! for 1,024 victims, and keeps (and hashes) only those up to twice the
+//! last list's span of activity above its floor.
 //!
 //! Keys with records in flight are never victims: the caller excludes them,
 //! and they are passed over (their records, once applied, rank them again).
@@ -47,7 +51,7 @@
 //! when such keys come last: never otherwise.
 
 use crate::id::ProducerId;
-use crate::shards::{Map, SHARDS, Shards, shard_of};
+use crate::shards::{Map, SHARDS, Shards, WARM_CHUNK, shard_of};
 
 /// Ranks a shard's list holds at most: 16 KiB a shard, 4 MiB for all.
 const CANDIDATES: usize = 1024;
@@ -84,18 +88,48 @@ struct ShardOrder {
     /// while in flight). `COMPLETE`: every key of the shard.
     bound: Rank,
     built: bool,
+    /// The activities the last list spanned, when it did not hold the
+    /// whole shard: a rebuild's guess of how far above its floor to look.
+    span: Option<i64>,
+}
+
+/// The ranks at or above `floor` of the keys of `map` whose activity
+/// `keep` accepts, into `scratch`.
+fn fill(
+    scratch: &mut Vec<Rank>,
+    map: &Map,
+    floor: Rank,
+    keep: impl Fn(crate::map::Activity) -> bool + Copy + 'static,
+) {
+    scratch.clear();
+    scratch.extend(
+        map.extras_hashed_where(keep)
+            .map(|(a, h)| rank(a.ms(), h))
+            .filter(|&r| r >= floor),
+    );
 }
 
 impl ShardOrder {
     /// Lists the least ranks of the shard's keys ranked at or above
     /// `floor` (all of them when they are few).
     fn rebuild(&mut self, map: &Map, floor: Rank, scratch: &mut Vec<Rank>, cap: usize) {
-        scratch.clear();
-        scratch.extend(
-            map.extras_hashed()
-                .map(|(a, h)| rank(a.ms(), h))
-                .filter(|&r| r >= floor),
-        );
+        // Under churn the next `cap` ranks of a shard span about the
+        // activities the last list spanned: a scan that keeps only the
+        // keys up to twice that above the floor (and hashes only those)
+        // usually still finds `cap` of them, which are then exactly the
+        // least. If it does not, the whole shard is read again.
+        let lo = rank_act(floor);
+        if let Some(span) = self.span {
+            let hi = lo.saturating_add(span.saturating_mul(2).saturating_add(1));
+            fill(scratch, map, floor, move |a| (lo..=hi).contains(&a.ms()));
+            // Exactly `cap` is not enough: a list that holds every key it
+            // saw must hold every key of the shard above its floor.
+            if scratch.len() <= cap {
+                fill(scratch, map, floor, move |a| a.ms() >= lo);
+            }
+        } else {
+            fill(scratch, map, floor, move |a| a.ms() >= lo);
+        }
         let complete = scratch.len() <= cap;
         if !complete {
             scratch.select_nth_unstable(cap - 1);
@@ -111,6 +145,12 @@ impl ShardOrder {
         self.bound = match self.list.last() {
             Some(&last) if !complete => last,
             _ => COMPLETE,
+        };
+        self.span = match (self.list.first(), self.list.last()) {
+            (Some(&a), Some(&b)) if !complete => {
+                Some(rank_act(b).saturating_sub(rank_act(a)).max(0))
+            }
+            _ => None,
         };
         self.built = true;
     }
@@ -209,6 +249,29 @@ impl Order {
         n: usize,
         excluded: impl Fn(u64, &ProducerId, i32) -> bool,
     ) -> Vec<(u64, ProducerId, i32)> {
+        self.pick(Access::Read(shards), n, excluded)
+    }
+
+    /// [`Order::victims`], each removed from `shards` as soon as it is
+    /// found, while its slot is in cache: where nothing needs the victims'
+    /// states after their removal is decided (the buffered policies, no
+    /// snapshot capturing pre-images), this saves bringing every slot in
+    /// a second time to remove it.
+    pub(crate) fn remove_victims(
+        &mut self,
+        shards: &mut Shards,
+        n: usize,
+        excluded: impl Fn(u64, &ProducerId, i32) -> bool,
+    ) -> Vec<(u64, ProducerId, i32)> {
+        self.pick(Access::Remove(shards), n, excluded)
+    }
+
+    fn pick(
+        &mut self,
+        mut access: Access<'_>,
+        n: usize,
+        excluded: impl Fn(u64, &ProducerId, i32) -> bool,
+    ) -> Vec<(u64, ProducerId, i32)> {
         let mut out: Vec<(u64, ProducerId, i32)> = Vec::with_capacity(n.min(1 << 16));
         if n == 0 {
             return out;
@@ -219,6 +282,7 @@ impl Order {
             cap,
         } = self;
         let cap = *cap;
+        let shards = access.shards();
         // The shards whose lists have ranks left (rebuilt if they ran out).
         let mut active: Vec<usize> = Vec::with_capacity(SHARDS);
         for (i, o) in lists.iter_mut().enumerate() {
@@ -238,6 +302,7 @@ impl Order {
             // The least ranks, as many as victims are missing (some may
             // find no key: touched, removed, or in flight).
             batch.clear();
+            let shards = access.shards();
             take(
                 lists,
                 &mut active,
@@ -250,36 +315,60 @@ impl Order {
             if batch.is_empty() {
                 break;
             }
-            // Their slots, looked up ahead of the loop that reads them.
-            let found = batch
-                .iter()
-                .filter(|&&r| {
-                    let h = rank_hash(r);
-                    shards.shard(shard_of(h)).has_hash(h)
-                })
-                .count();
-            std::hint::black_box(found);
             let mut last = None;
-            for &r in &batch {
-                // Equal ranks are adjacent; the first resolves them all.
-                if last.replace(r) == Some(r) {
-                    continue;
+            let mut hashes = [0u64; WARM_CHUNK];
+            for chunk in batch.chunks(WARM_CHUNK) {
+                // Their slots, brought into cache ahead of the loop that
+                // reads them, a chunk at a time (see `Shards::warm_hashes`).
+                for (h, &r) in hashes.iter_mut().zip(chunk) {
+                    *h = rank_hash(r);
                 }
-                let (act, h) = (rank_act(r), rank_hash(r));
-                let start = out.len();
-                for (id, p, a) in shards.shard(shard_of(h)).keys_with_hash(h) {
-                    if a.ms() == act && !excluded(h, &id, p) {
-                        out.push((h, id, p));
+                access
+                    .shards()
+                    .warm_hashes(hashes.get(..chunk.len()).unwrap_or_default());
+                let first = out.len();
+                for &r in chunk {
+                    // Equal ranks are adjacent; the first resolves them all.
+                    if last.replace(r) == Some(r) {
+                        continue;
+                    }
+                    let (act, h) = (rank_act(r), rank_hash(r));
+                    let start = out.len();
+                    for (id, p, a) in access.shards().shard(shard_of(h)).keys_with_hash(h) {
+                        if a.ms() == act && !excluded(h, &id, p) {
+                            out.push((h, id, p));
+                        }
+                    }
+                    if let Some(same) = out.get_mut(start..)
+                        && same.len() > 1
+                    {
+                        same.sort_unstable_by(|x, y| (&x.1, x.2).cmp(&(&y.1, y.2)));
                     }
                 }
-                if let Some(same) = out.get_mut(start..)
-                    && same.len() > 1
-                {
-                    same.sort_unstable_by(|x, y| (&x.1, x.2).cmp(&(&y.1, y.2)));
+                if let Access::Remove(shards) = &mut access {
+                    for (h, id, p) in out.get(first..).unwrap_or_default() {
+                        shards.remove(*h, id, *p);
+                    }
                 }
             }
         }
         out
+    }
+}
+
+/// How [`Order::pick`] reaches the state: to read it, or also to remove
+/// the victims it finds.
+enum Access<'a> {
+    Read(&'a Shards),
+    Remove(&'a mut Shards),
+}
+
+impl Access<'_> {
+    fn shards(&self) -> &Shards {
+        match self {
+            Access::Read(s) => s,
+            Access::Remove(s) => s,
+        }
     }
 }
 
@@ -567,11 +656,26 @@ mod tests {
             // Fewer victims than new keys on average: the table grows to
             // tens of keys a shard.
             let n = rng.below(500) as usize;
-            let want = expected(&s, n, excluded);
-            let got = order.victims(&s, n, |_, id, p| excluded(id, p));
-            assert_eq!(keys(&s, &got), want, "lists of {cap}, round {round}");
-            for (h, id, p) in got {
-                assert!(s.remove(h, &id, p));
+            let mut want = expected(&s, n, excluded);
+            if round % 2 == 0 {
+                let got = order.victims(&s, n, |_, id, p| excluded(id, p));
+                assert_eq!(keys(&s, &got), want, "lists of {cap}, round {round}");
+                for (h, id, p) in got {
+                    assert!(s.remove(h, &id, p));
+                }
+            } else {
+                // Removed as they are found: the same keys, gone.
+                let before = s.len();
+                let got = order.remove_victims(&mut s, n, |_, id, p| excluded(id, p));
+                let mut got: Vec<(ProducerId, i32)> =
+                    got.into_iter().map(|(_, id, p)| (id, p)).collect();
+                got.sort();
+                want.sort();
+                assert_eq!(got, want, "lists of {cap}, round {round}, removed");
+                assert_eq!(s.len(), before - got.len());
+                for (id, p) in &got {
+                    assert!(s.activity(hash_key(id, *p), id, *p).is_none());
+                }
             }
             let in_flight: Vec<(ProducerId, i32, i64)> = (0..SHARDS)
                 .flat_map(|i| s.shard(i).keys().collect::<Vec<_>>())
