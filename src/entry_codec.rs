@@ -1,9 +1,12 @@
-//! One key's bytes: the entry encoding shared by snapshots (versions 2 and
-//! 3), the log's set-entries records and partition exports.
+//! One key's bytes: the entry encoding shared by snapshots (versions 2 to
+//! 4), the log's set-entries records and partition exports.
 //!
 //! An entry is a shape byte, the key, the fixed fields (partition, epoch,
 //! last sequence and, from version 3, the key's last activity) and the
-//! retained batches as spans and deltas in per-entry widths. The reader
+//! retained batches as spans and deltas in per-entry widths. Version 4
+//! drops the activity's 8 bytes when it is the newest stored batch's
+//! timestamp (a shape bit says so): it always is for a key whose last
+//! append was a batch, since that is the time the store takes. The reader
 //! checks one length per entry and then reads every field at a fixed
 //! offset with no allocation, which is what keeps loading a snapshot at
 //! the speed of reading it. The layout is in docs/format.md ("Entries").
@@ -22,8 +25,12 @@ use crate::info::ProducerInfo;
 pub(crate) const MAX_ENTRY: usize =
     1 + 2 + u16::MAX as usize + 18 + 2 + RETAINED_BATCHES * 4 + 16 + (RETAINED_BATCHES - 1) * 16;
 
-// Versions 2 and 3 (docs/format.md, "Entries").
+// Versions 2 to 4 (docs/format.md, "Entries").
 const SHAPE_NAMED: u8 = 1 << 3;
+/// Version 4: the activity is not stored; it is the timestamp of the
+/// newest batch with metadata (which the entry must have). Versions 2
+/// and 3 refuse it.
+const SHAPE_ACT_IS_TS: u8 = 1 << 7;
 /// Reserved for per-key sections a later version may add after an entry
 /// (transaction state): version 3 writes 0 and refuses 1.
 const SHAPE_SECTIONS: u8 = 1 << 6;
@@ -71,6 +78,17 @@ fn uint_at(buf: &[u8], at: usize, w: usize) -> u64 {
     u64::from_le_bytes(a) & ((1u128 << (8 * w)) - 1) as u64
 }
 
+/// Which entry encoding: what the activity field is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// Snapshot version 2: no activity.
+    V2,
+    /// Snapshot version 3, key-state records, exports: 8 bytes always.
+    V3,
+    /// Snapshot version 4: 8 bytes, or none with [`SHAPE_ACT_IS_TS`].
+    V4,
+}
+
 /// Appends one entry's encoding to `buf`: version 2's without
 /// `activity`, version 3's (the key's last activity after the last
 /// sequence) with it.
@@ -80,6 +98,31 @@ pub(crate) fn encode_entry(
     partition: i32,
     e: &ProducerEntry,
     activity: Option<i64>,
+) {
+    match activity {
+        None => encode(buf, id, partition, e, Form::V2, 0),
+        Some(a) => encode(buf, id, partition, e, Form::V3, a),
+    }
+}
+
+/// Appends one entry's version-4 encoding to `buf`.
+pub(crate) fn encode_entry_v4(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    e: &ProducerEntry,
+    activity: i64,
+) {
+    encode(buf, id, partition, e, Form::V4, activity);
+}
+
+fn encode(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    e: &ProducerEntry,
+    form: Form,
+    activity: i64,
 ) {
     // The retained batches, newest first.
     let mut batches = [RetainedBatch {
@@ -121,7 +164,13 @@ pub(crate) fn encode_entry(
         class_of(max_dt, &DELTA_BYTES),
     );
     let named = id.as_numeric().is_none();
-    buf.put_u8(n as u8 | if named { SHAPE_NAMED } else { 0 } | (s as u8) << 4);
+    let act_is_ts = form == Form::V4 && metas.first().is_some_and(|m| m.1 == activity);
+    buf.put_u8(
+        n as u8
+            | if named { SHAPE_NAMED } else { 0 }
+            | (s as u8) << 4
+            | if act_is_ts { SHAPE_ACT_IS_TS } else { 0 },
+    );
     match id.as_numeric() {
         Some(v) => buf.put_u64(v),
         None => {
@@ -133,8 +182,8 @@ pub(crate) fn encode_entry(
     buf.put_i32(partition);
     buf.put_i16(e.epoch());
     buf.put_i32(e.last_sequence());
-    if let Some(a) = activity {
-        buf.put_i64(a);
+    if form == Form::V3 || (form == Form::V4 && !act_is_ts) {
+        buf.put_i64(activity);
     }
     if n == 0 {
         return;
@@ -199,16 +248,22 @@ pub(crate) fn decode_infos(
 }
 
 /// Decodes one entry at the start of `buf`, of version 3 (`activity`: it
-/// has the field) or 2; `None` if the bytes end first (the caller reads
-/// more), `Err` if they are not a valid entry. Once the shape says how
-/// long the entry is, one length check covers every field, and each field
-/// is then a load and a mask at a fixed offset; nothing is allocated (but
-/// for names too long to store inline).
+/// has the field) or 2; see [`decode`].
 #[inline]
 pub(crate) fn decode_entry(
     buf: &[u8],
     activity: bool,
 ) -> Option<std::result::Result<Decoded, Corruption>> {
+    decode(buf, if activity { Form::V3 } else { Form::V2 })
+}
+
+/// Decodes one entry of `form` at the start of `buf`; `None` if the bytes
+/// end first (the caller reads more), `Err` if they are not a valid entry.
+/// Once the shape says how long the entry is, one length check covers
+/// every field, and each field is then a load and a mask at a fixed
+/// offset; nothing is allocated (but for names too long to store inline).
+#[inline]
+pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decoded, Corruption>> {
     let shape = *buf.first()?;
     let n = usize::from(shape & 7);
     if shape & SHAPE_SECTIONS != 0 {
@@ -216,7 +271,8 @@ pub(crate) fn decode_entry(
             "entry shape (per-key sections: none defined in this version)",
         )));
     }
-    if shape & 0xc0 != 0 || n > RETAINED_BATCHES {
+    let act_is_ts = form == Form::V4 && shape & SHAPE_ACT_IS_TS != 0;
+    if (shape & 0xc0 != 0 && !act_is_ts) || n > RETAINED_BATCHES {
         return Some(Err(Corruption::BadField("entry shape")));
     }
     let (id, mut at) = if shape & SHAPE_NAMED == 0 {
@@ -228,6 +284,7 @@ pub(crate) fn decode_entry(
             Err(_) => return Some(Err(Corruption::BadField("producer name (not UTF-8)"))),
         }
     };
+    let activity = form == Form::V3 || (form == Form::V4 && !act_is_ts);
     let fixed = if activity { 18 } else { 10 };
     if buf.len() < at + fixed {
         return None;
@@ -235,7 +292,7 @@ pub(crate) fn decode_entry(
     let partition = uint_at(buf, at, 4) as u32 as i32;
     let epoch = uint_at(buf, at + 4, 2) as u16 as i16;
     let last = uint_at(buf, at + 6, 4) as u32 as i32;
-    let act = if activity {
+    let mut act = if activity {
         uint_at(buf, at + 10, 8) as i64
     } else {
         0
@@ -276,6 +333,9 @@ pub(crate) fn decode_entry(
             at += sw;
         }
         let mut prev = (uint_at(buf, at, 8) as i64, uint_at(buf, at + 8, 8) as i64);
+        if act_is_ts {
+            act = prev.1;
+        }
         at += if m > 0 { 16 } else { 0 };
         let mut j = 0;
         for (k, slot) in meta.iter_mut().enumerate().take(n) {
@@ -291,6 +351,11 @@ pub(crate) fn decode_entry(
             *slot = prev;
             j += 1;
         }
+    }
+    if act_is_ts && mask == 0 {
+        return Some(Err(Corruption::BadField(
+            "entry shape (activity of a batch timestamp the entry does not have)",
+        )));
     }
     Some(
         match ProducerEntry::from_newest_first(epoch, last, n, mask, &spans, &meta) {
@@ -372,34 +437,71 @@ mod tests {
     #[test]
     fn entries_of_every_shape_round_trip_even_at_the_end_of_the_buffer() {
         for (i, (id, p, e)) in entries_of_every_shape().into_iter().enumerate() {
-            // Version 2 (no activity) and version 3, with activities of
-            // every sign and width.
+            // Version 2 (no activity), versions 3 and 4 with activities of
+            // every sign and width, and version 4 with the activity its
+            // flag stands for (the newest stored timestamp), if any.
             let act = (i as i64).wrapping_mul(0x5851_f42d_4c95_7f2d);
-            for activity in [None, Some(act)] {
-                let with = activity.is_some();
-                let want = activity.unwrap_or(0);
+            let newest_ts = e.retained_batches().filter_map(|b| b.metadata).last();
+            let mut cases = vec![(Form::V2, 0), (Form::V3, act), (Form::V4, act)];
+            if let Some(m) = newest_ts {
+                cases.push((Form::V4, m.timestamp));
+            }
+            for (form, act) in cases {
+                let want = if form == Form::V2 { 0 } else { act };
                 let mut b = Vec::new();
-                encode_entry(&mut b, &id, p, &e, activity);
+                encode(&mut b, &id, p, &e, form, act);
+                let flagged = b[0] & SHAPE_ACT_IS_TS != 0;
+                assert_eq!(
+                    flagged,
+                    form == Form::V4 && newest_ts.is_some_and(|m| m.timestamp == act)
+                );
+                if form != Form::V4 {
+                    let mut legacy = Vec::new();
+                    encode_entry(&mut legacy, &id, p, &e, (form == Form::V3).then_some(act));
+                    assert_eq!(legacy, b);
+                }
                 // Exactly the entry (no bytes to spare for the wide loads),
                 // then with bytes after it.
-                let (did, dp, de, da, len) = decode_entry(&b, with).unwrap().unwrap();
+                let (did, dp, de, da, len) = decode(&b, form).unwrap().unwrap();
                 assert_eq!((&did, dp, &de, da, len), (&id, p, &e, want, b.len()));
                 let mut longer = b.clone();
                 longer.extend_from_slice(&[0xff; 9]);
-                let (_, _, de, _, len) = decode_entry(&longer, with).unwrap().unwrap();
+                let (_, _, de, _, len) = decode(&longer, form).unwrap().unwrap();
                 assert_eq!((de, len), (e, b.len()));
                 for cut in 0..b.len() {
                     assert!(
-                        decode_entry(&b[..cut], with).is_none_or(|r| r.is_err()),
+                        decode(&b[..cut], form).is_none_or(|r| r.is_err()),
                         "cut {cut}"
                     );
                 }
+                // The flag means nothing to the older forms.
+                if flagged {
+                    assert!(matches!(decode(&b, Form::V3), Some(Err(_))));
+                }
                 // And the same state re-encodes to the same bytes.
                 let mut again = Vec::new();
-                encode_entry(&mut again, &did, dp, &de, activity);
+                encode(&mut again, &did, dp, &de, form, da);
                 assert_eq!(again, b);
             }
         }
+    }
+
+    #[test]
+    fn the_activity_flag_needs_a_stored_timestamp() {
+        // A window-less key: its activity is stored; the flag is refused.
+        let e = ProducerEntry::start(0, 0, 0, None);
+        let mut b = Vec::new();
+        encode_entry_v4(&mut b, &ProducerId::numeric(1), 0, &e, 7);
+        assert_eq!(b.len(), 1 + 8 + 18);
+        let (.., a, _) = decode(&b, Form::V4).unwrap().unwrap();
+        assert_eq!(a, 7);
+        let mut flagged = b.clone();
+        flagged[0] |= SHAPE_ACT_IS_TS;
+        flagged.truncate(1 + 8 + 10);
+        assert!(matches!(
+            decode(&flagged, Form::V4),
+            Some(Err(Corruption::BadField(_)))
+        ));
     }
 
     #[test]

@@ -17,11 +17,12 @@
 //!   offsets), `store-v3` by the third (no lifecycle records; a version-2
 //!   snapshot). They must still open to their state, and a store
 //!   continuing them writes new segments in the current version.
-//! - `snapshot-v1`, `snapshot-v2` and `snapshot-v3` hold one snapshot of
-//!   the same history of windows of every shape, in each snapshot version:
-//!   the current one must be written byte for byte, all must decode to the
-//!   history's state. (`store-v5`'s snapshot is of the current snapshot
-//!   version; the older stores keep the snapshots they were written with.)
+//! - `snapshot-v1` to `snapshot-v4` hold one snapshot of the same history
+//!   of windows of every shape, in each snapshot version: the current one
+//!   (4) must be written byte for byte, all must decode to the history's
+//!   state. (`store-v5`'s snapshots are of the current snapshot version,
+//!   regenerated when snapshot version 4 came, its segments unchanged; the
+//!   older stores keep the snapshots they were written with.)
 //!
 //! Regenerate (only on a deliberate format change, with a new version):
 //! `GOLDEN_REGENERATE=1 cargo test --test golden`; keep the old
@@ -508,14 +509,30 @@ fn snapshot_entries(file: &[u8]) -> Vec<Vec<u8>> {
     assert_eq!(file.len(), 48 + body_len + 4);
     let mut body = &file[48..48 + body_len];
     let version = u16::from_le_bytes(file[8..10].try_into().unwrap());
-    if version == 3 {
+    if version >= 3 {
         // The store section: its length, then that many bytes.
         let section = u32::from_le_bytes(body[..4].try_into().unwrap()) as usize;
         body = &body[4 + section..];
     }
+    assert_eq!(file[10] & 1, 0, "no Kafka section in these files");
     let mut out = Vec::new();
     let mut at = 0;
+    // Version 4: where the current block ends, and its entries left.
+    let (mut block_end, mut block_left) = (0, 0u32);
     while version >= 2 && at < body.len() {
+        if version == 4 && at == block_end {
+            // A block: `u16` shard, `u32` entries, `u32` bytes.
+            assert_eq!(block_left, 0, "a block's count");
+            let shard = u16::from_le_bytes(body[at..at + 2].try_into().unwrap());
+            assert!(shard < 256);
+            block_left = u32::from_le_bytes(body[at + 2..at + 6].try_into().unwrap());
+            let len = u32::from_le_bytes(body[at + 6..at + 10].try_into().unwrap()) as usize;
+            at += 10;
+            block_end = at + len;
+        }
+        if version == 4 {
+            block_left -= 1;
+        }
         let start = at;
         let shape = body[at];
         let batches = (shape & 7) as usize;
@@ -525,8 +542,8 @@ fn snapshot_entries(file: &[u8]) -> Vec<Vec<u8>> {
             2 + u16::from_le_bytes(body[at + 1..at + 3].try_into().unwrap()) as usize
         };
         at += 4 + 2 + 4; // partition, epoch, last sequence
-        if version == 3 {
-            at += 8; // last activity
+        if version == 3 || (version == 4 && shape & 0x80 == 0) {
+            at += 8; // last activity (version 4: unless it is a timestamp)
         }
         if batches > 0 {
             let layout = u16::from_le_bytes(body[at..at + 2].try_into().unwrap());
@@ -540,7 +557,9 @@ fn snapshot_entries(file: &[u8]) -> Vec<Vec<u8>> {
             }
         }
         out.push(body[start..at].to_vec());
+        assert!(version < 4 || at <= block_end, "an entry past its block");
     }
+    assert_eq!(block_left, 0);
     while version == 1 && at < body.len() {
         let start = at;
         at += match body[at] {
@@ -700,6 +719,7 @@ fn the_first_bytes_are_as_documented() {
 const SNAP_V1: &str = "tests/golden/snapshot-v1";
 const SNAP_V2: &str = "tests/golden/snapshot-v2";
 const SNAP_V3: &str = "tests/golden/snapshot-v3";
+const SNAP_V4: &str = "tests/golden/snapshot-v4";
 
 /// A history whose snapshot holds windows of every shape the encoding
 /// distinguishes: full windows with small, large, negative and extreme
@@ -841,29 +861,31 @@ fn snapshots_of_full_windows_are_written_as_committed_and_every_version_decodes(
     let fresh = fs.read_file(&written).unwrap();
 
     if std::env::var("GOLDEN_REGENERATE").is_ok() {
-        let _ = std::fs::remove_dir_all(SNAP_V3);
-        std::fs::create_dir_all(SNAP_V3).unwrap();
-        std::fs::write(Path::new(SNAP_V3).join(&name), &fresh).unwrap();
+        let _ = std::fs::remove_dir_all(SNAP_V4);
+        std::fs::create_dir_all(SNAP_V4).unwrap();
+        std::fs::write(Path::new(SNAP_V4).join(&name), &fresh).unwrap();
     }
 
     // Byte for byte, entry order included: every key of this history lies
     // in a shard of its own, so the order is the shards' (fixed by the
     // hash), not the hash tables'.
-    let committed = std::fs::read(Path::new(SNAP_V3).join(&name)).unwrap();
+    let committed = std::fs::read(Path::new(SNAP_V4).join(&name)).unwrap();
     assert!(
         committed == fresh,
         "the encoder no longer writes the committed snapshot (format change? see docs/format.md)"
     );
-    assert_eq!(&committed[8..10], &[3, 0], "written as version 3");
+    assert_eq!(&committed[8..10], &[4, 0], "written as version 4");
 
-    // The files of versions 1 and 2, written by older builds from the same
-    // history, still decode to the same state.
-    for (dir, version) in [(SNAP_V1, 1u8), (SNAP_V2, 2), (SNAP_V3, 3)] {
+    // The files of versions 1 to 3, written by older builds from the same
+    // history, still decode to the same state; and every version's
+    // entries split as docs/format.md says.
+    for (dir, version) in [(SNAP_V1, 1u8), (SNAP_V2, 2), (SNAP_V3, 3), (SNAP_V4, 4)] {
         let path = Path::new(dir).join(&name);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[8..10], &[version, 0], "{dir}");
         let s = check_snapshot_against(&path, &model);
         assert_eq!(s.entries as usize, model.keys.len());
         assert_eq!(s.bytes, bytes.len() as u64);
+        assert_eq!(snapshot_entries(&bytes).len(), model.keys.len(), "{dir}");
     }
 }
