@@ -609,6 +609,18 @@ fn the_first_bytes_are_as_documented() {
     assert_eq!(&snap[24..32], &3u64.to_le_bytes()); // entries
     let crc = crc32c::crc32c(&snap[..snap.len() - 4]);
     assert_eq!(&snap[snap.len() - 4..], &crc.to_le_bytes());
+    // Version 4: the store section (17 bytes), then the first block
+    // (shard 3, one entry, 34 bytes): the key p1/0 with its activity
+    // flagged as its batch's timestamp.
+    assert_eq!(&snap[8..10], &[4, 0]);
+    assert_eq!(&snap[48..52], &17u32.to_le_bytes());
+    let block = 48 + 4 + 17;
+    assert_eq!(&snap[block..block + 10], &[3, 0, 1, 0, 0, 0, 34, 0, 0, 0]);
+    assert_eq!(&snap[block + 10..block + 15], &[0x99, 2, 0, b'p', b'1']);
+    assert_eq!(
+        &snap[block + 10 + 34 - 8..block + 10 + 34],
+        &1_700_000_000_001i64.to_le_bytes()
+    );
 
     // The segment at position 38: the same store id, another salt. At
     // offset 480 the four appends of one `append_all` call share a record:
