@@ -13,7 +13,6 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use crate::batch::RetainedBatch;
 use crate::codec::Put;
 use crate::entry::{ProducerEntry, RETAINED_BATCHES};
 use crate::error::Corruption;
@@ -54,12 +53,6 @@ fn zigzag(v: i64) -> u64 {
 #[inline]
 fn unzigzag(u: u64) -> i64 {
     ((u >> 1) as i64) ^ -((u & 1) as i64)
-}
-
-/// Appends the low `w` bytes of `v`, little-endian.
-#[inline]
-fn put_uint(buf: &mut Vec<u8>, v: u64, w: usize) {
-    buf.extend_from_slice(v.to_le_bytes().get(..w).unwrap_or_default());
 }
 
 /// The `w`-byte little-endian integer at `at`. The caller checked that
@@ -125,30 +118,11 @@ fn encode(
     activity: i64,
 ) {
     // The retained batches, newest first.
-    let mut batches = [RetainedBatch {
-        first_sequence: 0,
-        last_sequence: 0,
-        metadata: None,
-    }; RETAINED_BATCHES];
-    let mut n = 0;
-    for (slot, b) in batches.iter_mut().zip(e.retained_batches()) {
-        *slot = b;
-        n += 1;
-    }
-    let batches = batches.get_mut(..n).unwrap_or_default();
-    batches.reverse();
-    let mut max_span = 0u32;
-    let mut mask = 0u16;
-    let mut metas = [(0i64, 0i64); RETAINED_BATCHES];
-    let mut m = 0;
-    for (k, b) in batches.iter().enumerate() {
-        max_span = max_span.max(b.last_sequence.wrapping_sub(b.first_sequence) as u32);
-        if let (Some(meta), Some(slot)) = (b.metadata, metas.get_mut(m)) {
-            mask |= 1 << k;
-            *slot = (meta.offset, meta.timestamp);
-            m += 1;
-        }
-    }
+    let (n, spans, mask, metas) = e.newest_first();
+    let mask = u16::from(mask);
+    let m = mask.count_ones() as usize;
+    let spans = spans.get(..n).unwrap_or_default();
+    let max_span = spans.iter().copied().max().unwrap_or(0);
     let metas = metas.get(..m).unwrap_or_default();
     let deltas = |(a, b): (&(i64, i64), &(i64, i64))| {
         (zigzag(a.0.wrapping_sub(b.0)), zigzag(a.1.wrapping_sub(b.1)))
@@ -179,35 +153,64 @@ fn encode(
             buf.extend_from_slice(name);
         }
     }
-    buf.put_i32(partition);
-    buf.put_i16(e.epoch());
-    buf.put_i32(e.last_sequence());
+    // The rest has a bounded length: built on the stack with whole 8-byte
+    // stores, each field then advancing by its width, and appended at
+    // once (a copy of a run-time width per field cost a call each).
+    let mut out = Scratch::default();
+    out.put(u64::from(partition as u32), 4);
+    out.put(u64::from(e.epoch() as u16), 2);
+    out.put(u64::from(e.last_sequence() as u32), 4);
     if form == Form::V3 || (form == Form::V4 && !act_is_ts) {
-        buf.put_i64(activity);
+        out.put(activity as u64, 8);
     }
-    if n == 0 {
-        return;
-    }
-    buf.put_u16(mask | (o as u16) << 5 | (t as u16) << 8);
-    let (sw, ow, tw) = (
-        SPAN_BYTES.get(s).copied().unwrap_or(4),
-        DELTA_BYTES.get(o).copied().unwrap_or(8),
-        DELTA_BYTES.get(t).copied().unwrap_or(8),
-    );
-    for b in batches.iter() {
-        put_uint(
-            buf,
-            u64::from(b.last_sequence.wrapping_sub(b.first_sequence) as u32),
-            sw,
+    if n > 0 {
+        out.put(u64::from(mask | (o as u16) << 5 | (t as u16) << 8), 2);
+        let (sw, ow, tw) = (
+            SPAN_BYTES.get(s).copied().unwrap_or(4),
+            DELTA_BYTES.get(o).copied().unwrap_or(8),
+            DELTA_BYTES.get(t).copied().unwrap_or(8),
         );
+        for &span in spans {
+            out.put(u64::from(span), sw);
+        }
+        if let Some(&(offset, timestamp)) = metas.first() {
+            out.put(offset as u64, 8);
+            out.put(timestamp as u64, 8);
+        }
+        for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
+            out.put(d_o, ow);
+            out.put(d_t, tw);
+        }
     }
-    if let Some(&(offset, timestamp)) = metas.first() {
-        buf.put_i64(offset);
-        buf.put_i64(timestamp);
+    buf.extend_from_slice(out.bytes());
+}
+
+/// The fixed fields and the window of one entry: at most 18 + 2 + 5 x 4 +
+/// 16 + 4 x 16 = 120 bytes, plus 8 so that every store is a whole word.
+struct Scratch {
+    b: [u8; 128],
+    n: usize,
+}
+
+impl Default for Scratch {
+    #[inline(always)]
+    fn default() -> Self {
+        Scratch { b: [0; 128], n: 0 }
     }
-    for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
-        put_uint(buf, d_o, ow);
-        put_uint(buf, d_t, tw);
+}
+
+impl Scratch {
+    /// Appends the low `w` (at most 8) bytes of `v`, little-endian.
+    #[inline(always)]
+    fn put(&mut self, v: u64, w: usize) {
+        if let Some(at) = self.b.get_mut(self.n..self.n + 8) {
+            at.copy_from_slice(&v.to_le_bytes());
+        }
+        self.n += w;
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.b.get(..self.n).unwrap_or_default()
     }
 }
 
@@ -369,7 +372,7 @@ pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decod
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::batch::BatchMetadata;
+    use crate::batch::{BatchMetadata, RetainedBatch};
 
     /// Entries of every shape: window sizes 0 to 5, metadata anywhere,
     /// spans and gaps of every width, wrapped sequences, both id kinds.
