@@ -110,8 +110,8 @@ fn round(dir: &Path, keys: u64, i: u64) -> Result<Round> {
     assert_eq!(r.records_replayed, 0);
     if std::env::var("SNAPSHOT_BENCH_DEBUG").is_ok() {
         eprintln!(
-            "reopen {reopen:?}: recovery {:?}, {} segments read",
-            r.duration, r.segments_read
+            "reopen {reopen:?}: recovery {:?}, {} segments read, {} skipped (wholly below the snapshot)",
+            r.duration, r.segments_read, r.segments_skipped
         );
     }
     assert_eq!(store.len() as u64, keys);

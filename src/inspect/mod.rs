@@ -144,7 +144,7 @@ pub fn detect(fs: &dyn FileSystem, path: &Path) -> Result<Option<FileKind>> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SnapshotSummary {
-    /// The format version of its entries (1 or 2).
+    /// Its format version (1 to 4; docs/format.md, "Versions").
     pub version: u16,
     /// The log position it covers.
     pub position: u64,
@@ -406,9 +406,9 @@ impl RecoveredState {
         (0..SHARDS).flat_map(move |i| self.0.shard(i).iter())
     }
 
-    /// Every key with its entry and last activity (snapshot version 3;
-    /// older snapshots kept none: a key's newest batch timestamp, or 0),
-    /// in no particular order.
+    /// Every key with its entry and last activity (snapshot versions 3
+    /// and 4; older snapshots kept none: a key's newest batch timestamp,
+    /// or 0), in no particular order.
     pub fn infos(&self) -> impl Iterator<Item = ProducerInfo> + '_ {
         (0..SHARDS).flat_map(move |i| self.0.infos(i))
     }
