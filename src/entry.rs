@@ -371,10 +371,10 @@ impl ProducerEntry {
         let mut metas = [(0i64, 0i64); N];
         let mut m = 0;
         let mut last = self.head.last;
-        for k in 0..n {
+        for (k, span) in spans.iter_mut().enumerate().take(n) {
             let i = (pos + 2 * N - 1 - k) % N;
             let slot = &self.window.slots[i];
-            spans[k] = last.wrapping_sub(next_sequence(slot.prev)) as u32;
+            *span = last.wrapping_sub(next_sequence(slot.prev)) as u32;
             last = slot.prev;
             if self.head.mask & (1 << i) != 0 {
                 mask |= 1 << k;
