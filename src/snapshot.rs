@@ -536,17 +536,22 @@ pub(crate) fn encode_to_vec(
             blocks.push(UNSHARDED, &id, partition, &e, activity);
         }
     } else {
-        // Blocks of one shard each: the keys sorted by shard (a stable
-        // sort keeps the iterator's order within a shard).
-        let mut all: Vec<_> = entries
-            .map(|(id, p, e, a)| {
-                let shard = crate::shards::shard_of(crate::map::hash_key(&id, p)) as u16;
-                (shard, id, p, e, a)
-            })
+        // Blocks of one shard each: every key encoded into its shard's
+        // blocks (the encoded bytes, not the entries, are what is held
+        // apart), then the shards in order.
+        let mut shards: Vec<Blocks> = (0..crate::shards::SHARDS)
+            .map(|_| Blocks::default())
             .collect();
-        all.sort_by_key(|k| k.0);
-        for (shard, id, partition, e, activity) in &all {
-            blocks.push(*shard, id, *partition, e, *activity);
+        for (id, p, e, a) in entries {
+            let shard = crate::shards::shard_of(crate::map::hash_key(&id, p));
+            if let Some(b) = shards.get_mut(shard) {
+                b.push(shard as u16, &id, p, &e, a);
+            }
+        }
+        for b in shards {
+            let (bytes, count) = b.into_bytes();
+            blocks.buf.extend_from_slice(&bytes);
+            blocks.entries += count;
         }
     }
     let (bytes, count) = blocks.into_bytes();
