@@ -1,16 +1,18 @@
-//! One key's bytes: the entry encoding shared by snapshots (versions 2 and
-//! 3), the log's set-entries records and partition exports.
+//! One key's bytes: the entry encoding shared by snapshots (versions 2 to
+//! 4), the log's set-entries records and partition exports.
 //!
 //! An entry is a shape byte, the key, the fixed fields (partition, epoch,
 //! last sequence and, from version 3, the key's last activity) and the
-//! retained batches as spans and deltas in per-entry widths. The reader
+//! retained batches as spans and deltas in per-entry widths. Version 4
+//! drops the activity's 8 bytes when it is the newest stored batch's
+//! timestamp (a shape bit says so): it always is for a key whose last
+//! append was a batch, since that is the time the store takes. The reader
 //! checks one length per entry and then reads every field at a fixed
 //! offset with no allocation, which is what keeps loading a snapshot at
 //! the speed of reading it. The layout is in docs/format.md ("Entries").
 
 #![deny(clippy::indexing_slicing)]
 
-use crate::batch::RetainedBatch;
 use crate::codec::Put;
 use crate::entry::{ProducerEntry, RETAINED_BATCHES};
 use crate::error::Corruption;
@@ -22,8 +24,12 @@ use crate::info::ProducerInfo;
 pub(crate) const MAX_ENTRY: usize =
     1 + 2 + u16::MAX as usize + 18 + 2 + RETAINED_BATCHES * 4 + 16 + (RETAINED_BATCHES - 1) * 16;
 
-// Versions 2 and 3 (docs/format.md, "Entries").
+// Versions 2 to 4 (docs/format.md, "Entries").
 const SHAPE_NAMED: u8 = 1 << 3;
+/// Version 4: the activity is not stored; it is the timestamp of the
+/// newest batch with metadata (which the entry must have). Versions 2
+/// and 3 refuse it.
+const SHAPE_ACT_IS_TS: u8 = 1 << 7;
 /// Reserved for per-key sections a later version may add after an entry
 /// (transaction state): version 3 writes 0 and refuses 1.
 const SHAPE_SECTIONS: u8 = 1 << 6;
@@ -49,12 +55,6 @@ fn unzigzag(u: u64) -> i64 {
     ((u >> 1) as i64) ^ -((u & 1) as i64)
 }
 
-/// Appends the low `w` bytes of `v`, little-endian.
-#[inline]
-fn put_uint(buf: &mut Vec<u8>, v: u64, w: usize) {
-    buf.extend_from_slice(v.to_le_bytes().get(..w).unwrap_or_default());
-}
-
 /// The `w`-byte little-endian integer at `at`. The caller checked that
 /// `buf` holds it; with 8 bytes to spare this is one load and a mask.
 #[inline(always)]
@@ -71,6 +71,17 @@ fn uint_at(buf: &[u8], at: usize, w: usize) -> u64 {
     u64::from_le_bytes(a) & ((1u128 << (8 * w)) - 1) as u64
 }
 
+/// Which entry encoding: what the activity field is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// Snapshot version 2: no activity.
+    V2,
+    /// Snapshot version 3, key-state records, exports: 8 bytes always.
+    V3,
+    /// Snapshot version 4: 8 bytes, or none with [`SHAPE_ACT_IS_TS`].
+    V4,
+}
+
 /// Appends one entry's encoding to `buf`: version 2's without
 /// `activity`, version 3's (the key's last activity after the last
 /// sequence) with it.
@@ -81,31 +92,37 @@ pub(crate) fn encode_entry(
     e: &ProducerEntry,
     activity: Option<i64>,
 ) {
+    match activity {
+        None => encode(buf, id, partition, e, Form::V2, 0),
+        Some(a) => encode(buf, id, partition, e, Form::V3, a),
+    }
+}
+
+/// Appends one entry's version-4 encoding to `buf`.
+pub(crate) fn encode_entry_v4(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    e: &ProducerEntry,
+    activity: i64,
+) {
+    encode(buf, id, partition, e, Form::V4, activity);
+}
+
+fn encode(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    e: &ProducerEntry,
+    form: Form,
+    activity: i64,
+) {
     // The retained batches, newest first.
-    let mut batches = [RetainedBatch {
-        first_sequence: 0,
-        last_sequence: 0,
-        metadata: None,
-    }; RETAINED_BATCHES];
-    let mut n = 0;
-    for (slot, b) in batches.iter_mut().zip(e.retained_batches()) {
-        *slot = b;
-        n += 1;
-    }
-    let batches = batches.get_mut(..n).unwrap_or_default();
-    batches.reverse();
-    let mut max_span = 0u32;
-    let mut mask = 0u16;
-    let mut metas = [(0i64, 0i64); RETAINED_BATCHES];
-    let mut m = 0;
-    for (k, b) in batches.iter().enumerate() {
-        max_span = max_span.max(b.last_sequence.wrapping_sub(b.first_sequence) as u32);
-        if let (Some(meta), Some(slot)) = (b.metadata, metas.get_mut(m)) {
-            mask |= 1 << k;
-            *slot = (meta.offset, meta.timestamp);
-            m += 1;
-        }
-    }
+    let (n, spans, mask, metas) = e.newest_first();
+    let mask = u16::from(mask);
+    let m = mask.count_ones() as usize;
+    let spans = spans.get(..n).unwrap_or_default();
+    let max_span = spans.iter().copied().max().unwrap_or(0);
     let metas = metas.get(..m).unwrap_or_default();
     let deltas = |(a, b): (&(i64, i64), &(i64, i64))| {
         (zigzag(a.0.wrapping_sub(b.0)), zigzag(a.1.wrapping_sub(b.1)))
@@ -121,7 +138,13 @@ pub(crate) fn encode_entry(
         class_of(max_dt, &DELTA_BYTES),
     );
     let named = id.as_numeric().is_none();
-    buf.put_u8(n as u8 | if named { SHAPE_NAMED } else { 0 } | (s as u8) << 4);
+    let act_is_ts = form == Form::V4 && metas.first().is_some_and(|m| m.1 == activity);
+    buf.put_u8(
+        n as u8
+            | if named { SHAPE_NAMED } else { 0 }
+            | (s as u8) << 4
+            | if act_is_ts { SHAPE_ACT_IS_TS } else { 0 },
+    );
     match id.as_numeric() {
         Some(v) => buf.put_u64(v),
         None => {
@@ -130,35 +153,64 @@ pub(crate) fn encode_entry(
             buf.extend_from_slice(name);
         }
     }
-    buf.put_i32(partition);
-    buf.put_i16(e.epoch());
-    buf.put_i32(e.last_sequence());
-    if let Some(a) = activity {
-        buf.put_i64(a);
+    // The rest has a bounded length: built on the stack with whole 8-byte
+    // stores, each field then advancing by its width, and appended at
+    // once (a copy of a run-time width per field cost a call each).
+    let mut out = Scratch::default();
+    out.put(u64::from(partition as u32), 4);
+    out.put(u64::from(e.epoch() as u16), 2);
+    out.put(u64::from(e.last_sequence() as u32), 4);
+    if form == Form::V3 || (form == Form::V4 && !act_is_ts) {
+        out.put(activity as u64, 8);
     }
-    if n == 0 {
-        return;
-    }
-    buf.put_u16(mask | (o as u16) << 5 | (t as u16) << 8);
-    let (sw, ow, tw) = (
-        SPAN_BYTES.get(s).copied().unwrap_or(4),
-        DELTA_BYTES.get(o).copied().unwrap_or(8),
-        DELTA_BYTES.get(t).copied().unwrap_or(8),
-    );
-    for b in batches.iter() {
-        put_uint(
-            buf,
-            u64::from(b.last_sequence.wrapping_sub(b.first_sequence) as u32),
-            sw,
+    if n > 0 {
+        out.put(u64::from(mask | (o as u16) << 5 | (t as u16) << 8), 2);
+        let (sw, ow, tw) = (
+            SPAN_BYTES.get(s).copied().unwrap_or(4),
+            DELTA_BYTES.get(o).copied().unwrap_or(8),
+            DELTA_BYTES.get(t).copied().unwrap_or(8),
         );
+        for &span in spans {
+            out.put(u64::from(span), sw);
+        }
+        if let Some(&(offset, timestamp)) = metas.first() {
+            out.put(offset as u64, 8);
+            out.put(timestamp as u64, 8);
+        }
+        for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
+            out.put(d_o, ow);
+            out.put(d_t, tw);
+        }
     }
-    if let Some(&(offset, timestamp)) = metas.first() {
-        buf.put_i64(offset);
-        buf.put_i64(timestamp);
+    buf.extend_from_slice(out.bytes());
+}
+
+/// The fixed fields and the window of one entry: at most 18 + 2 + 5 x 4 +
+/// 16 + 4 x 16 = 120 bytes, plus 8 so that every store is a whole word.
+struct Scratch {
+    b: [u8; 128],
+    n: usize,
+}
+
+impl Default for Scratch {
+    #[inline(always)]
+    fn default() -> Self {
+        Scratch { b: [0; 128], n: 0 }
     }
-    for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
-        put_uint(buf, d_o, ow);
-        put_uint(buf, d_t, tw);
+}
+
+impl Scratch {
+    /// Appends the low `w` (at most 8) bytes of `v`, little-endian.
+    #[inline(always)]
+    fn put(&mut self, v: u64, w: usize) {
+        if let Some(at) = self.b.get_mut(self.n..self.n + 8) {
+            at.copy_from_slice(&v.to_le_bytes());
+        }
+        self.n += w;
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.b.get(..self.n).unwrap_or_default()
     }
 }
 
@@ -199,16 +251,22 @@ pub(crate) fn decode_infos(
 }
 
 /// Decodes one entry at the start of `buf`, of version 3 (`activity`: it
-/// has the field) or 2; `None` if the bytes end first (the caller reads
-/// more), `Err` if they are not a valid entry. Once the shape says how
-/// long the entry is, one length check covers every field, and each field
-/// is then a load and a mask at a fixed offset; nothing is allocated (but
-/// for names too long to store inline).
+/// has the field) or 2; see [`decode`].
 #[inline]
 pub(crate) fn decode_entry(
     buf: &[u8],
     activity: bool,
 ) -> Option<std::result::Result<Decoded, Corruption>> {
+    decode(buf, if activity { Form::V3 } else { Form::V2 })
+}
+
+/// Decodes one entry of `form` at the start of `buf`; `None` if the bytes
+/// end first (the caller reads more), `Err` if they are not a valid entry.
+/// Once the shape says how long the entry is, one length check covers
+/// every field, and each field is then a load and a mask at a fixed
+/// offset; nothing is allocated (but for names too long to store inline).
+#[inline]
+pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decoded, Corruption>> {
     let shape = *buf.first()?;
     let n = usize::from(shape & 7);
     if shape & SHAPE_SECTIONS != 0 {
@@ -216,7 +274,8 @@ pub(crate) fn decode_entry(
             "entry shape (per-key sections: none defined in this version)",
         )));
     }
-    if shape & 0xc0 != 0 || n > RETAINED_BATCHES {
+    let act_is_ts = form == Form::V4 && shape & SHAPE_ACT_IS_TS != 0;
+    if (shape & 0xc0 != 0 && !act_is_ts) || n > RETAINED_BATCHES {
         return Some(Err(Corruption::BadField("entry shape")));
     }
     let (id, mut at) = if shape & SHAPE_NAMED == 0 {
@@ -228,6 +287,7 @@ pub(crate) fn decode_entry(
             Err(_) => return Some(Err(Corruption::BadField("producer name (not UTF-8)"))),
         }
     };
+    let activity = form == Form::V3 || (form == Form::V4 && !act_is_ts);
     let fixed = if activity { 18 } else { 10 };
     if buf.len() < at + fixed {
         return None;
@@ -235,7 +295,7 @@ pub(crate) fn decode_entry(
     let partition = uint_at(buf, at, 4) as u32 as i32;
     let epoch = uint_at(buf, at + 4, 2) as u16 as i16;
     let last = uint_at(buf, at + 6, 4) as u32 as i32;
-    let act = if activity {
+    let mut act = if activity {
         uint_at(buf, at + 10, 8) as i64
     } else {
         0
@@ -276,6 +336,9 @@ pub(crate) fn decode_entry(
             at += sw;
         }
         let mut prev = (uint_at(buf, at, 8) as i64, uint_at(buf, at + 8, 8) as i64);
+        if act_is_ts {
+            act = prev.1;
+        }
         at += if m > 0 { 16 } else { 0 };
         let mut j = 0;
         for (k, slot) in meta.iter_mut().enumerate().take(n) {
@@ -292,6 +355,11 @@ pub(crate) fn decode_entry(
             j += 1;
         }
     }
+    if act_is_ts && mask == 0 {
+        return Some(Err(Corruption::BadField(
+            "entry shape (activity of a batch timestamp the entry does not have)",
+        )));
+    }
     Some(
         match ProducerEntry::from_newest_first(epoch, last, n, mask, &spans, &meta) {
             Some(e) => Ok((id, partition, e, act, at)),
@@ -304,7 +372,7 @@ pub(crate) fn decode_entry(
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::batch::BatchMetadata;
+    use crate::batch::{BatchMetadata, RetainedBatch};
 
     /// Entries of every shape: window sizes 0 to 5, metadata anywhere,
     /// spans and gaps of every width, wrapped sequences, both id kinds.
@@ -372,34 +440,71 @@ mod tests {
     #[test]
     fn entries_of_every_shape_round_trip_even_at_the_end_of_the_buffer() {
         for (i, (id, p, e)) in entries_of_every_shape().into_iter().enumerate() {
-            // Version 2 (no activity) and version 3, with activities of
-            // every sign and width.
+            // Version 2 (no activity), versions 3 and 4 with activities of
+            // every sign and width, and version 4 with the activity its
+            // flag stands for (the newest stored timestamp), if any.
             let act = (i as i64).wrapping_mul(0x5851_f42d_4c95_7f2d);
-            for activity in [None, Some(act)] {
-                let with = activity.is_some();
-                let want = activity.unwrap_or(0);
+            let newest_ts = e.retained_batches().filter_map(|b| b.metadata).last();
+            let mut cases = vec![(Form::V2, 0), (Form::V3, act), (Form::V4, act)];
+            if let Some(m) = newest_ts {
+                cases.push((Form::V4, m.timestamp));
+            }
+            for (form, act) in cases {
+                let want = if form == Form::V2 { 0 } else { act };
                 let mut b = Vec::new();
-                encode_entry(&mut b, &id, p, &e, activity);
+                encode(&mut b, &id, p, &e, form, act);
+                let flagged = b[0] & SHAPE_ACT_IS_TS != 0;
+                assert_eq!(
+                    flagged,
+                    form == Form::V4 && newest_ts.is_some_and(|m| m.timestamp == act)
+                );
+                if form != Form::V4 {
+                    let mut legacy = Vec::new();
+                    encode_entry(&mut legacy, &id, p, &e, (form == Form::V3).then_some(act));
+                    assert_eq!(legacy, b);
+                }
                 // Exactly the entry (no bytes to spare for the wide loads),
                 // then with bytes after it.
-                let (did, dp, de, da, len) = decode_entry(&b, with).unwrap().unwrap();
+                let (did, dp, de, da, len) = decode(&b, form).unwrap().unwrap();
                 assert_eq!((&did, dp, &de, da, len), (&id, p, &e, want, b.len()));
                 let mut longer = b.clone();
                 longer.extend_from_slice(&[0xff; 9]);
-                let (_, _, de, _, len) = decode_entry(&longer, with).unwrap().unwrap();
+                let (_, _, de, _, len) = decode(&longer, form).unwrap().unwrap();
                 assert_eq!((de, len), (e, b.len()));
                 for cut in 0..b.len() {
                     assert!(
-                        decode_entry(&b[..cut], with).is_none_or(|r| r.is_err()),
+                        decode(&b[..cut], form).is_none_or(|r| r.is_err()),
                         "cut {cut}"
                     );
                 }
+                // The flag means nothing to the older forms.
+                if flagged {
+                    assert!(matches!(decode(&b, Form::V3), Some(Err(_))));
+                }
                 // And the same state re-encodes to the same bytes.
                 let mut again = Vec::new();
-                encode_entry(&mut again, &did, dp, &de, activity);
+                encode(&mut again, &did, dp, &de, form, da);
                 assert_eq!(again, b);
             }
         }
+    }
+
+    #[test]
+    fn the_activity_flag_needs_a_stored_timestamp() {
+        // A window-less key: its activity is stored; the flag is refused.
+        let e = ProducerEntry::start(0, 0, 0, None);
+        let mut b = Vec::new();
+        encode_entry_v4(&mut b, &ProducerId::numeric(1), 0, &e, 7);
+        assert_eq!(b.len(), 1 + 8 + 18);
+        let (.., a, _) = decode(&b, Form::V4).unwrap().unwrap();
+        assert_eq!(a, 7);
+        let mut flagged = b.clone();
+        flagged[0] |= SHAPE_ACT_IS_TS;
+        flagged.truncate(1 + 8 + 10);
+        assert!(matches!(
+            decode(&flagged, Form::V4),
+            Some(Err(Corruption::BadField(_)))
+        ));
     }
 
     #[test]

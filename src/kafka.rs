@@ -440,21 +440,19 @@ pub fn seed_store_with(
     }
     let mut w = snapshot::Writer::create(fs, dir, 0)?;
     w.write_meta(&meta)?;
-    let mut chunk = Vec::new();
-    let mut n = 0;
+    let mut blocks = snapshot::Blocks::default();
     for i in 0..crate::shards::SHARDS {
         for info in shards.infos(i) {
-            snapshot::encode_entry(
-                &mut chunk,
+            blocks.push(
+                i as u16,
                 &info.producer_id,
                 info.partition,
                 &info.entry,
                 info.last_activity,
             );
-            n += 1;
         }
     }
-    w.write(&chunk, n)?;
+    blocks.flush(&mut w)?;
     report.snapshot = w.finish(fs, dir)?;
     Ok(report)
 }
@@ -544,13 +542,11 @@ pub fn seed_kafka_store_with(
     if let Some(side) = engine.kafka_side() {
         w.write_kafka(side)?;
     }
-    let mut chunk = Vec::new();
-    let mut n = 0;
+    let mut blocks = snapshot::Blocks::default();
     for (id, partition, e, activity) in engine.compact_entries() {
-        snapshot::encode_entry(&mut chunk, &id, partition, &e, activity);
-        n += 1;
+        blocks.push(snapshot::UNSHARDED, &id, partition, &e, activity);
     }
-    w.write(&chunk, n)?;
+    blocks.flush(&mut w)?;
     report.snapshot = w.finish(fs, dir)?;
     Ok(report)
 }

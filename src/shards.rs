@@ -65,6 +65,34 @@ impl PartitionCounts {
     }
 }
 
+/// One shard of a [`Shards`], borrowed apart from the others.
+pub(crate) struct ShardMut<'a> {
+    map: &'a mut Map,
+    parts: &'a mut PartitionCounts,
+}
+
+impl ShardMut<'_> {
+    /// Inserts an entry for a key of this shard that has none; false if
+    /// the key exists.
+    #[inline]
+    pub(crate) fn insert_new(
+        &mut self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+        e: &ProducerEntry,
+        act: i64,
+    ) -> bool {
+        let new = self
+            .map
+            .insert_new_hashed(hash, id, partition, e, Activity::new(act));
+        if new {
+            self.parts.add(partition);
+        }
+        new
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Shards {
     maps: Vec<Map>,
@@ -221,13 +249,34 @@ impl Shards {
         e: &ProducerEntry,
         act: i64,
     ) -> bool {
-        let hash = hash_key(id, partition);
+        self.insert_new_hashed(hash_key(id, partition), id, partition, e, act)
+    }
+
+    /// [`Shards::insert_new`] with the key's hash already computed.
+    #[inline]
+    pub(crate) fn insert_new_hashed(
+        &mut self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+        e: &ProducerEntry,
+        act: i64,
+    ) -> bool {
         let s = shard_of(hash);
-        let new = self.maps[s].insert_new_hashed(hash, id, partition, e, Activity::new(act));
-        if new {
-            self.parts[s].add(partition);
+        ShardMut {
+            map: &mut self.maps[s],
+            parts: &mut self.parts[s],
         }
-        new
+        .insert_new(hash, id, partition, e, act)
+    }
+
+    /// Every shard apart, in order, so that threads can fill different
+    /// shards at once (loading a snapshot).
+    pub(crate) fn shards_mut(&mut self) -> impl Iterator<Item = ShardMut<'_>> {
+        self.maps
+            .iter_mut()
+            .zip(self.parts.iter_mut())
+            .map(|(map, parts)| ShardMut { map, parts })
     }
 
     /// A state with room for `keys` keys, `windows` of them with a

@@ -5,6 +5,12 @@
 //! last, fsync'ed, renamed to `<position>.snap`, and the directory fsync'ed.
 //! The reader streams too and verifies the CRC over every byte before the
 //! caller may use what it decoded. The layout is in docs/format.md.
+//!
+//! Version 4 frames the entries in blocks, each of one shard's keys with
+//! its entry count and byte length: a reader can hand a whole block to
+//! another thread (which owns that shard's table) without decoding it
+//! first, so loading a big file uses two cores (`loader.rs`), and a block
+//! is decoded where its keys are inserted.
 
 #![deny(clippy::indexing_slicing)]
 
@@ -22,11 +28,14 @@ use crate::meta::Meta;
 use crate::wal::segment::{parse_numbered, read_full};
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATSNP";
-/// The version this build writes: a store section (the log clock, the
-/// highest offset, the removed-key filter) before the entries, and each
-/// entry's last activity. It reads this one, [`VERSION_2`] and
-/// [`VERSION_1`].
-pub(crate) const VERSION: u16 = 3;
+/// The version this build writes: version 3's sections, then the entries
+/// in blocks of one shard each, each entry's activity dropped when it is
+/// its newest batch's timestamp. It reads this one, [`VERSION_3`],
+/// [`VERSION_2`] and [`VERSION_1`].
+pub(crate) const VERSION: u16 = 4;
+/// A store section (the log clock, the highest offset, the removed-key
+/// filter) before the entries, and each entry's last activity.
+pub(crate) const VERSION_3: u16 = 3;
 /// Entries with spans and deltas, no activity, no store section.
 pub(crate) const VERSION_2: u16 = 2;
 /// Entries with every retained batch in full (fixed 25 bytes per batch).
@@ -117,7 +126,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
             supported: VERSION,
         });
     }
-    let known_flags = if version >= VERSION { FLAG_KAFKA } else { 0 };
+    let known_flags = if version >= VERSION_3 { FLAG_KAFKA } else { 0 };
     if flags & !known_flags != 0 || reserved != 0 || reserved2 != 0 {
         return Err(Error::corrupt(
             path,
@@ -251,6 +260,93 @@ fn decode_entry(
     }
 }
 
+/// Bytes of a block's header (version 4): shard, entry count, length.
+pub(crate) const BLOCK_HEADER: usize = 10;
+/// The shard field of a Kafka-mode file's blocks: its keys are not
+/// grouped by shard (the Kafka engine has no shards).
+pub(crate) const UNSHARDED: u16 = u16::MAX;
+/// The writer closes a block once it holds this many bytes, so that a
+/// block is a unit of work worth handing to another thread and a reader
+/// never holds much more than this of one block.
+const BLOCK_TARGET: usize = 1 << 20;
+/// The longest block a reader accepts (it allocates the block before the
+/// file's CRC can vouch for its length).
+pub(crate) const MAX_BLOCK: u32 = 1 << 24;
+
+/// Entries framed in version-4 blocks, built in memory before they are
+/// written. A block is closed when the shard changes or it passes
+/// [`BLOCK_TARGET`]; a shard's keys may span several blocks.
+#[derive(Default)]
+pub(crate) struct Blocks {
+    buf: Vec<u8>,
+    /// The open block: where its header is, its shard, its entries.
+    open: Option<(usize, u16, u32)>,
+    entries: u64,
+}
+
+impl Blocks {
+    /// Appends one entry of the key in `shard` (a [`shards::shard_of`]
+    /// index, or [`UNSHARDED`] in a Kafka-mode state).
+    ///
+    /// [`shards::shard_of`]: crate::shards::shard_of
+    #[inline]
+    pub(crate) fn push(
+        &mut self,
+        shard: u16,
+        id: &ProducerId,
+        partition: i32,
+        e: &ProducerEntry,
+        activity: i64,
+    ) {
+        let same = matches!(self.open, Some((start, s, _))
+            if s == shard && self.buf.len() - start < BLOCK_TARGET);
+        if !same {
+            self.close();
+            self.open = Some((self.buf.len(), shard, 0));
+            self.buf.extend_from_slice(&[0u8; BLOCK_HEADER]);
+        }
+        entry_codec::encode_entry_v4(&mut self.buf, id, partition, e, activity);
+        if let Some(open) = &mut self.open {
+            open.2 += 1;
+        }
+        self.entries += 1;
+    }
+
+    /// Fills in the open block's header.
+    fn close(&mut self) {
+        if let Some((start, shard, count)) = self.open.take() {
+            let len = (self.buf.len() - start - BLOCK_HEADER) as u32;
+            let mut h = Vec::with_capacity(BLOCK_HEADER);
+            h.put_u16(shard);
+            h.put_u32(count);
+            h.put_u32(len);
+            if let Some(at) = self.buf.get_mut(start..start + BLOCK_HEADER) {
+                at.copy_from_slice(&h);
+            }
+        }
+    }
+
+    /// The bytes held.
+    pub(crate) fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Closes the open block and writes every block held to `w`.
+    pub(crate) fn flush(&mut self, w: &mut Writer) -> Result<()> {
+        self.close();
+        w.write(&self.buf, self.entries)?;
+        self.buf.clear();
+        self.entries = 0;
+        Ok(())
+    }
+
+    /// Closes the open block: the bytes and their entry count.
+    fn into_bytes(mut self) -> (Vec<u8>, u64) {
+        self.close();
+        (self.buf, self.entries)
+    }
+}
+
 /// The activity of a key read from a file that kept none: its newest
 /// retained batch's timestamp, else 0.
 pub(crate) fn legacy_activity(e: &ProducerEntry) -> i64 {
@@ -258,17 +354,6 @@ pub(crate) fn legacy_activity(e: &ProducerEntry) -> i64 {
         .filter_map(|b| b.metadata)
         .last()
         .map_or(0, |m| m.timestamp)
-}
-
-/// Appends one entry's encoding in the version this build writes.
-pub(crate) fn encode_entry(
-    buf: &mut Vec<u8>,
-    id: &ProducerId,
-    partition: i32,
-    e: &ProducerEntry,
-    activity: i64,
-) {
-    entry_codec::encode_entry(buf, id, partition, e, Some(activity));
 }
 
 /// Streams a new snapshot to a temporary file.
@@ -337,7 +422,8 @@ impl Writer {
         self.write(&b, 0)
     }
 
-    /// Appends encoded entries (from [`encode_entry`]).
+    /// Appends encoded bytes of the body holding `entries` entries (see
+    /// [`Blocks::flush`]).
     pub(crate) fn write(&mut self, bytes: &[u8], entries: u64) -> Result<()> {
         self.file
             .write_all(bytes)
@@ -404,7 +490,7 @@ pub(crate) fn read_meta(fs: &dyn FileSystem, path: &Path) -> Result<Meta> {
     let mut head = [0u8; HEADER_LEN];
     let n = read_full(&mut f, &mut head).map_err(io)?;
     let header = parse_header(path, head.get(..n).unwrap_or_default())?;
-    if header.version < VERSION {
+    if header.version < VERSION_3 {
         return Ok(Meta::legacy());
     }
     let mut len = [0u8; 4];
@@ -443,14 +529,33 @@ pub(crate) fn encode_to_vec(
 ) -> Vec<u8> {
     let mut out = vec![0u8; HEADER_LEN];
     meta.encode(&mut out);
+    let mut blocks = Blocks::default();
     if let Some(k) = kafka {
         crate::kafka_snapshot::encode(&mut out, k);
+        for (id, partition, e, activity) in entries {
+            blocks.push(UNSHARDED, &id, partition, &e, activity);
+        }
+    } else {
+        // Blocks of one shard each: every key encoded into its shard's
+        // blocks (the encoded bytes, not the entries, are what is held
+        // apart), then the shards in order.
+        let mut shards: Vec<Blocks> = (0..crate::shards::SHARDS)
+            .map(|_| Blocks::default())
+            .collect();
+        for (id, p, e, a) in entries {
+            let shard = crate::shards::shard_of(crate::map::hash_key(&id, p));
+            if let Some(b) = shards.get_mut(shard) {
+                b.push(shard as u16, &id, p, &e, a);
+            }
+        }
+        for b in shards {
+            let (bytes, count) = b.into_bytes();
+            blocks.buf.extend_from_slice(&bytes);
+            blocks.entries += count;
+        }
     }
-    let mut count = 0u64;
-    for (id, partition, e, activity) in entries {
-        encode_entry(&mut out, &id, partition, &e, activity);
-        count += 1;
-    }
+    let (bytes, count) = blocks.into_bytes();
+    out.extend_from_slice(&bytes);
     let body_len = (out.len() - HEADER_LEN) as u64;
     let header = encode_header(&Header {
         version: VERSION,
@@ -478,9 +583,16 @@ pub(crate) trait Sink {
     /// with the Kafka section of a Kafka-mode state (see [`FLAG_KAFKA`]).
     /// The default sets it aside: a reader that wants only the entries.
     fn kafka(&mut self, _kafka: crate::kafka_state::KafkaState) {}
-    /// One decoded entry and the key's last activity; an error stops the
-    /// read.
-    fn entry(&mut self, id: ProducerId, partition: i32, e: ProducerEntry, act: i64) -> Result<()>;
+    /// One decoded entry, the key's hash ([`crate::map::hash_key`]) and
+    /// its last activity; an error stops the read.
+    fn entry(
+        &mut self,
+        hash: u64,
+        id: ProducerId,
+        partition: i32,
+        e: ProducerEntry,
+        act: i64,
+    ) -> Result<()>;
 }
 
 struct Each<F>(F, Meta, Option<crate::kafka_state::KafkaState>);
@@ -495,7 +607,14 @@ impl<F: FnMut(ProducerId, i32, ProducerEntry, i64) -> Result<()>> Sink for Each<
     }
 
     #[inline]
-    fn entry(&mut self, id: ProducerId, partition: i32, e: ProducerEntry, act: i64) -> Result<()> {
+    fn entry(
+        &mut self,
+        _hash: u64,
+        id: ProducerId,
+        partition: i32,
+        e: ProducerEntry,
+        act: i64,
+    ) -> Result<()> {
         (self.0)(id, partition, e, act)
     }
 }
@@ -532,6 +651,48 @@ pub(crate) fn read_into(
     file_len: u64,
     sink: &mut impl Sink,
 ) -> Result<Header> {
+    let mut pre = read_prelude(path, &mut r, file_len, sink)?;
+    read_rest(path, r, &mut pre, sink)?;
+    Ok(pre.header)
+}
+
+/// The entries after [`read_prelude`], handed to `sink`, then the trailer.
+pub(crate) fn read_rest(
+    path: &Path,
+    r: impl Read,
+    pre: &mut Prelude,
+    sink: &mut impl Sink,
+) -> Result<()> {
+    if pre.header.version >= VERSION {
+        read_blocks(path, r, pre, |b| {
+            decode_block(path, b, |hash, id, p, e, act| {
+                sink.entry(hash, id, p, e, act)
+            })
+        })
+    } else {
+        read_stream(path, r, pre, sink)
+    }
+}
+
+/// Where a reader is once it has read a file's header and sections.
+pub(crate) struct Prelude {
+    pub header: Header,
+    /// The CRC of every byte read so far.
+    crc: u32,
+    /// The file offset of the next byte.
+    offset: u64,
+    /// Body bytes not read yet.
+    remaining: u64,
+}
+
+/// Reads and checks the header (and the file's length against it), then
+/// the store and Kafka sections, handing them to `sink`.
+pub(crate) fn read_prelude(
+    path: &Path,
+    mut r: impl Read,
+    file_len: u64,
+    sink: &mut impl Sink,
+) -> Result<Prelude> {
     let io = |e| Error::io("read", path, e);
     let mut head = [0u8; HEADER_LEN];
     let n = read_full(&mut r, &mut head).map_err(io)?;
@@ -568,16 +729,13 @@ pub(crate) fn read_into(
     }
     sink.begin(&header);
     let mut crc = crc32c::crc32c(&head);
-    let mut buf: Vec<u8> = Vec::new();
-    let mut consumed = 0usize; // bytes of `buf` already decoded
     let mut remaining = header.body_len; // body bytes not yet read from the file
-    let mut offset = HEADER_LEN as u64; // file offset of buf[consumed]
-    let mut found = 0u64;
-    if header.version < VERSION {
+    let mut offset = HEADER_LEN as u64;
+    if header.version < VERSION_3 {
         sink.meta(Meta::legacy());
     } else {
         // The store section: its length, then that many bytes. Not
-        // trusted before the file's CRC is checked (below): only its
+        // trusted before the file's CRC is checked (at the end): only its
         // length bounds what is read.
         let mut len = [0u8; 4];
         let got = read_full(&mut r, &mut len).map_err(io)?;
@@ -626,22 +784,43 @@ pub(crate) fn read_into(
         remaining -= 8 + n;
         offset += 8 + n;
     }
+    Ok(Prelude {
+        header,
+        crc,
+        offset,
+        remaining,
+    })
+}
+
+/// The entries of a file of version 1 to 3, streamed, then the trailer.
+fn read_stream(
+    path: &Path,
+    mut r: impl Read,
+    pre: &mut Prelude,
+    sink: &mut impl Sink,
+) -> Result<()> {
+    let io = |e| Error::io("read", path, e);
+    let version = pre.header.version;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut consumed = 0usize; // bytes of `buf` already decoded
+    let mut found = 0u64;
     const CHUNK: usize = 1 << 20;
     loop {
-        match decode_entry(header.version, buf.get(consumed..).unwrap_or_default()) {
+        match decode_entry(version, buf.get(consumed..).unwrap_or_default()) {
             Some(Ok((id, partition, e, act, len))) => {
                 consumed += len;
-                offset += len as u64;
+                pre.offset += len as u64;
                 found += 1;
-                sink.entry(id, partition, e, act)?;
+                let hash = crate::map::hash_key(&id, partition);
+                sink.entry(hash, id, partition, e, act)?;
                 continue;
             }
-            Some(Err(kind)) => return Err(Error::corrupt(path, offset, kind)),
-            None if remaining == 0 => {
+            Some(Err(kind)) => return Err(Error::corrupt(path, pre.offset, kind)),
+            None if pre.remaining == 0 => {
                 if consumed < buf.len() {
                     return Err(Error::corrupt(
                         path,
-                        offset,
+                        pre.offset,
                         Corruption::BadLength((buf.len() - consumed) as u64),
                     ));
                 }
@@ -652,43 +831,200 @@ pub(crate) fn read_into(
         // Need more bytes: drop what was decoded and read the next chunk.
         buf.drain(..consumed);
         consumed = 0;
-        let want = remaining.min(CHUNK as u64) as usize;
+        let want = pre.remaining.min(CHUNK as u64) as usize;
         let old = buf.len();
         buf.resize(old + want, 0);
         let got = read_full(&mut r, buf.get_mut(old..).unwrap_or_default()).map_err(io)?;
         if got < want {
-            return Err(Error::corrupt(path, offset, truncated(want, got)));
+            return Err(Error::corrupt(path, pre.offset, truncated(want, got)));
         }
-        crc = crc32c::crc32c_append(crc, buf.get(old..).unwrap_or_default());
-        remaining -= want as u64;
+        pre.crc = crc32c::crc32c_append(pre.crc, buf.get(old..).unwrap_or_default());
+        pre.remaining -= want as u64;
     }
+    read_trailer(path, r, pre, found)
+}
+
+/// Checks the trailer against the CRC of everything read, and the entries
+/// found against the header's count.
+fn read_trailer(path: &Path, mut r: impl Read, pre: &Prelude, found: u64) -> Result<()> {
     let mut trailer = [0u8; TRAILER_LEN];
-    let got = read_full(&mut r, &mut trailer).map_err(io)?;
+    let got = read_full(&mut r, &mut trailer).map_err(|e| Error::io("read", path, e))?;
     if got < TRAILER_LEN {
-        return Err(Error::corrupt(path, offset, truncated(TRAILER_LEN, got)));
-    }
-    let stored = u32::from_le_bytes(trailer);
-    if stored != crc {
         return Err(Error::corrupt(
             path,
-            offset,
+            pre.offset,
+            truncated(TRAILER_LEN, got),
+        ));
+    }
+    let stored = u32::from_le_bytes(trailer);
+    if stored != pre.crc {
+        return Err(Error::corrupt(
+            path,
+            pre.offset,
             Corruption::ChecksumMismatch {
                 stored,
-                computed: crc,
+                computed: pre.crc,
             },
         ));
     }
-    if found != header.entries {
+    if found != pre.header.entries {
         return Err(Error::corrupt(
             path,
             24,
             Corruption::CountMismatch {
-                stated: header.entries,
+                stated: pre.header.entries,
                 found,
             },
         ));
     }
-    Ok(header)
+    Ok(())
+}
+
+/// One version-4 block as read: checked against the body's bounds, not
+/// yet decoded (nor vouched for by the file's CRC, which is checked after
+/// the last block).
+pub(crate) struct Block {
+    /// The shard of every key in it, or [`UNSHARDED`] (Kafka mode).
+    pub shard: u16,
+    /// The entries it says it holds (at least 1).
+    pub count: u32,
+    /// The file offset of its first entry.
+    pub at: u64,
+    /// Its entries' bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// Reads the blocks of a version-4 body, handing each to `each` as it is
+/// read (its bytes are read into the same buffer again after `each`
+/// returns, unless `each` takes them), then checks the trailer and the
+/// entry count. The reader checks each block's header (shard, count,
+/// length within the body and [`MAX_BLOCK`]); `each` decodes it (see
+/// [`decode_block`]).
+pub(crate) fn read_blocks(
+    path: &Path,
+    mut r: impl Read,
+    pre: &mut Prelude,
+    mut each: impl FnMut(&mut Block) -> Result<()>,
+) -> Result<()> {
+    let io = |e| Error::io("read", path, e);
+    let mut found = 0u64;
+    let mut block = Block {
+        shard: 0,
+        count: 0,
+        at: 0,
+        bytes: Vec::new(),
+    };
+    while pre.remaining > 0 {
+        let mut head = [0u8; BLOCK_HEADER];
+        if pre.remaining < BLOCK_HEADER as u64 {
+            return Err(Error::corrupt(
+                path,
+                pre.offset,
+                Corruption::BadLength(pre.remaining),
+            ));
+        }
+        let got = read_full(&mut r, &mut head).map_err(io)?;
+        if got < BLOCK_HEADER {
+            return Err(Error::corrupt(
+                path,
+                pre.offset,
+                truncated(BLOCK_HEADER, got),
+            ));
+        }
+        pre.crc = crc32c::crc32c_append(pre.crc, &head);
+        let mut d = Dec::new(&head);
+        let shard = d.u16().unwrap_or(0);
+        let count = d.u32().unwrap_or(0);
+        let len = d.u32().unwrap_or(0);
+        let room = pre.remaining - BLOCK_HEADER as u64;
+        let shard_ok = if pre.header.kafka {
+            shard == UNSHARDED
+        } else {
+            usize::from(shard) < crate::shards::SHARDS
+        };
+        if !shard_ok {
+            return Err(Error::corrupt(
+                path,
+                pre.offset,
+                Corruption::BadField("block shard"),
+            ));
+        }
+        if count == 0 || len == 0 || len > MAX_BLOCK || u64::from(len) > room {
+            return Err(Error::corrupt(
+                path,
+                pre.offset,
+                Corruption::BadLength(u64::from(len)),
+            ));
+        }
+        block.shard = shard;
+        block.count = count;
+        block.at = pre.offset + BLOCK_HEADER as u64;
+        block.bytes.resize(len as usize, 0);
+        let got = read_full(&mut r, &mut block.bytes).map_err(io)?;
+        if got < block.bytes.len() {
+            return Err(Error::corrupt(
+                path,
+                block.at,
+                truncated(block.bytes.len(), got),
+            ));
+        }
+        pre.crc = crc32c::crc32c_append(pre.crc, &block.bytes);
+        pre.remaining = room - u64::from(len);
+        pre.offset = block.at + u64::from(len);
+        found += u64::from(count);
+        each(&mut block)?;
+    }
+    read_trailer(path, r, pre, found)
+}
+
+/// Decodes every entry of a block, checking that they fill it exactly,
+/// number what it says, and belong to its shard; hands each to `each`
+/// with its key's hash.
+#[inline]
+pub(crate) fn decode_block(
+    path: &Path,
+    b: &Block,
+    mut each: impl FnMut(u64, ProducerId, i32, ProducerEntry, i64) -> Result<()>,
+) -> Result<()> {
+    let mut at = 0usize;
+    let mut n = 0u32;
+    while let Some(rest) = b.bytes.get(at..).filter(|r| !r.is_empty()) {
+        let here = b.at + at as u64;
+        match entry_codec::decode(rest, entry_codec::Form::V4) {
+            Some(Ok((id, partition, e, act, len))) => {
+                let hash = crate::map::hash_key(&id, partition);
+                if b.shard != UNSHARDED && crate::shards::shard_of(hash) != usize::from(b.shard) {
+                    return Err(Error::corrupt(
+                        path,
+                        here,
+                        Corruption::BadField("entry (key of another shard than its block's)"),
+                    ));
+                }
+                each(hash, id, partition, e, act)?;
+                at += len;
+                n += 1;
+            }
+            Some(Err(kind)) => return Err(Error::corrupt(path, here, kind)),
+            None => {
+                return Err(Error::corrupt(
+                    path,
+                    here,
+                    Corruption::BadLength(rest.len() as u64),
+                ));
+            }
+        }
+    }
+    if n != b.count {
+        return Err(Error::corrupt(
+            path,
+            b.at - BLOCK_HEADER as u64,
+            Corruption::CountMismatch {
+                stated: u64::from(b.count),
+                found: u64::from(n),
+            },
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -739,11 +1075,19 @@ mod tests {
     fn write(fs: &SimFs, dir: &Path, m: &ProducerStateManager, position: u64) -> PathBuf {
         let mut w = Writer::create(fs, dir, position).unwrap();
         w.write_meta(&sample_meta()).unwrap();
-        for (id, p, e) in m.iter() {
-            let mut b = Vec::new();
-            encode_entry(&mut b, &id, p, &e, act(&e, p));
-            w.write(&b, 1).unwrap();
+        // By shard, as the store writes them; a flush after each shard
+        // (so a shard's keys may span blocks, which readers accept).
+        let mut keys: Vec<_> = m.iter().collect();
+        keys.sort_by_key(|(id, p, _)| crate::shards::shard_of(crate::map::hash_key(id, *p)));
+        let mut blocks = Blocks::default();
+        for (id, p, e) in keys {
+            let shard = crate::shards::shard_of(crate::map::hash_key(&id, p)) as u16;
+            blocks.push(shard, &id, p, &e, act(&e, p));
+            if p == 1 {
+                blocks.flush(&mut w).unwrap();
+            }
         }
+        blocks.flush(&mut w).unwrap();
         w.finish(fs, dir).unwrap()
     }
 
@@ -853,15 +1197,19 @@ mod tests {
         assert!(load(&longer).unwrap_err().is_corruption());
     }
 
-    /// A file of `m`'s entries in an older version (1 or 2), as the builds
-    /// before version 3 wrote it (no store section, no activity).
+    /// A file of `m`'s entries in an older version (1, 2 or 3), as the
+    /// builds before version 4 wrote it (before version 3: no store
+    /// section, no activity).
     fn old_file(m: &ProducerStateManager, position: u64, version: u16) -> Vec<u8> {
         let mut body = Vec::new();
+        if version == VERSION_3 {
+            sample_meta().encode(&mut body);
+        }
         for (id, p, e) in m.iter() {
-            if version == VERSION_1 {
-                encode_entry_v1(&mut body, &id, p, &e);
-            } else {
-                entry_codec::encode_entry(&mut body, &id, p, &e, None);
+            match version {
+                VERSION_1 => encode_entry_v1(&mut body, &id, p, &e),
+                VERSION_2 => entry_codec::encode_entry(&mut body, &id, p, &e, None),
+                _ => entry_codec::encode_entry(&mut body, &id, p, &e, Some(act(&e, p))),
             }
         }
         let mut b = encode_header(&Header {
@@ -878,8 +1226,17 @@ mod tests {
     }
 
     #[test]
-    fn version_1_and_2_files_still_read_to_the_same_state() {
+    fn version_1_2_and_3_files_still_read_to_the_same_state() {
         let m = sample_state();
+        let bytes = old_file(&m, 12, VERSION_3);
+        let (h, meta, entries) = load(&bytes).unwrap();
+        assert_eq!((h.version, h.position), (VERSION_3, 12));
+        assert_eq!(meta, sample_meta());
+        assert_eq!(entries.len(), m.len());
+        for (id, p, e, a) in entries {
+            assert_eq!(a, act(&e, p));
+            assert_eq!(m.get(id, p), Some(e));
+        }
         for version in [VERSION_1, VERSION_2] {
             let bytes = old_file(&m, 12, version);
             let (h, meta, entries) = load(&bytes).unwrap();
@@ -933,7 +1290,16 @@ mod tests {
         assert_eq!(buf.len(), 21 + 16 + 4 * 6);
         // Version 3 adds the activity: 8 bytes.
         buf.clear();
-        encode_entry(&mut buf, &ProducerId::numeric(5), 0, &e, 1);
+        entry_codec::encode_entry(&mut buf, &ProducerId::numeric(5), 0, &e, Some(1));
+        assert_eq!(buf.len(), 29 + 16 + 4 * 6);
+        // Version 4 drops it again when it is the newest batch's timestamp
+        // (the store's activity of a key whose last append was a batch).
+        let ts = 1_700_000_000_000 + 4_000_077;
+        buf.clear();
+        entry_codec::encode_entry_v4(&mut buf, &ProducerId::numeric(5), 0, &e, ts);
+        assert_eq!(buf.len(), 21 + 16 + 4 * 6);
+        buf.clear();
+        entry_codec::encode_entry_v4(&mut buf, &ProducerId::numeric(5), 0, &e, ts + 1);
         assert_eq!(buf.len(), 29 + 16 + 4 * 6);
     }
 

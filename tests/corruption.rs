@@ -224,7 +224,7 @@ fn flipping_every_bit_of_a_snapshot_falls_back_and_loses_nothing() {
     assert_eq!(snaps.len(), 2);
     let newest = snaps.last().unwrap().clone();
     let bytes = fs.read_file(&newest).unwrap();
-    assert_eq!(&bytes[8..10], &[3, 0], "the current snapshot version");
+    assert_eq!(&bytes[8..10], &[4, 0], "the current snapshot version");
     // Windows of several batches, so flips land in spans and deltas too.
     assert!(
         bytes[48..].iter().any(|&shape| shape & 7 >= 3),
@@ -259,7 +259,7 @@ fn truncating_a_snapshot_anywhere_falls_back_and_loses_nothing() {
     let fs = build(&reqs, |f| opts(f).snapshot_every_records(Some(10)));
     let newest = files(&fs, ".snap").last().unwrap().clone();
     let bytes = fs.read_file(&newest).unwrap();
-    assert_eq!(&bytes[8..10], &[3, 0], "the current snapshot version");
+    assert_eq!(&bytes[8..10], &[4, 0], "the current snapshot version");
     for cut in 0..bytes.len() {
         let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
         t.overwrite(&newest, &bytes[..cut]);
@@ -908,5 +908,70 @@ fn every_byte_of_a_preallocated_segment_is_its_records_or_room_that_must_be_zero
             matches!(&e, Error::Corrupt { offset, .. } if *offset as usize == at),
             "record at {at}: {e}"
         );
+    }
+}
+
+/// A snapshot big enough to load on two threads (over 4 MiB: 70,000 keys
+/// with full windows), damaged in its first block (which the helper
+/// thread takes) or in its last (the reading thread's, or the helper's):
+/// recovery refuses it, falls back to the older snapshot and replays the
+/// log to the same state as the undamaged file gives.
+#[test]
+fn a_damaged_block_of_a_big_snapshot_falls_back_and_loses_nothing() {
+    let fs = SimFs::new();
+    let keys = 70_000u64;
+    let s = ProducerStateStore::open_with(dir(), opts(&fs).keep_snapshots(2)).unwrap();
+    let mut reqs = Vec::new();
+    for b in 0..5i32 {
+        for k in 0..keys {
+            let at = i64::from(b) * keys as i64 + k as i64;
+            reqs.push(AppendRequest::batch(
+                k,
+                0,
+                0,
+                producer_state::Batch::new(b, b, at, 1_700_000_000_000 + at),
+            ));
+        }
+        if b == 3 {
+            for r in s.append_all(&reqs) {
+                assert!(r.unwrap().is_accepted());
+            }
+            reqs.clear();
+            s.snapshot().unwrap();
+        }
+    }
+    for r in s.append_all(&reqs) {
+        assert!(r.unwrap().is_accepted());
+    }
+    let newest = s.snapshot().unwrap().unwrap();
+    s.close().unwrap();
+    let bytes = fs.read_file(&newest).unwrap();
+    assert!(bytes.len() > 4 << 20, "{} bytes", bytes.len());
+    let whole = {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        let s = ProducerStateStore::open_with(dir(), opts(&t)).unwrap();
+        assert!(s.recovery_report().skipped_snapshots.is_empty());
+        let mut all: Vec<_> = s.iter().map(|(id, p, e)| (id.to_string(), p, e)).collect();
+        all.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        all
+    };
+    assert_eq!(whole.len(), keys as usize);
+    // The first block's entries start after the header, the store section
+    // and the block's own header; the last block ends before the trailer.
+    let section = u32::from_le_bytes(bytes[48..52].try_into().unwrap()) as usize;
+    let first_entry = 48 + 4 + section + 10;
+    for at in [first_entry + 100, bytes.len() - 4 - 100] {
+        let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
+        let mut b = bytes.clone();
+        b[at] ^= 0x40;
+        t.overwrite(&newest, &b);
+        let s = ProducerStateStore::open_with(dir(), opts(&t))
+            .unwrap_or_else(|e| panic!("byte {at}: {e}"));
+        let r = s.recovery_report();
+        assert_eq!(r.skipped_snapshots.len(), 1, "byte {at}: it fell back");
+        assert!(r.records_replayed > 0);
+        let mut all: Vec<_> = s.iter().map(|(id, p, e)| (id.to_string(), p, e)).collect();
+        all.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        assert!(all == whole, "byte {at}: the state after the fallback");
     }
 }

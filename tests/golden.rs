@@ -17,11 +17,12 @@
 //!   offsets), `store-v3` by the third (no lifecycle records; a version-2
 //!   snapshot). They must still open to their state, and a store
 //!   continuing them writes new segments in the current version.
-//! - `snapshot-v1`, `snapshot-v2` and `snapshot-v3` hold one snapshot of
-//!   the same history of windows of every shape, in each snapshot version:
-//!   the current one must be written byte for byte, all must decode to the
-//!   history's state. (`store-v5`'s snapshot is of the current snapshot
-//!   version; the older stores keep the snapshots they were written with.)
+//! - `snapshot-v1` to `snapshot-v4` hold one snapshot of the same history
+//!   of windows of every shape, in each snapshot version: the current one
+//!   (4) must be written byte for byte, all must decode to the history's
+//!   state. (`store-v5`'s snapshots are of the current snapshot version,
+//!   regenerated when snapshot version 4 came, its segments unchanged; the
+//!   older stores keep the snapshots they were written with.)
 //!
 //! Regenerate (only on a deliberate format change, with a new version):
 //! `GOLDEN_REGENERATE=1 cargo test --test golden`; keep the old
@@ -529,6 +530,18 @@ fn the_first_bytes_are_as_documented() {
     assert_eq!(&snap[24..32], &3u64.to_le_bytes()); // entries
     let crc = crc32c::crc32c(&snap[..snap.len() - 4]);
     assert_eq!(&snap[snap.len() - 4..], &crc.to_le_bytes());
+    // Version 4: the store section (17 bytes), then the first block
+    // (shard 3, one entry, 34 bytes): the key p1/0 with its activity
+    // flagged as its batch's timestamp.
+    assert_eq!(&snap[8..10], &[4, 0]);
+    assert_eq!(&snap[48..52], &17u32.to_le_bytes());
+    let block = 48 + 4 + 17;
+    assert_eq!(&snap[block..block + 10], &[3, 0, 1, 0, 0, 0, 34, 0, 0, 0]);
+    assert_eq!(&snap[block + 10..block + 15], &[0x99, 2, 0, b'p', b'1']);
+    assert_eq!(
+        &snap[block + 10 + 34 - 8..block + 10 + 34],
+        &1_700_000_000_001i64.to_le_bytes()
+    );
 
     // The segment at position 38: the same store id, another salt. At
     // offset 480 the four appends of one `append_all` call share a record:
@@ -639,6 +652,7 @@ fn the_first_bytes_are_as_documented() {
 const SNAP_V1: &str = "tests/golden/snapshot-v1";
 const SNAP_V2: &str = "tests/golden/snapshot-v2";
 const SNAP_V3: &str = "tests/golden/snapshot-v3";
+const SNAP_V4: &str = "tests/golden/snapshot-v4";
 
 /// A history whose snapshot holds windows of every shape the encoding
 /// distinguishes: full windows with small, large, negative and extreme
@@ -780,29 +794,31 @@ fn snapshots_of_full_windows_are_written_as_committed_and_every_version_decodes(
     let fresh = fs.read_file(&written).unwrap();
 
     if std::env::var("GOLDEN_REGENERATE").is_ok() {
-        let _ = std::fs::remove_dir_all(SNAP_V3);
-        std::fs::create_dir_all(SNAP_V3).unwrap();
-        std::fs::write(Path::new(SNAP_V3).join(&name), &fresh).unwrap();
+        let _ = std::fs::remove_dir_all(SNAP_V4);
+        std::fs::create_dir_all(SNAP_V4).unwrap();
+        std::fs::write(Path::new(SNAP_V4).join(&name), &fresh).unwrap();
     }
 
     // Byte for byte, entry order included: every key of this history lies
     // in a shard of its own, so the order is the shards' (fixed by the
     // hash), not the hash tables'.
-    let committed = std::fs::read(Path::new(SNAP_V3).join(&name)).unwrap();
+    let committed = std::fs::read(Path::new(SNAP_V4).join(&name)).unwrap();
     assert!(
         committed == fresh,
         "the encoder no longer writes the committed snapshot (format change? see docs/format.md)"
     );
-    assert_eq!(&committed[8..10], &[3, 0], "written as version 3");
+    assert_eq!(&committed[8..10], &[4, 0], "written as version 4");
 
-    // The files of versions 1 and 2, written by older builds from the same
-    // history, still decode to the same state.
-    for (dir, version) in [(SNAP_V1, 1u8), (SNAP_V2, 2), (SNAP_V3, 3)] {
+    // The files of versions 1 to 3, written by older builds from the same
+    // history, still decode to the same state; and every version's
+    // entries split as docs/format.md says.
+    for (dir, version) in [(SNAP_V1, 1u8), (SNAP_V2, 2), (SNAP_V3, 3), (SNAP_V4, 4)] {
         let path = Path::new(dir).join(&name);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[8..10], &[version, 0], "{dir}");
         let s = check_snapshot_against(&path, &model);
         assert_eq!(s.entries as usize, model.keys.len());
         assert_eq!(s.bytes, bytes.len() as u64);
+        assert_eq!(snapshot_entries(&bytes).len(), model.keys.len(), "{dir}");
     }
 }

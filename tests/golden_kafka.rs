@@ -36,6 +36,9 @@ use producer_state::{
 };
 
 const GOLDEN: &str = "tests/golden/store-kafka-v5";
+/// The same history as committed when this build's snapshots were
+/// version 3 (its segments are `GOLDEN`'s, byte for byte): still read.
+const GOLDEN_SNAP3: &str = "tests/golden/store-kafka-v5-snap3";
 /// The seed of the golden store's ids (see `fixed_ids_for_tests`).
 const IDS_SEED: u64 = 0x4b61_666b;
 const T0: i64 = 1_700_000_000_000;
@@ -190,7 +193,11 @@ fn store_files(fs: &SimFs, dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 fn committed() -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(GOLDEN)
+    committed_in(GOLDEN)
+}
+
+fn committed_in(dir: &str) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
@@ -208,12 +215,13 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
-/// A version-3 snapshot split by an independent reading of
+/// A snapshot (version 3 or 4) split by an independent reading of
 /// docs/format.md: the header, the store section, the Kafka section (its
 /// length field included) and the bytes of the entries.
 fn split_snapshot(file: &[u8]) -> (&[u8], &[u8], &[u8], &[u8]) {
     assert_eq!(&file[..8], b"PSTATSNP");
-    assert_eq!(u16::from_le_bytes([file[8], file[9]]), 3, "version");
+    let version = u16::from_le_bytes([file[8], file[9]]);
+    assert!(version == 3 || version == 4, "version {version}");
     assert_eq!(
         u16::from_le_bytes([file[10], file[11]]),
         1,
@@ -287,10 +295,26 @@ fn the_committed_kafka_store_decodes_and_the_encoder_still_writes_it() {
     }
 
     // The committed files open to the engine's state.
+    opens_to_the_history(&committed, &engine);
+    // So do those of snapshot version 3, whose segments are the same.
+    let old = committed_in(GOLDEN_SNAP3);
+    for ((name, ob), (_, nb)) in old.iter().zip(&committed) {
+        if name.ends_with(".wal") {
+            assert!(ob == nb, "{name}: the segments did not change");
+        } else {
+            assert_eq!(u16::from_le_bytes([ob[8], ob[9]]), 3, "{name}");
+        }
+    }
+    opens_to_the_history(&old, &engine);
+}
+
+/// Opens a copy of `committed` and compares it with the engine that ran
+/// the history.
+fn opens_to_the_history(committed: &[(String, Vec<u8>)], engine: &ProducerStateManager) {
     let gfs = SimFs::new();
     let gdir = PathBuf::from("/copy");
     gfs.create_dir_all(&gdir).unwrap();
-    for (name, bytes) in &committed {
+    for (name, bytes) in committed {
         gfs.overwrite(&gdir.join(name), bytes);
     }
     let store = ProducerStateStore::open_with(&gdir, opts(&gfs)).unwrap();

@@ -9,7 +9,9 @@
 //! `raft-v2.log` (log version 2, appends only: the first five entries of
 //! the history) opens to its entries and is rewritten as version 3;
 //! `raft-snapshot-crate-v2` holds the state after those five entries in
-//! the crate's snapshot version 2.
+//! the crate's snapshot version 2; `raft-snapshot-crate-v3` the state
+//! after the whole history in the crate's snapshot version 3 (the golden
+//! `raft-snapshot` before version 4).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -199,6 +201,22 @@ async fn the_golden_files_decode_to_their_history_and_are_written_byte_for_byte(
     assert_eq!(state.len(), 2);
     assert_eq!(state.get(7u64, 0).unwrap().last_sequence(), 1);
     assert_eq!(state.get(3u64, 9), moved().iter().next().map(|i| i.entry));
+    // The same state in the crate's snapshot version 3 opens to it too.
+    let v3 = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        golden().join("raft-snapshot-crate-v3"),
+        v3.path().join("raft-snapshot"),
+    )
+    .unwrap();
+    let old = StateMachine::open(v3.path(), None).unwrap();
+    let (old_at, old_state) = old.state();
+    assert_eq!(old_at, at);
+    let sorted = |m: &ProducerStateManager| {
+        let mut v: Vec<_> = m.iter().map(|(id, p, e)| (id.to_string(), p, e)).collect();
+        v.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        v
+    };
+    assert_eq!(sorted(&old_state), sorted(&state));
     // A snapshot written before the crate's snapshot version 3 (no store
     // section, no activity per key) still opens to the state after the
     // appends of the history.

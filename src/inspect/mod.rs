@@ -147,7 +147,7 @@ pub fn detect(fs: &dyn FileSystem, path: &Path) -> Result<Option<FileKind>> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SnapshotSummary {
-    /// The format version of its entries (1 or 2).
+    /// Its format version (1 to 4; docs/format.md, "Versions").
     pub version: u16,
     /// The log position it covers.
     pub position: u64,
@@ -482,11 +482,11 @@ impl RecoveredState {
             .chain(self.kafka.iter().flat_map(|k| k.iter()))
     }
 
-    /// Every key with its entry and last activity (snapshot version 3;
-    /// older snapshots kept none: a key's newest batch timestamp, or 0),
-    /// in no particular order. A Kafka-mode state keeps no activity: a
-    /// key's is its Kafka last timestamp (of its last batch or marker; -1
-    /// for none), what Kafka's expiration goes by.
+    /// Every key with its entry and last activity (snapshot versions 3
+    /// and 4; older snapshots kept none: a key's newest batch timestamp,
+    /// or 0), in no particular order. A Kafka-mode state keeps no
+    /// activity: a key's is its Kafka last timestamp (of its last batch or
+    /// marker; -1 for none), what Kafka's expiration goes by.
     pub fn infos(&self) -> impl Iterator<Item = ProducerInfo> + '_ {
         let kafka = self.kafka.iter().flat_map(|k| {
             k.iter().map(|(producer_id, partition, entry)| {

@@ -168,18 +168,14 @@ impl Snapshots {
                 if let Some(side) = k.kafka_side() {
                     w.write_kafka(side)?;
                 }
-                let mut chunk = Vec::new();
-                let mut n = 0u64;
+                let mut blocks = snapshot::Blocks::default();
                 for (id, partition, e, act) in k.compact_entries() {
-                    snapshot::encode_entry(&mut chunk, &id, partition, &e, act);
-                    n += 1;
-                    if chunk.len() >= 1 << 20 {
-                        w.write(&chunk, n)?;
-                        chunk.clear();
-                        n = 0;
+                    blocks.push(snapshot::UNSHARDED, &id, partition, &e, act);
+                    if blocks.len() >= 1 << 20 {
+                        blocks.flush(&mut w)?;
                     }
                 }
-                w.write(&chunk, n)?;
+                blocks.flush(&mut w)?;
                 // The state is that of records not yet durable under
                 // `Always` too.
                 sync()?;
@@ -187,9 +183,10 @@ impl Snapshots {
                 return Ok((w.finish(fs, &self.dir)?, keys, bytes));
             }
         }
-        let mut chunk = Vec::new();
-        let mut n = 0u64;
+        // One block per shard (or more, for a shard of over 1 MiB).
+        let mut blocks = snapshot::Blocks::default();
         for i in 0..SHARDS {
+            let shard = i as u16;
             {
                 let mut st = log.lock_state_quietly();
                 let keys = &mut st.keys;
@@ -207,8 +204,7 @@ impl Snapshots {
                         Some(None) => continue,
                         None => (entry, act.ms()),
                     };
-                    snapshot::encode_entry(&mut chunk, &id, partition, &e, a);
-                    n += 1;
+                    blocks.push(shard, &id, partition, &e, a);
                 }
                 for ((id, partition), old) in &pre {
                     if let Some((e, a)) = old
@@ -218,18 +214,15 @@ impl Snapshots {
                             *partition,
                         )
                     {
-                        snapshot::encode_entry(&mut chunk, id, *partition, e, *a);
-                        n += 1;
+                        blocks.push(shard, id, *partition, e, *a);
                     }
                 }
                 c.done[i] = true;
             }
             log.let_waiters_in();
             // Write in pieces of about 1 MiB: few IO calls, bounded memory.
-            if chunk.len() >= 1 << 20 || i == SHARDS - 1 {
-                w.write(&chunk, n)?;
-                chunk.clear();
-                n = 0;
+            if blocks.len() >= 1 << 20 || i == SHARDS - 1 {
+                blocks.flush(&mut w)?;
             }
         }
         if !log.is_always() {
