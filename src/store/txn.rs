@@ -649,5 +649,4 @@ impl ProducerStateStore {
                 semantics: Semantics::Seed,
             }))
     }
-
 }
