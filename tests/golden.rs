@@ -33,6 +33,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::golden_dir::committed;
 use common::model::{Model, ModelConfig};
 use common::snapshot_bytes::snapshot_entries;
 use common::store_util::{diff, matches};
@@ -248,21 +249,6 @@ fn store_files(fs: &SimFs, dir: &Path) -> Vec<(String, Vec<u8>)> {
         .filter(|e| e.name != "LOCK")
         .map(|e| (e.name.clone(), fs.read_file(&dir.join(&e.name)).unwrap()))
         .collect()
-}
-
-fn committed(dir: &str) -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (
-                e.file_name().into_string().unwrap(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
-        .collect();
-    files.sort();
-    files
 }
 
 /// A simulated copy of committed files.

@@ -26,6 +26,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::golden_dir::committed as committed_in;
 use common::snapshot_bytes::snapshot_entries;
 
 use producer_state::fs::{FileSystem, ReadOnlyFs, SimFs};
@@ -194,21 +195,6 @@ fn store_files(fs: &SimFs, dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 fn committed() -> Vec<(String, Vec<u8>)> {
     committed_in(GOLDEN)
-}
-
-fn committed_in(dir: &str) -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (
-                e.file_name().into_string().unwrap(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
-        .collect();
-    files.sort();
-    files
 }
 
 fn le_u64(b: &[u8], at: usize) -> u64 {

@@ -1,3 +1,4 @@
+pub mod golden_dir;
 pub mod model;
 pub mod ops;
 pub mod snapshot_bytes;
