@@ -92,14 +92,7 @@ pub(crate) fn truncated_state(
         None => (Shards::default(), Meta::default()),
     };
     let start = base.position;
-    let first = segments.iter().rposition(|&s| s <= start).ok_or_else(|| {
-        let kind = Corruption::LogGone {
-            needed: start,
-            oldest: segments.first().copied(),
-        };
-        Error::corrupt(dir, 0, kind)
-    })?;
-    let segs = segments.get(first..).unwrap_or_default();
+    let segs = segments_from(dir, segments, start)?;
     let bytes: u64 = segs
         .iter()
         .map(|&s| {
@@ -119,6 +112,19 @@ pub(crate) fn truncated_state(
         replay(fs, dir, segs, start, end, &mut replayer, &mut sink)?;
     }
     Ok(shards)
+}
+
+/// The segments replay reads from `start`: from the last one that begins
+/// at or before it; the log is gone if none does.
+fn segments_from<'a>(dir: &Path, segments: &'a [u64], start: u64) -> Result<&'a [u64]> {
+    let first = segments.iter().rposition(|&s| s <= start).ok_or_else(|| {
+        let kind = Corruption::LogGone {
+            needed: start,
+            oldest: segments.first().copied(),
+        };
+        Error::corrupt(dir, 0, kind)
+    })?;
+    Ok(segments.get(first..).unwrap_or_default())
 }
 
 /// A Kafka-mode store's state with every batch and marker at or above
@@ -143,14 +149,7 @@ pub(crate) fn truncated_kafka(
         ));
     }
     let start = base.position;
-    let first = segments.iter().rposition(|&s| s <= start).ok_or_else(|| {
-        let kind = Corruption::LogGone {
-            needed: start,
-            oldest: segments.first().copied(),
-        };
-        Error::corrupt(dir, 0, kind)
-    })?;
-    let segs = segments.get(first..).unwrap_or_default();
+    let segs = segments_from(dir, segments, start)?;
     let mut replayer = Replayer::new(meta, Some(offset));
     // Kafka-mode records go to the engine, never to the sink.
     let mut shards = Shards::default();
