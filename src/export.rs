@@ -358,6 +358,21 @@ mod tests {
     use crate::batch::BatchMetadata;
     use crate::entry::ProducerEntry;
 
+    /// `b` (the bytes of `e`) reads back as `e`; every cut of it and every
+    /// flipped bit is refused as corruption.
+    fn round_trips_and_refuses_every_damage(e: &PartitionExport, b: &[u8]) {
+        assert_eq!(&PartitionExport::from_bytes(b).unwrap(), e);
+        for cut in 0..b.len() {
+            assert!(PartitionExport::from_bytes(&b[..cut]).is_err(), "cut {cut}");
+        }
+        for bit in 0..b.len() * 8 {
+            let mut x = b.to_vec();
+            x[bit / 8] ^= 1 << (bit % 8);
+            let err = PartitionExport::from_bytes(&x).unwrap_err();
+            assert!(err.is_corruption(), "bit {bit}: {err}");
+        }
+    }
+
     fn sample() -> PartitionExport {
         let mut windowed = ProducerEntry::start(2, 0, 4, None);
         for k in 0..7 {
@@ -395,16 +410,7 @@ mod tests {
             Some(3u64.into())
         );
         let b = e.to_bytes();
-        assert_eq!(PartitionExport::from_bytes(&b).unwrap(), e);
-        for cut in 0..b.len() {
-            assert!(PartitionExport::from_bytes(&b[..cut]).is_err(), "cut {cut}");
-        }
-        for bit in 0..b.len() * 8 {
-            let mut x = b.clone();
-            x[bit / 8] ^= 1 << (bit % 8);
-            let err = PartitionExport::from_bytes(&x).unwrap_err();
-            assert!(err.is_corruption(), "bit {bit}: {err}");
-        }
+        round_trips_and_refuses_every_damage(&e, &b);
         // A seed export is version 1, as before Kafka mode.
         assert_eq!(&b[8..10], &[1, 0]);
         assert_eq!(e.semantics(), Semantics::Seed);
@@ -468,16 +474,7 @@ mod tests {
             u32::from_le_bytes(b[b.len() - 4..].try_into().unwrap()),
             crc32c::crc32c(&b[..b.len() - 4])
         );
-        assert_eq!(PartitionExport::from_bytes(&b).unwrap(), e);
-        for cut in 0..b.len() {
-            assert!(PartitionExport::from_bytes(&b[..cut]).is_err(), "cut {cut}");
-        }
-        for bit in 0..b.len() * 8 {
-            let mut x = b.clone();
-            x[bit / 8] ^= 1 << (bit % 8);
-            let err = PartitionExport::from_bytes(&x).unwrap_err();
-            assert!(err.is_corruption(), "bit {bit}: {err}");
-        }
+        round_trips_and_refuses_every_damage(&e, &b);
         // A key both in the side table and among the entries is damage,
         // even with a good CRC.
         let mut twice = kafka_sample();
