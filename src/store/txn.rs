@@ -117,7 +117,9 @@ impl State {
     /// Classifies `op` on the Kafka-mode engine, applies it if accepted
     /// and queues its record.
     pub(super) fn submit_kafka(&mut self, op: &KafkaOp<'_>) -> Result<KafkaSubmit> {
-        let key = op.key();
+        // Only `Always` tracks keys in flight: the other policies need no
+        // copy of the key.
+        let key = if self.life.always { op.key() } else { None };
         if self.life.always
             && let Some(k) = &key
             && let Some(&(group, pos)) = self.keys.kafka_in_flight.get(k)
