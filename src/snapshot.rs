@@ -17,6 +17,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use crate::background_sync::BackgroundSync;
 use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::codec::{Dec, Put, truncated};
 use crate::entry::{ProducerEntry, RETAINED_BATCHES};
@@ -367,6 +368,8 @@ pub(crate) struct Writer {
     body_crc: u32,
     unsynced: u64,
     kafka: bool,
+    /// Issues the every-1-MiB fsyncs, if started (a big snapshot).
+    syncer: Option<BackgroundSync>,
 }
 
 /// A snapshot is fsync'ed every this many bytes as it is written, so the
@@ -403,7 +406,20 @@ impl Writer {
             body_crc: 0,
             unsynced: 0,
             kafka: false,
+            syncer: None,
         })
+    }
+
+    /// Issues the every-1-MiB fsyncs on a thread of their own from now on
+    /// (`background_sync.rs`): for a big snapshot, whose encoding then
+    /// goes on while the disk flushes. Without a thread (it could not be
+    /// started, or this is never called) they are issued inline.
+    pub(crate) fn sync_in_background(&mut self) {
+        if let Ok(handle) = self.file.try_clone()
+            && let Ok(s) = BackgroundSync::start(handle)
+        {
+            self.syncer = Some(s);
+        }
     }
 
     /// Writes the store section; before any entry.
@@ -432,7 +448,14 @@ impl Writer {
         self.body_len += bytes.len() as u64;
         self.entries += entries;
         self.unsynced += bytes.len() as u64;
-        if self.unsynced >= SYNC_EVERY {
+        if self.unsynced >= SYNC_EVERY
+            && let Some(s) = &self.syncer
+        {
+            let written = (HEADER_LEN as u64) + self.body_len;
+            s.request(written)
+                .map_err(|e| Error::io("fsync", &self.tmp, e))?;
+            self.unsynced = 0;
+        } else if self.unsynced >= SYNC_EVERY {
             self.file
                 .sync_data()
                 .map_err(|e| Error::io("fsync", &self.tmp, e))?;
@@ -464,6 +487,9 @@ impl Writer {
         );
         let tmp = self.tmp.clone();
         let io = |op, e| Error::io(op, &tmp, e);
+        if let Some(s) = self.syncer.take() {
+            s.finish().map_err(|e| io("fsync", e))?;
+        }
         self.file
             .write_all(&crc.to_le_bytes())
             .map_err(|e| io("write", e))?;

@@ -23,6 +23,12 @@ use crate::fs::{FileSystem, remove_gradually};
 use crate::shards::SHARDS;
 use crate::snapshot;
 
+/// A snapshot of at least this many keys (a few MiB: 37 bytes a key or
+/// more) issues its every-1-MiB fsyncs on a thread of its own
+/// (`background_sync.rs`), its encoding going on meanwhile; a smaller one
+/// has a few fsyncs at most, not worth a thread, and issues them inline.
+const BACKGROUND_SYNC_FROM: usize = 100_000;
+
 /// The snapshot files on disk.
 pub(super) struct Book {
     /// Positions of every snapshot file on disk.
@@ -157,6 +163,9 @@ impl Snapshots {
                     "a snapshot's capture of the state was lost",
                 ));
             };
+            if st.keys.shards.len() >= BACKGROUND_SYNC_FROM {
+                w.sync_in_background();
+            }
             let mut section = Vec::new();
             c.meta.encode(&mut section);
             // A Kafka-mode state, captured whole with the store section:
