@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use crate::background_sync::BackgroundSync;
 use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::codec::{Dec, Put, truncated};
-use crate::entry::{ProducerEntry, RETAINED_BATCHES};
+use crate::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
 use crate::entry_codec;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::{FileSystem, WriteFile};
@@ -299,6 +299,21 @@ impl Blocks {
         e: &ProducerEntry,
         activity: i64,
     ) {
+        self.push_parts(shard, id, partition, &e.head, &e.window, activity);
+    }
+
+    /// [`Blocks::push`] of a key's head and window where they lie (in a
+    /// map's arena).
+    #[inline]
+    pub(crate) fn push_parts(
+        &mut self,
+        shard: u16,
+        id: &ProducerId,
+        partition: i32,
+        head: &Head,
+        window: &Window,
+        activity: i64,
+    ) {
         let same = matches!(self.open, Some((start, s, _))
             if s == shard && self.buf.len() - start < BLOCK_TARGET);
         if !same {
@@ -306,7 +321,7 @@ impl Blocks {
             self.open = Some((self.buf.len(), shard, 0));
             self.buf.extend_from_slice(&[0u8; BLOCK_HEADER]);
         }
-        entry_codec::encode_entry_v4(&mut self.buf, id, partition, e, activity);
+        entry_codec::encode_v4_parts(&mut self.buf, id, partition, head, window, activity);
         if let Some(open) = &mut self.open {
             open.2 += 1;
         }

@@ -207,13 +207,24 @@ impl Snapshots {
                 let pre = std::mem::take(&mut c.pre[i]);
                 // Keys removed since the position are in `pre` and no
                 // longer in the shard: encoded from their pre-images.
-                for (id, partition, entry, act) in keys.shards.shard(i).iter_full() {
-                    let (e, a) = match pre.get(&(id.clone(), partition)) {
-                        Some(Some(old)) => *old,
-                        Some(None) => continue,
-                        None => (entry, act.ms()),
-                    };
-                    blocks.push(shard, &id, partition, &e, a);
+                if pre.is_empty() {
+                    // No key of the shard changed since the position (the
+                    // usual case): each is encoded from its slot and
+                    // window where they lie.
+                    keys.shards
+                        .shard(i)
+                        .for_each_raw(|id, partition, head, window, act| {
+                            blocks.push_parts(shard, id, partition, head, window, act.ms());
+                        });
+                } else {
+                    for (id, partition, entry, act) in keys.shards.shard(i).iter_full() {
+                        let (e, a) = match pre.get(&(id.clone(), partition)) {
+                            Some(Some(old)) => *old,
+                            Some(None) => continue,
+                            None => (entry, act.ms()),
+                        };
+                        blocks.push(shard, &id, partition, &e, a);
+                    }
                 }
                 for ((id, partition), old) in &pre {
                     if let Some((e, a)) = old
