@@ -390,7 +390,9 @@ pub(crate) struct Writer {
 /// A snapshot is fsync'ed every this many bytes as it is written, so the
 /// disk never has one huge flush to do at the end, during which the log's
 /// fsyncs (and so durable appends) would wait (measured: the longest append
-/// pause during a 1M-key snapshot went from 10 ms to about 2 ms).
+/// pause during a 1M-key snapshot went from 10 ms to about 2 ms). A big
+/// snapshot issues them on a thread of its own
+/// ([`Writer::sync_in_background`]).
 const SYNC_EVERY: u64 = 1 << 20;
 
 impl Writer {
