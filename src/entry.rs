@@ -115,6 +115,36 @@ impl Head {
         })
     }
 
+    /// The retained batches newest first, as snapshots encode them (the
+    /// inverse of [`ProducerEntry::from_newest_first`]): how many, each
+    /// one's span (last - first sequence), the metadata mask (bit k: batch
+    /// k has metadata) and the metadata of those that have it, newest
+    /// first, packed (as many as the mask has bits). Read straight from
+    /// the ring, without building the batches; the window by reference
+    /// (a snapshot reads it where it lies, in the map's arena).
+    #[inline]
+    pub(crate) fn newest_first(&self, window: &Window) -> (usize, [u32; N], u8, [(i64, i64); N]) {
+        let n = self.count();
+        let pos = self.pos();
+        let mut spans = [0u32; N];
+        let mut mask = 0u8;
+        let mut metas = [(0i64, 0i64); N];
+        let mut m = 0;
+        let mut last = self.last;
+        for (k, span) in spans.iter_mut().enumerate().take(n) {
+            let i = (pos + 2 * N - 1 - k) % N;
+            let slot = &window.slots[i];
+            *span = last.wrapping_sub(next_sequence(slot.prev)) as u32;
+            last = slot.prev;
+            if self.mask & (1 << i) != 0 {
+                mask |= 1 << k;
+                metas[m] = (join(slot.offset), join(slot.timestamp));
+                m += 1;
+            }
+        }
+        (n, spans, mask, metas)
+    }
+
     #[inline]
     pub(crate) fn current(&self) -> Current {
         Current {
@@ -354,35 +384,6 @@ impl ProducerEntry {
             }
         }
         Some(e)
-    }
-
-    /// The retained batches newest first, as snapshots encode them (the
-    /// inverse of [`ProducerEntry::from_newest_first`]): how many, each
-    /// one's span (last - first sequence), the metadata mask (bit k: batch
-    /// k has metadata) and the metadata of those that have it, newest
-    /// first, packed (as many as the mask has bits). Read straight from
-    /// the ring, without building the batches.
-    #[inline]
-    pub(crate) fn newest_first(&self) -> (usize, [u32; N], u8, [(i64, i64); N]) {
-        let n = self.head.count();
-        let pos = self.head.pos();
-        let mut spans = [0u32; N];
-        let mut mask = 0u8;
-        let mut metas = [(0i64, 0i64); N];
-        let mut m = 0;
-        let mut last = self.head.last;
-        for (k, span) in spans.iter_mut().enumerate().take(n) {
-            let i = (pos + 2 * N - 1 - k) % N;
-            let slot = &self.window.slots[i];
-            *span = last.wrapping_sub(next_sequence(slot.prev)) as u32;
-            last = slot.prev;
-            if self.head.mask & (1 << i) != 0 {
-                mask |= 1 << k;
-                metas[m] = (join(slot.offset), join(slot.timestamp));
-                m += 1;
-            }
-        }
-        (n, spans, mask, metas)
     }
 
     /// The epoch (producer session) on file.

@@ -14,7 +14,7 @@
 #![deny(clippy::indexing_slicing)]
 
 use crate::codec::Put;
-use crate::entry::{ProducerEntry, RETAINED_BATCHES};
+use crate::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
 use crate::error::Corruption;
 use crate::id::ProducerId;
 use crate::info::ProducerInfo;
@@ -37,13 +37,6 @@ const SHAPE_SECTIONS: u8 = 1 << 6;
 const SPAN_BYTES: [usize; 4] = [0, 1, 2, 4];
 /// Bytes of an offset or timestamp delta for each delta width class.
 const DELTA_BYTES: [usize; 8] = [0, 1, 2, 3, 4, 5, 6, 8];
-
-/// The smallest class of `table` whose width holds `v`.
-#[inline]
-fn class_of(v: u64, table: &[usize]) -> usize {
-    let need = (64 - v.leading_zeros() as usize).div_ceil(8);
-    table.iter().position(|&b| b >= need).unwrap_or(0)
-}
 
 #[inline]
 fn zigzag(v: i64) -> u64 {
@@ -99,6 +92,7 @@ pub(crate) fn encode_entry(
 }
 
 /// Appends one entry's version-4 encoding to `buf`.
+#[cfg(test)]
 pub(crate) fn encode_entry_v4(
     buf: &mut Vec<u8>,
     id: &ProducerId,
@@ -117,12 +111,52 @@ fn encode(
     form: Form,
     activity: i64,
 ) {
+    encode_parts(buf, id, partition, &e.head, &e.window, form, activity);
+}
+
+/// Appends one version-4 entry of a key whose head and window are read
+/// where they lie (a snapshot reads the window in the map's arena, not a
+/// copy of it).
+#[inline]
+pub(crate) fn encode_v4_parts(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    head: &Head,
+    window: &Window,
+    activity: i64,
+) {
+    encode_parts(buf, id, partition, head, window, Form::V4, activity);
+}
+
+/// The width class of a span needing `b` bytes (0 to 4; `SPAN_BYTES`).
+const SPAN_CLASS: [u8; 9] = [0, 1, 2, 3, 3, 3, 3, 3, 3];
+/// The width class of a delta needing `b` bytes (0 to 8; `DELTA_BYTES`).
+const DELTA_CLASS: [u8; 9] = [0, 1, 2, 3, 4, 5, 6, 7, 7];
+
+/// The bytes `v` needs, 0 to 8.
+#[inline(always)]
+fn bytes_needed(v: u64) -> usize {
+    (64 - v.leading_zeros() as usize).div_ceil(8)
+}
+
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn encode_parts(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    head: &Head,
+    window: &Window,
+    form: Form,
+    activity: i64,
+) {
     // The retained batches, newest first.
-    let (n, spans, mask, metas) = e.newest_first();
+    let (n, spans, mask, metas) = head.newest_first(window);
     let mask = u16::from(mask);
     let m = mask.count_ones() as usize;
     let spans = spans.get(..n).unwrap_or_default();
-    let max_span = spans.iter().copied().max().unwrap_or(0);
+    let max_span = spans.iter().fold(0u32, |a, &s| a | s);
     let metas = metas.get(..m).unwrap_or_default();
     let deltas = |(a, b): (&(i64, i64), &(i64, i64))| {
         (zigzag(a.0.wrapping_sub(b.0)), zigzag(a.1.wrapping_sub(b.1)))
@@ -132,34 +166,58 @@ fn encode(
         max_do |= d_o;
         max_dt |= d_t;
     }
-    let s = class_of(u64::from(max_span), &SPAN_BYTES);
-    let (o, t) = (
-        class_of(max_do, &DELTA_BYTES),
-        class_of(max_dt, &DELTA_BYTES),
+    // Or-ing the values needs as many bytes as the largest of them.
+    let s = usize::from(
+        SPAN_CLASS
+            .get(bytes_needed(u64::from(max_span)))
+            .copied()
+            .unwrap_or(3),
     );
-    let named = id.as_numeric().is_none();
+    let o = usize::from(DELTA_CLASS.get(bytes_needed(max_do)).copied().unwrap_or(7));
+    let t = usize::from(DELTA_CLASS.get(bytes_needed(max_dt)).copied().unwrap_or(7));
     let act_is_ts = form == Form::V4 && metas.first().is_some_and(|m| m.1 == activity);
-    buf.put_u8(
-        n as u8
-            | if named { SHAPE_NAMED } else { 0 }
-            | (s as u8) << 4
-            | if act_is_ts { SHAPE_ACT_IS_TS } else { 0 },
-    );
-    match id.as_numeric() {
-        Some(v) => buf.put_u64(v),
+    let shape = n as u8
+        | if id.as_numeric().is_none() {
+            SHAPE_NAMED
+        } else {
+            0
+        }
+        | (s as u8) << 4
+        | if act_is_ts { SHAPE_ACT_IS_TS } else { 0 };
+    // The rest has a bounded length: room for the longest is zeroed at
+    // the end of `buf` in fixed-length pieces (a copy of a run-time length
+    // is a `memmove` call), each field is then one whole 8-byte store that
+    // advances by the field's width (a copy of a run-time width per field
+    // cost a call each), and `buf` is cut back to what was used. Written in
+    // place: an entry built on the stack and copied over was read back
+    // across its unaligned stores, which the CPU cannot forward (a stall
+    // per piece).
+    let named = match id.as_numeric() {
+        Some(_) => None,
         None => {
             let name = id.name_bytes().unwrap_or_default();
+            buf.put_u8(shape);
             buf.put_u16(name.len() as u16);
             buf.extend_from_slice(name);
+            Some(())
         }
+    };
+    let at = buf.len();
+    buf.reserve(ROOM);
+    for _ in 0..ROOM / 32 {
+        buf.extend_from_slice(&[0u8; 32]);
     }
-    // The rest has a bounded length: built on the stack with whole 8-byte
-    // stores, each field then advancing by its width, and appended at
-    // once (a copy of a run-time width per field cost a call each).
-    let mut out = Scratch::default();
+    let mut out = Out {
+        b: buf.get_mut(at..).unwrap_or_default(),
+        n: 0,
+    };
+    if named.is_none() {
+        out.put(u64::from(shape), 1);
+        out.put(id.as_numeric().unwrap_or_default(), 8);
+    }
     out.put(u64::from(partition as u32), 4);
-    out.put(u64::from(e.epoch() as u16), 2);
-    out.put(u64::from(e.last_sequence() as u32), 4);
+    out.put(u64::from(head.epoch as u16), 2);
+    out.put(u64::from(head.last as u32), 4);
     if form == Form::V3 || (form == Form::V4 && !act_is_ts) {
         out.put(activity as u64, 8);
     }
@@ -182,24 +240,22 @@ fn encode(
             out.put(d_t, tw);
         }
     }
-    buf.extend_from_slice(out.bytes());
+    let used = out.n;
+    buf.truncate(at + used);
 }
 
-/// The fixed fields and the window of one entry: at most 18 + 2 + 5 x 4 +
-/// 16 + 4 x 16 = 120 bytes, plus 8 so that every store is a whole word.
-struct Scratch {
-    b: [u8; 128],
+/// Room for the shape and numeric id (9 bytes) and the fixed fields and
+/// window of one entry: at most 9 + 18 + 2 + 5 x 4 + 16 + 4 x 16 = 129
+/// bytes, plus 8 so that every store is a whole word, in 32-byte pieces.
+const ROOM: usize = 160;
+
+/// The room at the end of the output an entry's fields are stored into.
+struct Out<'a> {
+    b: &'a mut [u8],
     n: usize,
 }
 
-impl Default for Scratch {
-    #[inline(always)]
-    fn default() -> Self {
-        Scratch { b: [0; 128], n: 0 }
-    }
-}
-
-impl Scratch {
+impl Out<'_> {
     /// Appends the low `w` (at most 8) bytes of `v`, little-endian.
     #[inline(always)]
     fn put(&mut self, v: u64, w: usize) {
@@ -207,10 +263,6 @@ impl Scratch {
             at.copy_from_slice(&v.to_le_bytes());
         }
         self.n += w;
-    }
-
-    fn bytes(&self) -> &[u8] {
-        self.b.get(..self.n).unwrap_or_default()
     }
 }
 

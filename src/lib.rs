@@ -177,6 +177,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod apply;
+mod background_sync;
 mod batch;
 mod clock;
 mod codec;

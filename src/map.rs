@@ -844,6 +844,28 @@ impl<X: Extra> StateMap<X> {
         numeric.chain(named)
     }
 
+    /// Every key with its head and window by reference (in the arena,
+    /// not copied out: what a snapshot encodes; an entry's copy was a
+    /// `memcpy` call per key) and its extra.
+    #[inline]
+    pub(crate) fn for_each_raw(&self, mut f: impl FnMut(&ProducerId, i32, &Head, &Window, X)) {
+        let a = &self.arena;
+        let window = |st: &State| {
+            if st.head.windowed() {
+                a.windows.get(st.win as usize).unwrap_or(&Window::EMPTY)
+            } else {
+                &Window::EMPTY
+            }
+        };
+        for s in self.numeric.iter() {
+            let id = ProducerId::numeric(join_pid(s.pid));
+            f(&id, s.partition, &s.st.head, window(&s.st), s.x);
+        }
+        for s in self.named.iter() {
+            f(&s.id, s.partition, &s.st.head, window(&s.st), s.x);
+        }
+    }
+
     /// Every key's extra with the key's hash, of the keys whose extra
     /// `keep` accepts, without building ids or entries: what the eviction
     /// order ranks keys by (one pass over the slots; the hash, for a

@@ -556,3 +556,79 @@ fn records_of_a_torn_group_never_verify_after_the_group_written_over_them() {
         );
     }
 }
+
+/// A snapshot of 100,000 keys or more fsyncs on a thread of its own while
+/// it is written (`src/background_sync.rs`). Once `snapshot()` returns,
+/// every byte of the file is durable; a failure at any of its IO
+/// operations (a write, one of the thread's fsyncs, the last one) fails
+/// the snapshot and leaves no snapshot file behind, and the store goes on.
+#[test]
+fn a_big_snapshot_is_durable_when_it_returns_and_fails_whole() {
+    const KEYS: u64 = 120_000;
+    let opts = |fs: &SimFs| {
+        sim_opts(fs)
+            .fsync(producer_state::FsyncPolicy::Never)
+            .snapshot_every_records(None)
+            .segment_size(64 << 20)
+    };
+    let fs = SimFs::new();
+    let store = ProducerStateStore::open_with(dir(), opts(&fs)).unwrap();
+    let reqs: Vec<_> = (0..KEYS)
+        .map(|k| AppendRequest::batch(k, 0, 0, producer_state::Batch::new(0, 0, k as i64, 7)))
+        .collect();
+    for o in store.append_all(&reqs) {
+        assert!(o.unwrap().is_accepted());
+    }
+    store.sync().unwrap();
+    let before = fs.ops();
+    let path = store.snapshot().unwrap().unwrap();
+    let ops = fs.ops() - before;
+    let bytes = fs.read_file(&path).unwrap();
+    assert!(
+        bytes.len() > 4 << 20,
+        "{} bytes: several fsyncs",
+        bytes.len()
+    );
+    let img = fs.crash_image(Unsynced::Drop);
+    assert_eq!(img.read_file(&path).as_deref(), Some(&bytes[..]));
+
+    // A failure at operations spread over a snapshot's (the fsyncs are
+    // issued by the other thread, so which operation an index hits varies).
+    let mut failed = 0;
+    for (i, n) in (0..ops).step_by((ops / 12).max(1) as usize).enumerate() {
+        store.append(i as u64, 0, 0, 1 + i as i32).unwrap();
+        store.sync().unwrap();
+        fs.set_fault(fs.ops() + n, Fault::Error(io::ErrorKind::Other));
+        match store.snapshot() {
+            Ok(p) => {
+                // The fault fell after the snapshot (on retention, say).
+                assert!(fs.read_file(&p.unwrap()).is_some());
+            }
+            Err(_) => {
+                failed += 1;
+                // No temporary file is left; a snapshot file there is one
+                // whose retention failed after it was in place: whole.
+                let names: Vec<_> = fs.files().into_iter().map(|(p, _)| p).collect();
+                assert!(
+                    !names.iter().any(|p| p.to_string_lossy().ends_with(".tmp")),
+                    "a failed snapshot left its temporary file: {names:?}"
+                );
+                let at = dir().join(format!("{:020}.snap", store.next_position()));
+                if fs.read_file(&at).is_some() {
+                    let s = producer_state::inspect::decode_snapshot(&fs, &at).unwrap();
+                    assert_eq!(s.entries, store.len() as u64);
+                }
+            }
+        }
+    }
+    assert!(failed >= 6, "only {failed} snapshots failed");
+    // The store goes on, and its next snapshot is whole.
+    store.append(KEYS + 1, 0, 0, 0).unwrap();
+    store.sync().unwrap();
+    let path = store.snapshot().unwrap().unwrap();
+    let img = fs.crash_image(Unsynced::Drop);
+    assert_eq!(img.read_file(&path), fs.read_file(&path));
+    store.close().unwrap();
+    let reopened = ProducerStateStore::open_with(dir(), opts(&img)).unwrap();
+    assert_eq!(reopened.len() as u64, KEYS + 1);
+}

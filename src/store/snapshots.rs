@@ -23,6 +23,12 @@ use crate::fs::{FileSystem, remove_gradually};
 use crate::shards::SHARDS;
 use crate::snapshot;
 
+/// A snapshot of at least this many keys (a few MiB: 37 bytes a key or
+/// more) issues its every-1-MiB fsyncs on a thread of its own
+/// (`background_sync.rs`), its encoding going on meanwhile; a smaller one
+/// has a few fsyncs at most, not worth a thread, and issues them inline.
+const BACKGROUND_SYNC_FROM: usize = 100_000;
+
 /// The snapshot files on disk.
 pub(super) struct Book {
     /// Positions of every snapshot file on disk.
@@ -157,6 +163,9 @@ impl Snapshots {
                     "a snapshot's capture of the state was lost",
                 ));
             };
+            if st.keys.shards.len() >= BACKGROUND_SYNC_FROM {
+                w.sync_in_background();
+            }
             let mut section = Vec::new();
             c.meta.encode(&mut section);
             // A Kafka-mode state, captured whole with the store section:
@@ -198,13 +207,24 @@ impl Snapshots {
                 let pre = std::mem::take(&mut c.pre[i]);
                 // Keys removed since the position are in `pre` and no
                 // longer in the shard: encoded from their pre-images.
-                for (id, partition, entry, act) in keys.shards.shard(i).iter_full() {
-                    let (e, a) = match pre.get(&(id.clone(), partition)) {
-                        Some(Some(old)) => *old,
-                        Some(None) => continue,
-                        None => (entry, act.ms()),
-                    };
-                    blocks.push(shard, &id, partition, &e, a);
+                if pre.is_empty() {
+                    // No key of the shard changed since the position (the
+                    // usual case): each is encoded from its slot and
+                    // window where they lie.
+                    keys.shards
+                        .shard(i)
+                        .for_each_raw(|id, partition, head, window, act| {
+                            blocks.push_parts(shard, id, partition, head, window, act.ms());
+                        });
+                } else {
+                    for (id, partition, entry, act) in keys.shards.shard(i).iter_full() {
+                        let (e, a) = match pre.get(&(id.clone(), partition)) {
+                            Some(Some(old)) => *old,
+                            Some(None) => continue,
+                            None => (entry, act.ms()),
+                        };
+                        blocks.push(shard, &id, partition, &e, a);
+                    }
                 }
                 for ((id, partition), old) in &pre {
                     if let Some((e, a)) = old
