@@ -1,0 +1,407 @@
+//! The in-memory engine.
+//!
+//! `ProducerStateManager` is the classifier with no disk behind it: what a
+//! test suite or a broker that persists state by other means links. The
+//! durable [`ProducerStateStore`](crate::ProducerStateStore) runs exactly
+//! the same rules over the same map, so an append classifies identically in
+//! both.
+//!
+//! Under [`Semantics::Kafka`] the same map holds plain producers and a side
+//! table (`kafka_state.rs`) the transactional ones; the seed path does not
+//! look at it.
+//!
+//! This file holds the engine and the seed path; `kafka.rs` the Kafka-mode
+//! surface (transactions, markers, the store's Kafka hooks) and
+//! `partitions.rs` what acts on keys as a whole (expiry, removal, moves).
+
+mod kafka;
+mod partitions;
+
+use std::path::Path;
+
+use crate::batch::{AppendOptions, AppendRequest, Batch, BatchMetadata};
+use crate::entry::ProducerEntry;
+use crate::error::{Corruption, Error, Result};
+use crate::id::ProducerId;
+use crate::kafka_state::KafkaState;
+use crate::map::{Apply, StateMap, hash_key};
+use crate::outcome::{AppendOutcome, BatchOutcome};
+use crate::rules::UnknownProducer;
+use crate::semantics::Semantics;
+use crate::snapshot;
+
+/// The idempotent-produce engine: classifies every append per
+/// (producer id, partition) and keeps the state that only accepted appends
+/// change.
+///
+/// ```
+/// use producer_state::{AppendOutcome::*, ProducerStateManager};
+///
+/// let mut mgr = ProducerStateManager::new();
+/// assert_eq!(mgr.append("p1", 0, 0, 0), Accepted);
+/// assert_eq!(mgr.append("p1", 0, 0, 1), Accepted);
+/// assert_eq!(mgr.append("p1", 0, 0, 1), Duplicate); // retry
+/// assert_eq!(mgr.append("p1", 0, 0, 5), OutOfOrder); // gap: 2, 3, 4 missing
+/// assert_eq!(mgr.append("p1", 0, 1, 0), Accepted); // new session restarts at 0
+/// assert_eq!(mgr.append("p1", 0, 0, 2), FencedEpoch); // zombie
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ProducerStateManager {
+    map: StateMap,
+    unknown: UnknownProducer,
+    /// `Some` exactly under [`Semantics::Kafka`].
+    kafka: Option<Box<KafkaState>>,
+}
+
+impl ProducerStateManager {
+    /// An engine with no state, under the seed rules.
+    pub fn new() -> Self {
+        ProducerStateManager::default()
+    }
+
+    /// The same engine with rule 1 as `policy` says (default
+    /// [`UnknownProducer::RequireZero`]; [`UnknownProducer::AcceptAny`] is
+    /// Kafka's behaviour since KIP-360).
+    pub fn with_unknown_producer(mut self, policy: UnknownProducer) -> Self {
+        self.unknown = policy;
+        self
+    }
+
+    /// What rule 1 does with a key that has no state.
+    pub fn unknown_producer(&self) -> UnknownProducer {
+        self.unknown
+    }
+
+    #[inline(always)]
+    fn how(&self) -> Apply<()> {
+        Apply {
+            unknown: self.unknown,
+            x: (),
+        }
+    }
+
+    /// An engine with no state, giving the verdicts of `semantics`.
+    pub fn with_semantics(semantics: Semantics) -> Self {
+        ProducerStateManager {
+            kafka: (semantics == Semantics::Kafka).then(Box::default),
+            ..ProducerStateManager::default()
+        }
+    }
+
+    /// The verdicts this engine gives.
+    pub fn semantics(&self) -> Semantics {
+        if self.kafka.is_some() {
+            Semantics::Kafka
+        } else {
+            Semantics::Seed
+        }
+    }
+
+    fn kafka_mut(&mut self, what: &'static str) -> Result<(&mut KafkaState, &mut StateMap)> {
+        match &mut self.kafka {
+            Some(k) => Ok((k, &mut self.map)),
+            None => Err(Error::Unsupported {
+                what,
+                semantics: Semantics::Seed,
+            }),
+        }
+    }
+
+    /// A plain client append under Kafka's rules; out of line and marked
+    /// cold, so the seed path that branches around it is laid out and
+    /// register-allocated as it was (the hint costs Kafka mode nothing
+    /// measurable: its two probes of the map dominate).
+    #[cold]
+    #[inline(never)]
+    fn kafka_append(
+        &mut self,
+        id: &ProducerId,
+        partition: i32,
+        epoch: i16,
+        first: i32,
+        last: i32,
+        meta: Option<BatchMetadata>,
+    ) -> BatchOutcome {
+        match &mut self.kafka {
+            Some(k) => k.append(
+                &mut self.map,
+                id,
+                partition,
+                epoch,
+                first,
+                last,
+                meta,
+                AppendOptions::client(),
+            ),
+            None => {
+                let how = self.how();
+                self.map
+                    .append(id, partition, epoch, first, last, meta, how)
+            }
+        }
+    }
+
+    fn kafka_ref(&self, what: &'static str) -> Result<&KafkaState> {
+        self.kafka.as_deref().ok_or(Error::Unsupported {
+            what,
+            semantics: Semantics::Seed,
+        })
+    }
+
+    /// Classifies a single-sequence append and records it if accepted.
+    ///
+    /// A batch of one record without metadata: rule 4 answers every retry at
+    /// or below the last sequence with [`AppendOutcome::Duplicate`].
+    #[inline(always)]
+    pub fn append(
+        &mut self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        sequence: i32,
+    ) -> AppendOutcome {
+        // The id is made in each branch, so the seed path keeps it in
+        // registers as before (its address never escapes to a call).
+        if self.kafka.is_some() {
+            return self
+                .kafka_append(
+                    &producer_id.into(),
+                    partition,
+                    epoch,
+                    sequence,
+                    sequence,
+                    None,
+                )
+                .outcome();
+        }
+        self.map
+            .append(
+                &producer_id.into(),
+                partition,
+                epoch,
+                sequence,
+                sequence,
+                None,
+                self.how(),
+            )
+            .outcome()
+    }
+
+    /// Classifies a batch and records it (with its offset and timestamp, for
+    /// retries) if accepted.
+    ///
+    /// # Panics
+    ///
+    /// Only at a capacity limit: one map holds retry windows for at most
+    /// 2^32 - 1 keys (about 400 GB of windows); the durable store's state is
+    /// 256 such maps.
+    ///
+    /// ```
+    /// use producer_state::{Batch, BatchMetadata, BatchOutcome, ProducerStateManager};
+    ///
+    /// let mut mgr = ProducerStateManager::new();
+    /// let first = Batch::new(0, 9, 1000, 1_700_000_000_000);
+    /// assert_eq!(mgr.append_batch(42u64, 3, 0, first), BatchOutcome::Accepted);
+    /// // The client retries: the broker answers with the original offset.
+    /// assert_eq!(
+    ///     mgr.append_batch(42u64, 3, 0, first),
+    ///     BatchOutcome::Duplicate {
+    ///         original: Some(BatchMetadata { offset: 1000, timestamp: 1_700_000_000_000 })
+    ///     }
+    /// );
+    /// ```
+    #[inline(always)]
+    pub fn append_batch(
+        &mut self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        batch: Batch,
+    ) -> BatchOutcome {
+        let (first, last, meta) = (
+            batch.first_sequence,
+            batch.last_sequence,
+            Some(batch.metadata()),
+        );
+        if self.kafka.is_some() {
+            return self.kafka_append(&producer_id.into(), partition, epoch, first, last, meta);
+        }
+        self.map.append(
+            &producer_id.into(),
+            partition,
+            epoch,
+            first,
+            last,
+            meta,
+            self.how(),
+        )
+    }
+
+    /// Classifies one request (single or batch) and records it if accepted.
+    pub fn append_request(&mut self, request: &AppendRequest) -> BatchOutcome {
+        let r = request;
+        if self.kafka.is_some() {
+            return self.kafka_append(
+                &r.producer_id,
+                r.partition,
+                r.epoch,
+                r.first,
+                r.last,
+                r.metadata,
+            );
+        }
+        self.map.append(
+            &r.producer_id,
+            r.partition,
+            r.epoch,
+            r.first,
+            r.last,
+            r.metadata,
+            self.how(),
+        )
+    }
+
+    /// Adds a compact entry read from a snapshot; false if the key has
+    /// state already (in the map or the side table).
+    pub(crate) fn insert_loaded(
+        &mut self,
+        id: &ProducerId,
+        partition: i32,
+        e: &ProducerEntry,
+    ) -> bool {
+        if self
+            .kafka
+            .as_deref()
+            .is_some_and(|k| k.in_side(id, partition))
+        {
+            return false;
+        }
+        self.map
+            .insert_new_hashed(hash_key(id, partition), id, partition, e, ())
+    }
+
+    /// The compact keys (the seed-format entries of a snapshot), with the
+    /// activity a snapshot states for a key of an engine without a clock.
+    pub(crate) fn compact_entries(
+        &self,
+    ) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry, i64)> + '_ {
+        self.map.iter().map(|(id, p, e)| {
+            let activity = snapshot::legacy_activity(&e);
+            (id, p, e, activity)
+        })
+    }
+
+    /// The entry of one key, if it has state.
+    ///
+    /// Under [`Semantics::Kafka`], a key with transaction state or with
+    /// cached batches that are not consecutive is shown with its epoch, its
+    /// last sequence and the newest consecutive run of its batches;
+    /// [`ProducerStateManager::kafka_state`] shows all of it.
+    pub fn get(&self, producer_id: impl Into<ProducerId>, partition: i32) -> Option<ProducerEntry> {
+        let id = producer_id.into();
+        match &self.kafka {
+            None => self.map.get(&id, partition),
+            Some(k) => k.get(&self.map, &id, partition),
+        }
+    }
+
+    /// Number of (producer id, partition) keys with state.
+    pub fn len(&self) -> usize {
+        self.map.len() + self.kafka.as_deref().map_or(0, KafkaState::len)
+    }
+
+    /// True when no key has state.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every key with its entry, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (ProducerId, i32, ProducerEntry)> + '_ {
+        self.map
+            .iter()
+            .chain(self.kafka.iter().flat_map(|k| k.iter()))
+    }
+
+    /// The whole state as a snapshot in the crate's own checksummed format
+    /// (docs/format.md, "Snapshot files"), byte for byte what the durable
+    /// store writes to `<position>.snap`, stating `position` in its header.
+    ///
+    /// For a caller that keeps or ships the state by other means, such as a
+    /// replicated state machine building a snapshot at its applied log
+    /// index. [`ProducerStateManager::decode_snapshot`] reads it back, and
+    /// so do the store's recovery and the `inspect-snapshot` tool when the
+    /// bytes are saved under the store's file name.
+    ///
+    /// ```
+    /// use producer_state::{AppendOutcome, ProducerStateManager};
+    ///
+    /// let mut mgr = ProducerStateManager::new();
+    /// mgr.append(7u64, 0, 0, 0);
+    /// let bytes = mgr.encode_snapshot(42)?;
+    /// let (position, copy) = ProducerStateManager::decode_snapshot("transfer", &bytes)?;
+    /// assert_eq!((position, copy.get(7u64, 0)), (42, mgr.get(7u64, 0)));
+    /// # Ok::<(), producer_state::Error>(())
+    /// ```
+    ///
+    /// Under [`Semantics::Kafka`] the snapshot's header says so (flag bit
+    /// 0) and a Kafka section holds the side table and the aborted
+    /// transactions (docs/format.md); [`ProducerStateManager::decode_snapshot`]
+    /// gives back a Kafka-mode engine with the same state.
+    ///
+    /// # Errors
+    ///
+    /// None today; a `Result` so that a state the format cannot hold is an
+    /// error, never a file that loses it.
+    pub fn encode_snapshot(&self, position: u64) -> Result<Vec<u8>> {
+        // The engine keeps no clock: a key's activity is its newest
+        // batch's timestamp, as for a file written before activity existed.
+        Ok(snapshot::encode_to_vec(
+            position,
+            &crate::meta::Meta::default(),
+            self.kafka.as_deref(),
+            self.compact_entries(),
+        ))
+    }
+
+    /// Reads a snapshot made by [`ProducerStateManager::encode_snapshot`]
+    /// (or a store's snapshot file) into a fresh engine, with the position
+    /// its header states.
+    ///
+    /// Nothing is returned unless every check passes: magic, version,
+    /// lengths, every entry, the CRC over every byte and the entry count.
+    /// `source` names the bytes in errors (a path, or any label such as
+    /// "snapshot from node 2").
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] naming `source` and the byte offset of the first
+    /// damage (also for a key stated twice), or
+    /// [`Error::UnsupportedVersion`]. Never a panic, whatever the bytes.
+    pub fn decode_snapshot(source: impl AsRef<Path>, bytes: &[u8]) -> Result<(u64, Self)> {
+        let source = source.as_ref();
+        let mut map = StateMap::default();
+        let read = |id: ProducerId, partition, entry: ProducerEntry, _activity| {
+            if map.insert_new_hashed(hash_key(&id, partition), &id, partition, &entry, ()) {
+                Ok(())
+            } else {
+                Err(Error::corrupt(source, 0, Corruption::DuplicateKey))
+            }
+        };
+        let (header, _meta, kafka) = snapshot::read_kafka(source, bytes, bytes.len() as u64, read)?;
+        if let Some(k) = &kafka
+            && let Some((id, p, _)) = k.side().find(|(id, p, _)| map.get(id, *p).is_some())
+        {
+            let _ = (id, p);
+            return Err(Error::corrupt(source, 0, Corruption::DuplicateKey));
+        }
+        let manager = ProducerStateManager {
+            map,
+            kafka: kafka.map(Box::new),
+            ..ProducerStateManager::default()
+        };
+        Ok((header.position, manager))
+    }
+}
+
+#[cfg(test)]
+mod tests;
