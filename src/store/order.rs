@@ -30,10 +30,12 @@
 //! the next round goes on. It then looks each victim's slot up by its hash,
 //! 32 at a time: first their control bytes, then their slots, each a loop
 //! of independent loads so that the cache misses overlap, then the loop
-//! that resolves them while they are in L1 (and, under the buffered
-//! policies, removes them: [`Order::remove_victims`]). The victims come out
-//! shard by shard (their log record lists them so; the set is what the
-//! order defines).
+//! that resolves them while they are in L1. Under the buffered policies
+//! that loop also removes them ([`Order::remove_victims`]), each in the
+//! same probe of the table that finds it (`StateMap::remove_with_hash`),
+//! not a lookup and then a removal by key. The victims come out shard by
+//! shard (their log record lists them so; the set is what the order
+//! defines).
 //!
 //! A list entry whose key has since been touched or removed finds no key
 //! with that rank and is passed over; a key whose new rank falls at or
