@@ -325,6 +325,23 @@ impl Shards {
         remove_in(&mut self.maps[s], &mut self.parts[s], hash, id, partition)
     }
 
+    /// Removes the keys with hash `hash` that `take` accepts (see
+    /// [`StateMap::remove_with_hash`]), pushing each onto `out`.
+    #[inline]
+    pub(crate) fn remove_with_hash(
+        &mut self,
+        hash: u64,
+        take: impl Fn(&ProducerId, i32, Activity) -> bool,
+        out: &mut Vec<(u64, ProducerId, i32)>,
+    ) -> usize {
+        let s = shard_of(hash);
+        let parts = &mut self.parts[s];
+        self.maps[s].remove_with_hash(hash, take, |id, p| {
+            parts.sub(p);
+            out.push((hash, id, p));
+        })
+    }
+
     /// Brings the slots of the (numeric) keys with these hashes into
     /// cache: first every key's control bytes, then every slot. A lookup
     /// reads the slot only once its control bytes are in, and a loop of

@@ -690,9 +690,10 @@ impl State {
         } = &mut self.keys;
         let excluded = |h: u64, id: &ProducerId, p: i32| {
             (h == hash && *id == r.producer_id && p == r.partition)
-                || overlay
-                    .find(h, |q| q.partition == p && q.id == *id)
-                    .is_some()
+                || (!overlay.is_empty()
+                    && overlay
+                        .find(h, |q| q.partition == p && q.id == *id)
+                        .is_some())
         };
         let victims = if at_once {
             order.remove_victims(shards, n, excluded)

@@ -30,10 +30,12 @@
 //! the next round goes on. It then looks each victim's slot up by its hash,
 //! 32 at a time: first their control bytes, then their slots, each a loop
 //! of independent loads so that the cache misses overlap, then the loop
-//! that resolves them while they are in L1 (and, under the buffered
-//! policies, removes them: [`Order::remove_victims`]). The victims come out
-//! shard by shard (their log record lists them so; the set is what the
-//! order defines).
+//! that resolves them while they are in L1. Under the buffered policies
+//! that loop also removes them ([`Order::remove_victims`]), each in the
+//! same probe of the table that finds it (`StateMap::remove_with_hash`),
+//! not a lookup and then a removal by key. The victims come out shard by
+//! shard (their log record lists them so; the set is what the order
+//! defines).
 //!
 //! A list entry whose key has since been touched or removed finds no key
 //! with that rank and is passed over; a key whose new rank falls at or
@@ -99,14 +101,16 @@ fn fill(
     scratch: &mut Vec<Rank>,
     map: &Map,
     floor: Rank,
-    keep: impl Fn(crate::map::Activity) -> bool + Copy + 'static,
+    keep: impl Fn(crate::map::Activity) -> bool,
 ) {
     scratch.clear();
-    scratch.extend(
-        map.extras_hashed_where(keep)
-            .map(|(a, h)| rank(a.ms(), h))
-            .filter(|&r| r >= floor),
-    );
+    scratch.reserve(map.len());
+    map.for_each_extra_hashed(keep, |a, h| {
+        let r = rank(a.ms(), h);
+        if r >= floor {
+            scratch.push(r);
+        }
+    });
 }
 
 impl ShardOrder {
@@ -326,7 +330,6 @@ impl Order {
                 access
                     .shards()
                     .warm_hashes(hashes.get(..chunk.len()).unwrap_or_default());
-                let first = out.len();
                 for &r in chunk {
                     // Equal ranks are adjacent; the first resolves them all.
                     if last.replace(r) == Some(r) {
@@ -334,20 +337,27 @@ impl Order {
                     }
                     let (act, h) = (rank_act(r), rank_hash(r));
                     let start = out.len();
-                    for (id, p, a) in access.shards().shard(shard_of(h)).keys_with_hash(h) {
-                        if a.ms() == act && !excluded(h, &id, p) {
-                            out.push((h, id, p));
+                    match &mut access {
+                        // Found and removed in one probe of the table.
+                        Access::Remove(shards) => {
+                            shards.remove_with_hash(
+                                h,
+                                |id, p, a| a.ms() == act && !excluded(h, id, p),
+                                &mut out,
+                            );
+                        }
+                        Access::Read(shards) => {
+                            for (id, p, a) in shards.shard(shard_of(h)).keys_with_hash(h) {
+                                if a.ms() == act && !excluded(h, &id, p) {
+                                    out.push((h, id, p));
+                                }
+                            }
                         }
                     }
                     if let Some(same) = out.get_mut(start..)
                         && same.len() > 1
                     {
                         same.sort_unstable_by(|x, y| (&x.1, x.2).cmp(&(&y.1, y.2)));
-                    }
-                }
-                if let Access::Remove(shards) = &mut access {
-                    for (h, id, p) in out.get(first..).unwrap_or_default() {
-                        shards.remove(*h, id, *p);
                     }
                 }
             }

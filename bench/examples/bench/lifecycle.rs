@@ -53,11 +53,33 @@ fn churn_opts(cap: Option<usize>) -> StoreOptions {
 
 /// A child process's measurement: `keys` distinct ids into a store capped
 /// at `cap`; prints appends/s, the RSS the store added, and its keys.
-pub fn churn_child(dir: &Path, keys: u64, cap: Option<usize>) -> Result<()> {
+/// With `step`, the store's clock is a manual one moved `step` ms per
+/// `append_all` call instead of the wall clock (for profiling only).
+pub fn churn_child(dir: &Path, keys: u64, cap: Option<usize>, step: Option<u64>) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);
     let before = rss_bytes();
-    let store = ProducerStateStore::open_with(dir, churn_opts(cap))?;
-    let secs = append_keys(&store, 0, keys)?;
+    let secs = match step {
+        None => {
+            let store = ProducerStateStore::open_with(dir, churn_opts(cap))?;
+            let secs = append_keys(&store, 0, keys)?;
+            (store, secs)
+        }
+        Some(step) => {
+            let clock = ManualClock::new(1_700_000_000_000);
+            let opts = churn_opts(cap).clock(Arc::new(clock.clone()));
+            let store = ProducerStateStore::open_with(dir, opts)?;
+            let t = Instant::now();
+            let mut first = 0;
+            while first < keys {
+                let n = (keys - first).min(10_000);
+                append_keys(&store, first, n)?;
+                clock.advance(Duration::from_millis(step));
+                first += n;
+            }
+            (store, t.elapsed().as_secs_f64())
+        }
+    };
+    let (store, secs) = secs;
     let after = rss_bytes();
     println!(
         "{} {} {}",
