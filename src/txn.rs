@@ -17,7 +17,7 @@
 //! that ever saw a transaction have an entry, so partitions of plain
 //! producers cost nothing here.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -175,10 +175,11 @@ impl fmt::Display for MarkerOutcome {
 /// One partition's transactions.
 #[derive(Clone, Debug, Default)]
 struct PartitionTxns {
-    /// Open transactions by (first offset, a tie-breaker): offsets come
-    /// from the caller, and two producers given the same first offset must
-    /// both stay listed.
-    open: BTreeMap<(i64, u64), ProducerId>,
+    /// Open transactions by (first offset, producer): a producer has at
+    /// most one transaction open on a partition, so the pair is unique,
+    /// and two producers given the same first offset (offsets come from
+    /// the caller) both stay listed. Closing one is a single lookup.
+    open: BTreeSet<(i64, ProducerId)>,
     /// Aborted transactions in the order their markers came.
     aborted: Vec<AbortedTxn>,
 }
@@ -213,32 +214,22 @@ const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TxnIndex {
     partitions: HashMap<i32, PartitionTxns, BuildHasherDefault<PartitionHash>>,
-    next_tie: u64,
 }
 
 impl TxnIndex {
     /// Records that `producer_id` opened a transaction at `first_offset`.
     pub(crate) fn open(&mut self, partition: i32, producer_id: &ProducerId, first_offset: i64) {
-        let tie = self.next_tie;
-        self.next_tie += 1;
         self.partitions
             .entry(partition)
             .or_default()
             .open
-            .insert((first_offset, tie), producer_id.clone());
+            .insert((first_offset, producer_id.clone()));
     }
 
     /// Drops `producer_id`'s open transaction at `first_offset`, if listed.
     fn close(&mut self, partition: i32, producer_id: &ProducerId, first_offset: i64) {
         if let Some(p) = self.partitions.get_mut(&partition) {
-            let key = p
-                .open
-                .range((first_offset, 0)..=(first_offset, u64::MAX))
-                .find(|(_, id)| *id == producer_id)
-                .map(|(k, _)| *k);
-            if let Some(k) = key {
-                p.open.remove(&k);
-            }
+            p.open.remove(&(first_offset, producer_id.clone()));
         }
     }
 
@@ -293,7 +284,7 @@ impl TxnIndex {
     pub(crate) fn first_unstable_offset(&self, partition: i32) -> Option<i64> {
         self.partitions
             .get(&partition)
-            .and_then(|p| p.open.keys().next().map(|k| k.0))
+            .and_then(|p| p.open.first().map(|k| k.0))
     }
 
     /// The aborted transactions of the partition, in marker order.
