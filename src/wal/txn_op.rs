@@ -139,15 +139,46 @@ pub(crate) fn encode_marker(
     epoch: i16,
     marker: &Marker,
 ) {
+    if let Some(n) = id.as_numeric() {
+        // Built in place, as a numeric batch is (the same bytes).
+        let mut rec = [0u8; MARKER_NUMERIC_LEN];
+        put(&mut rec, AT_LEN, (MARKER_NUMERIC_LEN as u32).to_le_bytes());
+        put(&mut rec, AT_KIND, [KIND_MARKER_NUMERIC]);
+        let at = HEADER;
+        put(&mut rec, at, n.to_le_bytes());
+        put(&mut rec, at + 8, partition.to_le_bytes());
+        put(&mut rec, at + 12, epoch.to_le_bytes());
+        put(&mut rec, at + 14, [marker_kind(marker)]);
+        put(&mut rec, at + 15, marker.coordinator_epoch.to_le_bytes());
+        put(&mut rec, at + 19, marker.offset.to_le_bytes());
+        put(&mut rec, at + 27, marker.timestamp.to_le_bytes());
+        buf.extend_from_slice(&rec);
+        return;
+    }
+    encode_marker_fields(buf, id, partition, epoch, marker);
+}
+
+fn marker_kind(marker: &Marker) -> u8 {
+    match marker.kind {
+        MarkerKind::Commit => 0,
+        MarkerKind::Abort => 1,
+    }
+}
+
+/// [`encode_marker`] field by field: any id.
+fn encode_marker_fields(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    epoch: i16,
+    marker: &Marker,
+) {
     let s = begin(buf, KIND_MARKER_NUMERIC);
     let kind = put_id(buf, id, KIND_MARKER_NUMERIC, KIND_MARKER_NAMED);
     set_kind(buf, s, kind);
     buf.put_i32(partition);
     buf.put_i16(epoch);
-    buf.put_u8(match marker.kind {
-        MarkerKind::Commit => 0,
-        MarkerKind::Abort => 1,
-    });
+    buf.put_u8(marker_kind(marker));
     buf.put_i32(marker.coordinator_epoch);
     buf.put_i64(marker.offset);
     buf.put_i64(marker.timestamp);
@@ -325,6 +356,32 @@ mod tests {
             encode_batch_fields(&mut fields, &r, txn);
             assert_eq!(fast, fields, "{id} {partition} {txn}");
             assert_eq!(fast.len(), 1 + BATCH_NUMERIC_LEN);
+        }
+    }
+
+    #[test]
+    fn a_numeric_marker_built_in_place_has_the_bytes_of_the_field_by_field_record() {
+        for (id, partition, epoch, marker) in [
+            (0u64, 0, 0, Marker::commit(0, 0, 0)),
+            (
+                u64::MAX,
+                -3,
+                i16::MIN,
+                Marker::abort(i32::MIN, i64::MAX, -1),
+            ),
+            (
+                0x0102_0304_0506_0708,
+                i32::MAX,
+                7,
+                Marker::abort(0x1122_3344, 0x1122_3344_5566_7788, i64::MIN),
+            ),
+        ] {
+            let id = ProducerId::numeric(id);
+            let (mut fast, mut fields) = (vec![0xAA], vec![0xAA]);
+            encode_marker(&mut fast, &id, partition, epoch, &marker);
+            encode_marker_fields(&mut fields, &id, partition, epoch, &marker);
+            assert_eq!(fast, fields, "{id:?} {partition}");
+            assert_eq!(fast.len(), 1 + MARKER_NUMERIC_LEN);
         }
     }
 
