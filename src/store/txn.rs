@@ -355,6 +355,7 @@ impl Shared {
 
     /// Runs one Kafka-mode operation to its answer: durable under
     /// `Always` before it returns.
+    #[inline]
     pub(super) fn kafka_run(&self, op: KafkaOp<'_>) -> Result<KafkaAnswer> {
         if !self.kafka {
             return Err(self.kafka_refused());
