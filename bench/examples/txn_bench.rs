@@ -5,7 +5,9 @@
 //! (about a minute). `--batches N` batches per round (default 2,000,000; a hundredth under `Always`),
 //! `--rounds N` (default 5; tables show medians), `--threads N` appenders
 //! under `FsyncPolicy::Always` (default 8), `--policy never|always` one
-//! policy only (default both), `--dir PATH` the disk.
+//! policy only (default both), `--dir PATH` the disk, `--side
+//! seed|plain|txn` one side only (for an instruction count per side under
+//! callgrind; the ratio columns then say `-`).
 //!
 //! The data: producers `0..P` (P = 64), producer `p` writing partition `p`
 //! at epoch 0, each batch 1 to 4 records, offsets counted per partition,
@@ -48,6 +50,14 @@ enum Side {
 }
 
 impl Side {
+    fn short(self) -> &'static str {
+        match self {
+            Side::Seed => "seed",
+            Side::KafkaPlain => "plain",
+            Side::KafkaTxn => "txn",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Side::Seed => "seed",
@@ -199,6 +209,13 @@ fn main() -> Result<()> {
     println!("|---|---:|---:|---:|---:|---:|---:|");
     // Always waits for the disk on every batch: a hundredth of the data.
     let only = arg(&args, "--policy");
+    let side = arg(&args, "--side");
+    if let Some(s) = &side
+        && !sides.iter().any(|x| x.short() == s)
+    {
+        return Err("--side must be seed, plain or txn".into());
+    }
+    let runs = |s: Side| side.as_deref().is_none_or(|o| o == s.short());
     for (policy, threads, share) in [
         (FsyncPolicy::Never, 1, 1),
         (FsyncPolicy::Always, threads, 100),
@@ -226,15 +243,31 @@ fn main() -> Result<()> {
             // Rotate the order so no side always runs first.
             for k in 0..sides.len() {
                 let i = (k + r) % sides.len();
+                if !runs(sides[i]) {
+                    continue;
+                }
                 this[i] = round(&dir, sides[i], policy, threads, &work)?;
                 rates[i].push(this[i]);
             }
             ratios.0.push(this[2] / this[0]);
             ratios.1.push(this[2] / this[1]);
         }
-        let k = |v: &Vec<f64>| median(v.clone()) / 1e3;
+        let k = |v: &Vec<f64>| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{:.0} k/s", median(v.clone()) / 1e3)
+            }
+        };
+        let x = |v: Vec<f64>| {
+            if side.is_some() {
+                "-".to_string()
+            } else {
+                format!("{:.2}x", median(v))
+            }
+        };
         println!(
-            "| {} | {threads} | {:.0} k/s | {:.0} k/s | {:.0} k/s | {:.2}x | {:.2}x |",
+            "| {} | {threads} | {} | {} | {} | {} | {} |",
             if policy == FsyncPolicy::Never {
                 "Never"
             } else {
@@ -243,8 +276,8 @@ fn main() -> Result<()> {
             k(&rates[0]),
             k(&rates[1]),
             k(&rates[2]),
-            median(ratios.0),
-            median(ratios.1),
+            x(ratios.0),
+            x(ratios.1),
         );
     }
     println!("\n(batches per second; ratios are medians of per-round ratios)");

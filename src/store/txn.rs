@@ -116,6 +116,7 @@ fn engine_lost() -> Error {
 impl State {
     /// Classifies `op` on the Kafka-mode engine, applies it if accepted
     /// and queues its record.
+    #[inline]
     pub(super) fn submit_kafka(&mut self, op: &KafkaOp<'_>) -> Result<KafkaSubmit> {
         // Only `Always` tracks keys in flight: the other policies need no
         // copy of the key.
@@ -355,6 +356,7 @@ impl Shared {
 
     /// Runs one Kafka-mode operation to its answer: durable under
     /// `Always` before it returns.
+    #[inline]
     pub(super) fn kafka_run(&self, op: KafkaOp<'_>) -> Result<KafkaAnswer> {
         if !self.kafka {
             return Err(self.kafka_refused());

@@ -251,7 +251,7 @@ const _: () = assert!(MAX_PACKED_LEN <= MAX_LEN);
 /// Writes `v` at `at` in a fixed-size record (constant offsets: no checks
 /// remain after inlining).
 #[inline(always)]
-fn put<const N: usize>(rec: &mut [u8], at: usize, v: [u8; N]) {
+pub(super) fn put<const N: usize>(rec: &mut [u8], at: usize, v: [u8; N]) {
     if let Some(d) = rec.get_mut(at..at + N) {
         d.copy_from_slice(&v);
     }

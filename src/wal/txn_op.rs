@@ -12,7 +12,7 @@
 #![deny(clippy::indexing_slicing)]
 
 use super::op::{LogOp, begin, end};
-use super::record::{AT_KIND, HEADER};
+use super::record::{AT_KIND, AT_LEN, HEADER, put};
 use crate::batch::{AppendRequest, BatchMetadata};
 use crate::codec::{Dec, Put};
 use crate::error::Corruption;
@@ -73,6 +73,19 @@ fn set_kind(buf: &mut [u8], start: usize, kind: u8) {
 /// checked that a name fits and that the batch has metadata (single
 /// appends are plain: kinds 1 to 4).
 pub(crate) fn encode_batch(buf: &mut Vec<u8>, r: &AppendRequest, transactional: bool) {
+    if let (Some(id), Some(m)) = (r.producer_id.as_numeric(), r.metadata) {
+        // The common record, built in place and appended at once: the
+        // field-by-field path below checks the buffer's room per field,
+        // which cost a transactional batch more than its classification.
+        // The same bytes (a test compares the two).
+        buf.extend_from_slice(&numeric_batch(id, r, m, transactional));
+        return;
+    }
+    encode_batch_fields(buf, r, transactional);
+}
+
+/// [`encode_batch`] field by field: any id, with or without metadata.
+fn encode_batch_fields(buf: &mut Vec<u8>, r: &AppendRequest, transactional: bool) {
     let s = begin(buf, KIND_BATCH_NUMERIC);
     let kind = put_id(buf, &r.producer_id, KIND_BATCH_NUMERIC, KIND_BATCH_NAMED);
     set_kind(buf, s, kind);
@@ -90,8 +103,70 @@ pub(crate) fn encode_batch(buf: &mut Vec<u8>, r: &AppendRequest, transactional: 
     end(buf, s);
 }
 
+/// A numeric id's batch record (kind 16), header fields but the length
+/// and kind left zero as [`begin`] leaves them.
+#[inline]
+fn numeric_batch(
+    id: u64,
+    r: &AppendRequest,
+    m: BatchMetadata,
+    transactional: bool,
+) -> [u8; BATCH_NUMERIC_LEN] {
+    let mut rec = [0u8; BATCH_NUMERIC_LEN];
+    put(&mut rec, AT_LEN, (BATCH_NUMERIC_LEN as u32).to_le_bytes());
+    put(&mut rec, AT_KIND, [KIND_BATCH_NUMERIC]);
+    let at = HEADER;
+    put(&mut rec, at, id.to_le_bytes());
+    put(&mut rec, at + 8, r.partition.to_le_bytes());
+    put(&mut rec, at + 12, r.epoch.to_le_bytes());
+    put(&mut rec, at + 14, r.first.to_le_bytes());
+    put(&mut rec, at + 18, r.last.to_le_bytes());
+    put(&mut rec, at + 22, m.offset.to_le_bytes());
+    put(&mut rec, at + 30, m.timestamp.to_le_bytes());
+    put(
+        &mut rec,
+        at + 38,
+        [if transactional { TRANSACTIONAL } else { 0 }],
+    );
+    rec
+}
+
 /// Appends an end-transaction marker record (kind 18 or 19).
 pub(crate) fn encode_marker(
+    buf: &mut Vec<u8>,
+    id: &ProducerId,
+    partition: i32,
+    epoch: i16,
+    marker: &Marker,
+) {
+    if let Some(n) = id.as_numeric() {
+        // Built in place, as a numeric batch is (the same bytes).
+        let mut rec = [0u8; MARKER_NUMERIC_LEN];
+        put(&mut rec, AT_LEN, (MARKER_NUMERIC_LEN as u32).to_le_bytes());
+        put(&mut rec, AT_KIND, [KIND_MARKER_NUMERIC]);
+        let at = HEADER;
+        put(&mut rec, at, n.to_le_bytes());
+        put(&mut rec, at + 8, partition.to_le_bytes());
+        put(&mut rec, at + 12, epoch.to_le_bytes());
+        put(&mut rec, at + 14, [marker_kind(marker)]);
+        put(&mut rec, at + 15, marker.coordinator_epoch.to_le_bytes());
+        put(&mut rec, at + 19, marker.offset.to_le_bytes());
+        put(&mut rec, at + 27, marker.timestamp.to_le_bytes());
+        buf.extend_from_slice(&rec);
+        return;
+    }
+    encode_marker_fields(buf, id, partition, epoch, marker);
+}
+
+fn marker_kind(marker: &Marker) -> u8 {
+    match marker.kind {
+        MarkerKind::Commit => 0,
+        MarkerKind::Abort => 1,
+    }
+}
+
+/// [`encode_marker`] field by field: any id.
+fn encode_marker_fields(
     buf: &mut Vec<u8>,
     id: &ProducerId,
     partition: i32,
@@ -103,10 +178,7 @@ pub(crate) fn encode_marker(
     set_kind(buf, s, kind);
     buf.put_i32(partition);
     buf.put_i16(epoch);
-    buf.put_u8(match marker.kind {
-        MarkerKind::Commit => 0,
-        MarkerKind::Abort => 1,
-    });
+    buf.put_u8(marker_kind(marker));
     buf.put_i32(marker.coordinator_epoch);
     buf.put_i64(marker.offset);
     buf.put_i64(marker.timestamp);
@@ -247,6 +319,71 @@ pub(super) fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<LogOp, Corrupt
 mod tests {
     use super::*;
     use crate::wal::record::{Layout, decode, seal, seed};
+
+    #[test]
+    fn a_numeric_batch_built_in_place_has_the_bytes_of_the_field_by_field_record() {
+        for (id, partition, epoch, first, last, offset, ts, txn) in [
+            (0u64, 0, 0, 0, 0, 0i64, 0i64, false),
+            (
+                u64::MAX,
+                -3,
+                i16::MIN,
+                i32::MAX,
+                -1,
+                i64::MIN,
+                i64::MAX,
+                true,
+            ),
+            (
+                0x0102_0304_0506_0708,
+                i32::MIN,
+                7,
+                5,
+                9,
+                0x1122_3344_5566_7788,
+                -1,
+                true,
+            ),
+        ] {
+            let mut r = AppendRequest::single(id, partition, epoch, first);
+            r.last = last;
+            r.metadata = Some(BatchMetadata {
+                offset,
+                timestamp: ts,
+            });
+            let (mut fast, mut fields) = (vec![0xAA], vec![0xAA]);
+            encode_batch(&mut fast, &r, txn);
+            encode_batch_fields(&mut fields, &r, txn);
+            assert_eq!(fast, fields, "{id} {partition} {txn}");
+            assert_eq!(fast.len(), 1 + BATCH_NUMERIC_LEN);
+        }
+    }
+
+    #[test]
+    fn a_numeric_marker_built_in_place_has_the_bytes_of_the_field_by_field_record() {
+        for (id, partition, epoch, marker) in [
+            (0u64, 0, 0, Marker::commit(0, 0, 0)),
+            (
+                u64::MAX,
+                -3,
+                i16::MIN,
+                Marker::abort(i32::MIN, i64::MAX, -1),
+            ),
+            (
+                0x0102_0304_0506_0708,
+                i32::MAX,
+                7,
+                Marker::abort(0x1122_3344, 0x1122_3344_5566_7788, i64::MIN),
+            ),
+        ] {
+            let id = ProducerId::numeric(id);
+            let (mut fast, mut fields) = (vec![0xAA], vec![0xAA]);
+            encode_marker(&mut fast, &id, partition, epoch, &marker);
+            encode_marker_fields(&mut fields, &id, partition, epoch, &marker);
+            assert_eq!(fast, fields, "{id:?} {partition}");
+            assert_eq!(fast.len(), 1 + MARKER_NUMERIC_LEN);
+        }
+    }
 
     fn ops() -> Vec<LogOp> {
         let mut named = AppendRequest::single("tx-é", -3, 7, 10);
