@@ -139,6 +139,21 @@ fn assert_refused(dir: &Path, culprit: &Path, what: &str) {
     }
 }
 
+/// `name` in `dir`, or if a file of the store has it (where the log's
+/// segments roll depends on its records' sizes, and a record's size on the
+/// clock it stamps), the next position with the same extension that none has.
+fn free_name(dir: &Path, name: &str) -> PathBuf {
+    let (digits, ext) = name.split_at(20);
+    let mut position: u64 = digits.parse().unwrap();
+    loop {
+        let p = dir.join(format!("{position:020}{ext}"));
+        if std::fs::symlink_metadata(&p).is_err() {
+            return p;
+        }
+        position += 1;
+    }
+}
+
 #[test]
 fn a_store_name_that_is_not_a_file_is_refused_by_name() {
     let elsewhere = tempfile::tempdir().unwrap();
@@ -180,7 +195,7 @@ fn a_store_name_that_is_not_a_file_is_refused_by_name() {
     for (name, make, what) in cases {
         let d = tempfile::tempdir().unwrap();
         store(d.path(), opts(), 200);
-        let culprit = d.path().join(name);
+        let culprit = free_name(d.path(), name);
         make(&culprit, elsewhere.path());
         assert_refused(d.path(), &culprit, what);
         // Taken away, the store opens with everything it had.
