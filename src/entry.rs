@@ -131,8 +131,9 @@ impl Head {
         let mut metas = [(0i64, 0i64); N];
         let mut m = 0;
         let mut last = self.last;
+        // Ring slots from the newest (just before `pos`) backwards.
+        let mut i = if pos == 0 { N - 1 } else { pos - 1 };
         for (k, span) in spans.iter_mut().enumerate().take(n) {
-            let i = (pos + 2 * N - 1 - k) % N;
             let slot = &window.slots[i];
             *span = last.wrapping_sub(next_sequence(slot.prev)) as u32;
             last = slot.prev;
@@ -141,6 +142,7 @@ impl Head {
                 metas[m] = (join(slot.offset), join(slot.timestamp));
                 m += 1;
             }
+            i = if i == 0 { N - 1 } else { i - 1 };
         }
         (n, spans, mask, metas)
     }

@@ -158,14 +158,18 @@ fn encode_parts(
     let spans = spans.get(..n).unwrap_or_default();
     let max_span = spans.iter().fold(0u32, |a, &s| a | s);
     let metas = metas.get(..m).unwrap_or_default();
-    let deltas = |(a, b): (&(i64, i64), &(i64, i64))| {
-        (zigzag(a.0.wrapping_sub(b.0)), zigzag(a.1.wrapping_sub(b.1)))
-    };
+    // Each delta pair once: for the widths, then for the output.
+    let mut deltas = [(0u64, 0u64); RETAINED_BATCHES - 1];
     let (mut max_do, mut max_dt) = (0u64, 0u64);
-    for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
-        max_do |= d_o;
-        max_dt |= d_t;
+    for (d, (a, b)) in deltas
+        .iter_mut()
+        .zip(metas.iter().zip(metas.iter().skip(1)))
+    {
+        *d = (zigzag(a.0.wrapping_sub(b.0)), zigzag(a.1.wrapping_sub(b.1)));
+        max_do |= d.0;
+        max_dt |= d.1;
     }
+    let deltas = deltas.get(..m.saturating_sub(1)).unwrap_or_default();
     // Or-ing the values needs as many bytes as the largest of them.
     let s = usize::from(
         SPAN_CLASS
@@ -207,10 +211,20 @@ fn encode_parts(
     for _ in 0..ROOM / 32 {
         buf.extend_from_slice(&[0u8; 32]);
     }
-    let mut out = Out {
-        b: buf.get_mut(at..).unwrap_or_default(),
-        n: 0,
+    // The room is exactly `ROOM` bytes (made just above); the spare is
+    // never used, but keeps this path free of a panic.
+    let mut spare: [u8; ROOM];
+    let b = match buf
+        .get_mut(at..)
+        .and_then(|b| <&mut [u8; ROOM]>::try_from(b).ok())
+    {
+        Some(b) => b,
+        None => {
+            spare = [0u8; ROOM];
+            &mut spare
+        }
     };
+    let mut out = Out { b, n: 0 };
     if named.is_none() {
         out.put(u64::from(shape), 1);
         out.put(id.as_numeric().unwrap_or_default(), 8);
@@ -235,7 +249,7 @@ fn encode_parts(
             out.put(offset as u64, 8);
             out.put(timestamp as u64, 8);
         }
-        for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
+        for &(d_o, d_t) in deltas {
             out.put(d_o, ow);
             out.put(d_t, tw);
         }
@@ -249,9 +263,12 @@ fn encode_parts(
 /// bytes, plus 8 so that every store is a whole word, in 32-byte pieces.
 const ROOM: usize = 160;
 
-/// The room at the end of the output an entry's fields are stored into.
+/// The room at the end of the output an entry's fields are stored into:
+/// exactly [`ROOM`] bytes, so that a store at an offset masked to 127
+/// is in bounds by construction (no check per field; the fields end by
+/// byte 129, the last store starts by byte 121).
 struct Out<'a> {
-    b: &'a mut [u8],
+    b: &'a mut [u8; ROOM],
     n: usize,
 }
 
@@ -259,7 +276,8 @@ impl Out<'_> {
     /// Appends the low `w` (at most 8) bytes of `v`, little-endian.
     #[inline(always)]
     fn put(&mut self, v: u64, w: usize) {
-        if let Some(at) = self.b.get_mut(self.n..self.n + 8) {
+        let o = self.n & 127;
+        if let Some(at) = self.b.get_mut(o..o + 8) {
             at.copy_from_slice(&v.to_le_bytes());
         }
         self.n += w;

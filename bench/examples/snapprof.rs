@@ -64,9 +64,16 @@ fn main() -> Result<()> {
         }
         "write" => {
             let store = ProducerStateStore::open_with(dir, opts())?;
-            store.append_batch(0, 0, 0, Batch::new(1_000, 1_000, -1, T0))?;
+            // One more batch, so there is something to snapshot.
+            let s = store.get(0, 0).ok_or("key 0 missing")?.last_sequence() + 1;
+            let at = 1 << 40;
+            assert!(
+                store
+                    .append_batch(0, 0, 0, Batch::new(s, s, at, T0 + at))?
+                    .is_accepted()
+            );
             store.sync()?;
-            store.snapshot()?;
+            store.snapshot()?.ok_or("no snapshot taken")?;
             store.close()?;
         }
         "read" => {
