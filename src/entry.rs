@@ -133,6 +133,19 @@ impl Head {
         let mut last = self.last;
         // Ring slots from the newest (just before `pos`) backwards.
         let mut i = if pos == 0 { N - 1 } else { pos - 1 };
+        // The slots in use are 0..n (the ring wraps only when full): when
+        // every one has metadata, batch k's is `metas[k]`, no branch.
+        let all = (1u8 << n) - 1;
+        if self.mask == all {
+            for ((span, meta), _) in spans.iter_mut().zip(&mut metas).zip(0..n) {
+                let slot = &window.slots[i];
+                *span = last.wrapping_sub(next_sequence(slot.prev)) as u32;
+                last = slot.prev;
+                *meta = (join(slot.offset), join(slot.timestamp));
+                i = if i == 0 { N - 1 } else { i - 1 };
+            }
+            return (n, spans, all, metas);
+        }
         for (k, span) in spans.iter_mut().enumerate().take(n) {
             let slot = &window.slots[i];
             *span = last.wrapping_sub(next_sequence(slot.prev)) as u32;

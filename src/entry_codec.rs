@@ -242,8 +242,11 @@ fn encode_parts(
             DELTA_BYTES.get(o).copied().unwrap_or(8),
             DELTA_BYTES.get(t).copied().unwrap_or(8),
         );
-        for &span in spans {
-            out.put(u64::from(span), sw);
+        // Spans of width 0 (one-record batches) take no bytes.
+        if sw != 0 {
+            for &span in spans {
+                out.put(u64::from(span), sw);
+            }
         }
         if let Some(&(offset, timestamp)) = metas.first() {
             out.put(offset as u64, 8);
@@ -627,6 +630,37 @@ mod tests {
                 let mut again = Vec::new();
                 encode(&mut again, &did, dp, &de, form, da);
                 assert_eq!(again, b);
+            }
+        }
+    }
+
+    #[test]
+    fn windows_wrapped_at_every_ring_position_round_trip() {
+        // An entry's ring wraps after five batches: its newest batch may
+        // lie in any slot. Every batch with metadata (the encoder's path
+        // without a branch per batch), and every third one without.
+        for plain_every in [0, 3] {
+            let mut e = ProducerEntry::start(0, 0, 0, None);
+            let mut last = -1i32;
+            for b in 0..13i64 {
+                let meta = (plain_every == 0 || b % plain_every != 0).then_some(
+                    crate::batch::BatchMetadata {
+                        offset: 1000 + b * 7,
+                        timestamp: 5000 - b * 3,
+                    },
+                );
+                let first = last + 1;
+                last = first + if meta.is_some() { (b % 3) as i32 } else { 0 };
+                e.accept(b == 0, 0, first, last, meta);
+                for form in [Form::V3, Form::V4] {
+                    let mut buf = Vec::new();
+                    encode(&mut buf, &ProducerId::numeric(9), 1, &e, form, 42);
+                    let (_, _, d, a, len) = decode(&buf, form).unwrap().unwrap();
+                    assert_eq!((&d, a, len), (&e, 42, buf.len()), "{plain_every} {b}");
+                    let mut again = Vec::new();
+                    encode(&mut again, &ProducerId::numeric(9), 1, &d, form, 42);
+                    assert_eq!(again, buf);
+                }
             }
         }
     }
