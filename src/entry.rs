@@ -131,8 +131,22 @@ impl Head {
         let mut metas = [(0i64, 0i64); N];
         let mut m = 0;
         let mut last = self.last;
+        // Ring slots from the newest (just before `pos`) backwards.
+        let mut i = if pos == 0 { N - 1 } else { pos - 1 };
+        // The slots in use are 0..n (the ring wraps only when full): when
+        // every one has metadata, batch k's is `metas[k]`, no branch.
+        let all = (1u8 << n) - 1;
+        if self.mask == all {
+            for ((span, meta), _) in spans.iter_mut().zip(&mut metas).zip(0..n) {
+                let slot = &window.slots[i];
+                *span = last.wrapping_sub(next_sequence(slot.prev)) as u32;
+                last = slot.prev;
+                *meta = (join(slot.offset), join(slot.timestamp));
+                i = if i == 0 { N - 1 } else { i - 1 };
+            }
+            return (n, spans, all, metas);
+        }
         for (k, span) in spans.iter_mut().enumerate().take(n) {
-            let i = (pos + 2 * N - 1 - k) % N;
             let slot = &window.slots[i];
             *span = last.wrapping_sub(next_sequence(slot.prev)) as u32;
             last = slot.prev;
@@ -141,6 +155,7 @@ impl Head {
                 metas[m] = (join(slot.offset), join(slot.timestamp));
                 m += 1;
             }
+            i = if i == 0 { N - 1 } else { i - 1 };
         }
         (n, spans, mask, metas)
     }
@@ -328,22 +343,28 @@ impl ProducerEntry {
         Some(e)
     }
 
-    /// Builds an entry from its retained batches given newest first, as a
-    /// version-2 snapshot stores them: batch `k` ends where batch `k - 1`
-    /// began (batch 0 at `last`) and spans `spans[k]` sequences past its
-    /// first; bit `k` of `has_meta` says it carries `meta[k]` (offset,
-    /// timestamp). Fills the window directly, in the order
-    /// [`ProducerEntry::from_parts`] would leave it. `None` if a batch would
-    /// start below 0, a batch without metadata has more than one sequence,
-    /// `last` is negative, or `n` exceeds [`RETAINED_BATCHES`].
-    #[inline]
+    /// Builds an entry from its retained batches given newest first, as
+    /// snapshots from version 2 store them (the inverse of
+    /// [`Head::newest_first`]): batch `k` ends where batch `k - 1` began
+    /// (batch 0 at `last`) and spans `spans[k]` sequences past its first;
+    /// bit `k` of `has_meta` says it has metadata, and `metas` holds the
+    /// metadata of those that have it, newest first, packed (as many as
+    /// the mask has bits). Fills the window directly, in the order
+    /// [`ProducerEntry::from_parts`] would leave it. `None` if a batch
+    /// would start below 0, a batch without metadata has more than one
+    /// sequence, `last` is negative, or `n` exceeds [`RETAINED_BATCHES`].
+    ///
+    /// When every batch has metadata (a producer of batches: the common
+    /// case) batch `k` takes `metas[k]` and no batch needs the span check
+    /// of a batch without metadata: a loop without a branch per batch.
+    #[inline(always)]
     pub(crate) fn from_newest_first(
         epoch: i16,
         last: i32,
         n: usize,
         has_meta: u8,
         spans: &[u32; N],
-        meta: &[(i64, i64); N],
+        metas: &[(i64, i64); N],
     ) -> Option<Self> {
         if last < 0 || n > N {
             return None;
@@ -357,30 +378,48 @@ impl ProducerEntry {
             },
             window: Window::EMPTY,
         };
+        let all = (1u8 << n) - 1;
         let mut batch_last = last;
-        for k in 0..n {
-            let span = spans[k];
+        if has_meta == all {
+            e.head.mask = all;
+            let mut bad = false;
+            for (k, (slot, (&s, &(o, t)))) in e
+                .window
+                .slots
+                .iter_mut()
+                .take(n)
+                .rev()
+                .zip(spans.iter().zip(metas))
+                .enumerate()
+            {
+                // Batch k (newest first) lies in ring slot n - 1 - k.
+                bad |= i64::from(s) > i64::from(batch_last);
+                let p = batch_last.wrapping_sub(s as i32).wrapping_sub(1);
+                // The previous batch's last sequence (the inverse of
+                // `next_sequence`); for the oldest, what `push` keeps.
+                batch_last = if p < 0 && k + 1 < n { i32::MAX } else { p };
+                slot.prev = batch_last;
+                slot.offset = split(o);
+                slot.timestamp = split(t);
+            }
+            return (!bad).then_some(e);
+        }
+        let mut j = 0;
+        for (k, slot) in e.window.slots.iter_mut().take(n).rev().enumerate() {
+            let s = spans.get(k).copied().unwrap_or(0);
             let has = has_meta >> k & 1 != 0;
-            if i64::from(span) > i64::from(batch_last) || (!has && span != 0) {
+            if i64::from(s) > i64::from(batch_last) || (!has && s != 0) {
                 return None;
             }
-            let first = batch_last - span as i32;
-            let i = n - 1 - k;
-            let slot = &mut e.window.slots[i];
-            // The previous batch's last sequence (the inverse of
-            // `next_sequence`); for the oldest, what `push` keeps.
-            batch_last = if k + 1 == n {
-                first.wrapping_sub(1)
-            } else if first == 0 {
-                i32::MAX
-            } else {
-                first - 1
-            };
+            let p = (batch_last - s as i32).wrapping_sub(1);
+            batch_last = if p < 0 && k + 1 < n { i32::MAX } else { p };
             slot.prev = batch_last;
             if has {
-                slot.offset = split(meta[k].0);
-                slot.timestamp = split(meta[k].1);
-                e.head.mask |= 1 << i;
+                let (o, t) = metas.get(j).copied().unwrap_or((0, 0));
+                slot.offset = split(o);
+                slot.timestamp = split(t);
+                e.head.mask |= 1 << (n - 1 - k);
+                j += 1;
             }
         }
         Some(e)

@@ -158,14 +158,18 @@ fn encode_parts(
     let spans = spans.get(..n).unwrap_or_default();
     let max_span = spans.iter().fold(0u32, |a, &s| a | s);
     let metas = metas.get(..m).unwrap_or_default();
-    let deltas = |(a, b): (&(i64, i64), &(i64, i64))| {
-        (zigzag(a.0.wrapping_sub(b.0)), zigzag(a.1.wrapping_sub(b.1)))
-    };
+    // Each delta pair once: for the widths, then for the output.
+    let mut deltas = [(0u64, 0u64); RETAINED_BATCHES - 1];
     let (mut max_do, mut max_dt) = (0u64, 0u64);
-    for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
-        max_do |= d_o;
-        max_dt |= d_t;
+    for (d, (a, b)) in deltas
+        .iter_mut()
+        .zip(metas.iter().zip(metas.iter().skip(1)))
+    {
+        *d = (zigzag(a.0.wrapping_sub(b.0)), zigzag(a.1.wrapping_sub(b.1)));
+        max_do |= d.0;
+        max_dt |= d.1;
     }
+    let deltas = deltas.get(..m.saturating_sub(1)).unwrap_or_default();
     // Or-ing the values needs as many bytes as the largest of them.
     let s = usize::from(
         SPAN_CLASS
@@ -207,10 +211,20 @@ fn encode_parts(
     for _ in 0..ROOM / 32 {
         buf.extend_from_slice(&[0u8; 32]);
     }
-    let mut out = Out {
-        b: buf.get_mut(at..).unwrap_or_default(),
-        n: 0,
+    // The room is exactly `ROOM` bytes (made just above); the spare is
+    // never used, but keeps this path free of a panic.
+    let mut spare: [u8; ROOM];
+    let b = match buf
+        .get_mut(at..)
+        .and_then(|b| <&mut [u8; ROOM]>::try_from(b).ok())
+    {
+        Some(b) => b,
+        None => {
+            spare = [0u8; ROOM];
+            &mut spare
+        }
     };
+    let mut out = Out { b, n: 0 };
     if named.is_none() {
         out.put(u64::from(shape), 1);
         out.put(id.as_numeric().unwrap_or_default(), 8);
@@ -228,14 +242,17 @@ fn encode_parts(
             DELTA_BYTES.get(o).copied().unwrap_or(8),
             DELTA_BYTES.get(t).copied().unwrap_or(8),
         );
-        for &span in spans {
-            out.put(u64::from(span), sw);
+        // Spans of width 0 (one-record batches) take no bytes.
+        if sw != 0 {
+            for &span in spans {
+                out.put(u64::from(span), sw);
+            }
         }
         if let Some(&(offset, timestamp)) = metas.first() {
             out.put(offset as u64, 8);
             out.put(timestamp as u64, 8);
         }
-        for (d_o, d_t) in metas.iter().zip(metas.iter().skip(1)).map(deltas) {
+        for &(d_o, d_t) in deltas {
             out.put(d_o, ow);
             out.put(d_t, tw);
         }
@@ -249,9 +266,12 @@ fn encode_parts(
 /// bytes, plus 8 so that every store is a whole word, in 32-byte pieces.
 const ROOM: usize = 160;
 
-/// The room at the end of the output an entry's fields are stored into.
+/// The room at the end of the output an entry's fields are stored into:
+/// exactly [`ROOM`] bytes, so that a store at an offset masked to 127
+/// is in bounds by construction (no check per field; the fields end by
+/// byte 129, the last store starts by byte 121).
 struct Out<'a> {
-    b: &'a mut [u8],
+    b: &'a mut [u8; ROOM],
     n: usize,
 }
 
@@ -259,7 +279,8 @@ impl Out<'_> {
     /// Appends the low `w` (at most 8) bytes of `v`, little-endian.
     #[inline(always)]
     fn put(&mut self, v: u64, w: usize) {
-        if let Some(at) = self.b.get_mut(self.n..self.n + 8) {
+        let o = self.n & 127;
+        if let Some(at) = self.b.get_mut(o..o + 8) {
             at.copy_from_slice(&v.to_le_bytes());
         }
         self.n += w;
@@ -312,11 +333,52 @@ pub(crate) fn decode_entry(
     decode(buf, if activity { Form::V3 } else { Form::V2 })
 }
 
+/// How many bytes of an entry, from the end of its id, the decoder
+/// reads through one fixed-size view: the fixed fields (at most 18) and
+/// the window (at most 2 + 5 x 4 + 16 + 4 x 16 = 102) end by byte 120,
+/// and every read is a whole 8-byte load at an offset masked to 127, so
+/// each load is in bounds by construction (no check per field).
+const VIEW: usize = 136;
+
+/// Masks of the low `w` bytes, by `w & 15` (0 to 8; the rest never used).
+const LOW: [u64; 16] = [
+    0,
+    0xff,
+    0xffff,
+    0xff_ffff,
+    0xffff_ffff,
+    0xff_ffff_ffff,
+    0xffff_ffff_ffff,
+    0xff_ffff_ffff_ffff,
+    u64::MAX,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+];
+
+/// The `w`-byte (at most 8) little-endian integer at `off` of a view.
+/// `off & 127` keeps the 8-byte load inside the view, so the compiler
+/// drops the bounds check; the decoder's offsets stay below 121.
+#[inline(always)]
+fn ld(v: &[u8; VIEW], off: usize, w: usize) -> u64 {
+    let o = off & 127;
+    let mut a = [0u8; 8];
+    if let Some(b) = v.get(o..o + 8) {
+        a.copy_from_slice(b);
+    }
+    u64::from_le_bytes(a) & LOW.get(w & 15).copied().unwrap_or(0)
+}
+
 /// Decodes one entry of `form` at the start of `buf`; `None` if the bytes
 /// end first (the caller reads more), `Err` if they are not a valid entry.
 /// Once the shape says how long the entry is, one length check covers
-/// every field, and each field is then a load and a mask at a fixed
-/// offset; nothing is allocated (but for names too long to store inline).
+/// every field, and each field is then a load and a mask at an offset in
+/// a fixed-size view of the entry ([`VIEW`]); nothing is allocated (but
+/// for names too long to store inline).
 #[inline]
 pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decoded, Corruption>> {
     let shape = *buf.first()?;
@@ -330,7 +392,10 @@ pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decod
     if (shape & 0xc0 != 0 && !act_is_ts) || n > RETAINED_BATCHES {
         return Some(Err(Corruption::BadField("entry shape")));
     }
-    let (id, mut at) = if shape & SHAPE_NAMED == 0 {
+    let (id, start) = if shape & SHAPE_NAMED == 0 {
+        if buf.len() < 9 {
+            return None;
+        }
         (ProducerId::numeric(uint_at(buf, 1, 8)), 9)
     } else {
         let len = usize::from(u16::from_le_bytes([*buf.get(1)?, *buf.get(2)?]));
@@ -339,40 +404,58 @@ pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decod
             Err(_) => return Some(Err(Corruption::BadField("producer name (not UTF-8)"))),
         }
     };
+    // `VIEW` bytes of `buf` from `start`: `buf`'s own when it has them
+    // (all but the last entries of a block), else a copy padded with
+    // zeros (zeroed only then). Lengths are checked against `buf`, never
+    // against the view.
+    let pad: [u8; VIEW];
+    let v = match buf
+        .get(start..start + VIEW)
+        .and_then(|b| <&[u8; VIEW]>::try_from(b).ok())
+    {
+        Some(v) => v,
+        None => {
+            let mut p = [0u8; VIEW];
+            let rest = buf.get(start..).unwrap_or_default();
+            let n = rest.len().min(VIEW);
+            if let (Some(d), Some(s)) = (p.get_mut(..n), rest.get(..n)) {
+                d.copy_from_slice(s);
+            }
+            pad = p;
+            &pad
+        }
+    };
+    // From here, offsets are from `start`; `have` bytes are really there.
+    let have = buf.len() - start;
     let activity = form == Form::V3 || (form == Form::V4 && !act_is_ts);
     let fixed = if activity { 18 } else { 10 };
-    if buf.len() < at + fixed {
+    if have < fixed {
         return None;
     }
-    let partition = uint_at(buf, at, 4) as u32 as i32;
-    let epoch = uint_at(buf, at + 4, 2) as u16 as i16;
-    let last = uint_at(buf, at + 6, 4) as u32 as i32;
-    let mut act = if activity {
-        uint_at(buf, at + 10, 8) as i64
-    } else {
-        0
-    };
-    at += fixed;
-    let mut spans = [0u32; RETAINED_BATCHES];
-    let mut meta = [(0i64, 0i64); RETAINED_BATCHES];
+    let partition = ld(v, 0, 4) as u32 as i32;
+    let epoch = ld(v, 4, 2) as u16 as i16;
+    let last = ld(v, 6, 4) as u32 as i32;
+    let mut act = if activity { ld(v, 10, 8) as i64 } else { 0 };
+    let mut at = fixed;
     let mut mask = 0u8;
+    let (mut sw, mut ow, mut tw, mut spans, mut metas) = (0, 0, 0, 0, 0);
     if n > 0 {
-        if buf.len() < at + 2 {
+        if have < at + 2 {
             return None;
         }
-        let layout = uint_at(buf, at, 2) as u16;
+        let layout = ld(v, at, 2) as u16;
         at += 2;
         mask = (layout & 0x1f) as u8;
         let m = mask.count_ones() as usize;
-        let sw = SPAN_BYTES
+        sw = SPAN_BYTES
             .get(usize::from(shape >> 4 & 3))
             .copied()
             .unwrap_or(4);
-        let ow = DELTA_BYTES
+        ow = DELTA_BYTES
             .get(usize::from(layout >> 5 & 7))
             .copied()
             .unwrap_or(8);
-        let tw = DELTA_BYTES
+        tw = DELTA_BYTES
             .get(usize::from(layout >> 8 & 7))
             .copied()
             .unwrap_or(8);
@@ -380,31 +463,16 @@ pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decod
             return Some(Err(Corruption::BadField("entry layout")));
         }
         let need = n * sw + if m > 0 { 16 + (m - 1) * (ow + tw) } else { 0 };
-        if buf.len() < at + need {
+        if have < at + need {
             return None;
         }
-        for span in spans.iter_mut().take(n) {
-            *span = uint_at(buf, at, sw) as u32;
-            at += sw;
-        }
-        let mut prev = (uint_at(buf, at, 8) as i64, uint_at(buf, at + 8, 8) as i64);
-        if act_is_ts {
-            act = prev.1;
-        }
-        at += if m > 0 { 16 } else { 0 };
-        let mut j = 0;
-        for (k, slot) in meta.iter_mut().enumerate().take(n) {
-            if mask >> k & 1 == 0 {
-                continue;
-            }
-            if j > 0 {
-                let d_o = unzigzag(uint_at(buf, at, ow));
-                let d_t = unzigzag(uint_at(buf, at + ow, tw));
-                at += ow + tw;
-                prev = (prev.0.wrapping_sub(d_o), prev.1.wrapping_sub(d_t));
-            }
-            *slot = prev;
-            j += 1;
+        // The spans at `at`, the newest metadata after them, then the
+        // delta pairs, each `ow + tw` bytes.
+        spans = at;
+        metas = at + n * sw;
+        at += need;
+        if act_is_ts && m > 0 {
+            act = ld(v, metas + 8, 8) as i64;
         }
     }
     if act_is_ts && mask == 0 {
@@ -412,12 +480,32 @@ pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decod
             "entry shape (activity of a batch timestamp the entry does not have)",
         )));
     }
-    Some(
-        match ProducerEntry::from_newest_first(epoch, last, n, mask, &spans, &meta) {
-            Some(e) => Ok((id, partition, e, act, at)),
-            None => Err(Corruption::BadField("entry (sequences inconsistent)")),
-        },
-    )
+    // The spans, then the metadata, newest first, packed: loops bounded
+    // by the counts, each step loads at a fixed offset of the view.
+    let mut span = [0u32; RETAINED_BATCHES];
+    for (k, s) in span.iter_mut().enumerate().take(n) {
+        *s = ld(v, spans + k * sw, sw) as u32;
+    }
+    let mut meta = [(0i64, 0i64); RETAINED_BATCHES];
+    let m = mask.count_ones() as usize;
+    if m > 0 {
+        let mut cur = (ld(v, metas, 8) as i64, ld(v, metas + 8, 8) as i64);
+        let mut d = metas + 16;
+        for (j, slot) in meta.iter_mut().enumerate().take(m) {
+            if j > 0 {
+                let d_o = unzigzag(ld(v, d, ow));
+                let d_t = unzigzag(ld(v, d + ow, tw));
+                cur = (cur.0.wrapping_sub(d_o), cur.1.wrapping_sub(d_t));
+                d += ow + tw;
+            }
+            *slot = cur;
+        }
+    }
+    let e = ProducerEntry::from_newest_first(epoch, last, n, mask, &span, &meta);
+    let Some(e) = e else {
+        return Some(Err(Corruption::BadField("entry (sequences inconsistent)")));
+    };
+    Some(Ok((id, partition, e, act, start + at)))
 }
 
 #[cfg(test)]
@@ -519,10 +607,15 @@ mod tests {
                 // then with bytes after it.
                 let (did, dp, de, da, len) = decode(&b, form).unwrap().unwrap();
                 assert_eq!((&did, dp, &de, da, len), (&id, p, &e, want, b.len()));
-                let mut longer = b.clone();
-                longer.extend_from_slice(&[0xff; 9]);
-                let (_, _, de, _, len) = decode(&longer, form).unwrap().unwrap();
-                assert_eq!((de, len), (e, b.len()));
+                // Then with bytes after it: a few (the view is still a
+                // padded copy) and a view's worth (the view is `buf`'s
+                // own), set bits that no field may pick up.
+                for after in [9, VIEW] {
+                    let mut longer = b.clone();
+                    longer.extend(std::iter::repeat_n(0xff, after));
+                    let (_, _, de, da, len) = decode(&longer, form).unwrap().unwrap();
+                    assert_eq!((&de, da, len), (&e, want, b.len()), "{after} after");
+                }
                 for cut in 0..b.len() {
                     assert!(
                         decode(&b[..cut], form).is_none_or(|r| r.is_err()),
@@ -537,6 +630,79 @@ mod tests {
                 let mut again = Vec::new();
                 encode(&mut again, &did, dp, &de, form, da);
                 assert_eq!(again, b);
+            }
+        }
+    }
+
+    #[test]
+    fn windows_wrapped_at_every_ring_position_round_trip() {
+        // An entry's ring wraps after five batches: its newest batch may
+        // lie in any slot. Every batch with metadata (the encoder's path
+        // without a branch per batch), and every third one without.
+        for plain_every in [0, 3] {
+            let mut e = ProducerEntry::start(0, 0, 0, None);
+            let mut last = -1i32;
+            for b in 0..13i64 {
+                let meta = (plain_every == 0 || b % plain_every != 0).then_some(
+                    crate::batch::BatchMetadata {
+                        offset: 1000 + b * 7,
+                        timestamp: 5000 - b * 3,
+                    },
+                );
+                let first = last + 1;
+                last = first + if meta.is_some() { (b % 3) as i32 } else { 0 };
+                e.accept(b == 0, 0, first, last, meta);
+                for form in [Form::V3, Form::V4] {
+                    let mut buf = Vec::new();
+                    encode(&mut buf, &ProducerId::numeric(9), 1, &e, form, 42);
+                    let (_, _, d, a, len) = decode(&buf, form).unwrap().unwrap();
+                    assert_eq!((&d, a, len), (&e, 42, buf.len()), "{plain_every} {b}");
+                    let mut again = Vec::new();
+                    encode(&mut again, &ProducerId::numeric(9), 1, &d, form, 42);
+                    assert_eq!(again, buf);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_that_does_not_fit_its_last_sequence_is_refused() {
+        // Two batches with metadata, 0..=9 and 10..=19 (spans 9 and 9),
+        // and one without (20..=20 needs span 0), on both paths of the
+        // window's decoding (every batch with metadata, or not).
+        let meta = |o| {
+            Some(crate::batch::BatchMetadata {
+                offset: o,
+                timestamp: o,
+            })
+        };
+        for plain_newest in [false, true] {
+            let mut e = ProducerEntry::start(0, 0, 9, meta(1));
+            e.accept(false, 0, 10, 19, meta(2));
+            if plain_newest {
+                e.accept(false, 0, 20, 20, None);
+            }
+            let mut b = Vec::new();
+            encode_entry_v4(&mut b, &ProducerId::numeric(1), 0, &e, 0);
+            assert!(decode(&b, Form::V4).unwrap().is_ok());
+            // The last sequence (bytes 15..19) below what the spans need.
+            let mut short = b.clone();
+            short[15..19].copy_from_slice(&(if plain_newest { 15 } else { 5i32 }).to_le_bytes());
+            assert!(
+                matches!(decode(&short, Form::V4), Some(Err(Corruption::BadField(_)))),
+                "{plain_newest}"
+            );
+            if plain_newest {
+                // A span for the batch without metadata (span class 1:
+                // shape bits 4-5; the spans follow the 2-byte layout).
+                let mut spanned = b.clone();
+                assert_eq!(spanned[0] >> 4 & 3, 1);
+                assert_eq!(spanned[19 + 8 + 2], 0);
+                spanned[19 + 8 + 2] = 1;
+                assert!(matches!(
+                    decode(&spanned, Form::V4),
+                    Some(Err(Corruption::BadField(_)))
+                ));
             }
         }
     }
