@@ -17,19 +17,11 @@
 use std::path::Path;
 
 use producer_state::fs::StdFs;
-use producer_state::{AppendRequest, Batch, FsyncPolicy, ProducerStateStore, StoreOptions};
+use producer_state::{Batch, ProducerStateStore};
+
+use producer_state_bench::snapshot_store::{T0, build, opts};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-fn opts() -> StoreOptions {
-    StoreOptions::default()
-        .fsync(FsyncPolicy::Never)
-        .snapshot_every_records(None)
-        .snapshot_every_bytes(None)
-        .segment_size(1 << 20)
-}
-
-const T0: i64 = 1_700_000_000_000;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -42,25 +34,7 @@ fn main() -> Result<()> {
         "build" => {
             let keys: u64 = args.get(3).ok_or(usage)?.parse()?;
             let batches: u64 = args.get(4).ok_or(usage)?.parse()?;
-            let _ = std::fs::remove_dir_all(dir);
-            let store = ProducerStateStore::open_with(dir, opts())?;
-            let mut chunk = Vec::with_capacity(10_000);
-            for b in 0..batches {
-                for k in 0..keys {
-                    let at = (b * keys + k) as i64;
-                    let s = b as i32;
-                    chunk.push(AppendRequest::batch(k, 0, 0, Batch::new(s, s, at, T0 + at)));
-                    if chunk.len() == 10_000 || (b + 1 == batches && k + 1 == keys) {
-                        for o in store.append_all(&chunk) {
-                            assert!(o?.is_accepted());
-                        }
-                        chunk.clear();
-                    }
-                }
-            }
-            store.sync()?;
-            store.snapshot()?;
-            store.close()?;
+            build(dir, keys, batches)?;
         }
         "write" => {
             let store = ProducerStateStore::open_with(dir, opts())?;

@@ -30,49 +30,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use producer_state::fs::StdFs;
-use producer_state::{AppendRequest, Batch, FsyncPolicy, ProducerStateStore, StoreOptions};
+use producer_state::{Batch, ProducerStateStore};
+use producer_state_bench::snapshot_store::{T0, build, opts};
 use producer_state_bench::{arg, median};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-fn opts() -> StoreOptions {
-    StoreOptions::default()
-        .fsync(FsyncPolicy::Never)
-        .snapshot_every_records(None)
-        .snapshot_every_bytes(None)
-        .segment_size(1 << 20)
-}
-
-const T0: i64 = 1_700_000_000_000;
-
-fn build(dir: &Path, keys: u64, per_key: u64) -> Result<()> {
-    let _ = std::fs::remove_dir_all(dir);
-    let store = ProducerStateStore::open_with(dir, opts())?;
-    let mut chunk = Vec::with_capacity(10_000);
-    let flush = |chunk: &mut Vec<AppendRequest>| -> Result<()> {
-        for o in store.append_all(chunk) {
-            assert!(o?.is_accepted());
-        }
-        chunk.clear();
-        Ok(())
-    };
-    for b in 0..per_key {
-        for k in 0..keys {
-            let at = (b * keys + k) as i64;
-            let s = b as i32;
-            chunk.push(AppendRequest::batch(k, 0, 0, Batch::new(s, s, at, T0 + at)));
-            if chunk.len() == 10_000 {
-                flush(&mut chunk)?;
-            }
-        }
-    }
-    flush(&mut chunk)?;
-    store.sync()?;
-    // Two snapshots, so retention drops the segments the first one covers.
-    store.snapshot()?;
-    store.close()?;
-    Ok(())
-}
 
 struct Round {
     write: Duration,

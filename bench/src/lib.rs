@@ -35,3 +35,57 @@ pub fn in_order_stream(keys: u64, ops: usize) -> Vec<(u64, i32)> {
         })
         .collect()
 }
+
+/// The store `snapshot_bench` and `snapprof` measure: 1M-key-scale stores
+/// of single-record batches, one partition, a snapshot at the end.
+pub mod snapshot_store {
+    use std::path::Path;
+
+    use producer_state::{AppendRequest, Batch, FsyncPolicy, ProducerStateStore, StoreOptions};
+
+    /// The first batch's timestamp; batch `i` is stamped `T0 + i`.
+    pub const T0: i64 = 1_700_000_000_000;
+
+    /// No fsyncs, no automatic snapshots, and segments of 1 MiB so that
+    /// retention leaves at most one segment of records a snapshot covers.
+    pub fn opts() -> StoreOptions {
+        StoreOptions::default()
+            .fsync(FsyncPolicy::Never)
+            .snapshot_every_records(None)
+            .snapshot_every_bytes(None)
+            .segment_size(1 << 20)
+    }
+
+    /// A fresh store in `dir` (whatever was there is removed) of `keys`
+    /// numeric producers with `per_key` batches each (batch `b` of a key
+    /// at sequence `b`), in `append_all` calls of 10,000, then a snapshot.
+    pub fn build(dir: &Path, keys: u64, per_key: u64) -> Result<(), Box<dyn std::error::Error>> {
+        let _ = std::fs::remove_dir_all(dir);
+        let store = ProducerStateStore::open_with(dir, opts())?;
+        let mut chunk = Vec::with_capacity(10_000);
+        let flush = |chunk: &mut Vec<AppendRequest>| -> Result<(), Box<dyn std::error::Error>> {
+            for o in store.append_all(chunk) {
+                if !o?.is_accepted() {
+                    return Err("an append of the benchmark's store was not accepted".into());
+                }
+            }
+            chunk.clear();
+            Ok(())
+        };
+        for b in 0..per_key {
+            for k in 0..keys {
+                let at = (b * keys + k) as i64;
+                let s = b as i32;
+                chunk.push(AppendRequest::batch(k, 0, 0, Batch::new(s, s, at, T0 + at)));
+                if chunk.len() == 10_000 {
+                    flush(&mut chunk)?;
+                }
+            }
+        }
+        flush(&mut chunk)?;
+        store.sync()?;
+        store.snapshot()?;
+        store.close()?;
+        Ok(())
+    }
+}
