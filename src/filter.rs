@@ -92,16 +92,24 @@ fn block_of(hash: u64) -> usize {
     ((hash >> (64 - (BITS_LOG2 - BLOCK_LOG2))) as usize) << BLOCK_LOG2
 }
 
-/// The bit positions of a key with hash `hash`: a block chosen by its top
-/// bits, and bits in it from a second mix of the hash.
-#[inline]
-fn positions(hash: u64) -> impl Iterator<Item = usize> {
-    let block = block_of(hash);
+/// The bits of a key with hash `hash` within its block: from a second
+/// mix of the hash. The one definition of them, which the filter's bytes
+/// in snapshots depend on.
+#[inline(always)]
+fn bits_in_block(hash: u64) -> impl Iterator<Item = usize> {
     let mut h = hash.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (0..HASHES).map(move |_| {
         h = h.rotate_left(BLOCK_LOG2);
-        block + (h as usize & ((1 << BLOCK_LOG2) - 1))
+        h as usize & ((1 << BLOCK_LOG2) - 1)
     })
+}
+
+/// The bit positions of a key with hash `hash`: a block chosen by its top
+/// bits, and [`bits_in_block`] in it.
+#[inline]
+fn positions(hash: u64) -> impl Iterator<Item = usize> {
+    let block = block_of(hash);
+    bits_in_block(hash).map(move |bit| block + bit)
 }
 
 /// Sets the bits of the key with hash `hash` ([`positions`]) in
@@ -118,10 +126,7 @@ fn set_bits(words: &mut [u64], hash: u64) {
     else {
         return;
     };
-    let mut h = hash.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    for _ in 0..HASHES {
-        h = h.rotate_left(BLOCK_LOG2);
-        let bit = h as usize & ((1 << BLOCK_LOG2) - 1);
+    for bit in bits_in_block(hash) {
         if let Some(w) = block.get_mut(bit / 64) {
             *w |= 1 << (bit % 64);
         }
