@@ -324,6 +324,18 @@ struct SideKey {
 #[derive(Clone, Debug, Default)]
 struct SideTable(HashTable<SideKey>);
 
+impl SideKey {
+    /// Its hash in the table (what the table rehashes by when it grows).
+    fn hash(&self) -> u64 {
+        hash_key(&self.id, self.partition)
+    }
+}
+
+/// A lookup's test: whether a table key is (`id`, `partition`).
+fn is_key<'a>(id: &'a ProducerId, partition: i32) -> impl Fn(&SideKey) -> bool + 'a {
+    move |k| k.partition == partition && k.id == *id
+}
+
 impl SideTable {
     fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -335,17 +347,13 @@ impl SideTable {
 
     fn get(&self, id: &ProducerId, partition: i32) -> Option<&FullEntry> {
         self.0
-            .find(hash_key(id, partition), |k| {
-                k.partition == partition && k.id == *id
-            })
+            .find(hash_key(id, partition), is_key(id, partition))
             .map(|k| &k.entry)
     }
 
     fn get_mut(&mut self, id: &ProducerId, partition: i32) -> Option<&mut FullEntry> {
         self.0
-            .find_mut(hash_key(id, partition), |k| {
-                k.partition == partition && k.id == *id
-            })
+            .find_mut(hash_key(id, partition), is_key(id, partition))
             .map(|k| &mut k.entry)
     }
 
@@ -362,8 +370,8 @@ impl SideTable {
     ) -> &mut FullEntry {
         let entry = self.0.entry(
             hash_key(id, partition),
-            |k| k.partition == partition && k.id == *id,
-            |k| hash_key(&k.id, k.partition),
+            is_key(id, partition),
+            SideKey::hash,
         );
         &mut entry
             .or_insert_with(|| SideKey {
@@ -384,15 +392,13 @@ impl SideTable {
                 partition,
                 entry,
             },
-            |k| hash_key(&k.id, k.partition),
+            SideKey::hash,
         );
     }
 
     fn remove(&mut self, id: &ProducerId, partition: i32) -> Option<FullEntry> {
         self.0
-            .find_entry(hash_key(id, partition), |k| {
-                k.partition == partition && k.id == *id
-            })
+            .find_entry(hash_key(id, partition), is_key(id, partition))
             .ok()
             .map(|e| e.remove().0.entry)
     }
