@@ -180,14 +180,19 @@ fn encode_parts(
     let o = usize::from(DELTA_CLASS.get(bytes_needed(max_do)).copied().unwrap_or(7));
     let t = usize::from(DELTA_CLASS.get(bytes_needed(max_dt)).copied().unwrap_or(7));
     let act_is_ts = form == Form::V4 && metas.first().is_some_and(|m| m.1 == activity);
+    let numeric = id.as_numeric();
     let shape = n as u8
-        | if id.as_numeric().is_none() {
-            SHAPE_NAMED
-        } else {
-            0
-        }
+        | if numeric.is_none() { SHAPE_NAMED } else { 0 }
         | (s as u8) << 4
         | if act_is_ts { SHAPE_ACT_IS_TS } else { 0 };
+    // A name is written field by field; a numeric id (the common key)
+    // goes into the room below with the other fixed-width fields.
+    if numeric.is_none() {
+        let name = id.name_bytes().unwrap_or_default();
+        buf.put_u8(shape);
+        buf.put_u16(name.len() as u16);
+        buf.extend_from_slice(name);
+    }
     // The rest has a bounded length: room for the longest is zeroed at
     // the end of `buf` in fixed-length pieces (a copy of a run-time length
     // is a `memmove` call), each field is then one whole 8-byte store that
@@ -196,16 +201,6 @@ fn encode_parts(
     // place: an entry built on the stack and copied over was read back
     // across its unaligned stores, which the CPU cannot forward (a stall
     // per piece).
-    let named = match id.as_numeric() {
-        Some(_) => None,
-        None => {
-            let name = id.name_bytes().unwrap_or_default();
-            buf.put_u8(shape);
-            buf.put_u16(name.len() as u16);
-            buf.extend_from_slice(name);
-            Some(())
-        }
-    };
     let at = buf.len();
     buf.reserve(ROOM);
     for _ in 0..ROOM / 32 {
@@ -225,9 +220,9 @@ fn encode_parts(
         }
     };
     let mut out = Out { b, n: 0 };
-    if named.is_none() {
+    if let Some(v) = numeric {
         out.put(u64::from(shape), 1);
-        out.put(id.as_numeric().unwrap_or_default(), 8);
+        out.put(v, 8);
     }
     out.put(u64::from(partition as u32), 4);
     out.put(u64::from(head.epoch as u16), 2);
