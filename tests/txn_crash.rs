@@ -306,6 +306,15 @@ fn opts(fs: &SimFs, clock: &Arc<ManualClock>) -> StoreOptions {
         .keep_snapshots(64)
 }
 
+/// A COMMIT or ABORT marker from the coordinator at `coordinator_epoch`.
+fn end_marker(commit: bool, coordinator_epoch: i32, offset: i64, timestamp: i64) -> Marker {
+    if commit {
+        Marker::commit(coordinator_epoch, offset, timestamp)
+    } else {
+        Marker::abort(coordinator_epoch, offset, timestamp)
+    }
+}
+
 /// Resolves an operation against the acknowledged state.
 fn resolve(op: Op, m: &ProducerStateManager, end: i64, now: i64) -> Option<Step> {
     Some(match op {
@@ -350,16 +359,11 @@ fn resolve(op: Op, m: &ProducerStateManager, end: i64, now: i64) -> Option<Step>
         } => {
             let st = m.kafka_state(pid, partition);
             let epoch = st.as_ref().map_or(0, |s| s.epoch.max(0)) + bump;
-            let mk = if commit {
-                Marker::commit
-            } else {
-                Marker::abort
-            };
             Step::Marker {
                 pid,
                 partition,
                 epoch,
-                marker: mk(coordinator, end, now),
+                marker: end_marker(commit, coordinator, end, now),
             }
         }
         Op::EndOldest {
@@ -375,16 +379,11 @@ fn resolve(op: Op, m: &ProducerStateManager, end: i64, now: i64) -> Option<Step>
                 .min();
             let pid = oldest.map_or(0, |(_, pid)| pid);
             let epoch = m.kafka_state(pid, partition).map_or(0, |s| s.epoch.max(0));
-            let mk = if commit {
-                Marker::commit
-            } else {
-                Marker::abort
-            };
             Step::Marker {
                 pid,
                 partition,
                 epoch,
-                marker: mk(coordinator, end, now),
+                marker: end_marker(commit, coordinator, end, now),
             }
         }
         Op::Expire { .. } => Step::Expire { now },
