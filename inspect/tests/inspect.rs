@@ -34,6 +34,19 @@ fn json(args: &[&str]) -> (i32, Value) {
     (code, v)
 }
 
+/// The string `field` of each element of the JSON array `v`.
+fn strs<'a>(v: &'a Value, field: &str) -> Vec<&'a str> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|e| {
+            e[field]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {field}: {e}"))
+        })
+        .collect()
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -592,12 +605,7 @@ fn files_recovery_does_not_read_do_not_decide_the_verdict() {
     assert_eq!(code, 0, "recovery opens this store: {out}{err}");
     let (code, v) = json(&[s(d.path())]);
     assert_eq!((code, v["verdict"].as_str()), (0, Some("ok")));
-    let listed: Vec<&str> = v["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["name"].as_str().unwrap())
-        .collect();
+    let listed = strs(&v["files"], "name");
     assert!(
         listed.contains(&"notes.snap"),
         "listed, as ignored: {listed:?}"
@@ -703,11 +711,9 @@ fn a_segment_shows_its_lifecycle_records() {
     let ops = |name: &str| -> Vec<String> {
         let (code, v) = json(&[&format!("{golden}/{name}")]);
         assert_eq!(code, 0, "{v}");
-        v["records"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["op"].as_str().unwrap().to_string())
+        strs(&v["records"], "op")
+            .into_iter()
+            .map(str::to_string)
             .collect()
     };
     let mid = ops("00000000000000000038.wal");
@@ -785,12 +791,7 @@ fn a_kafka_mode_store_shows_its_transactions() {
 
     let (code, v) = json(&[&format!("{dir}/00000000000000000000.wal")]);
     assert_eq!(code, 0);
-    let ops: Vec<&str> = v["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["op"].as_str().unwrap())
-        .collect();
+    let ops = strs(&v["records"], "op");
     for op in ["kafka-batch", "txn-marker", "forget-aborted"] {
         assert!(ops.contains(&op), "{op}: {ops:?}");
     }
@@ -897,12 +898,7 @@ fn a_kafka_truncation_lists_its_partition_state() {
     // Filtered by producer: only that key's lines of the record.
     let wal = files(d.path(), "wal").pop().unwrap();
     let (_, v) = json(&[s(&wal), "--producer", "6"]);
-    let ops: Vec<&str> = v["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["op"].as_str().unwrap())
-        .collect();
+    let ops = strs(&v["records"], "op");
     assert!(
         ops.contains(&"kafka-key-state")
             && !ops.contains(&"partition-state")
