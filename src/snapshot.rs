@@ -465,17 +465,12 @@ impl Writer {
         self.body_len += bytes.len() as u64;
         self.entries += entries;
         self.unsynced += bytes.len() as u64;
-        if self.unsynced >= SYNC_EVERY
-            && let Some(s) = &self.syncer
-        {
-            let written = (HEADER_LEN as u64) + self.body_len;
-            s.request(written)
-                .map_err(|e| Error::io("fsync", &self.tmp, e))?;
-            self.unsynced = 0;
-        } else if self.unsynced >= SYNC_EVERY {
-            self.file
-                .sync_data()
-                .map_err(|e| Error::io("fsync", &self.tmp, e))?;
+        if self.unsynced >= SYNC_EVERY {
+            match &self.syncer {
+                Some(s) => s.request((HEADER_LEN as u64) + self.body_len),
+                None => self.file.sync_data(),
+            }
+            .map_err(|e| Error::io("fsync", &self.tmp, e))?;
             self.unsynced = 0;
         }
         Ok(())
