@@ -49,6 +49,15 @@ fn lock(m: &Mutex<Progress>) -> MutexGuard<'_, Progress> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The writer's copy of the thread's failed fsync, if any (the error
+/// stays recorded: every later call reports it too).
+fn reported(failed: &Option<io::Error>) -> io::Result<()> {
+    match failed {
+        Some(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        None => Ok(()),
+    }
+}
+
 /// A thread that fsyncs one file on request.
 pub(crate) struct BackgroundSync {
     shared: Shared,
@@ -107,9 +116,7 @@ impl BackgroundSync {
             cv.notify_all();
         }
         loop {
-            if let Some(e) = &p.failed {
-                return Err(io::Error::new(e.kind(), e.to_string()));
-            }
+            reported(&p.failed)?;
             if written.saturating_sub(p.done) <= MAX_BEHIND {
                 return Ok(());
             }
@@ -124,11 +131,7 @@ impl BackgroundSync {
     /// caller's own final fsync.
     pub(crate) fn finish(mut self) -> io::Result<()> {
         self.stop();
-        let p = lock(&self.shared.0);
-        match &p.failed {
-            Some(e) => Err(io::Error::new(e.kind(), e.to_string())),
-            None => Ok(()),
-        }
+        reported(&lock(&self.shared.0).failed)
     }
 
     fn stop(&mut self) {
