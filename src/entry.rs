@@ -94,6 +94,86 @@ impl Head {
         }
     }
 
+    /// Builds a key's head and fills `window` from its retained batches
+    /// given newest first, as snapshots from version 2 store them (the
+    /// inverse of [`Head::newest_first`]): batch `k` ends where batch
+    /// `k - 1` began (batch 0 at `last`) and spans `span(k)` sequences past
+    /// its first; bit `k` of `has_meta` says it has metadata, and `meta(j)`
+    /// is the `j`-th metadata of those that have it, newest first. Fills
+    /// the window in the order [`ProducerEntry::from_parts`] would leave
+    /// it. `None` if a batch would start below 0, a batch without metadata
+    /// has more than one sequence, `last` is negative, or `n` exceeds
+    /// [`RETAINED_BATCHES`].
+    ///
+    /// When every batch has metadata (a producer of batches: the common
+    /// case) batch `k` takes `meta(k)` and no batch needs the span check
+    /// of a batch without metadata: a loop without a branch per batch.
+    ///
+    /// The window lies where the caller keeps it (a snapshot's load
+    /// decodes straight into the map's arena: an entry built on the stack
+    /// and returned was copied twice on its way there) and must be
+    /// [`Window::EMPTY`]; `span` and `meta` are each asked once per batch,
+    /// in order (a decoder reads its deltas as it goes).
+    #[inline(always)]
+    pub(crate) fn fill_newest_first(
+        epoch: i16,
+        last: i32,
+        n: usize,
+        has_meta: u8,
+        window: &mut Window,
+        mut span: impl FnMut(usize) -> u32,
+        mut meta: impl FnMut(usize) -> (i64, i64),
+    ) -> Option<Head> {
+        if last < 0 || n > N {
+            return None;
+        }
+        let mut head = Head {
+            epoch,
+            ring: n as u8,
+            mask: 0,
+            last,
+        };
+        let all = (1u8 << n) - 1;
+        let mut batch_last = last;
+        if has_meta == all {
+            head.mask = all;
+            let mut bad = false;
+            for (k, slot) in window.slots.iter_mut().take(n).rev().enumerate() {
+                // Batch k (newest first) lies in ring slot n - 1 - k.
+                let s = span(k);
+                let (o, t) = meta(k);
+                bad |= i64::from(s) > i64::from(batch_last);
+                let p = batch_last.wrapping_sub(s as i32).wrapping_sub(1);
+                // The previous batch's last sequence (the inverse of
+                // `next_sequence`); for the oldest, what `push` keeps.
+                batch_last = if p < 0 && k + 1 < n { i32::MAX } else { p };
+                slot.prev = batch_last;
+                slot.offset = split(o);
+                slot.timestamp = split(t);
+            }
+            return (!bad).then_some(head);
+        }
+        let mut j = 0;
+        for (k, slot) in window.slots.iter_mut().take(n).rev().enumerate() {
+            let s = span(k);
+            let has = has_meta >> k & 1 != 0;
+            if i64::from(s) > i64::from(batch_last) || (!has && s != 0) {
+                return None;
+            }
+            let p = (batch_last - s as i32).wrapping_sub(1);
+            batch_last = if p < 0 && k + 1 < n { i32::MAX } else { p };
+            slot.prev = batch_last;
+            if has {
+                let (o, t) = meta(j);
+                slot.offset = split(o);
+                slot.timestamp = split(t);
+                head.mask |= 1 << (n - 1 - k);
+                j += 1;
+            }
+        }
+        Some(head)
+    }
+
     /// True when the key retains batches (it has a window).
     #[inline]
     pub(crate) fn windowed(&self) -> bool {
@@ -116,7 +196,7 @@ impl Head {
     }
 
     /// The retained batches newest first, as snapshots encode them (the
-    /// inverse of [`ProducerEntry::from_newest_first`]): how many, each
+    /// inverse of [`Head::fill_newest_first`]): how many, each
     /// one's span (last - first sequence), the metadata mask (bit k: batch
     /// k has metadata) and the metadata of those that have it, newest
     /// first, packed (as many as the mask has bits). Read straight from
@@ -340,88 +420,6 @@ impl ProducerEntry {
             return None;
         }
         e.head.last = last;
-        Some(e)
-    }
-
-    /// Builds an entry from its retained batches given newest first, as
-    /// snapshots from version 2 store them (the inverse of
-    /// [`Head::newest_first`]): batch `k` ends where batch `k - 1` began
-    /// (batch 0 at `last`) and spans `spans[k]` sequences past its first;
-    /// bit `k` of `has_meta` says it has metadata, and `metas` holds the
-    /// metadata of those that have it, newest first, packed (as many as
-    /// the mask has bits). Fills the window directly, in the order
-    /// [`ProducerEntry::from_parts`] would leave it. `None` if a batch
-    /// would start below 0, a batch without metadata has more than one
-    /// sequence, `last` is negative, or `n` exceeds [`RETAINED_BATCHES`].
-    ///
-    /// When every batch has metadata (a producer of batches: the common
-    /// case) batch `k` takes `metas[k]` and no batch needs the span check
-    /// of a batch without metadata: a loop without a branch per batch.
-    #[inline(always)]
-    pub(crate) fn from_newest_first(
-        epoch: i16,
-        last: i32,
-        n: usize,
-        has_meta: u8,
-        spans: &[u32; N],
-        metas: &[(i64, i64); N],
-    ) -> Option<Self> {
-        if last < 0 || n > N {
-            return None;
-        }
-        let mut e = ProducerEntry {
-            head: Head {
-                epoch,
-                ring: n as u8,
-                mask: 0,
-                last,
-            },
-            window: Window::EMPTY,
-        };
-        let all = (1u8 << n) - 1;
-        let mut batch_last = last;
-        if has_meta == all {
-            e.head.mask = all;
-            let mut bad = false;
-            for (k, (slot, (&s, &(o, t)))) in e
-                .window
-                .slots
-                .iter_mut()
-                .take(n)
-                .rev()
-                .zip(spans.iter().zip(metas))
-                .enumerate()
-            {
-                // Batch k (newest first) lies in ring slot n - 1 - k.
-                bad |= i64::from(s) > i64::from(batch_last);
-                let p = batch_last.wrapping_sub(s as i32).wrapping_sub(1);
-                // The previous batch's last sequence (the inverse of
-                // `next_sequence`); for the oldest, what `push` keeps.
-                batch_last = if p < 0 && k + 1 < n { i32::MAX } else { p };
-                slot.prev = batch_last;
-                slot.offset = split(o);
-                slot.timestamp = split(t);
-            }
-            return (!bad).then_some(e);
-        }
-        let mut j = 0;
-        for (k, slot) in e.window.slots.iter_mut().take(n).rev().enumerate() {
-            let s = spans.get(k).copied().unwrap_or(0);
-            let has = has_meta >> k & 1 != 0;
-            if i64::from(s) > i64::from(batch_last) || (!has && s != 0) {
-                return None;
-            }
-            let p = (batch_last - s as i32).wrapping_sub(1);
-            batch_last = if p < 0 && k + 1 < n { i32::MAX } else { p };
-            slot.prev = batch_last;
-            if has {
-                let (o, t) = metas.get(j).copied().unwrap_or((0, 0));
-                slot.offset = split(o);
-                slot.timestamp = split(t);
-                e.head.mask |= 1 << (n - 1 - k);
-                j += 1;
-            }
-        }
         Some(e)
     }
 

@@ -376,6 +376,30 @@ fn ld(v: &[u8; VIEW], off: usize, w: usize) -> u64 {
 /// for names too long to store inline).
 #[inline]
 pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decoded, Corruption>> {
+    let mut window = Window::EMPTY;
+    Some(
+        decode_into(buf, form, &mut window)?.map(|(id, partition, head, act, len)| {
+            (id, partition, ProducerEntry { head, window }, act, len)
+        }),
+    )
+}
+
+/// A key decoded by [`decode_into`]: key, head (its window is where the
+/// caller put it), last activity and the bytes it took.
+pub(crate) type DecodedHead = (ProducerId, i32, Head, i64, usize);
+
+/// [`decode`] with the window written into `window` (which must be
+/// [`Window::EMPTY`]) rather than returned: a snapshot's load decodes
+/// straight into the slot of the map's arena the key will own (an entry
+/// returned by value, 112 bytes, was copied twice on its way there). The
+/// window's metadata are read and stored in one pass, each delta as its
+/// batch is stored.
+#[inline]
+pub(crate) fn decode_into(
+    buf: &[u8],
+    form: Form,
+    window: &mut Window,
+) -> Option<std::result::Result<DecodedHead, Corruption>> {
     let shape = *buf.first()?;
     let n = usize::from(shape & 7);
     if shape & SHAPE_SECTIONS != 0 {
@@ -475,32 +499,37 @@ pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decod
             "entry shape (activity of a batch timestamp the entry does not have)",
         )));
     }
-    // The spans, then the metadata, newest first, packed: loops bounded
-    // by the counts, each step loads at a fixed offset of the view.
-    let mut span = [0u32; RETAINED_BATCHES];
-    for (k, s) in span.iter_mut().enumerate().take(n) {
-        *s = ld(v, spans + k * sw, sw) as u32;
-    }
-    let mut meta = [(0i64, 0i64); RETAINED_BATCHES];
+    // The spans, then the metadata, newest first, packed: each asked for
+    // in order, each a load at a fixed offset of the view; the metadata
+    // by their deltas, as they are asked for.
     let m = mask.count_ones() as usize;
-    if m > 0 {
-        let mut cur = (ld(v, metas, 8) as i64, ld(v, metas + 8, 8) as i64);
-        let mut d = metas + 16;
-        for (j, slot) in meta.iter_mut().enumerate().take(m) {
+    let mut cur = if m > 0 {
+        (ld(v, metas, 8) as i64, ld(v, metas + 8, 8) as i64)
+    } else {
+        (0, 0)
+    };
+    let mut d = metas + 16;
+    let head = Head::fill_newest_first(
+        epoch,
+        last,
+        n,
+        mask,
+        window,
+        |k| ld(v, spans + k * sw, sw) as u32,
+        |j| {
             if j > 0 {
                 let d_o = unzigzag(ld(v, d, ow));
                 let d_t = unzigzag(ld(v, d + ow, tw));
                 cur = (cur.0.wrapping_sub(d_o), cur.1.wrapping_sub(d_t));
                 d += ow + tw;
             }
-            *slot = cur;
-        }
-    }
-    let e = ProducerEntry::from_newest_first(epoch, last, n, mask, &span, &meta);
-    let Some(e) = e else {
+            cur
+        },
+    );
+    let Some(head) = head else {
         return Some(Err(Corruption::BadField("entry (sequences inconsistent)")));
     };
-    Some(Ok((id, partition, e, act, start + at)))
+    Some(Ok((id, partition, head, act, start + at)))
 }
 
 #[cfg(test)]

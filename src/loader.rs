@@ -118,17 +118,17 @@ fn load_with(path: &Path, file: impl Read, len: u64, two_from: u64) -> Result<Lo
     // Small reads (headers) are buffered; a block's bytes, mostly longer
     // than the buffer, go straight from the file into the block.
     let mut r = std::io::BufReader::with_capacity(64 << 10, file);
-    let header = if len >= two_from {
-        let mut pre = snapshot::read_prelude(path, &mut r, len, &mut loader)?;
-        if pre.header.version >= snapshot::VERSION && !pre.header.kafka {
+    let mut pre = snapshot::read_prelude(path, &mut r, len, &mut loader)?;
+    if pre.header.version >= snapshot::VERSION && !pre.header.kafka {
+        if len >= two_from {
             two_threads(path, &mut r, &mut pre, &mut loader.shards)?;
         } else {
-            snapshot::read_rest(path, &mut r, &mut pre, &mut loader)?;
+            one_thread(path, &mut r, &mut pre, &mut loader.shards)?;
         }
-        pre.header
     } else {
-        snapshot::read_into(path, &mut r, len, &mut loader)?
-    };
+        snapshot::read_rest(path, &mut r, &mut pre, &mut loader)?;
+    }
+    let header = pre.header;
     Ok(Loaded {
         header,
         meta: loader.meta,
@@ -136,14 +136,26 @@ fn load_with(path: &Path, file: impl Read, len: u64, two_from: u64) -> Result<Lo
     })
 }
 
-/// Decodes a block into its shard.
+/// Decodes a block into its shard, each key's window straight into the
+/// shard's arena ([`snapshot::load_block`]).
 #[inline]
 fn insert_block(path: &Path, b: &Block, shard: &mut ShardMut<'_>) -> Result<()> {
-    snapshot::decode_block(path, b, |hash, id, p, e, act| {
-        if shard.insert_new(hash, &id, p, &e, act) {
-            Ok(())
-        } else {
-            Err(Error::corrupt(path, 0, Corruption::DuplicateKey))
+    snapshot::load_block(path, b, shard)
+}
+
+/// The version-4 blocks after the prelude, each decoded into its shard on
+/// this thread (a file too small for a helper's start to pay).
+fn one_thread(
+    path: &Path,
+    r: impl Read,
+    pre: &mut snapshot::Prelude,
+    shards: &mut Shards,
+) -> Result<()> {
+    let mut mine: Vec<ShardMut<'_>> = shards.shards_mut().collect();
+    snapshot::read_blocks(path, r, pre, |block| {
+        match mine.get_mut(usize::from(block.shard)) {
+            Some(shard) => insert_block(path, block, shard),
+            None => Err(Error::Internal("a block of no shard")),
         }
     })
 }

@@ -767,6 +767,91 @@ impl<X: Extra> StateMap<X> {
         }
     }
 
+    /// Inserts a key that `decode` reads with its window written straight
+    /// into a fresh slot of the arena (loading a snapshot: an entry decoded
+    /// on the stack was copied twice on its way there, 112 bytes a key).
+    /// `decode` gets [`Window::EMPTY`] and returns the key's hash, key,
+    /// head and extra, and a value passed back; the slot is given back if
+    /// the key has no window, is already in the map (`false`, nothing
+    /// else changed) or `decode` fails.
+    #[inline]
+    pub(crate) fn load_new<T, E>(
+        &mut self,
+        decode: impl FnOnce(&mut Window) -> Result<(u64, ProducerId, i32, Head, X, T), E>,
+    ) -> Result<(bool, T), E> {
+        let windows = &mut self.arena.windows;
+        let slot = u32::try_from(windows.len())
+            .ok()
+            .filter(|&i| i != NO_WINDOW)
+            .expect("more than 2^32 - 1 retry windows in one map");
+        windows.push(Window::EMPTY);
+        let decoded = match windows.last_mut() {
+            Some(w) => decode(w),
+            None => unreachable!("a window was just pushed"),
+        };
+        let (hash, id, partition, head, x, t) = match decoded {
+            Ok(d) => d,
+            Err(e) => {
+                windows.pop();
+                return Err(e);
+            }
+        };
+        let win = if head.windowed() {
+            slot
+        } else {
+            windows.pop();
+            NO_WINDOW
+        };
+        let st = State { head, win };
+        let new = match id.as_numeric() {
+            Some(pid) => {
+                let key = split_pid(pid);
+                keep_room(&mut self.numeric, |s| {
+                    hash_numeric(join_pid(s.pid), s.partition)
+                });
+                match self.numeric.entry(
+                    hash,
+                    |s| s.pid == key && s.partition == partition,
+                    |s| hash_numeric(join_pid(s.pid), s.partition),
+                ) {
+                    hashbrown::hash_table::Entry::Occupied(_) => false,
+                    hashbrown::hash_table::Entry::Vacant(v) => {
+                        v.insert(NumSlot {
+                            pid: key,
+                            partition,
+                            st,
+                            x,
+                        });
+                        true
+                    }
+                }
+            }
+            None => {
+                keep_room(&mut self.named, |s| hash_key(&s.id, s.partition));
+                match self.named.entry(
+                    hash,
+                    |s| s.partition == partition && same_name(&s.id, &id),
+                    |s| hash_key(&s.id, s.partition),
+                ) {
+                    hashbrown::hash_table::Entry::Occupied(_) => false,
+                    hashbrown::hash_table::Entry::Vacant(v) => {
+                        v.insert(NamedSlot {
+                            id,
+                            partition,
+                            st,
+                            x,
+                        });
+                        true
+                    }
+                }
+            }
+        };
+        if !new && win != NO_WINDOW {
+            self.arena.windows.pop();
+        }
+        Ok((new, t))
+    }
+
     /// Removes one key, returning its entry (its window is freed for
     /// reuse).
     pub(crate) fn remove(&mut self, id: &ProducerId, partition: i32) -> Option<ProducerEntry> {

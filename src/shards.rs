@@ -15,7 +15,7 @@
 use hashbrown::HashTable;
 
 use crate::batch::AppendRequest;
-use crate::entry::ProducerEntry;
+use crate::entry::{Head, ProducerEntry, Window};
 use crate::id::ProducerId;
 use crate::info::ProducerInfo;
 use crate::map::{Activity, Apply, StateMap, hash_key};
@@ -90,6 +90,28 @@ impl ShardMut<'_> {
             self.parts.add(partition);
         }
         new
+    }
+}
+
+impl ShardMut<'_> {
+    /// [`StateMap::load_new`] in this shard, with the key's activity:
+    /// inserts a key decoded straight into the shard's window arena.
+    #[inline]
+    pub(crate) fn load_new<T, E>(
+        &mut self,
+        decode: impl FnOnce(&mut Window) -> Result<(u64, ProducerId, i32, Head, i64, T), E>,
+    ) -> Result<(bool, T), E> {
+        let mut p = 0;
+        let r = self.map.load_new(|w| {
+            decode(w).map(|(hash, id, partition, head, act, t)| {
+                p = partition;
+                (hash, id, partition, head, Activity::new(act), t)
+            })
+        })?;
+        if r.0 {
+            self.parts.add(p);
+        }
+        Ok(r)
     }
 }
 

@@ -1065,6 +1065,64 @@ pub(crate) fn decode_block(
     Ok(())
 }
 
+/// [`decode_block`] straight into the block's shard: each key's window
+/// is decoded into the slot of the shard's arena it will own (see
+/// [`crate::map::StateMap::load_new`]); the same checks, the same errors,
+/// and a key already in the shard is [`Corruption::DuplicateKey`].
+pub(crate) fn load_block(
+    path: &Path,
+    b: &Block,
+    shard: &mut crate::shards::ShardMut<'_>,
+) -> Result<()> {
+    let mut at = 0usize;
+    let mut n = 0u32;
+    while let Some(rest) = b.bytes.get(at..).filter(|r| !r.is_empty()) {
+        let here = b.at + at as u64;
+        let (new, len) =
+            shard.load_new(
+                |w| match entry_codec::decode_into(rest, entry_codec::Form::V4, w) {
+                    Some(Ok((id, partition, head, act, len))) => {
+                        let hash = crate::map::hash_key(&id, partition);
+                        if b.shard != UNSHARDED
+                            && crate::shards::shard_of(hash) != usize::from(b.shard)
+                        {
+                            return Err(Error::corrupt(
+                                path,
+                                here,
+                                Corruption::BadField(
+                                    "entry (key of another shard than its block's)",
+                                ),
+                            ));
+                        }
+                        Ok((hash, id, partition, head, act, len))
+                    }
+                    Some(Err(kind)) => Err(Error::corrupt(path, here, kind)),
+                    None => Err(Error::corrupt(
+                        path,
+                        here,
+                        Corruption::BadLength(rest.len() as u64),
+                    )),
+                },
+            )?;
+        if !new {
+            return Err(Error::corrupt(path, 0, Corruption::DuplicateKey));
+        }
+        at += len;
+        n += 1;
+    }
+    if n != b.count {
+        return Err(Error::corrupt(
+            path,
+            b.at - BLOCK_HEADER as u64,
+            Corruption::CountMismatch {
+                stated: u64::from(b.count),
+                found: u64::from(n),
+            },
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod tests {
