@@ -296,6 +296,16 @@ mod tests {
         assert_eq!(one.header, two.header);
         assert_eq!(one.shards.len(), 20_001);
         assert_eq!(state(&one), state(&two));
+        // Each shard counts its keys per partition (keys come in runs of
+        // one partition, counted once a run): as many as it holds.
+        for l in [&one, &two] {
+            for i in 0..SHARDS {
+                for p in 0..4 {
+                    let held = l.shards.infos(i).filter(|k| k.partition == p).count();
+                    assert_eq!(l.shards.partition_count(i, p) as usize, held, "{i} {p}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -38,11 +38,17 @@ fn hash_partition(p: i32) -> u64 {
 impl PartitionCounts {
     #[inline]
     fn add(&mut self, p: i32) {
+        self.add_n(p, 1);
+    }
+
+    /// Counts `n` more keys of partition `p`.
+    #[inline]
+    fn add_n(&mut self, p: i32, n: u32) {
         let h = hash_partition(p);
         match self.0.find_mut(h, |e| e.0 == p) {
-            Some(e) => e.1 += 1,
+            Some(e) => e.1 += n,
             None => {
-                self.0.insert_unique(h, (p, 1), |e| hash_partition(e.0));
+                self.0.insert_unique(h, (p, n), |e| hash_partition(e.0));
             }
         }
     }
@@ -95,23 +101,29 @@ impl ShardMut<'_> {
 
 impl ShardMut<'_> {
     /// [`StateMap::load_new`] in this shard, with the key's activity:
-    /// inserts a key decoded straight into the shard's window arena.
+    /// inserts a key decoded straight into the shard's window arena. The
+    /// key is not counted in its partition: the caller counts a run of
+    /// keys of one partition at once ([`ShardMut::count_loaded`]; a
+    /// snapshot's block mostly holds long runs, and a count is a probe).
     #[inline]
     pub(crate) fn load_new<T, E>(
         &mut self,
         decode: impl FnOnce(&mut Window) -> Result<(u64, ProducerId, i32, Head, i64, T), E>,
     ) -> Result<(bool, T), E> {
-        let mut p = 0;
-        let r = self.map.load_new(|w| {
+        self.map.load_new(|w| {
             decode(w).map(|(hash, id, partition, head, act, t)| {
-                p = partition;
                 (hash, id, partition, head, Activity::new(act), t)
             })
-        })?;
-        if r.0 {
-            self.parts.add(p);
+        })
+    }
+
+    /// Counts `n` keys of partition `p` inserted by
+    /// [`ShardMut::load_new`].
+    #[inline]
+    pub(crate) fn count_loaded(&mut self, p: i32, n: u32) {
+        if n > 0 {
+            self.parts.add_n(p, n);
         }
-        Ok(r)
     }
 }
 

@@ -1076,9 +1076,12 @@ pub(crate) fn load_block(
 ) -> Result<()> {
     let mut at = 0usize;
     let mut n = 0u32;
+    // The partition of the keys inserted since it changed, and how many:
+    // counted in the shard's partitions once per run.
+    let mut run = (0i32, 0u32);
     while let Some(rest) = b.bytes.get(at..).filter(|r| !r.is_empty()) {
         let here = b.at + at as u64;
-        let (new, len) =
+        let (new, (len, partition)) =
             shard.load_new(
                 |w| match entry_codec::decode_into(rest, entry_codec::Form::V4, w) {
                     Some(Ok((id, partition, head, act, len))) => {
@@ -1094,7 +1097,7 @@ pub(crate) fn load_block(
                                 ),
                             ));
                         }
-                        Ok((hash, id, partition, head, act, len))
+                        Ok((hash, id, partition, head, act, (len, partition)))
                     }
                     Some(Err(kind)) => Err(Error::corrupt(path, here, kind)),
                     None => Err(Error::corrupt(
@@ -1107,9 +1110,15 @@ pub(crate) fn load_block(
         if !new {
             return Err(Error::corrupt(path, 0, Corruption::DuplicateKey));
         }
+        if partition != run.0 {
+            shard.count_loaded(run.0, run.1);
+            run = (partition, 0);
+        }
+        run.1 += 1;
         at += len;
         n += 1;
     }
+    shard.count_loaded(run.0, run.1);
     if n != b.count {
         return Err(Error::corrupt(
             path,
