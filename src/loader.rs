@@ -2,9 +2,12 @@
 //!
 //! The state is sized from the header's entry count before the first
 //! entry, so no table rehashes and no window arena moves while loading;
-//! each entry is decoded on the stack, hashed once and inserted with one
-//! probe, with no allocation per entry (but for names too long to store
-//! inline). Entries arrive in the order the writer's shards and tables held
+//! each entry's window is decoded straight into the arena slot its key
+//! will own (an entry decoded on the stack was copied twice on its way
+//! there), its key hashed once and inserted with one probe, with no
+//! allocation per entry (but for names too long to store inline); a
+//! block's keys are counted in their partitions once per run of one
+//! partition. Entries arrive in the order the writer's shards and tables held
 //! them, so consecutive inserts land in neighbouring buckets of one shard:
 //! the tables fill front to back, not at random.
 //!
