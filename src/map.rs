@@ -23,6 +23,7 @@
 //! reproducible, and producer ids are handed out by the broker, not chosen
 //! by clients, so hash flooding is not the threat model here.
 
+use std::borrow::Cow;
 use std::fmt::Debug;
 
 use hashbrown::HashTable;
@@ -721,6 +722,25 @@ impl<X: Extra> StateMap<X> {
         entry: &ProducerEntry,
         x: X,
     ) -> bool {
+        self.insert_vacant(hash, Cow::Borrowed(id), partition, x, |arena| {
+            State::from_entry(entry, arena)
+        })
+    }
+
+    /// The one probe of [`StateMap::insert_new_hashed`] and
+    /// [`StateMap::load_new`]: inserts the key with the state `st` makes
+    /// (called only if the key is absent, with the arena), or returns false
+    /// and changes nothing. A borrowed named id is cloned only once the
+    /// key is known to be new.
+    #[inline(always)]
+    fn insert_vacant(
+        &mut self,
+        hash: u64,
+        id: Cow<'_, ProducerId>,
+        partition: i32,
+        x: X,
+        st: impl FnOnce(&mut Arena) -> State,
+    ) -> bool {
         let arena = &mut self.arena;
         match id.as_numeric() {
             Some(pid) => {
@@ -738,7 +758,7 @@ impl<X: Extra> StateMap<X> {
                         v.insert(NumSlot {
                             pid: key,
                             partition,
-                            st: State::from_entry(entry, arena),
+                            st: st(arena),
                             x,
                         });
                         true
@@ -749,15 +769,15 @@ impl<X: Extra> StateMap<X> {
                 keep_room(&mut self.named, |s| hash_key(&s.id, s.partition));
                 match self.named.entry(
                     hash,
-                    |s| s.partition == partition && same_name(&s.id, id),
+                    |s| s.partition == partition && same_name(&s.id, &id),
                     |s| hash_key(&s.id, s.partition),
                 ) {
                     hashbrown::hash_table::Entry::Occupied(_) => false,
                     hashbrown::hash_table::Entry::Vacant(v) => {
                         v.insert(NamedSlot {
-                            id: id.clone(),
+                            id: id.into_owned(),
                             partition,
-                            st: State::from_entry(entry, arena),
+                            st: st(arena),
                             x,
                         });
                         true
@@ -803,49 +823,7 @@ impl<X: Extra> StateMap<X> {
             NO_WINDOW
         };
         let st = State { head, win };
-        let new = match id.as_numeric() {
-            Some(pid) => {
-                let key = split_pid(pid);
-                keep_room(&mut self.numeric, |s| {
-                    hash_numeric(join_pid(s.pid), s.partition)
-                });
-                match self.numeric.entry(
-                    hash,
-                    |s| s.pid == key && s.partition == partition,
-                    |s| hash_numeric(join_pid(s.pid), s.partition),
-                ) {
-                    hashbrown::hash_table::Entry::Occupied(_) => false,
-                    hashbrown::hash_table::Entry::Vacant(v) => {
-                        v.insert(NumSlot {
-                            pid: key,
-                            partition,
-                            st,
-                            x,
-                        });
-                        true
-                    }
-                }
-            }
-            None => {
-                keep_room(&mut self.named, |s| hash_key(&s.id, s.partition));
-                match self.named.entry(
-                    hash,
-                    |s| s.partition == partition && same_name(&s.id, &id),
-                    |s| hash_key(&s.id, s.partition),
-                ) {
-                    hashbrown::hash_table::Entry::Occupied(_) => false,
-                    hashbrown::hash_table::Entry::Vacant(v) => {
-                        v.insert(NamedSlot {
-                            id,
-                            partition,
-                            st,
-                            x,
-                        });
-                        true
-                    }
-                }
-            }
-        };
+        let new = self.insert_vacant(hash, Cow::Owned(id), partition, x, |_| st);
         if !new && win != NO_WINDOW {
             self.arena.windows.pop();
         }

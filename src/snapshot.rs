@@ -1052,6 +1052,11 @@ pub(crate) fn decode_block(
             }
         }
     }
+    check_count(path, b, n)
+}
+
+/// A block's stated key count against the keys its bytes held.
+fn check_count(path: &Path, b: &Block, n: u32) -> Result<()> {
     if n != b.count {
         return Err(Error::corrupt(
             path,
@@ -1119,17 +1124,7 @@ pub(crate) fn load_block(
         n += 1;
     }
     shard.count_loaded(run.0, run.1);
-    if n != b.count {
-        return Err(Error::corrupt(
-            path,
-            b.at - BLOCK_HEADER as u64,
-            Corruption::CountMismatch {
-                stated: u64::from(b.count),
-                found: u64::from(n),
-            },
-        ));
-    }
-    Ok(())
+    check_count(path, b, n)
 }
 
 #[cfg(test)]
