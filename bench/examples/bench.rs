@@ -827,7 +827,7 @@ fn wal_bytes(dir: &Path) -> Result<u64> {
 /// In-order appends to random keys of `keys`, `ops` of them: the engine,
 /// the store one append at a time and in `append_all` calls of 1,000
 /// (requests built as a broker would decode them; until the last call
-/// returns, with at most 8 MiB of log still buffered), and the bare
+/// returns, with at most 1 MiB of log still buffered), and the bare
 /// writes of the same log bytes, without and with the segment fsyncs.
 /// Medians of 5 interleaved rounds.
 fn never_vs_engine(cfg: &Cfg, keys: u64, ops: usize) -> Result<Never> {

@@ -37,7 +37,7 @@ pub(super) const FLUSH_BYTES: usize = 64 << 10;
 
 /// Records buffered at which a buffered append waits for the flusher (the
 /// disk is slower than the appends): memory stays bounded.
-pub(super) const MAX_BUFFERED: usize = 8 << 20;
+pub(super) const MAX_BUFFERED: usize = 1 << 20;
 
 /// Futex words that appenders waiting for a group sleep on; group `g` uses
 /// `words[g % WAIT_SLOTS]`. At most two groups are pending at a time (the

@@ -30,7 +30,7 @@
 //! Under the buffered policies an append is classified, applied and
 //! encoded under the lock and returns; the flusher thread checksums and
 //! writes the buffer in the background once it holds 64 KiB (an appender
-//! waits only when 8 MiB are pending: the disk is behind).
+//! waits only when 1 MiB is pending: the disk is behind).
 //!
 //! Validation and the update it implies are atomic per key: a request that
 //! continues a key's in-flight state is queued after it (a producer may
@@ -125,7 +125,7 @@ pub struct StoreStats {
     /// Snapshots written.
     pub snapshots_written: u64,
     /// The most bytes of records held in memory, not yet handed to the OS
-    /// (buffered policies: bounded near 8 MiB plus one `append_all` call).
+    /// (buffered policies: bounded near 1 MiB plus one `append_all` call).
     pub peak_buffered_bytes: u64,
     /// Keys removed by expiration sweeps.
     pub expired: u64,
