@@ -234,6 +234,19 @@ impl State {
         }
     }
 
+    /// [`State::op`] for an operation that is not a write: a
+    /// [`Fault::PartialWrite`] makes it fail with no effect, like the
+    /// other faults (it has no half to do).
+    fn op_whole(&mut self) -> io::Result<()> {
+        match self.op()? {
+            Go::Proceed => Ok(()),
+            Go::Partial => Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "simulated ENOSPC (a partial-write fault on an operation that is not a write)",
+            )),
+        }
+    }
+
     fn parent_exists(&self, path: &Path) -> io::Result<()> {
         let parent = path.parent().unwrap_or(Path::new(""));
         if parent.as_os_str().is_empty() || self.dirs.contains(parent) {
@@ -362,7 +375,7 @@ impl WriteFile for SimWrite {
     fn sync_data(&mut self) -> io::Result<()> {
         let (delay, upto) = {
             let mut st = self.fs.lock();
-            st.op()?;
+            st.op_whole()?;
             let delay = st.sync_delay;
             (delay, st.node(self.inode)?.next)
         };
@@ -378,7 +391,7 @@ impl WriteFile for SimWrite {
 
     fn set_len(&mut self, len: u64) -> io::Result<()> {
         let mut st = self.fs.lock();
-        st.op()?;
+        st.op_whole()?;
         let node = st.node(self.inode)?;
         let len = usize::try_from(len).map_err(io::Error::other)?;
         node.change(Op::SetLen(len));
@@ -650,7 +663,7 @@ impl FileSystem for SimFs {
         if st.dirs.contains(path) {
             return Ok(());
         }
-        st.op()?;
+        st.op_whole()?;
         if st.visible.contains_key(path) {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -723,7 +736,7 @@ impl FileSystem for SimFs {
 
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn WriteFile>> {
         let mut st = self.lock();
-        st.op()?;
+        st.op_whole()?;
         st.parent_exists(path)?;
         if st.visible.contains_key(path) || st.dirs.contains(path) {
             return Err(io::Error::new(
@@ -752,7 +765,7 @@ impl FileSystem for SimFs {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut st = self.lock();
-        st.op()?;
+        st.op_whole()?;
         let inode = st.visible.remove(from).ok_or_else(|| not_found(from))?;
         st.visible.insert(to.to_path_buf(), inode);
         Ok(())
@@ -760,7 +773,7 @@ impl FileSystem for SimFs {
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let mut st = self.lock();
-        st.op()?;
+        st.op_whole()?;
         st.visible
             .remove(path)
             .map(|_| ())
@@ -769,7 +782,7 @@ impl FileSystem for SimFs {
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         let mut st = self.lock();
-        st.op()?;
+        st.op_whole()?;
         if !st.dirs.contains(path) {
             return Err(not_found(path));
         }
@@ -986,6 +999,35 @@ mod tests {
         assert!(f.sync_data().is_err());
         assert!(f.write_all(b"z").is_err());
         assert!(fs.crashed());
+    }
+
+    #[test]
+    fn a_partial_write_fault_fails_an_operation_that_is_not_a_write_with_no_effect() {
+        let (fs, dir) = setup();
+        let a = dir.join("a");
+        let mut f = fs.create_new(&a).unwrap();
+        fs.sync_dir(&dir).unwrap();
+        f.write_all(b"abc").unwrap();
+        fs.set_fault(fs.ops(), Fault::PartialWrite);
+        let e = f.sync_data().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+        // The fsync did not happen: a crash keeps nothing of the bytes.
+        assert_eq!(
+            fs.crash_image(Unsynced::Drop).read_file(&a).as_deref(),
+            Some(&b""[..])
+        );
+        fs.set_fault(fs.ops(), Fault::PartialWrite);
+        assert!(fs.rename(&a, &dir.join("b")).is_err());
+        assert!(fs.read_file(&a).is_some() && fs.read_file(&dir.join("b")).is_none());
+        fs.set_fault(fs.ops(), Fault::PartialWrite);
+        assert!(f.set_len(1).is_err());
+        assert_eq!(fs.read_file(&a).as_deref(), Some(&b"abc"[..]));
+        // Without a fault, the same operations go through.
+        f.sync_data().unwrap();
+        assert_eq!(
+            fs.crash_image(Unsynced::Drop).read_file(&a).as_deref(),
+            Some(&b"abc"[..])
+        );
     }
 
     #[test]
