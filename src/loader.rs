@@ -139,13 +139,6 @@ fn load_with(path: &Path, file: impl Read, len: u64, two_from: u64) -> Result<Lo
     })
 }
 
-/// Decodes a block into its shard, each key's window straight into the
-/// shard's arena ([`snapshot::load_block`]).
-#[inline]
-fn insert_block(path: &Path, b: &Block, shard: &mut ShardMut<'_>) -> Result<()> {
-    snapshot::load_block(path, b, shard)
-}
-
 /// The version-4 blocks after the prelude, each decoded into its shard on
 /// this thread (a file too small for a helper's start to pay).
 fn one_thread(
@@ -157,7 +150,7 @@ fn one_thread(
     let mut mine: Vec<ShardMut<'_>> = shards.shards_mut().collect();
     snapshot::read_blocks(path, r, pre, |block| {
         match mine.get_mut(usize::from(block.shard)) {
-            Some(shard) => insert_block(path, block, shard),
+            Some(shard) => snapshot::load_block(path, block, shard),
             None => Err(Error::Internal("a block of no shard")),
         }
     })
@@ -200,7 +193,7 @@ fn two_threads(
                 let Some(shard) = slot.as_mut() else {
                     return Err(Error::Internal("a block of a shard the helper lacks"));
                 };
-                insert_block(path, &block, shard)?;
+                snapshot::load_block(path, &block, shard)?;
                 // The reader reads the next blocks into it.
                 let _ = give_back.send(block.bytes);
             }
@@ -222,7 +215,7 @@ fn two_threads(
             };
             match *who {
                 Owner::Reader => match slot.as_mut() {
-                    Some(shard) => insert_block(path, block, shard),
+                    Some(shard) => snapshot::load_block(path, block, shard),
                     None => Err(Error::Internal("a shard the reader lacks")),
                 },
                 Owner::Helper => to_helper
@@ -239,7 +232,7 @@ fn two_threads(
                         *who = Owner::Reader;
                         *block = b;
                         match slot.as_mut() {
-                            Some(shard) => insert_block(path, block, shard),
+                            Some(shard) => snapshot::load_block(path, block, shard),
                             None => Err(Error::Internal("a shard the reader lacks")),
                         }
                     }
