@@ -226,7 +226,7 @@ async fn handle(broker: &Arc<Broker>, mut buf: Bytes) -> Reply {
     }
     let request = match RequestKind::decode(key, &mut buf, version) {
         Ok(r) => r,
-        Err(e) => return Reply::Close(format!("malformed {key:?} v{version} request: {e}")),
+        Err(e) => return Reply::Close(format!("malformed {key:?} v{version} request: {e:#}")),
     };
     let response = match request {
         RequestKind::ApiVersions(_) => Some(ResponseKind::ApiVersions(api_versions(0))),
@@ -714,6 +714,15 @@ mod tests {
         ] {
             let reply = rt.block_on(handle(&broker, Bytes::copy_from_slice(frame)));
             assert!(matches!(reply, Reply::Close(_) | Reply::Send(_)));
+        }
+        // Metadata v1 declaring 2^31 - 1 topics in a 21-byte frame: the
+        // decoder used to reserve 154 GB for them and abort the process.
+        let mut frame = vec![0, 3, 0, 1, 0, 0, 0, 7, 0, 0];
+        frame.extend_from_slice(&i32::MAX.to_be_bytes());
+        frame.extend_from_slice(&[0; 3]);
+        match rt.block_on(handle(&broker, Bytes::from(frame))) {
+            Reply::Close(why) => assert!(why.contains("more than the 3 bytes"), "{why}"),
+            _ => panic!("a request whose array cannot fit in it was answered"),
         }
     }
 }

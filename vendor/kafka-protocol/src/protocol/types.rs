@@ -985,7 +985,7 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
         match Int32.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
-                let mut result = Vec::with_capacity(n as usize);
+                let mut result = Vec::with_capacity(checked_capacity::<T, B>(n as usize, buf)?);
                 for _ in 0..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1008,6 +1008,25 @@ impl<T, E: Decoder<T>> Decoder<Vec<T>> for Array<E> {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The most an array decoder reserves before it has decoded any element.
+const MAX_PREALLOCATED_BYTES: usize = 64 * 1024;
+
+/// The capacity to reserve for an array that declares `n` elements, with
+/// the rest of the message in `buf`. Every element of a Kafka array takes
+/// at least one byte on the wire, so a count above the bytes remaining
+/// cannot be a real array and is refused before anything is allocated, as
+/// Kafka's own generated readers do. A plausible count still reserves at
+/// most [`MAX_PREALLOCATED_BYTES`]: the vector grows from the elements that
+/// actually decode, so memory follows the bytes received, not the count
+/// declared.
+fn checked_capacity<T, B: ByteBuf>(n: usize, buf: &B) -> Result<usize> {
+    let remaining = buf.remaining();
+    if n > remaining {
+        bail!("Array length {n} is more than the {remaining} bytes that remain");
+    }
+    Ok(n.min(MAX_PREALLOCATED_BYTES / std::mem::size_of::<T>().max(1)))
 }
 
 /// An array whose length is encoded with a varint.
@@ -1093,7 +1112,8 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
-                let mut result = Vec::with_capacity((n - 1) as usize);
+                let mut result =
+                    Vec::with_capacity(checked_capacity::<T, B>((n - 1) as usize, buf)?);
                 for _ in 1..n {
                     result.push(self.0.decode(buf)?);
                 }
