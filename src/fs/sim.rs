@@ -193,7 +193,16 @@ struct State {
     sync_delay: std::time::Duration,
     /// How long writing one MiB takes (scaled to the write's size).
     write_delay_per_mib: std::time::Duration,
+    /// Every call that needs a new file descriptor fails with `EMFILE`
+    /// (the process is at its `RLIMIT_NOFILE`), with no effect.
+    descriptors_exhausted: bool,
+    /// Calls that asked for a new file descriptor (opens, creates,
+    /// duplicated handles, directory syncs, lock files), refused or not.
+    descriptor_requests: u64,
 }
+
+/// `EMFILE` on Linux and the BSDs: the process has no file descriptor left.
+const EMFILE: i32 = 24;
 
 fn crash_error() -> io::Error {
     io::Error::other("simulated crash: the machine is down")
@@ -213,6 +222,17 @@ enum Go {
 }
 
 impl State {
+    /// Counts a call that needs a new file descriptor, and refuses it with
+    /// `EMFILE` while descriptors are exhausted. Not a mutating operation:
+    /// fault indices and crash points stay where they were.
+    fn descriptor(&mut self) -> io::Result<()> {
+        self.descriptor_requests += 1;
+        if self.descriptors_exhausted {
+            return Err(io::Error::from_raw_os_error(EMFILE));
+        }
+        Ok(())
+    }
+
     /// Counts one mutating operation and applies the fault set for it.
     fn op(&mut self) -> io::Result<Go> {
         let n = self.ops;
@@ -399,6 +419,7 @@ impl WriteFile for SimWrite {
     }
 
     fn try_clone(&self) -> io::Result<Box<dyn WriteFile>> {
+        self.fs.lock().descriptor()?;
         Ok(Box::new(SimWrite {
             fs: self.fs.clone(),
             inode: self.inode,
@@ -490,6 +511,20 @@ impl SimFs {
     /// Mutating operations performed (or attempted) so far.
     pub fn ops(&self) -> u64 {
         self.lock().ops
+    }
+
+    /// While `exhausted`, every call that needs a new file descriptor
+    /// (opening, creating, duplicating a handle, syncing a directory,
+    /// taking a lock) fails with `EMFILE` and has no effect, as when the
+    /// process is at its `RLIMIT_NOFILE`; handles already open keep working.
+    pub fn set_descriptors_exhausted(&self, exhausted: bool) {
+        self.lock().descriptors_exhausted = exhausted;
+    }
+
+    /// Calls so far that needed a new file descriptor, refused or not: a
+    /// store's steady state should add none.
+    pub fn descriptor_requests(&self) -> u64 {
+        self.lock().descriptor_requests
     }
 
     /// Sets `fault` for the operation with index `op` (0 = the first
@@ -724,7 +759,8 @@ impl FileSystem for SimFs {
     }
 
     fn open_read(&self, path: &Path) -> io::Result<Box<dyn ReadFile>> {
-        let st = self.lock();
+        let mut st = self.lock();
+        st.descriptor()?;
         let inode = st.visible.get(path).ok_or_else(|| not_found(path))?;
         let (data, len) = st
             .nodes
@@ -736,6 +772,7 @@ impl FileSystem for SimFs {
 
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn WriteFile>> {
         let mut st = self.lock();
+        st.descriptor()?;
         st.op_whole()?;
         st.parent_exists(path)?;
         if st.visible.contains_key(path) || st.dirs.contains(path) {
@@ -755,7 +792,8 @@ impl FileSystem for SimFs {
     }
 
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn WriteFile>> {
-        let st = self.lock();
+        let mut st = self.lock();
+        st.descriptor()?;
         let inode = *st.visible.get(path).ok_or_else(|| not_found(path))?;
         Ok(Box::new(SimWrite {
             fs: self.clone(),
@@ -782,6 +820,7 @@ impl FileSystem for SimFs {
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         let mut st = self.lock();
+        st.descriptor()?;
         st.op_whole()?;
         if !st.dirs.contains(path) {
             return Err(not_found(path));
@@ -800,6 +839,7 @@ impl FileSystem for SimFs {
 
     fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>> {
         let mut st = self.lock();
+        st.descriptor()?;
         if !st.locks.insert(path.to_path_buf()) {
             return Ok(None);
         }

@@ -522,15 +522,22 @@ impl<S: Host> GroupCommit<S> {
                 if !buf.is_empty() {
                     w.write(&mut buf, first, end - first)?;
                 }
-                let handle = if needs_sync {
-                    Some(w.sync_handle()?)
-                } else {
-                    None
-                };
+                let mut handle = None;
+                if needs_sync {
+                    handle = w.sync_handle();
+                    if handle.is_none() {
+                        // No descriptor for a second handle: fsync through
+                        // the writer's own, holding it meanwhile.
+                        let started = Instant::now();
+                        w.sync()?;
+                        fsync = Some(started.elapsed());
+                    }
+                }
                 drop(w);
-                if let Some((mut h, token)) = handle {
+                if let Some((h, token)) = handle {
                     let started = Instant::now();
-                    h.sync_data()
+                    lock(&h)
+                        .sync_data()
                         .map_err(|e| Error::io("fsync", &token.path, e))?;
                     fsync = Some(started.elapsed());
                     lock(&self.writer).synced(&token);

@@ -165,6 +165,9 @@ impl StoreOptions {
     /// (a soft limit: one group of records never spans two segments).
     /// Default 64 MiB; at least 1 KiB and at most 1 GiB (a segment never
     /// grows past 4 GiB, the most its records' offsets can describe).
+    /// Preallocated segments start smaller and grow to it: a new store's
+    /// first segment is 64 KiB (or this size, if smaller), each next one
+    /// 4 times its predecessor.
     pub fn segment_size(mut self, bytes: u64) -> Self {
         self.segment_size = bytes;
         self
@@ -212,11 +215,14 @@ impl StoreOptions {
     /// durable appends per second for one appender on ext4 here). The next
     /// segment is prepared while the active one fills.
     ///
-    /// The price: every segment takes `segment_size` on disk from the
-    /// start, and one more is kept ready (up to two segments' worth of
-    /// zeros at any time); the zeros are written once per segment (disk
-    /// bandwidth, not latency: off the append path with background work);
-    /// the first open writes the first segment's zeros. Recovery reads the
+    /// The price: every segment takes its size on disk from the start, and
+    /// one more is kept ready (up to two segments' worth of zeros at any
+    /// time); the zeros are written once per segment (disk bandwidth, not
+    /// latency: off the append path with background work); the first open
+    /// writes the first segment's zeros. Sizes grow with the log (64 KiB,
+    /// then 4 times the one before, up to
+    /// [`StoreOptions::segment_size`]), so an empty store costs 64 KiB of
+    /// disk, not a full segment. Recovery reads the
     /// zeros after the last record as the log's clean end (the header's
     /// preallocated flag, format version 5, docs/format.md). With `false`
     /// segments grow by appends and each fsync of a group that extends the

@@ -19,10 +19,25 @@
 //! by the append that rolls). A segment left before its preallocated end (a
 //! group that did not fit) is cut to its records and fsync'ed before the
 //! next one is created, so only the last segment has room left.
+//!
+//! Preallocated segments grow with the log: a new store's first segment
+//! has [`FIRST_SEGMENT`] bytes, and each next one [`GROWTH`] times its
+//! predecessor's, up to `segment_size`. A store that holds little costs
+//! little disk (an empty one 64 KiB, not a whole segment of zeros), and a
+//! busy one reaches full-size segments within a few rolls.
+//!
+//! File descriptors: the steady state (writing groups, fsyncing them) opens
+//! none. The second handle that group commit fsyncs through is duplicated
+//! once per segment and kept; if the process has no descriptor left for
+//! it, the fsync goes through the writer's own handle. A roll needs
+//! descriptors (the next file, the directory's fsync); when one is refused
+//! for want of descriptors (`EMFILE`, `ENFILE`), nothing is lost and the
+//! store is not poisoned: the group goes into the active segment, which
+//! grows past its size, and the next group tries the roll again.
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::record;
 use super::segment::{self, Ids};
@@ -32,6 +47,23 @@ use crate::fs::{FileSystem, WriteFile};
 /// The most bytes a segment holds (header included), so that a record's
 /// distance from the durable end fits its `u32` field.
 pub(crate) const MAX_SEGMENT_BYTES: u64 = u32::MAX as u64;
+
+/// A new store's first preallocated segment, in bytes.
+pub(crate) const FIRST_SEGMENT: u64 = 64 << 10;
+/// Each preallocated segment is this many times its predecessor, up to the
+/// segment size: 64 KiB, 256 KiB, 1 MiB, 4 MiB, 16 MiB, 64 MiB by default.
+pub(crate) const GROWTH: u64 = 4;
+
+/// True for `EMFILE` and `ENFILE` (Linux and the BSDs): no file descriptor
+/// left for the process or the system. The call had no effect and may work
+/// later.
+fn out_of_descriptors(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if matches!(source.raw_os_error(), Some(24 | 23)))
+}
+
+/// The active segment's second handle, through which group commit fsyncs
+/// without holding the writer (only the leader does, one at a time).
+pub(crate) type SyncFile = Arc<Mutex<Box<dyn WriteFile>>>;
 
 /// What an fsync through [`LogWriter::sync_handle`] covers.
 pub(crate) struct SyncToken {
@@ -108,9 +140,27 @@ pub(crate) struct Layout {
     pub kafka: bool,
 }
 
-/// The next segment being zero-filled and fsync'ed under its temporary
-/// name, on a thread of its own.
-type Next = std::thread::JoinHandle<io::Result<Box<dyn WriteFile>>>;
+/// The next segment's file.
+enum Next {
+    /// Being zero-filled and fsync'ed under its temporary name, on a
+    /// thread of its own.
+    Preparing {
+        tmp: PathBuf,
+        size: u64,
+        thread: std::thread::JoinHandle<io::Result<Box<dyn WriteFile>>>,
+    },
+    /// Made (a roll that was postponed gave it back).
+    Ready(Fresh),
+}
+
+/// A file made for the next segment under its temporary name, not yet
+/// installed.
+struct Fresh {
+    tmp: PathBuf,
+    file: Box<dyn WriteFile>,
+    /// Its preallocated length; 0 when it grows by appends.
+    size: u64,
+}
 
 /// What the temporary name of a prepared segment ends with: the segment
 /// prepared while the one starting at P is written is `<P>.wal.prep`.
@@ -120,11 +170,13 @@ fn prep_path(dir: &Path, active: u64) -> PathBuf {
     dir.join(format!("{}{PREP_SUFFIX}", segment::file_name(active)))
 }
 
-/// Creates `path` and fills it with `len` zeros, fsync'ed.
+/// Creates `path` and fills it with `len` zeros, fsync'ed (none: empty).
 fn prepare(fs: &dyn FileSystem, path: &Path, len: u64) -> io::Result<Box<dyn WriteFile>> {
     let mut f = fs.create_new(path)?;
-    f.write_zeros(0, len)?;
-    f.sync_data()?;
+    if len > 0 {
+        f.write_zeros(0, len)?;
+        f.sync_data()?;
+    }
     Ok(f)
 }
 
@@ -161,9 +213,14 @@ pub(crate) struct LogWriter {
     roll_first: bool,
     /// The active segment's length on disk: zeros from `len` to here.
     alloc: u64,
+    /// Where the active segment rolls: its preallocated size, else
+    /// `segment_size`.
+    active_size: u64,
     layout: Layout,
-    /// The next segment, prepared or being prepared, and its path.
-    next: Option<(PathBuf, Next)>,
+    /// The next segment, prepared or being prepared.
+    next: Option<Next>,
+    /// The active segment's second handle, once duplicated.
+    sync_file: Option<SyncFile>,
 }
 
 impl LogWriter {
@@ -184,25 +241,21 @@ impl LogWriter {
         let store = store.unwrap_or_else(|| ids.store());
         // The first segment is prepared here, at open, like any other: the
         // first append must not pay for allocating blocks.
-        let prep = if layout.preallocate {
-            let tmp = prep_path(dir, pos);
-            let f = prepare(fs.as_ref(), &tmp, segment_size)
-                .map_err(|e| Error::io("preallocate", &tmp, e))?;
-            Some((tmp, f))
+        let size = if layout.preallocate {
+            segment_size.min(FIRST_SEGMENT)
         } else {
-            None
+            0
         };
-        let alloc = if prep.is_some() {
-            segment_size.max(segment::HEADER_LEN as u64)
-        } else {
-            segment::HEADER_LEN as u64
-        };
-        let (file, path, seed) =
-            new_segment(fs.as_ref(), dir, pos, store, ids, prep, layout.kafka)?;
+        let tmp = prep_path(dir, pos);
+        let file = prepare(fs.as_ref(), &tmp, size)
+            .map_err(|e| Error::io("preallocate", &tmp, e))?;
+        let mut fresh = Fresh { tmp, file, size };
+        let (path, seed) = new_segment(fs.as_ref(), dir, pos, store, ids, &mut fresh, layout.kafka)
+            .map_err(|e| e.error)?;
         let mut w = LogWriter {
             fs,
             dir: dir.to_path_buf(),
-            file,
+            file: fresh.file,
             path,
             first_position: pos,
             seed,
@@ -215,9 +268,15 @@ impl LogWriter {
             segments: Vec::new(),
             broken: None,
             roll_first: false,
-            alloc,
+            alloc: size.max(segment::HEADER_LEN as u64),
+            active_size: if layout.preallocate {
+                size.max(segment::HEADER_LEN as u64)
+            } else {
+                segment_size
+            },
             layout,
             next: None,
+            sync_file: None,
         };
         segments.push(SegmentInfo {
             first_position: pos,
@@ -292,8 +351,14 @@ impl LogWriter {
             broken: None,
             roll_first: !writable,
             alloc: alloc.max(len),
+            active_size: if layout.preallocate {
+                segment_size.min(alloc.max(len).max(FIRST_SEGMENT))
+            } else {
+                segment_size
+            },
             layout,
             next: None,
+            sync_file: None,
         };
         w.prepare_next();
         Ok(w)
@@ -309,6 +374,19 @@ impl LogWriter {
         self.first_position + self.records
     }
 
+    /// The preallocated size of the segment after the active one: the
+    /// active one's times [`GROWTH`], up to `segment_size`; 0 without
+    /// preallocation.
+    fn next_size(&self) -> u64 {
+        if self.layout.preallocate {
+            self.segment_size
+                .min(self.active_size.saturating_mul(GROWTH))
+                .max(FIRST_SEGMENT.min(self.segment_size))
+        } else {
+            0
+        }
+    }
+
     /// Starts preparing the segment after the active one, on a thread of
     /// its own, if segments are preallocated in the background and the
     /// active one is half full (not before: its zeros would compete for
@@ -317,55 +395,53 @@ impl LogWriter {
     fn prepare_next(&mut self) {
         if !(self.layout.preallocate && self.layout.background)
             || self.next.is_some()
-            || self.len < self.segment_size / 2
+            || self.len < self.active_size / 2
         {
             return;
         }
         let path = prep_path(&self.dir, self.first_position);
-        let (fs, p, len) = (self.fs.clone(), path.clone(), self.segment_size);
+        let size = self.next_size();
+        let (fs, p) = (self.fs.clone(), path.clone());
         let spawned = std::thread::Builder::new()
             .name("producer-state-prealloc".into())
-            .spawn(move || prepare(fs.as_ref(), &p, len));
+            .spawn(move || prepare(fs.as_ref(), &p, size));
         // No thread: the roll prepares it.
-        if let Ok(h) = spawned {
-            self.next = Some((path, h));
+        if let Ok(thread) = spawned {
+            self.next = Some(Next::Preparing {
+                tmp: path,
+                size,
+                thread,
+            });
         }
     }
 
-    /// The prepared next segment, waiting for it or preparing it now.
-    fn take_next(&mut self) -> Result<(PathBuf, Box<dyn WriteFile>)> {
+    /// The next segment's file, made: waits for the thread preparing it, or
+    /// prepares it now. Changes nothing on an error.
+    fn take_next(&mut self) -> Result<Fresh> {
         match self.next.take() {
-            Some((path, h)) => match h.join() {
-                Ok(Ok(f)) => Ok((path, f)),
-                Ok(Err(e)) => Err(Error::io("preallocate", &path, e)),
+            Some(Next::Ready(fresh)) => Ok(fresh),
+            Some(Next::Preparing { tmp, size, thread }) => match thread.join() {
+                Ok(Ok(file)) => Ok(Fresh { tmp, file, size }),
+                Ok(Err(e)) => {
+                    // Nothing to keep: a file it made is removed, so that
+                    // the next try can create it again.
+                    let _ = self.fs.remove_file(&tmp);
+                    Err(Error::io("preallocate", &tmp, e))
+                }
                 Err(_) => Err(Error::Internal("the thread preparing a segment panicked")),
             },
             None => {
-                let path = prep_path(&self.dir, self.first_position);
-                let f = prepare(self.fs.as_ref(), &path, self.segment_size)
-                    .map_err(|e| Error::io("preallocate", &path, e))?;
-                Ok((path, f))
+                let tmp = prep_path(&self.dir, self.first_position);
+                let size = self.next_size();
+                match prepare(self.fs.as_ref(), &tmp, size) {
+                    Ok(file) => Ok(Fresh { tmp, file, size }),
+                    Err(e) => {
+                        let _ = self.fs.remove_file(&tmp);
+                        Err(Error::io("preallocate", &tmp, e))
+                    }
+                }
             }
         }
-    }
-
-    /// Makes the prepared file `prep` the segment starting at `pos`, the
-    /// active one.
-    fn install(&mut self, pos: u64, prep: (PathBuf, Box<dyn WriteFile>)) -> Result<()> {
-        let (file, path, seed) = new_segment(
-            self.fs.as_ref(),
-            &self.dir,
-            pos,
-            self.store,
-            self.ids,
-            Some(prep),
-            self.layout.kafka,
-        )?;
-        self.file = file;
-        self.path = path;
-        self.seed = seed;
-        self.alloc = self.segment_size.max(segment::HEADER_LEN as u64);
-        Ok(())
     }
 
     /// Writes one group of `count` records encoded by [`record::encode`],
@@ -398,10 +474,14 @@ impl LogWriter {
 
     fn write_group(&mut self, buf: &mut [u8], pos: u64, count: u64) -> Result<()> {
         let end = self.len + buf.len() as u64;
+        let must = self.roll_first || end > MAX_SEGMENT_BYTES;
         if self.records > 0
-            && (self.roll_first || self.len >= self.segment_size || end > MAX_SEGMENT_BYTES)
+            && (must || self.len >= self.active_size)
+            && let Some(refused) = self.roll(pos)?
+            && must
         {
-            self.roll(pos)?;
+            // This group cannot go into the active segment either.
+            return Err(refused);
         }
         if segment::HEADER_LEN as u64 + buf.len() as u64 > MAX_SEGMENT_BYTES {
             return Err(Error::io(
@@ -431,15 +511,17 @@ impl LogWriter {
     }
 
     /// A handle of the active segment to fsync it without holding the
-    /// writer (its own file descriptor); give the [`SyncToken`] back to
-    /// [`LogWriter::synced`] once that fsync has succeeded.
-    pub(crate) fn sync_handle(&self) -> Result<(Box<dyn WriteFile>, SyncToken)> {
-        let h = self
-            .file
-            .try_clone()
-            .map_err(|e| Error::io("duplicate handle", &self.path, e))?;
-        Ok((
-            h,
+    /// writer (its own file descriptor, duplicated once per segment); give
+    /// the [`SyncToken`] back to [`LogWriter::synced`] once that fsync has
+    /// succeeded. `None` when no descriptor could be had for it: fsync with
+    /// [`LogWriter::sync`] instead.
+    pub(crate) fn sync_handle(&mut self) -> Option<(SyncFile, SyncToken)> {
+        if self.sync_file.is_none() {
+            self.sync_file = Some(Arc::new(Mutex::new(self.file.try_clone().ok()?)));
+        }
+        let file = self.sync_file.clone()?;
+        Some((
+            file,
             SyncToken {
                 path: self.path.clone(),
                 first_position: self.first_position,
@@ -490,7 +572,17 @@ impl LogWriter {
         self.sync()
     }
 
-    fn roll(&mut self, pos: u64) -> Result<()> {
+    /// Starts the segment whose first record will have position `pos`.
+    /// `Ok(Some(e))`: postponed, because `e` refused a file descriptor; the
+    /// active segment stays active (complete on disk, its room cut), and
+    /// the next group tries again.
+    fn roll(&mut self, pos: u64) -> Result<Option<Error>> {
+        // What needs a new descriptor comes first, while nothing has changed.
+        let mut fresh = match self.take_next() {
+            Ok(f) => f,
+            Err(e) if out_of_descriptors(&e) => return Ok(Some(e)),
+            Err(e) => return Err(e),
+        };
         // Only the last segment may end in zeros (docs/format.md): cut the
         // room this one was not given records for.
         if self.alloc > self.len {
@@ -500,24 +592,42 @@ impl LogWriter {
             self.alloc = self.len;
         }
         self.sync()?;
-        if self.layout.preallocate {
-            let prep = self.take_next()?;
-            self.install(pos, prep)?;
+        let (path, seed) = match new_segment(
+            self.fs.as_ref(),
+            &self.dir,
+            pos,
+            self.store,
+            self.ids,
+            &mut fresh,
+            self.layout.kafka,
+        ) {
+            Ok(installed) => installed,
+            Err(e) if out_of_descriptors(&e.error) => {
+                // Refused the directory's fsync: take the new segment back
+                // out of the directory (a crash before this leaves it there
+                // empty, the last segment: what a finished roll leaves) and
+                // keep its file for the next try.
+                if e.renamed {
+                    let at = self.dir.join(segment::file_name(pos));
+                    self.fs
+                        .rename(&at, &fresh.tmp)
+                        .map_err(|err| Error::io("rename", &at, err))?;
+                }
+                self.next = Some(Next::Ready(fresh));
+                return Ok(Some(e.error));
+            }
+            Err(e) => return Err(e.error),
+        };
+        self.file = fresh.file;
+        self.path = path;
+        self.seed = seed;
+        self.sync_file = None;
+        self.alloc = fresh.size.max(segment::HEADER_LEN as u64);
+        self.active_size = if self.layout.preallocate {
+            self.alloc
         } else {
-            let (file, path, seed) = new_segment(
-                self.fs.as_ref(),
-                &self.dir,
-                pos,
-                self.store,
-                self.ids,
-                None,
-                self.layout.kafka,
-            )?;
-            self.file = file;
-            self.path = path;
-            self.seed = seed;
-            self.alloc = segment::HEADER_LEN as u64;
-        }
+            self.segment_size
+        };
         self.first_position = pos;
         self.len = segment::HEADER_LEN as u64;
         self.synced = segment::HEADER_LEN as u64;
@@ -527,7 +637,7 @@ impl LogWriter {
             first_position: pos,
         });
         self.prepare_next();
-        Ok(())
+        Ok(None)
     }
 
     /// Forgets the segments whose records all lie before `position` (never
@@ -553,9 +663,15 @@ impl Drop for LogWriter {
     /// directory after the store has let it go) and its file removed; a
     /// crash before this leaves it to the next open, which removes it.
     fn drop(&mut self) {
-        if let Some((path, h)) = self.next.take() {
-            let _ = h.join();
-            let _ = self.fs.remove_file(&path);
+        match self.next.take() {
+            Some(Next::Preparing { tmp, thread, .. }) => {
+                let _ = thread.join();
+                let _ = self.fs.remove_file(&tmp);
+            }
+            Some(Next::Ready(fresh)) => {
+                let _ = self.fs.remove_file(&fresh.tmp);
+            }
+            None => {}
         }
     }
 }
@@ -578,20 +694,26 @@ fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<(segment::Header, u64
     }
 }
 
-/// Creates the segment whose first record will have position `pos`, with
-/// a fresh salt; returns it, its path and its records' CRC seed. With
-/// `prep`, a zero-filled file under a temporary name, the header is
-/// written into it (version 5, flagged preallocated) and it is renamed
-/// into place; without, a new file holds the header alone (version 5).
+/// Why installing a fresh file as a segment failed.
+struct InstallError {
+    error: Error,
+    /// The file was renamed into place before the failure.
+    renamed: bool,
+}
+
+/// Makes `fresh` the segment whose first record will have position `pos`,
+/// with a fresh salt: writes its header (version 5, flagged preallocated if
+/// it was), fsyncs it, renames it into place and fsyncs the directory.
+/// Returns its path and its records' CRC seed.
 fn new_segment(
     fs: &dyn FileSystem,
     dir: &Path,
     pos: u64,
     store: u64,
     ids: IdSource,
-    prep: Option<(PathBuf, Box<dyn WriteFile>)>,
+    fresh: &mut Fresh,
     kafka: bool,
-) -> Result<(Box<dyn WriteFile>, PathBuf, u32)> {
+) -> std::result::Result<(PathBuf, u32), InstallError> {
     let path = dir.join(segment::file_name(pos));
     let header = segment::header_with(
         pos,
@@ -600,30 +722,28 @@ fn new_segment(
             salt: ids.salt(pos),
         },
         segment::VERSION,
-        prep.is_some(),
+        fresh.size > 0,
         kafka,
     );
     let seed = record::seed(header.get(12..36).unwrap_or_default());
-    let file = match prep {
-        Some((tmp, mut file)) => {
-            file.write_all_at(0, &header)
-                .map_err(|e| Error::io("write", &tmp, e))?;
-            file.sync_data().map_err(|e| Error::io("fsync", &tmp, e))?;
-            fs.rename(&tmp, &path)
-                .map_err(|e| Error::io("rename", &tmp, e))?;
-            file
-        }
-        None => {
-            let mut file = fs
-                .create_new(&path)
-                .map_err(|e| Error::io("create", &path, e))?;
-            file.write_all(&header)
-                .map_err(|e| Error::io("write", &path, e))?;
-            file.sync_data().map_err(|e| Error::io("fsync", &path, e))?;
-            file
-        }
+    let before = |error| InstallError {
+        error,
+        renamed: false,
     };
-    fs.sync_dir(dir)
-        .map_err(|e| Error::io("fsync directory", dir, e))?;
-    Ok((file, path, seed))
+    let tmp = &fresh.tmp;
+    fresh
+        .file
+        .write_all_at(0, &header)
+        .map_err(|e| before(Error::io("write", tmp, e)))?;
+    fresh
+        .file
+        .sync_data()
+        .map_err(|e| before(Error::io("fsync", tmp, e)))?;
+    fs.rename(tmp, &path)
+        .map_err(|e| before(Error::io("rename", tmp, e)))?;
+    fs.sync_dir(dir).map_err(|e| InstallError {
+        error: Error::io("fsync directory", dir, e),
+        renamed: true,
+    })?;
+    Ok((path, seed))
 }
