@@ -34,6 +34,29 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The topic catalog is damaged.
+    #[error("topic catalog {} is damaged: {reason}; move it away to rebuild it from the partition directories", path.display())]
+    CorruptCatalog {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Creating a topic would pass `max.partitions`.
+    #[error(
+        "creating topic {topic} with {partitions} partitions would pass max.partitions ({max}): \
+         {held} are held"
+    )]
+    TooManyPartitions {
+        /// The topic.
+        topic: String,
+        /// Its partitions.
+        partitions: i32,
+        /// Partitions the broker holds.
+        held: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The producer id file is damaged.
     #[error("producer id file {} is damaged: {reason}", path.display())]
     CorruptProducerIds {

@@ -16,10 +16,13 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod batch;
+pub mod catalog;
 pub mod error;
+pub mod limits;
 pub mod partition;
 pub mod pids;
 pub mod plog;
+pub mod records;
 pub mod server;
 
 use std::collections::BTreeMap;
@@ -28,7 +31,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use catalog::Catalog;
 pub use error::{Error, Result};
+pub use limits::Limits;
 use partition::{Partition, partition_dir};
 use pids::ProducerIds;
 
@@ -43,6 +48,23 @@ pub struct Config {
     pub advertised_port: i32,
     /// Partitions of an auto-created topic.
     pub partitions: i32,
+    /// What clients may take ([`limits`]).
+    pub limits: Limits,
+}
+
+impl Config {
+    /// A broker on `dir` that hands out `host:port` in Metadata and
+    /// creates topics with `partitions` partitions, with the default
+    /// [`Limits`].
+    pub fn new(dir: impl Into<PathBuf>, host: &str, port: i32, partitions: i32) -> Config {
+        Config {
+            dir: dir.into(),
+            advertised_host: host.to_string(),
+            advertised_port: port,
+            partitions,
+            limits: Limits::default(),
+        }
+    }
 }
 
 /// A topic: its partitions, numbered from 0.
@@ -66,6 +88,8 @@ pub struct Stats {
     pub producer_ids: AtomicU64,
     /// Connections accepted.
     pub connections: AtomicU64,
+    /// Connections refused because `max.connections` were open.
+    pub connections_refused: AtomicU64,
     /// Batches of partition logs replayed into a producer state that a
     /// crash had left behind its log (when partitions were opened).
     pub batches_replayed: AtomicU64,
@@ -80,12 +104,13 @@ impl Stats {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
             "batches_appended={} duplicates={} refused={} producer_ids={} connections={} \
-             batches_replayed={} states_rebuilt={}",
+             connections_refused={} batches_replayed={} states_rebuilt={}",
             g(&self.batches_appended),
             g(&self.duplicates),
             g(&self.refused),
             g(&self.producer_ids),
             g(&self.connections),
+            g(&self.connections_refused),
             g(&self.batches_replayed),
             g(&self.states_rebuilt)
         )
@@ -98,6 +123,9 @@ pub struct Broker {
     config: Config,
     topics_dir: PathBuf,
     topics: RwLock<BTreeMap<String, Arc<Topic>>>,
+    /// The durable list of topics; its lock is held while a topic is
+    /// created, so creations are one at a time.
+    catalog: Mutex<Catalog>,
     pids: Mutex<ProducerIds>,
     /// Counters.
     pub stats: Stats,
@@ -117,8 +145,39 @@ pub fn valid_topic_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
+/// The topics of a data directory from before the catalog, by its
+/// partition directories (`<topic>-<partition>`): a topic has as many
+/// partitions as its highest partition number plus one.
+fn topics_in(topics_dir: &Path, max_partitions: usize) -> Result<BTreeMap<String, i32>> {
+    let mut counts: BTreeMap<String, i32> = BTreeMap::new();
+    let entries = fs::read_dir(topics_dir).map_err(|e| Error::io("list", topics_dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("list", topics_dir, e))?;
+        let name = entry.file_name();
+        let Some((topic, index)) = name.to_str().and_then(|n| n.rsplit_once('-')) else {
+            continue;
+        };
+        let Ok(index) = index.parse::<i32>() else {
+            continue;
+        };
+        if valid_topic_name(topic) && index >= 0 {
+            if usize::try_from(index).unwrap_or(usize::MAX) >= max_partitions {
+                return Err(Error::TooManyPartitions {
+                    topic: topic.to_string(),
+                    partitions: index.saturating_add(1),
+                    held: 0,
+                    max: max_partitions,
+                });
+            }
+            let c = counts.entry(topic.to_string()).or_default();
+            *c = (*c).max(index + 1);
+        }
+    }
+    Ok(counts)
+}
+
 fn open_topic(topics_dir: &Path, name: &str, count: i32, stats: &Stats) -> Result<(Topic, i64)> {
-    let mut partitions = Vec::with_capacity(count as usize);
+    let mut partitions = Vec::new();
     let mut max_pid = -1;
     for i in 0..count {
         let (p, report) = Partition::open(&partition_dir(topics_dir, name, i), name, i)?;
@@ -136,39 +195,28 @@ fn open_topic(topics_dir: &Path, name: &str, count: i32, stats: &Stats) -> Resul
 
 impl Broker {
     /// Opens the broker's data directory (created if missing) and recovers
-    /// every partition found in it.
+    /// every partition of every topic in its catalog, creating those a
+    /// crash left uncreated ([`catalog`]).
     pub fn open(config: Config) -> Result<Broker> {
         let topics_dir = config.dir.join("topics");
         fs::create_dir_all(&topics_dir)
             .map_err(|e| Error::io("create directory", &topics_dir, e))?;
-        let mut counts: BTreeMap<String, i32> = BTreeMap::new();
-        let entries = fs::read_dir(&topics_dir).map_err(|e| Error::io("list", &topics_dir, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("list", &topics_dir, e))?;
-            let name = entry.file_name();
-            let Some((topic, index)) = name.to_str().and_then(|n| n.rsplit_once('-')) else {
-                continue;
-            };
-            let Ok(index) = index.parse::<i32>() else {
-                continue;
-            };
-            if valid_topic_name(topic) && index >= 0 {
-                let c = counts.entry(topic.to_string()).or_default();
-                *c = (*c).max(index + 1);
-            }
-        }
+        let catalog = Catalog::open(&config.dir, || {
+            topics_in(&topics_dir, config.limits.max_partitions)
+        })?;
         let mut pids = ProducerIds::open(&config.dir)?;
         let mut topics = BTreeMap::new();
         let stats = Stats::default();
-        for (name, count) in counts {
-            let (topic, max_pid) = open_topic(&topics_dir, &name, count, &stats)?;
+        for (name, &count) in catalog.topics() {
+            let (topic, max_pid) = open_topic(&topics_dir, name, count, &stats)?;
             pids.at_least_above(max_pid);
-            topics.insert(name, Arc::new(topic));
+            topics.insert(name.clone(), Arc::new(topic));
         }
         Ok(Broker {
             config,
             topics_dir,
             topics: RwLock::new(topics),
+            catalog: Mutex::new(catalog),
             pids: Mutex::new(pids),
             stats,
             data: tokio::sync::Notify::new(),
@@ -196,23 +244,42 @@ impl Broker {
     }
 
     /// The topic, created with the configured partition count if missing
-    /// (blocking IO: creating opens a store per partition).
+    /// (blocking IO: creating opens a store per partition). Refused with
+    /// [`Error::TooManyPartitions`] past `max.partitions`.
     pub fn topic_or_create(&self, name: &str) -> Result<Arc<Topic>> {
         if let Some(t) = self.topic(name) {
             return Ok(t);
         }
-        let mut topics = self.topics.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = topics.get(name) {
-            return Ok(t.clone());
+        let mut catalog = self.catalog.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = self.topic(name) {
+            return Ok(t);
         }
-        let (topic, _) = open_topic(&self.topics_dir, name, self.config.partitions, &self.stats)?;
-        tracing::info!(
-            topic = name,
-            partitions = self.config.partitions,
-            "created topic"
-        );
+        let count = match catalog.topics().get(name) {
+            // Catalogued by a creation that failed part-way: finish it.
+            Some(&n) => n,
+            None => {
+                let n = self.config.partitions;
+                let held = catalog.partitions();
+                let max = self.config.limits.max_partitions;
+                if held + usize::try_from(n).unwrap_or(usize::MAX) > max {
+                    return Err(Error::TooManyPartitions {
+                        topic: name.to_string(),
+                        partitions: n,
+                        held,
+                        max,
+                    });
+                }
+                catalog.add(name, n)?;
+                n
+            }
+        };
+        let (topic, _) = open_topic(&self.topics_dir, name, count, &self.stats)?;
+        tracing::info!(topic = name, partitions = count, "created topic");
         let topic = Arc::new(topic);
-        topics.insert(name.to_string(), topic.clone());
+        self.topics
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), topic.clone());
         Ok(topic)
     }
 

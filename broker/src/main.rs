@@ -1,4 +1,5 @@
-//! `producer-state-broker --dir DIR --listen HOST:PORT [--advertise HOST:PORT] [--partitions N]`
+//! `producer-state-broker --dir DIR --listen HOST:PORT [--advertise HOST:PORT] [--partitions N]
+//! [--<kafka.setting> VALUE ...]` (`--help` lists every setting).
 //!
 //! Prints `listening on ADDR` to stdout once it accepts connections, logs
 //! to stderr (level from `BROKER_LOG`: error, warn, info (default), debug,
@@ -10,51 +11,90 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
-use producer_state_broker::{Broker, Config, server};
+use clap::Parser;
+
+use producer_state_broker::{Broker, Config, Limits, server};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 
-const USAGE: &str = "usage: producer-state-broker --dir DIR --listen HOST:PORT \
-                     [--advertise HOST:PORT] [--partitions N]";
-
+/// A Kafka-protocol broker on producer-state: exactly-once (idempotent)
+/// produce for real Kafka clients.
+///
+/// Limits take Kafka's broker setting names (`--max.connections 500`);
+/// see docs/broker.md for each, and why some defaults are not Kafka's.
+#[derive(Parser, Debug)]
+#[command(name = "producer-state-broker", version, about, long_about = None)]
 struct Args {
+    /// The data directory (created if missing).
+    #[arg(long, value_name = "DIR")]
     dir: PathBuf,
+    /// The address to listen on, HOST:PORT (port 0: any free port).
+    #[arg(long, value_name = "HOST:PORT")]
     listen: String,
+    /// The address Metadata hands out for this broker [default: the
+    /// address listened on].
+    #[arg(long, value_name = "HOST:PORT")]
     advertise: Option<String>,
+    /// Partitions of an auto-created topic.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=10_000))]
     partitions: i32,
+    /// The largest request frame, in bytes; a larger one closes its
+    /// connection (Kafka's default).
+    #[arg(long = "socket.request.max.bytes", value_name = "BYTES", default_value_t = Limits::default().socket_request_max_bytes)]
+    socket_request_max_bytes: usize,
+    /// Request bytes held at once over all connections (Kafka: -1, no
+    /// bound); reading further requests waits for room.
+    #[arg(long = "queued.max.request.bytes", value_name = "BYTES", default_value_t = Limits::default().queued_max_request_bytes)]
+    queued_max_request_bytes: usize,
+    /// Connections open at once; one more is closed at once [default: 3/4
+    /// of the open-file limit] (Kafka: 2147483647).
+    #[arg(long = "max.connections", value_name = "N")]
+    max_connections: Option<usize>,
+    /// Close a connection that sends no complete request for this long
+    /// (Kafka's default).
+    #[arg(
+        long = "connections.max.idle.ms",
+        value_name = "MS",
+        default_value_t = 600_000
+    )]
+    connections_max_idle_ms: u64,
+    /// The largest record batch a produce may carry, in bytes (Kafka's
+    /// default).
+    #[arg(long = "message.max.bytes", value_name = "BYTES", default_value_t = Limits::default().message_max_bytes)]
+    message_max_bytes: usize,
+    /// The most record bytes one Fetch response holds (Kafka's default).
+    #[arg(long = "fetch.max.bytes", value_name = "BYTES", default_value_t = Limits::default().fetch_max_bytes)]
+    fetch_max_bytes: usize,
+    /// Create topics that Metadata asks for (Kafka's default).
+    #[arg(long = "auto.create.topics.enable", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    auto_create_topics_enable: bool,
+    /// Partitions the broker holds at most; auto-creation past it answers
+    /// POLICY_VIOLATION (Kafka has no such setting).
+    #[arg(long = "max.partitions", value_name = "N", default_value_t = Limits::default().max_partitions)]
+    max_partitions: usize,
+    /// The most bytes a compressed batch may decompress to while its
+    /// records are counted (Kafka has no such setting).
+    #[arg(long = "max.decompressed.batch.bytes", value_name = "BYTES", default_value_t = Limits::default().max_decompressed_batch_bytes)]
+    max_decompressed_batch_bytes: usize,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut dir = None;
-    let mut listen = None;
-    let mut advertise = None;
-    let mut partitions = 4;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--dir" => dir = Some(PathBuf::from(value()?)),
-            "--listen" => listen = Some(value()?),
-            "--advertise" => advertise = Some(value()?),
-            "--partitions" => {
-                let v = value()?;
-                partitions = v
-                    .parse::<i32>()
-                    .ok()
-                    .filter(|n| (1..=10_000).contains(n))
-                    .ok_or_else(|| format!("--partitions {v}: expected 1 to 10000"))?;
-            }
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?}")),
+impl Args {
+    fn limits(&self) -> Limits {
+        let d = Limits::default();
+        Limits {
+            socket_request_max_bytes: self.socket_request_max_bytes,
+            queued_max_request_bytes: self.queued_max_request_bytes,
+            max_connections: self.max_connections.unwrap_or(d.max_connections),
+            connections_max_idle: Duration::from_millis(self.connections_max_idle_ms),
+            message_max_bytes: self.message_max_bytes,
+            fetch_max_bytes: self.fetch_max_bytes,
+            auto_create_topics: self.auto_create_topics_enable,
+            max_partitions: self.max_partitions,
+            max_decompressed_batch_bytes: self.max_decompressed_batch_bytes,
         }
     }
-    Ok(Args {
-        dir: dir.ok_or("--dir is required")?,
-        listen: listen.ok_or("--listen is required")?,
-        advertise,
-        partitions,
-    })
 }
 
 fn split_host_port(s: &str) -> Result<(String, i32), String> {
@@ -68,13 +108,7 @@ fn split_host_port(s: &str) -> Result<(String, i32), String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
     let level = match std::env::var("BROKER_LOG").as_deref() {
         Ok("error") => tracing::Level::ERROR,
         Ok("warn") => tracing::Level::WARN,
@@ -116,6 +150,7 @@ async fn run(args: Args) -> Result<(), String> {
         None => (local.ip().to_string(), i32::from(local.port())),
     };
     let config = Config {
+        limits: args.limits(),
         dir: args.dir,
         advertised_host,
         advertised_port,

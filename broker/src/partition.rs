@@ -82,7 +82,7 @@ use producer_state::{
 
 use crate::batch::{self, BatchHeader};
 use crate::error::{Error, Result};
-use crate::plog::{PartitionLog, sync_dir};
+use crate::plog::{PartitionLog, ReadRange, sync_dir};
 
 /// The log's file name inside the partition directory.
 pub const LOG_FILE: &str = "00000000000000000000.log";
@@ -523,8 +523,22 @@ impl Partition {
         };
         let h = match batch::parse(bytes) {
             Ok(h) => h,
+            // Kafka: a count that disagrees with the offsets is an invalid
+            // record (`LogValidator.validateBatch`); damage is corruption.
+            Err(e @ batch::BatchError::BadCount { .. }) => {
+                return refuse(ResponseError::InvalidRecord, e.to_string());
+            }
             Err(e) => return refuse(ResponseError::CorruptMessage, e.to_string()),
         };
+        if h.is_idempotent() && h.base_sequence < 0 {
+            return refuse(
+                ResponseError::InvalidRecord,
+                format!(
+                    "invalid sequence number {} in a batch of producer {}",
+                    h.base_sequence, h.producer_id
+                ),
+            );
+        }
         if h.size != bytes.len() {
             return refuse(
                 ResponseError::InvalidRecord,
@@ -609,18 +623,36 @@ impl Partition {
     /// Batches from `offset` up to about `max_bytes`, and the high
     /// watermark; `Err` with OFFSET_OUT_OF_RANGE outside `0..=hw`.
     pub fn read(&self, offset: i64, max_bytes: usize) -> std::result::Result<(Vec<u8>, i64), i16> {
+        let (range, hw) = self.plan_read(offset, max_bytes, true)?;
+        match range {
+            Some(r) => self.read_range(r).map(|bytes| (bytes, hw)),
+            None => Ok((Vec::new(), hw)),
+        }
+    }
+
+    /// What a fetch from `offset` of at most `max_bytes` reads (see
+    /// [`PartitionLog::plan`]), and the high watermark; `Err` with
+    /// OFFSET_OUT_OF_RANGE outside `0..=hw`.
+    pub fn plan_read(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        at_least_one: bool,
+    ) -> std::result::Result<(Option<ReadRange>, i64), i16> {
         let inner = self.lock();
         let hw = inner.log.next_offset();
         if offset < 0 || offset > hw {
             return Err(ResponseError::OffsetOutOfRange.code());
         }
-        match inner.log.read(offset, max_bytes) {
-            Ok(bytes) => Ok((bytes, hw)),
-            Err(e) => {
-                tracing::error!(partition = %self.name, error = %e, "reading the partition log failed");
-                Err(ResponseError::KafkaStorageError.code())
-            }
-        }
+        Ok((inner.log.plan(offset, max_bytes, at_least_one), hw))
+    }
+
+    /// The bytes of a planned read.
+    pub fn read_range(&self, range: ReadRange) -> std::result::Result<Vec<u8>, i16> {
+        self.lock().log.read_range(range).map_err(|e| {
+            tracing::error!(partition = %self.name, error = %e, "reading the partition log failed");
+            ResponseError::KafkaStorageError.code()
+        })
     }
 
     /// ListOffsets: `-1` latest, `-2` earliest, `-3` max timestamp, else the

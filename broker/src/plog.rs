@@ -46,6 +46,15 @@ pub struct IndexEntry {
     pub max_timestamp: i64,
 }
 
+/// Whole batches of a log: where they start and how many bytes they take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadRange {
+    /// Byte position of the first batch.
+    pub pos: u64,
+    /// Bytes, a whole number of batches.
+    pub len: usize,
+}
+
 /// What opening cut from a torn tail.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TornTail {
@@ -342,19 +351,38 @@ impl PartitionLog {
     /// (at least one batch, so a large batch is never stuck). Empty at the
     /// end of the log.
     pub fn read(&self, offset: i64, max_bytes: usize) -> io::Result<Vec<u8>> {
+        match self.plan(offset, max_bytes, true) {
+            Some(r) => self.read_range(r),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Where the batches holding `offset` and after it lie, whole, up to
+    /// `max_bytes`; with `at_least_one`, the first batch even if it alone
+    /// is larger. `None` when that is nothing (the end of the log, or a
+    /// first batch larger than `max_bytes` without `at_least_one`).
+    pub fn plan(&self, offset: i64, max_bytes: usize, at_least_one: bool) -> Option<ReadRange> {
         let first = self.index.partition_point(|e| e.last < offset);
-        let Some(start) = self.index.get(first) else {
-            return Ok(Vec::new());
-        };
+        let start = self.index.get(first)?;
         let mut total = 0usize;
-        for e in &self.index[first..] {
-            if total > 0 && total + e.size as usize > max_bytes {
+        for e in self.index.get(first..).unwrap_or_default() {
+            let next = total + e.size as usize;
+            if next > max_bytes && !(total == 0 && at_least_one) {
                 break;
             }
-            total += e.size as usize;
+            total = next;
         }
-        let mut buf = vec![0u8; total];
-        self.file.read_exact_at(&mut buf, start.pos)?;
+        (total > 0).then_some(ReadRange {
+            pos: start.pos,
+            len: total,
+        })
+    }
+
+    /// The bytes of a range [`PartitionLog::plan`] gave (the log only
+    /// grows, so they are there).
+    pub fn read_range(&self, range: ReadRange) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; range.len];
+        self.file.read_exact_at(&mut buf, range.pos)?;
         Ok(buf)
     }
 

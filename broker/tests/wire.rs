@@ -36,12 +36,12 @@ fn start(dir: &Path, partitions: i32) -> Running {
         .try_init();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let broker = Broker::open(Config {
-        dir: dir.to_path_buf(),
-        advertised_host: addr.ip().to_string(),
-        advertised_port: i32::from(addr.port()),
+    let broker = Broker::open(Config::new(
+        dir,
+        &addr.ip().to_string(),
+        i32::from(addr.port()),
         partitions,
-    })
+    ))
     .unwrap();
     let g = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let recovered = (
