@@ -22,16 +22,26 @@ use producer_state::{Batch, ProducerStateStore, StoreOptions};
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 const PARTITIONS: i32 = 4;
+const USAGE: &str = "usage: cargo run --example demo [-- --dir PATH]";
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--child") {
-        return child(Path::new(&args[i + 1]));
+    let mut keep = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| format!("{arg} needs a value: {USAGE}"))
+        };
+        match arg.as_str() {
+            "--child" => return child(Path::new(&value()?)),
+            "--dir" => keep = Some(PathBuf::from(value()?)),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument {other:?}: {USAGE}").into()),
+        }
     }
-    let keep = args
-        .iter()
-        .position(|a| a == "--dir")
-        .map(|i| PathBuf::from(&args[i + 1]));
     let tmp = tempfile::tempdir()?;
     let dir = keep.clone().unwrap_or_else(|| tmp.path().join("store"));
     println!("store directory: {}\n", dir.display());

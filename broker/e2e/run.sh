@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The end-to-end proof of issue 14: librdkafka (confluent-kafka, from PyPI)
+# The end-to-end proof: librdkafka (confluent-kafka, from PyPI)
 # with enable.idempotence=true against producer-state-broker, through a
 # fault-injecting proxy, with the broker killed (SIGKILL) and restarted.
 #
@@ -12,7 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-out=$root/target/e2e
+# Where cargo puts what it builds: CARGO_TARGET_DIR if set, else target/.
+target=${CARGO_TARGET_DIR:-$root/target}
+out=$target/e2e
 mkdir -p "$out"
 
 cargo build --release -p producer-state-broker --bins
@@ -37,8 +39,8 @@ echo "work directory: $work"
 status=0
 timeout --kill-after=30 "${E2E_TIMEOUT:-900}" \
   "$venv/bin/python" broker/e2e/driver.py \
-    --broker "$root/target/release/producer-state-broker" \
-    --proxy "$root/target/release/fault-proxy" \
+    --broker "$target/release/producer-state-broker" \
+    --proxy "$target/release/fault-proxy" \
     --work "$work" --timeout "$(( ${E2E_TIMEOUT:-900} - 30 ))" "$@" || status=$?
 # Keep the data of a failed run for inspection, drop a passing one's.
 if [ "$status" -eq 0 ] && [ -z "${E2E_KEEP:-}" ]; then rm -rf "$work"; fi
