@@ -88,14 +88,28 @@ fn a_process_out_of_descriptors_keeps_a_healthy_store_healthy() {
         fs.descriptor_requests() > refused_before,
         "the workload never needed a descriptor: it tests nothing"
     );
-    assert_eq!(segments(&fs), rolled_before, "a roll happened without a descriptor");
-    assert!(s.last_snapshot_error().is_some(), "a snapshot was due and refused");
+    assert_eq!(
+        segments(&fs),
+        rolled_before,
+        "a roll happened without a descriptor"
+    );
+    assert!(
+        s.last_snapshot_error().is_some(),
+        "a snapshot was due and refused"
+    );
     assert_eq!(s.stats().errors, 0);
 
     // Descriptors again: rolls and snapshots resume.
     fs.set_descriptors_exhausted(false);
-    assert!(append(&s, 6_100, 6_000).iter().all(BatchOutcome::is_accepted));
-    assert!(segments(&fs) > rolled_before, "the postponed roll never came");
+    assert!(
+        append(&s, 6_100, 6_000)
+            .iter()
+            .all(BatchOutcome::is_accepted)
+    );
+    assert!(
+        segments(&fs) > rolled_before,
+        "the postponed roll never came"
+    );
     let snapshots = s.stats().snapshots_written;
     assert!(snapshots > 0, "no snapshot after descriptors came back");
 
@@ -108,7 +122,10 @@ fn a_process_out_of_descriptors_keeps_a_healthy_store_healthy() {
     for pid in [0u64, 99, 100, 3_000, 6_099, 6_100, 12_099] {
         let retry = AppendRequest::batch(pid, 0, 0, Batch::new(0, 0, pid as i64, 0));
         assert!(
-            matches!(s.append_request(&retry).unwrap(), BatchOutcome::Duplicate { .. }),
+            matches!(
+                s.append_request(&retry).unwrap(),
+                BatchOutcome::Duplicate { .. }
+            ),
             "producer {pid}"
         );
     }

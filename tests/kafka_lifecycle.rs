@@ -423,7 +423,11 @@ fn crash_a_large_expiration_at(at: u64) -> usize {
             .map(|(id, _)| id.as_numeric().unwrap())
             .collect();
         let from = N - left.len() as u64;
-        assert_eq!(left, (from..N).collect::<Vec<_>>(), "crash at +{at}, seed {seed}");
+        assert_eq!(
+            left,
+            (from..N).collect::<Vec<_>>(),
+            "crash at +{at}, seed {seed}"
+        );
         assert!(from == 0 || from > 4_000, "whole records: {from}");
         partial += usize::from(from > 0 && from < N);
         assert_eq!(s.was_removed(ProducerId::numeric(0), 0), from > 0);

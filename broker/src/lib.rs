@@ -28,7 +28,7 @@ pub mod server;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use catalog::Catalog;
@@ -131,6 +131,8 @@ pub struct Broker {
     pub stats: Stats,
     /// Woken whenever a batch is appended (long-polling fetches wait on it).
     pub(crate) data: tokio::sync::Notify,
+    /// Partitions open (for the descriptors they hold).
+    partitions_open: AtomicUsize,
 }
 
 /// Kafka's rule for topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.`
@@ -212,7 +214,12 @@ impl Broker {
             pids.at_least_above(max_pid);
             topics.insert(name.clone(), Arc::new(topic));
         }
+        let open: usize = topics
+            .values()
+            .map(|t: &Arc<Topic>| t.partitions.len())
+            .sum();
         Ok(Broker {
+            partitions_open: AtomicUsize::new(open),
             config,
             topics_dir,
             topics: RwLock::new(topics),
@@ -221,6 +228,11 @@ impl Broker {
             stats,
             data: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Partitions open now.
+    pub fn partitions_open(&self) -> usize {
+        self.partitions_open.load(Ordering::Relaxed)
     }
 
     /// The configuration.
@@ -275,6 +287,8 @@ impl Broker {
         };
         let (topic, _) = open_topic(&self.topics_dir, name, count, &self.stats)?;
         tracing::info!(topic = name, partitions = count, "created topic");
+        self.partitions_open
+            .fetch_add(topic.partitions.len(), Ordering::Relaxed);
         let topic = Arc::new(topic);
         self.topics
             .write()

@@ -12,7 +12,8 @@
 //! |---|---|---|---|
 //! | `socket.request.max.bytes` | 100 MiB | the same | the connection is closed (the frame is not read) |
 //! | `queued.max.request.bytes` | 100 MiB | -1 (none) | reading requests waits until earlier ones are done |
-//! | `max.connections` | 3/4 of the descriptor limit | 2147483647 | the connection is accepted and closed at once, logged |
+//! | `max.connections` | 2147483647 | the same | the connection is accepted and closed at once, logged |
+//! | (descriptors) | [`RESERVED_FDS`] + [`FDS_PER_PARTITION`] per partition kept free | none | the same |
 //! | `connections.max.idle.ms` | 600000 (10 min) | the same | the connection is closed |
 //! | `message.max.bytes` | 1048588 | the same | `MESSAGE_TOO_LARGE` (10) for that partition |
 //! | `fetch.max.bytes` | 57671680 (55 MiB) | the same | a Fetch response holds at most this much |
@@ -36,10 +37,10 @@ pub struct Limits {
     /// requests hold at most 100 MiB however many clients send them.
     pub queued_max_request_bytes: usize,
     /// `max.connections`: connections open at once. One more is accepted
-    /// and closed at once, with a warning in the log. Kafka's default is
-    /// 2147483647 (no bound but the descriptor limit); ours leaves a
-    /// quarter of the process's descriptors to the partitions and their
-    /// stores, so that connections alone can never take them all.
+    /// and closed at once, with a warning in the log. Whatever this says,
+    /// a connection is also refused when taking it would leave fewer
+    /// descriptors free than the partitions need ([`connection_room`]):
+    /// connections alone never take the descriptors of the partitions.
     pub max_connections: usize,
     /// `connections.max.idle.ms`: a connection that sends no complete
     /// request for this long is closed. Kafka measures idleness between
@@ -72,7 +73,7 @@ impl Default for Limits {
         Limits {
             socket_request_max_bytes: 100 << 20,
             queued_max_request_bytes: 100 << 20,
-            max_connections: default_max_connections(open_file_limit()),
+            max_connections: 2_147_483_647,
             connections_max_idle: Duration::from_millis(600_000),
             message_max_bytes: 1_048_588,
             fetch_max_bytes: 57_671_680,
@@ -83,10 +84,21 @@ impl Default for Limits {
     }
 }
 
-/// `max.connections` by default for a process that may open `nofile`
-/// descriptors: three quarters of them, at least 1.
-pub fn default_max_connections(nofile: u64) -> usize {
-    usize::try_from(nofile / 4 * 3).unwrap_or(usize::MAX).max(1)
+/// Descriptors a partition holds open: its log, and its store's segment,
+/// directory and lock, and the segment's second handle for fsyncs.
+pub const FDS_PER_PARTITION: u64 = 5;
+/// Descriptors kept free beyond the partitions': the listener, the
+/// runtime, logging, files opened for a moment (snapshots, the catalog,
+/// producer ids) and a few partitions being created.
+pub const RESERVED_FDS: u64 = 64;
+
+/// Connections the broker may hold with `nofile` descriptors and
+/// `partitions` partitions open: what is left after the partitions and
+/// [`RESERVED_FDS`], and at most `max_connections`.
+pub fn connection_room(max_connections: usize, nofile: u64, partitions: usize) -> usize {
+    let needed = RESERVED_FDS + FDS_PER_PARTITION * partitions as u64;
+    let room = usize::try_from(nofile.saturating_sub(needed)).unwrap_or(usize::MAX);
+    room.min(max_connections)
 }
 
 /// The process's soft limit on open file descriptors (`RLIMIT_NOFILE`),
@@ -120,8 +132,9 @@ mod tests {
         let sample = "Limit                     Soft Limit           Hard Limit           Units     \n\
                       Max open files            256                  524288               files     \n";
         assert_eq!(parse_open_file_limit(sample), Some(256));
-        assert_eq!(default_max_connections(256), 192);
-        assert_eq!(default_max_connections(1), 1);
+        assert_eq!(connection_room(1000, 256, 10), 256 - 64 - 50);
+        assert_eq!(connection_room(100, 256, 10), 100);
+        assert_eq!(connection_room(1000, 256, 1000), 0);
         assert_eq!(parse_open_file_limit("nothing"), None);
         assert!(open_file_limit() > 0);
     }

@@ -48,10 +48,11 @@ struct Args {
     /// bound); reading further requests waits for room.
     #[arg(long = "queued.max.request.bytes", value_name = "BYTES", default_value_t = Limits::default().queued_max_request_bytes)]
     queued_max_request_bytes: usize,
-    /// Connections open at once; one more is closed at once [default: 3/4
-    /// of the open-file limit] (Kafka: 2147483647).
-    #[arg(long = "max.connections", value_name = "N")]
-    max_connections: Option<usize>,
+    /// Connections open at once; one more is closed at once (Kafka's
+    /// default). Connections are also refused while taking one would leave
+    /// fewer descriptors than the partitions need.
+    #[arg(long = "max.connections", value_name = "N", default_value_t = Limits::default().max_connections)]
+    max_connections: usize,
     /// Close a connection that sends no complete request for this long
     /// (Kafka's default).
     #[arg(
@@ -82,11 +83,10 @@ struct Args {
 
 impl Args {
     fn limits(&self) -> Limits {
-        let d = Limits::default();
         Limits {
             socket_request_max_bytes: self.socket_request_max_bytes,
             queued_max_request_bytes: self.queued_max_request_bytes,
-            max_connections: self.max_connections.unwrap_or(d.max_connections),
+            max_connections: self.max_connections,
             connections_max_idle: Duration::from_millis(self.connections_max_idle_ms),
             message_max_bytes: self.message_max_bytes,
             fetch_max_bytes: self.fetch_max_bytes,
@@ -95,6 +95,22 @@ impl Args {
             max_decompressed_batch_bytes: self.max_decompressed_batch_bytes,
         }
     }
+}
+
+/// Raises the soft limit on open files (`RLIMIT_NOFILE`) to the hard
+/// limit, as the JVM does for Kafka: a broker holds a descriptor per
+/// connection and several per partition, and Linux's usual soft limit of
+/// 1024 is far below what the hard limit allows. Returns the soft limit
+/// before and after.
+fn raise_open_file_limit() -> std::io::Result<(u64, u64)> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    let before = limit.current.unwrap_or(u64::MAX);
+    if limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        setrlimit(Resource::Nofile, limit).map_err(std::io::Error::from)?;
+    }
+    Ok((before, limit.current.unwrap_or(u64::MAX)))
 }
 
 fn split_host_port(s: &str) -> Result<(String, i32), String> {
@@ -109,6 +125,7 @@ fn split_host_port(s: &str) -> Result<(String, i32), String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let nofile = raise_open_file_limit();
     let level = match std::env::var("BROKER_LOG").as_deref() {
         Ok("error") => tracing::Level::ERROR,
         Ok("warn") => tracing::Level::WARN,
@@ -121,6 +138,13 @@ fn main() -> ExitCode {
         .with_max_level(level)
         .with_ansi(false)
         .init();
+    match nofile {
+        Ok((from, to)) if from != to => {
+            tracing::info!(from, to, "raised the open-file limit to its hard limit");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -247,8 +247,8 @@ impl LogWriter {
             0
         };
         let tmp = prep_path(dir, pos);
-        let file = prepare(fs.as_ref(), &tmp, size)
-            .map_err(|e| Error::io("preallocate", &tmp, e))?;
+        let file =
+            prepare(fs.as_ref(), &tmp, size).map_err(|e| Error::io("preallocate", &tmp, e))?;
         let mut fresh = Fresh { tmp, file, size };
         let (path, seed) = new_segment(fs.as_ref(), dir, pos, store, ids, &mut fresh, layout.kafka)
             .map_err(|e| e.error)?;

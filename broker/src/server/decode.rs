@@ -10,9 +10,11 @@
 //! or byte array is one); past [`MAX_FIELD_READS`] it reports no bytes
 //! left, so the decoder fails as on a short frame, and the request is
 //! refused as too complex. Memory for a decoded request is then bounded by
-//! the budget, whatever the frame's size: 1M reads are about 50 MB of
-//! decoded structs at worst, and far more than a real client sends (a
-//! Fetch of 10,000 partitions takes about 80,000).
+//! the budget, whatever the frame's size: the costliest element per read
+//! is a topic with a null name (72 bytes for 3 reads), so 1M reads decode
+//! to at most about 50 MB (a vector may have doubled past its elements),
+//! and a real client takes far fewer (a Fetch of 10,000 partitions about
+//! 80,000).
 
 use bytes::{Buf, Bytes};
 use kafka_protocol::messages::*;

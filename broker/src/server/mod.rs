@@ -17,16 +17,21 @@
 //!
 //! # What a client can take ([`crate::limits`])
 //!
-//! - Connections: at most `max.connections`; one more is accepted and
-//!   closed at once (no Kafka response exists for "too many"), with a
-//!   warning logged at most once a second.
+//! - Connections: at most `max.connections`, and never so many that the
+//!   descriptors the partitions need are taken
+//!   ([`crate::limits::connection_room`]); one more is accepted and closed
+//!   at once (no Kafka response exists for "too many"), with a warning
+//!   logged at most once a second.
 //! - Time: a connection that does not complete a request within
 //!   `connections.max.idle.ms` of the previous one is closed.
 //! - Memory: a frame's declared size is checked against
-//!   `socket.request.max.bytes` before anything is read; its body then
-//!   waits for room in `queued.max.request.bytes` (shared by every
-//!   connection) and is read as it arrives, so a client that declares
-//!   100 MiB and sends 10 bytes holds 10 bytes. Decoding is bounded by the
+//!   `socket.request.max.bytes` before anything is read; a frame over
+//!   64 KiB then waits for room for its declared size in
+//!   `queued.max.request.bytes` (shared by every connection), and every
+//!   body is read as it arrives, so a client that declares 100 MiB and
+//!   sends 10 bytes holds 10 bytes of memory (and the large-request room,
+//!   until `connections.max.idle.ms` closes it; small requests are not
+//!   held up by it). Decoding is bounded by the
 //!   frame (every declared length, in the patched `kafka-protocol`) and by
 //!   [`decode::MAX_FIELD_READS`] (what the elements cost decoded). Fetch
 //!   responses hold their record bytes within `fetch.max.bytes` over all
@@ -96,6 +101,8 @@ pub(crate) struct Shared {
     open: AtomicUsize,
     /// Connections refused for `max.connections` since the last warning.
     refused: AtomicU64,
+    /// The process's open-file limit.
+    nofile: u64,
 }
 
 impl Shared {
@@ -112,6 +119,7 @@ impl Shared {
             limits,
             open: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
+            nofile: crate::limits::open_file_limit(),
         })
     }
 }
@@ -140,8 +148,13 @@ pub async fn serve(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    if shared.open.load(Ordering::Relaxed) >= shared.limits.max_connections {
-                        refuse(&shared, stream, peer, &mut last_warning);
+                    let room = crate::limits::connection_room(
+                        shared.limits.max_connections,
+                        shared.nofile,
+                        shared.broker.partitions_open(),
+                    );
+                    if shared.open.load(Ordering::Relaxed) >= room {
+                        refuse(&shared, stream, peer, room, &mut last_warning);
                         continue;
                     }
                     shared.open.fetch_add(1, Ordering::Relaxed);
@@ -173,7 +186,13 @@ pub async fn serve(
 
 /// Closes a connection over `max.connections` at once, and says so in the
 /// log at most once a second (with how many were refused meanwhile).
-fn refuse(shared: &Shared, stream: TcpStream, peer: SocketAddr, last: &mut Option<Instant>) {
+fn refuse(
+    shared: &Shared,
+    stream: TcpStream,
+    peer: SocketAddr,
+    room: usize,
+    last: &mut Option<Instant>,
+) {
     drop(stream);
     shared
         .broker
@@ -185,8 +204,9 @@ fn refuse(shared: &Shared, stream: TcpStream, peer: SocketAddr, last: &mut Optio
         *last = Some(Instant::now());
         shared.refused.store(0, Ordering::Relaxed);
         tracing::warn!(
-            %peer, refused, max_connections = shared.limits.max_connections,
-            "refused connections: max.connections are open"
+            %peer, refused, open = room, max_connections = shared.limits.max_connections,
+            partitions = shared.broker.partitions_open(), nofile = shared.nofile,
+            "refused connections: max.connections, or the descriptors left after the partitions', are taken"
         );
     }
 }
@@ -201,12 +221,17 @@ enum Stop {
     Bad(String),
 }
 
-/// Reads the next request frame, holding room for it in
-/// `queued.max.request.bytes` until the returned permit is dropped.
+/// Reads the next request frame. A frame over [`READ_CHUNK`] first takes
+/// room for its whole declared size in `queued.max.request.bytes` (held
+/// until the returned permit is dropped), as Kafka's memory pool does; a
+/// smaller one is read without (at most `max.connections` of them are
+/// read at once, and each holds only the bytes that have arrived), so a
+/// client holding the pool with a large frame it does not send does not
+/// stop the small requests of others.
 async fn read_frame(
     shared: &Shared,
     stream: &mut TcpStream,
-) -> Result<(Bytes, OwnedSemaphorePermit), Stop> {
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Stop> {
     let mut len = [0u8; 4];
     match stream.read_exact(&mut len).await {
         Ok(_) => {}
@@ -217,7 +242,7 @@ async fn read_frame(
     let max = shared
         .limits
         .socket_request_max_bytes
-        .min(shared.limits.queued_max_request_bytes);
+        .min(shared.limits.queued_max_request_bytes.max(READ_CHUNK));
     let len = match usize::try_from(len) {
         Ok(n) if n <= max => n,
         _ => {
@@ -227,13 +252,19 @@ async fn read_frame(
             )));
         }
     };
-    let permits = u32::try_from(len).unwrap_or(u32::MAX);
-    let permit = shared
-        .requests
-        .clone()
-        .acquire_many_owned(permits)
-        .await
-        .map_err(|_| Stop::Bad("the broker is stopping".into()))?;
+    let permit = if len > READ_CHUNK {
+        let permits = u32::try_from(len).unwrap_or(u32::MAX);
+        Some(
+            shared
+                .requests
+                .clone()
+                .acquire_many_owned(permits)
+                .await
+                .map_err(|_| Stop::Bad("the broker is stopping".into()))?,
+        )
+    } else {
+        None
+    };
     let mut buf = BytesMut::with_capacity(len.min(READ_CHUNK));
     while buf.len() < len {
         let want = (len - buf.len()).min(READ_CHUNK);
