@@ -23,7 +23,9 @@ pub mod partition;
 pub mod pids;
 pub mod plog;
 pub mod records;
+pub mod records_log;
 pub mod server;
+pub mod txn_coordinator;
 
 use std::collections::BTreeMap;
 use std::fs;
