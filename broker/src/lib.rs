@@ -18,6 +18,7 @@
 pub mod batch;
 pub mod catalog;
 pub mod error;
+pub mod group_coordinator;
 pub mod limits;
 pub mod partition;
 pub mod pids;
