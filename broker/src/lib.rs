@@ -53,6 +53,8 @@ pub struct Config {
     pub partitions: i32,
     /// What clients may take ([`limits`]).
     pub limits: Limits,
+    /// Consumer group settings ([`group_coordinator`]).
+    pub group: group_coordinator::GroupConfig,
 }
 
 impl Config {
@@ -66,6 +68,7 @@ impl Config {
             advertised_port: port,
             partitions,
             limits: Limits::default(),
+            group: group_coordinator::GroupConfig::default(),
         }
     }
 }
@@ -136,6 +139,8 @@ pub struct Broker {
     pub(crate) data: tokio::sync::Notify,
     /// Partitions open (for the descriptors they hold).
     partitions_open: AtomicUsize,
+    /// Consumer groups and their committed offsets.
+    groups: group_coordinator::GroupCoordinator,
 }
 
 /// Kafka's rule for topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.`
@@ -221,7 +226,12 @@ impl Broker {
             .values()
             .map(|t: &Arc<Topic>| t.partitions.len())
             .sum();
+        let groups = group_coordinator::GroupCoordinator::open(
+            &config.dir.join("offsets.log"),
+            config.group.clone(),
+        )?;
         Ok(Broker {
+            groups,
             partitions_open: AtomicUsize::new(open),
             config,
             topics_dir,
@@ -231,6 +241,11 @@ impl Broker {
             stats,
             data: tokio::sync::Notify::new(),
         })
+    }
+
+    /// The group coordinator.
+    pub fn groups(&self) -> &group_coordinator::GroupCoordinator {
+        &self.groups
     }
 
     /// Partitions open now.

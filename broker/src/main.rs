@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use producer_state_broker::group_coordinator::GroupConfig;
 use producer_state_broker::{Broker, Config, Limits, server};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
@@ -79,9 +80,40 @@ struct Args {
     /// records are counted (Kafka has no such setting).
     #[arg(long = "max.decompressed.batch.bytes", value_name = "BYTES", default_value_t = Limits::default().max_decompressed_batch_bytes)]
     max_decompressed_batch_bytes: usize,
+    /// How long a new consumer group waits for more members before its
+    /// first rebalance completes (Kafka's default).
+    #[arg(
+        long = "group.initial.rebalance.delay.ms",
+        value_name = "MS",
+        default_value_t = 3000
+    )]
+    group_initial_rebalance_delay_ms: u64,
+    /// The shortest session timeout a consumer may ask for (Kafka's default).
+    #[arg(
+        long = "group.min.session.timeout.ms",
+        value_name = "MS",
+        default_value_t = 6000
+    )]
+    group_min_session_timeout_ms: u64,
+    /// The longest session timeout a consumer may ask for (Kafka's default).
+    #[arg(
+        long = "group.max.session.timeout.ms",
+        value_name = "MS",
+        default_value_t = 1_800_000
+    )]
+    group_max_session_timeout_ms: u64,
 }
 
 impl Args {
+    fn group(&self) -> GroupConfig {
+        GroupConfig {
+            initial_rebalance_delay: Duration::from_millis(self.group_initial_rebalance_delay_ms),
+            min_session_timeout: Duration::from_millis(self.group_min_session_timeout_ms),
+            max_session_timeout: Duration::from_millis(self.group_max_session_timeout_ms),
+            ..GroupConfig::default()
+        }
+    }
+
     fn limits(&self) -> Limits {
         Limits {
             socket_request_max_bytes: self.socket_request_max_bytes,
@@ -174,6 +206,7 @@ async fn run(args: Args) -> Result<(), String> {
         None => (local.ip().to_string(), i32::from(local.port())),
     };
     let config = Config {
+        group: args.group(),
         limits: args.limits(),
         dir: args.dir,
         advertised_host,

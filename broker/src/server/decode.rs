@@ -112,6 +112,15 @@ pub fn request(
         Metadata => MetadataRequest,
         ApiVersions => ApiVersionsRequest,
         InitProducerId => InitProducerIdRequest,
+        FindCoordinator => FindCoordinatorRequest,
+        JoinGroup => JoinGroupRequest,
+        SyncGroup => SyncGroupRequest,
+        Heartbeat => HeartbeatRequest,
+        LeaveGroup => LeaveGroupRequest,
+        OffsetCommit => OffsetCommitRequest,
+        OffsetFetch => OffsetFetchRequest,
+        DescribeGroups => DescribeGroupsRequest,
+        ListGroups => ListGroupsRequest,
     )
 }
 

@@ -39,6 +39,7 @@
 
 mod decode;
 mod fetch;
+mod group;
 mod metadata;
 mod produce;
 mod unsupported;
@@ -63,11 +64,25 @@ use decode::{Budgeted, MAX_FIELD_READS};
 /// The APIs and versions this broker serves, as ApiVersions advertises them.
 /// Versions are capped below those that address topics by id only (Fetch
 /// 13+, Produce 13, Metadata 10+ add topic ids), which this broker has not.
+///
+/// The group APIs stop below the versions that carry a `group.instance.id`
+/// (JoinGroup 5, SyncGroup 3, Heartbeat 3, LeaveGroup 3, OffsetCommit 7):
+/// static membership is not served, and a client configured for it learns
+/// that from these versions at once.
 pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 9),
     (ApiKey::Fetch, 4, 11),
     (ApiKey::ListOffsets, 1, 7),
     (ApiKey::Metadata, 0, 9),
+    (ApiKey::OffsetCommit, 0, 6),
+    (ApiKey::OffsetFetch, 0, 8),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 4),
+    (ApiKey::Heartbeat, 0, 2),
+    (ApiKey::LeaveGroup, 0, 2),
+    (ApiKey::SyncGroup, 0, 2),
+    (ApiKey::DescribeGroups, 0, 4),
+    (ApiKey::ListGroups, 0, 4),
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::InitProducerId, 0, 4),
 ];
@@ -142,6 +157,17 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let shared = Shared::new(broker);
+    let ticker = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            // Group sessions and rebalances are timed in tenths of a second.
+            let mut every = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                every.tick().await;
+                shared.broker.groups().tick(Instant::now());
+            }
+        })
+    };
     let mut conns = tokio::task::JoinSet::new();
     let mut last_warning: Option<Instant> = None;
     loop {
@@ -175,6 +201,7 @@ pub async fn serve(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
+    ticker.abort();
     let drain = async { while conns.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(10), drain)
         .await
@@ -363,11 +390,15 @@ async fn handle(shared: &Arc<Shared>, buf: Bytes) -> Reply {
         return Reply::Close(format!("unknown API key {raw_key}"));
     };
     let mut buf = Budgeted::new(buf, MAX_FIELD_READS);
-    if let Err(e) = RequestHeader::decode(&mut buf, key.request_header_version(version)) {
-        return Reply::Close(format!(
-            "malformed {key:?} v{version} request header: {e:#}"
-        ));
-    }
+    let header = match RequestHeader::decode(&mut buf, key.request_header_version(version)) {
+        Ok(h) => h,
+        Err(e) => {
+            return Reply::Close(format!(
+                "malformed {key:?} v{version} request header: {e:#}"
+            ));
+        }
+    };
+    let client_id = header.client_id.as_deref().unwrap_or("").to_string();
     let in_range = advertised(key).is_some_and(|(min, max)| (min..=max).contains(&version));
     if !in_range {
         tracing::info!(
@@ -412,6 +443,29 @@ async fn handle(shared: &Arc<Shared>, buf: Bytes) -> Reply {
         RequestKind::ListOffsets(r) => {
             Some(ResponseKind::ListOffsets(fetch::list_offsets(broker, r)))
         }
+        RequestKind::FindCoordinator(r) => Some(ResponseKind::FindCoordinator(
+            group::find_coordinator(shared, r, version),
+        )),
+        RequestKind::JoinGroup(r) => Some(ResponseKind::JoinGroup(
+            group::join_group(shared, r, version, &client_id).await,
+        )),
+        RequestKind::SyncGroup(r) => {
+            Some(ResponseKind::SyncGroup(group::sync_group(shared, r).await))
+        }
+        RequestKind::Heartbeat(r) => Some(ResponseKind::Heartbeat(group::heartbeat(shared, r))),
+        RequestKind::LeaveGroup(r) => Some(ResponseKind::LeaveGroup(group::leave_group(
+            shared, r, version,
+        ))),
+        RequestKind::OffsetCommit(r) => Some(ResponseKind::OffsetCommit(
+            group::offset_commit(shared, r).await,
+        )),
+        RequestKind::OffsetFetch(r) => Some(ResponseKind::OffsetFetch(group::offset_fetch(
+            shared, r, version,
+        ))),
+        RequestKind::DescribeGroups(r) => Some(ResponseKind::DescribeGroups(
+            group::describe_groups(shared, r),
+        )),
+        RequestKind::ListGroups(_) => Some(ResponseKind::ListGroups(group::list_groups(shared))),
         RequestKind::Fetch(r) => {
             let (response, held) = fetch::fetch(shared, r).await;
             return match encode_response(

@@ -75,12 +75,6 @@ pub(super) fn unsupported(
         Some(ResponseKind::FindCoordinator(r))
     } else {
         top_level!(
-            JoinGroup => JoinGroupResponse,
-            Heartbeat => HeartbeatResponse,
-            SyncGroup => SyncGroupResponse,
-            LeaveGroup => LeaveGroupResponse,
-            OffsetFetch => OffsetFetchResponse,
-            ListGroups => ListGroupsResponse,
             SaslHandshake => SaslHandshakeResponse,
             SaslAuthenticate => SaslAuthenticateResponse,
             DescribeCluster => DescribeClusterResponse,
