@@ -219,6 +219,87 @@ impl BatchHeader {
     }
 }
 
+/// What an end-transaction control record says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlMarker {
+    /// COMMIT (`true`) or ABORT.
+    pub commit: bool,
+    /// The coordinator epoch that wrote it.
+    pub coordinator_epoch: i32,
+}
+
+/// A control batch holding one COMMIT or ABORT marker of
+/// `producer_id`/`epoch`, as Kafka's coordinator has the partition leader
+/// write it: transactional and control attributes, no sequence, one
+/// record whose key is (version 0, type: 0 abort, 1 commit) and whose value
+/// is (version 0, coordinator epoch), encoded by the protocol crate.
+pub fn control_batch(
+    producer_id: i64,
+    epoch: i16,
+    marker: ControlMarker,
+    timestamp: i64,
+) -> Vec<u8> {
+    use kafka_protocol::records::{
+        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
+    let mut key = Vec::with_capacity(4);
+    key.extend_from_slice(&0i16.to_be_bytes());
+    key.extend_from_slice(&i16::from(marker.commit).to_be_bytes());
+    let mut value = Vec::with_capacity(6);
+    value.extend_from_slice(&0i16.to_be_bytes());
+    value.extend_from_slice(&marker.coordinator_epoch.to_be_bytes());
+    let record = Record {
+        transactional: true,
+        control: true,
+        delete_horizon: false,
+        partition_leader_epoch: 0,
+        producer_id,
+        producer_epoch: epoch,
+        timestamp_type: TimestampType::Creation,
+        offset: 0,
+        sequence: -1,
+        timestamp,
+        key: Some(bytes::Bytes::from(key)),
+        value: Some(bytes::Bytes::from(value)),
+        headers: Default::default(),
+    };
+    let mut buf = bytes::BytesMut::new();
+    // Encoding one uncompressed record into memory cannot fail.
+    let _ = RecordBatchEncoder::encode(
+        &mut buf,
+        [&record],
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    );
+    buf.to_vec()
+}
+
+/// The marker a control batch holds, read with the protocol crate's
+/// decoder; `None` for a batch that holds no end-transaction marker.
+pub fn control_marker(batch: &[u8]) -> Option<ControlMarker> {
+    let mut b = bytes::Bytes::copy_from_slice(batch);
+    let set = kafka_protocol::records::RecordBatchDecoder::decode(&mut b).ok()?;
+    let record = set.records.first()?;
+    let key = record.key.as_ref()?;
+    let value = record.value.as_ref()?;
+    let kind = i16::from_be_bytes([*key.get(2)?, *key.get(3)?]);
+    let epoch = i32::from_be_bytes([
+        *value.get(2)?,
+        *value.get(3)?,
+        *value.get(4)?,
+        *value.get(5)?,
+    ]);
+    match kind {
+        0 | 1 => Some(ControlMarker {
+            commit: kind == 1,
+            coordinator_epoch: epoch,
+        }),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +342,25 @@ mod tests {
         );
         set_base_offset(&mut b, 777);
         assert_eq!(parse(&b).unwrap().base_offset, 777);
+    }
+
+    #[test]
+    fn a_control_batch_parses_and_reads_back_its_marker() {
+        for commit in [true, false] {
+            let m = ControlMarker {
+                commit,
+                coordinator_epoch: 7,
+            };
+            let b = control_batch(42, 3, m, 1_700_000_000_000);
+            let h = parse(&b).unwrap();
+            assert!(h.is_control() && h.is_transactional());
+            assert_eq!(
+                (h.producer_id, h.producer_epoch, h.record_count),
+                (42, 3, 1)
+            );
+            assert_eq!(control_marker(&b), Some(m));
+        }
+        assert_eq!(control_marker(&batch(1, 0, 0, 1)), None);
     }
 
     #[test]

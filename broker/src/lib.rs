@@ -141,6 +141,58 @@ pub struct Broker {
     partitions_open: AtomicUsize,
     /// Consumer groups and their committed offsets.
     groups: group_coordinator::GroupCoordinator,
+    /// Transactional ids and their transactions.
+    txn: Mutex<txn_coordinator::TxnCoordinator>,
+}
+
+/// Milliseconds since the Unix epoch (the clock of transaction timeouts
+/// and marker timestamps).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl txn_coordinator::Markers for Broker {
+    fn write_marker(
+        &self,
+        topic: &str,
+        partition: i32,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        coordinator_epoch: i32,
+    ) -> std::result::Result<(), String> {
+        let t = self
+            .topic(topic)
+            .ok_or_else(|| format!("no topic {topic}"))?;
+        let p = usize::try_from(partition)
+            .ok()
+            .and_then(|i| t.partitions.get(i))
+            .ok_or_else(|| format!("no partition {topic}-{partition}"))?;
+        p.write_marker(
+            producer_id,
+            producer_epoch,
+            batch::ControlMarker {
+                commit,
+                coordinator_epoch,
+            },
+            now_ms(),
+        )?;
+        self.data.notify_waiters();
+        Ok(())
+    }
+
+    fn complete_offsets(
+        &self,
+        group: &str,
+        producer_id: i64,
+        commit: bool,
+    ) -> std::result::Result<(), String> {
+        self.groups
+            .complete_txn(group, producer_id, commit)
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Kafka's rule for topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.`
@@ -230,7 +282,9 @@ impl Broker {
             &config.dir.join("offsets.log"),
             config.group.clone(),
         )?;
-        Ok(Broker {
+        let txn = txn_coordinator::TxnCoordinator::open(&config.dir.join("transactions.log"))?;
+        let broker = Broker {
+            txn: Mutex::new(txn),
             groups,
             partitions_open: AtomicUsize::new(open),
             config,
@@ -240,7 +294,36 @@ impl Broker {
             pids: Mutex::new(pids),
             stats,
             data: tokio::sync::Notify::new(),
-        })
+        };
+        // Transactions the log left prepared (a crash between EndTxn and
+        // its last marker) complete now that the partitions are open.
+        let done = broker.transactions(|c| c.recover(&broker));
+        if done > 0 {
+            tracing::info!(
+                transactions = done,
+                "completed transactions a crash left prepared"
+            );
+        }
+        Ok(broker)
+    }
+
+    /// Aborts the transactions past their `transaction.timeout.ms`, and
+    /// completes those a failed marker left prepared (blocking IO).
+    pub fn sweep_transactions(&self) {
+        let now = now_ms();
+        let aborted = self.transactions(|c| {
+            let aborted = c.abort_expired(now, self);
+            c.recover(self);
+            aborted
+        });
+        if !aborted.is_empty() {
+            tracing::warn!(transactional_ids = ?aborted, "aborted transactions past their timeout");
+        }
+    }
+
+    /// Runs `f` on the transaction coordinator (one call at a time).
+    pub fn transactions<R>(&self, f: impl FnOnce(&mut txn_coordinator::TxnCoordinator) -> R) -> R {
+        f(&mut self.txn.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The group coordinator.

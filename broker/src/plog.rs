@@ -101,7 +101,7 @@ fn scan(
     path: &Path,
     file: &mut File,
     len: u64,
-    mut each: impl FnMut(&BatchHeader, u64) -> Result<()>,
+    mut each: impl FnMut(&BatchHeader, &[u8], u64) -> Result<()>,
 ) -> Result<(u64, Option<(batch::BatchError, bool)>)> {
     file.seek(SeekFrom::Start(0))
         .map_err(|e| Error::io("seek", path, e))?;
@@ -151,7 +151,7 @@ fn scan(
             });
         }
         expected = h.last_offset(h.base_offset) + 1;
-        each(&h, pos)?;
+        each(&h, &buf, pos)?;
         pos += size as u64;
     }
     Ok((pos, None))
@@ -180,10 +180,10 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 
 impl PartitionLog {
     /// Opens (or creates) the log at `path`, cutting a torn tail, and calls
-    /// `each` for every batch in order with its header and base offset.
+    /// `each` for every batch in order with its header and bytes.
     pub fn open(
         path: &Path,
-        mut each: impl FnMut(&BatchHeader) -> Result<()>,
+        mut each: impl FnMut(&BatchHeader, &[u8]) -> Result<()>,
     ) -> Result<(PartitionLog, Option<TornTail>)> {
         let existed = path.exists();
         let mut file = OpenOptions::new()
@@ -201,7 +201,7 @@ impl PartitionLog {
             .map_err(|e| Error::io("stat", path, e))?
             .len();
         let mut index = Vec::new();
-        let (end, bad) = scan(path, &mut file, len, |h, pos| {
+        let (end, bad) = scan(path, &mut file, len, |h, bytes, pos| {
             index.push(IndexEntry {
                 base: h.base_offset,
                 last: h.last_offset(h.base_offset),
@@ -209,7 +209,7 @@ impl PartitionLog {
                 size: h.size as u32,
                 max_timestamp: h.max_timestamp,
             });
-            each(h)
+            each(h, bytes)
         })?;
         let mut torn = None;
         if let Some((reason, at_end)) = bad {
@@ -274,14 +274,17 @@ impl PartitionLog {
     /// Calls `each` for every batch of the log at `path` in order (used to
     /// rebuild the producer state; the log must have been opened, so its
     /// tail is clean).
-    pub fn for_each_batch(path: &Path, each: impl FnMut(&BatchHeader) -> Result<()>) -> Result<()> {
+    pub fn for_each_batch(
+        path: &Path,
+        each: impl FnMut(&BatchHeader, &[u8]) -> Result<()>,
+    ) -> Result<()> {
         let mut file = File::open(path).map_err(|e| Error::io("open", path, e))?;
         let len = file
             .metadata()
             .map_err(|e| Error::io("stat", path, e))?
             .len();
         let mut each = each;
-        let (end, bad) = scan(path, &mut file, len, |h, _| each(h))?;
+        let (end, bad) = scan(path, &mut file, len, |h, bytes, _| each(h, bytes))?;
         match bad {
             None => Ok(()),
             Some((reason, _)) => Err(Error::corrupt(path, end, reason)),
@@ -295,7 +298,7 @@ impl PartitionLog {
     pub fn for_each_batch_after(
         &self,
         offset: i64,
-        mut each: impl FnMut(&BatchHeader) -> Result<()>,
+        mut each: impl FnMut(&BatchHeader, &[u8]) -> Result<()>,
     ) -> Result<()> {
         let first = self.index.partition_point(|e| e.base <= offset);
         let mut buf = Vec::new();
@@ -307,7 +310,7 @@ impl PartitionLog {
             // Verified when the log was opened; verified again because the
             // bytes were read again.
             let h = batch::parse(&buf).map_err(|err| Error::corrupt(&self.path, e.pos, err))?;
-            each(&h)?;
+            each(&h, &buf)?;
         }
         Ok(())
     }
@@ -351,21 +354,32 @@ impl PartitionLog {
     /// (at least one batch, so a large batch is never stuck). Empty at the
     /// end of the log.
     pub fn read(&self, offset: i64, max_bytes: usize) -> io::Result<Vec<u8>> {
-        match self.plan(offset, max_bytes, true) {
+        match self.plan(offset, max_bytes, true, self.next_offset) {
             Some(r) => self.read_range(r),
             None => Ok(Vec::new()),
         }
     }
 
     /// Where the batches holding `offset` and after it lie, whole, up to
-    /// `max_bytes`; with `at_least_one`, the first batch even if it alone
-    /// is larger. `None` when that is nothing (the end of the log, or a
-    /// first batch larger than `max_bytes` without `at_least_one`).
-    pub fn plan(&self, offset: i64, max_bytes: usize, at_least_one: bool) -> Option<ReadRange> {
+    /// `max_bytes` and below offset `upto` (the high watermark, or the last
+    /// stable offset for a `read_committed` reader); with `at_least_one`,
+    /// the first batch even if it alone is larger. `None` when that is
+    /// nothing (the end of the log, or a first batch larger than
+    /// `max_bytes` without `at_least_one`).
+    pub fn plan(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        at_least_one: bool,
+        upto: i64,
+    ) -> Option<ReadRange> {
         let first = self.index.partition_point(|e| e.last < offset);
         let start = self.index.get(first)?;
         let mut total = 0usize;
         for e in self.index.get(first..).unwrap_or_default() {
+            if e.base >= upto {
+                break;
+            }
             let next = total + e.size as usize;
             if next > max_bytes && !(total == 0 && at_least_one) {
                 break;
@@ -435,7 +449,7 @@ mod tests {
     fn offsets_are_assigned_contiguously_and_survive_reopening() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
-        let (mut log, torn) = PartitionLog::open(&path, |_| Ok(())).unwrap();
+        let (mut log, torn) = PartitionLog::open(&path, |_, _| Ok(())).unwrap();
         assert!(torn.is_none());
         assert_eq!(append(&mut log, 1, 0, 3), 0);
         assert_eq!(append(&mut log, 1, 3, 2), 3);
@@ -444,7 +458,7 @@ mod tests {
         assert_eq!(batch::parse(&read).unwrap().base_offset, 3);
         drop(log);
         let mut seen = Vec::new();
-        let (log, _) = PartitionLog::open(&path, |h| {
+        let (log, _) = PartitionLog::open(&path, |h, _| {
             seen.push((h.base_offset, h.base_sequence));
             Ok(())
         })
@@ -458,7 +472,7 @@ mod tests {
     fn a_torn_tail_is_saved_and_cut_but_damage_before_data_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
-        let (mut log, _) = PartitionLog::open(&path, |_| Ok(())).unwrap();
+        let (mut log, _) = PartitionLog::open(&path, |_, _| Ok(())).unwrap();
         append(&mut log, 1, 0, 1);
         append(&mut log, 1, 1, 1);
         let one = batch(1, 0, 1).len() as u64;
@@ -466,7 +480,7 @@ mod tests {
         // A crash in the middle of the second batch's write.
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(one + 30).unwrap();
-        let (log, torn) = PartitionLog::open(&path, |_| Ok(())).unwrap();
+        let (log, torn) = PartitionLog::open(&path, |_, _| Ok(())).unwrap();
         let torn = torn.expect("torn tail reported");
         assert_eq!((torn.pos, torn.bytes), (one, 30));
         assert_eq!(std::fs::read(&torn.saved_to).unwrap().len(), 30);
@@ -475,13 +489,13 @@ mod tests {
         drop(log);
 
         // A flipped bit in the first of two batches: not a torn tail.
-        let (mut log, _) = PartitionLog::open(&path, |_| Ok(())).unwrap();
+        let (mut log, _) = PartitionLog::open(&path, |_, _| Ok(())).unwrap();
         append(&mut log, 1, 1, 1);
         drop(log);
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[30] ^= 0x40;
         std::fs::write(&path, &bytes).unwrap();
-        let err = PartitionLog::open(&path, |_| Ok(())).unwrap_err();
+        let err = PartitionLog::open(&path, |_, _| Ok(())).unwrap_err();
         assert!(matches!(err, Error::CorruptLog { pos: 0, .. }), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), bytes, "nothing was cut");
     }

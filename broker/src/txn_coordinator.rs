@@ -438,6 +438,17 @@ impl TxnCoordinator {
         Ok(())
     }
 
+    /// Whether the caller's ongoing transaction holds `group`'s offsets
+    /// (AddOffsetsToTxn came first): what TxnOffsetCommit requires.
+    pub fn in_transaction(&self, caller: &Caller<'_>, group: &str) -> std::result::Result<(), i16> {
+        let m = self.current(caller)?;
+        if m.state == TxnState::Ongoing && m.groups.contains(group) {
+            Ok(())
+        } else {
+            Err(code::INVALID_TXN_STATE)
+        }
+    }
+
     /// Whether a transactional batch of `producer_id`/`epoch` for
     /// `topic`-`partition` belongs to an ongoing transaction that holds
     /// the partition (KIP-890's verification of the write).

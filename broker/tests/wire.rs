@@ -86,25 +86,37 @@ fn api_versions_and_unsupported_requests_are_answered_not_dropped() {
         .find(|k| k.api_key == ApiKey::Produce as i16)
         .expect("Produce advertised");
     assert!(produce.min_version <= 3 && produce.max_version >= 9);
-    assert!(
-        resp.api_keys
-            .iter()
-            .all(|k| k.api_key != ApiKey::JoinGroup as i16)
-    );
+    // Groups are served below the versions that carry a group.instance.id.
+    let join = resp
+        .api_keys
+        .iter()
+        .find(|k| k.api_key == ApiKey::JoinGroup as i16)
+        .expect("JoinGroup advertised");
+    assert_eq!(join.max_version, 4);
 
-    // A known API the broker does not serve: its response, UNSUPPORTED_VERSION.
+    // A version the broker does not serve: its response, UNSUPPORTED_VERSION.
     let mut join = JoinGroupRequest::default();
     join.group_id = GroupId(StrBytes::from_static_str("g"));
     join.protocol_type = StrBytes::from_static_str("consumer");
     let resp = c.call(&join, 5);
     assert_eq!(resp.error_code, 35);
 
-    // FindCoordinator v4 answers per key.
+    // FindCoordinator v4 answers per key: this broker, for groups and
+    // transactional ids; INVALID_REQUEST for a key type there is not.
     let mut find = FindCoordinatorRequest::default();
     find.coordinator_keys = vec![StrBytes::from_static_str("g")];
     let resp = c.call(&find, 4);
     assert_eq!(resp.coordinators.len(), 1);
-    assert_eq!(resp.coordinators[0].error_code, 35);
+    assert_eq!(
+        (
+            resp.coordinators[0].error_code,
+            resp.coordinators[0].node_id
+        ),
+        (0, BrokerId(0))
+    );
+    find.key_type = 7;
+    let resp = c.call(&find, 4);
+    assert_eq!(resp.coordinators[0].error_code, 42);
 
     // An ApiVersions version from the future: a version 0 answer listing
     // what is supported, as Kafka does.

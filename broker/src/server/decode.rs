@@ -121,6 +121,10 @@ pub fn request(
         OffsetFetch => OffsetFetchRequest,
         DescribeGroups => DescribeGroupsRequest,
         ListGroups => ListGroupsRequest,
+        AddPartitionsToTxn => AddPartitionsToTxnRequest,
+        AddOffsetsToTxn => AddOffsetsToTxnRequest,
+        EndTxn => EndTxnRequest,
+        TxnOffsetCommit => TxnOffsetCommitRequest,
     )
 }
 

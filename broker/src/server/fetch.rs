@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::ResponseError;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, FetchableTopicResponse, PartitionData,
+};
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
@@ -23,6 +25,8 @@ use crate::plog::ReadRange;
 const MAX_FETCH_WAIT: Duration = Duration::from_secs(5);
 
 pub(super) fn list_offsets(broker: &Arc<Broker>, req: ListOffsetsRequest) -> ListOffsetsResponse {
+    // A read_committed consumer's "latest" is the last stable offset.
+    let read_committed = req.isolation_level == 1;
     let mut r = ListOffsetsResponse::default();
     r.topics = req
         .topics
@@ -44,7 +48,11 @@ pub(super) fn list_offsets(broker: &Arc<Broker>, req: ListOffsetsRequest) -> Lis
                             .and_then(|i| t.partitions.get(i))
                     }) {
                         Some(part) => {
-                            let (offset, ts) = part.list_offset(p.timestamp);
+                            let (offset, ts) = if read_committed && p.timestamp == -1 {
+                                (part.last_stable_offset(), -1)
+                            } else {
+                                part.list_offset(p.timestamp)
+                            };
                             out.offset = offset;
                             out.timestamp = ts;
                         }
@@ -110,6 +118,7 @@ enum Plan {
         part: Arc<Partition>,
         range: Option<ReadRange>,
         high_watermark: i64,
+        last_stable_offset: i64,
     },
     Error {
         code: i16,
@@ -127,6 +136,7 @@ fn plan(
     broker: &Broker,
     topics: &[(TopicName, Vec<Wanted>)],
     max_bytes: usize,
+    read_committed: bool,
 ) -> (Vec<Vec<Plan>>, usize) {
     let mut budget = max_bytes;
     let mut total = 0usize;
@@ -151,8 +161,8 @@ fn plan(
                     let max = usize::try_from(w.partition_max_bytes)
                         .unwrap_or(0)
                         .min(budget);
-                    match part.plan_read(w.fetch_offset, max, total == 0) {
-                        Ok((range, high_watermark)) => {
+                    match part.plan_isolated(w.fetch_offset, max, total == 0, read_committed) {
+                        Ok((range, high_watermark, last_stable_offset)) => {
                             let n = range.map_or(0, |r| r.len);
                             budget = budget.saturating_sub(n);
                             total += n;
@@ -160,6 +170,7 @@ fn plan(
                                 part: part.clone(),
                                 range,
                                 high_watermark,
+                                last_stable_offset,
                             }
                         }
                         Err(code) => Plan::Error {
@@ -174,8 +185,14 @@ fn plan(
     (plans, total)
 }
 
-/// Reads what `plans` decided into the response's topics.
-fn read(topics: &[(TopicName, Vec<Wanted>)], plans: Vec<Vec<Plan>>) -> Vec<FetchableTopicResponse> {
+/// Reads what `plans` decided into the response's topics. A
+/// `read_committed` reader also gets the aborted transactions it must skip
+/// in what it reads (from its fetch offset to the last stable offset).
+fn read(
+    topics: &[(TopicName, Vec<Wanted>)],
+    plans: Vec<Vec<Plan>>,
+    read_committed: bool,
+) -> Vec<FetchableTopicResponse> {
     topics
         .iter()
         .zip(plans)
@@ -186,26 +203,43 @@ fn read(topics: &[(TopicName, Vec<Wanted>)], plans: Vec<Vec<Plan>>) -> Vec<Fetch
                 .map(|(w, plan)| {
                     let mut out = PartitionData::default()
                         .with_partition_index(w.partition)
-                        .with_aborted_transactions(Some(Vec::new()))
                         .with_preferred_read_replica(BrokerId(-1));
-                    let (code, hw, records) = match plan {
+                    let (code, hw, lso, records) = match plan {
                         Plan::Error {
                             code,
                             high_watermark,
-                        } => (code, high_watermark, None),
+                        } => (code, high_watermark, high_watermark, None),
                         Plan::Read {
                             part,
                             range,
                             high_watermark,
-                        } => match range.map(|r| part.read_range(r)) {
-                            None => (0, high_watermark, Some(Bytes::new())),
-                            Some(Ok(bytes)) => (0, high_watermark, Some(Bytes::from(bytes))),
-                            Some(Err(code)) => (code, high_watermark, None),
-                        },
+                            last_stable_offset,
+                        } => {
+                            if read_committed {
+                                out.aborted_transactions = Some(
+                                    part.aborted_between(w.fetch_offset, last_stable_offset)
+                                        .into_iter()
+                                        .map(|(pid, first)| {
+                                            AbortedTransaction::default()
+                                                .with_producer_id(ProducerId(pid))
+                                                .with_first_offset(first)
+                                        })
+                                        .collect(),
+                                );
+                            }
+                            let lso = last_stable_offset;
+                            match range.map(|r| part.read_range(r)) {
+                                None => (0, high_watermark, lso, Some(Bytes::new())),
+                                Some(Ok(bytes)) => {
+                                    (0, high_watermark, lso, Some(Bytes::from(bytes)))
+                                }
+                                Some(Err(code)) => (code, high_watermark, lso, None),
+                            }
+                        }
                     };
                     out.error_code = code;
                     out.high_watermark = hw;
-                    out.last_stable_offset = hw;
+                    out.last_stable_offset = lso;
                     out.records = records;
                     out
                 })
@@ -224,13 +258,15 @@ async fn plan_and_read(
     shared: &Arc<Shared>,
     topics: &Arc<Vec<(TopicName, Vec<Wanted>)>>,
     max_bytes: usize,
+    read_committed: bool,
 ) -> (
     Vec<FetchableTopicResponse>,
     usize,
     Option<OwnedSemaphorePermit>,
 ) {
     let (b, t) = (shared.broker.clone(), topics.clone());
-    let Ok((plans, total)) = tokio::task::spawn_blocking(move || plan(&b, &t, max_bytes)).await
+    let Ok((plans, total)) =
+        tokio::task::spawn_blocking(move || plan(&b, &t, max_bytes, read_committed)).await
     else {
         return (Vec::new(), 0, None);
     };
@@ -241,7 +277,7 @@ async fn plan_and_read(
     let want = u32::try_from(total.saturating_mul(2).min(pool)).unwrap_or(u32::MAX);
     let held = shared.fetches.clone().acquire_many_owned(want).await.ok();
     let t = topics.clone();
-    let topics = tokio::task::spawn_blocking(move || read(&t, plans))
+    let topics = tokio::task::spawn_blocking(move || read(&t, plans, read_committed))
         .await
         .unwrap_or_default();
     (topics, total, held)
@@ -258,16 +294,21 @@ pub(super) async fn fetch(
         .unwrap_or(0)
         .min(shared.limits.fetch_max_bytes);
     let topics = Arc::new(wanted(&req));
+    // Isolation level 1: READ_COMMITTED (a consumer with
+    // isolation.level=read_committed): records below the last stable
+    // offset only, with the aborted transactions among them.
+    let read_committed = req.isolation_level == 1;
     drop(req);
     // Registered before reading, so a produce between the read and the
     // wait still wakes this fetch.
     let notified = broker.data.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
-    let (mut responses, total, mut held) = plan_and_read(shared, &topics, max_bytes).await;
+    let (mut responses, total, mut held) =
+        plan_and_read(shared, &topics, max_bytes, read_committed).await;
     if total == 0 && !wait.is_zero() && tokio::time::timeout(wait, notified).await.is_ok() {
         drop(held);
-        (responses, _, held) = plan_and_read(shared, &topics, max_bytes).await;
+        (responses, _, held) = plan_and_read(shared, &topics, max_bytes, read_committed).await;
     }
     let mut r = FetchResponse::default();
     r.responses = responses;

@@ -42,6 +42,7 @@ mod fetch;
 mod group;
 mod metadata;
 mod produce;
+mod txn;
 mod unsupported;
 
 use std::net::SocketAddr;
@@ -85,6 +86,10 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddOffsetsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
+    (ApiKey::TxnOffsetCommit, 0, 3),
 ];
 
 const NODE_ID: i32 = 0;
@@ -162,9 +167,17 @@ pub async fn serve(
         tokio::spawn(async move {
             // Group sessions and rebalances are timed in tenths of a second.
             let mut every = tokio::time::interval(Duration::from_millis(100));
+            let mut last_sweep = Instant::now();
             loop {
                 every.tick().await;
                 shared.broker.groups().tick(Instant::now());
+                // Transactions past their transaction.timeout.ms: aborted
+                // (writing markers: a blocking thread), once a second.
+                if last_sweep.elapsed() >= Duration::from_secs(1) {
+                    last_sweep = Instant::now();
+                    let b = shared.broker.clone();
+                    let _ = tokio::task::spawn_blocking(move || b.sweep_transactions()).await;
+                }
             }
         })
     };
@@ -202,6 +215,9 @@ pub async fn serve(
         }
     }
     ticker.abort();
+    // Wait for the ticker to be dropped: it holds the broker, which the
+    // caller takes back once serve returns.
+    let _ = ticker.await;
     let drain = async { while conns.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(10), drain)
         .await
@@ -436,8 +452,25 @@ async fn handle(shared: &Arc<Shared>, buf: Bytes) -> Reply {
         RequestKind::Metadata(r) => Some(ResponseKind::Metadata(
             metadata::metadata(broker, r, version).await,
         )),
-        RequestKind::InitProducerId(r) => Some(ResponseKind::InitProducerId(
-            produce::init_producer_id(broker, r).await,
+        RequestKind::InitProducerId(r) => {
+            Some(ResponseKind::InitProducerId(match r.transactional_id {
+                Some(id) => {
+                    txn::init_producer_id(shared, id.0.to_string(), r.transaction_timeout_ms).await
+                }
+                None => produce::init_producer_id(broker, r).await,
+            }))
+        }
+        RequestKind::AddPartitionsToTxn(r) => Some(ResponseKind::AddPartitionsToTxn(
+            txn::add_partitions(shared, r, version).await,
+        )),
+        RequestKind::AddOffsetsToTxn(r) => Some(ResponseKind::AddOffsetsToTxn(
+            txn::add_offsets(shared, r, version).await,
+        )),
+        RequestKind::EndTxn(r) => {
+            Some(ResponseKind::EndTxn(txn::end_txn(shared, r, version).await))
+        }
+        RequestKind::TxnOffsetCommit(r) => Some(ResponseKind::TxnOffsetCommit(
+            txn::txn_offset_commit(shared, r, version).await,
         )),
         RequestKind::Produce(r) => produce::produce(shared, r).await.map(ResponseKind::Produce),
         RequestKind::ListOffsets(r) => {

@@ -11,7 +11,6 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::Shared;
 use crate::Broker;
-use crate::limits::Limits;
 use crate::partition::Produced;
 
 pub(super) async fn init_producer_id(
@@ -50,6 +49,7 @@ pub(super) async fn init_producer_id(
 /// One partition's part of a produce request.
 struct Job {
     topic: usize,
+    topic_name: String,
     partition: i32,
     target: Option<Arc<crate::partition::Partition>>,
     records: Option<Bytes>,
@@ -63,7 +63,8 @@ const PRODUCE_THREADS: usize = 8;
 
 /// What producing one partition's records came to: the size and record
 /// checks that need no partition, then [`crate::partition::Partition::produce`].
-fn produce_one(j: &Job, limits: &Limits) -> Produced {
+fn produce_one(j: &Job, shared: &Shared, transactional_id: Option<&str>) -> Produced {
+    let limits = &shared.limits;
     let refuse = |e: ResponseError, message: String| Produced::Refused {
         code: e.code(),
         message,
@@ -89,14 +90,44 @@ fn produce_one(j: &Job, limits: &Limits) -> Produced {
     }
     // Refusals of the header itself (CRC, length, magic, count fields) are
     // the partition's, with the rest of the produce path's answers.
+    let mut verified = false;
     if let Ok(h) = crate::batch::parse(records)
         && h.size == records.len()
-        && let Err(e) =
-            crate::records::check(records, &h, limits.max_decompressed_batch_bytes as u64)
     {
-        return refuse(ResponseError::InvalidRecord, e.to_string());
+        if let Err(e) =
+            crate::records::check(records, &h, limits.max_decompressed_batch_bytes as u64)
+        {
+            return refuse(ResponseError::InvalidRecord, e.to_string());
+        }
+        // KIP-890: a transactional batch is verified with the transaction
+        // coordinator: its producer added this partition to its ongoing
+        // transaction. Without a transactional id nothing can be verified
+        // (the producer state then refuses a batch that would open one).
+        if h.is_transactional()
+            && !h.is_control()
+            && let Some(id) = transactional_id
+        {
+            match shared.broker.transactions(|c| {
+                c.verify(
+                    id,
+                    h.producer_id,
+                    h.producer_epoch,
+                    &j.topic_name,
+                    j.partition,
+                )
+            }) {
+                Ok(()) => verified = true,
+                Err(code) => {
+                    return Produced::Refused {
+                        code,
+                        message: "the partition is not in the producer's ongoing transaction"
+                            .into(),
+                    };
+                }
+            }
+        }
     }
-    p.produce(&mut records.to_vec())
+    p.produce_as(&mut records.to_vec(), verified)
 }
 
 pub(super) async fn produce(shared: &Arc<Shared>, req: ProduceRequest) -> Option<ProduceResponse> {
@@ -106,6 +137,7 @@ pub(super) async fn produce(shared: &Arc<Shared>, req: ProduceRequest) -> Option
     let mut jobs = Vec::new();
     for (ti, t) in req.topic_data.into_iter().enumerate() {
         let topic = broker.topic(t.name.0.as_str());
+        let topic_name = t.name.0.to_string();
         names.push(t.name);
         for p in t.partition_data {
             let target = topic
@@ -118,15 +150,11 @@ pub(super) async fn produce(shared: &Arc<Shared>, req: ProduceRequest) -> Option
                 .cloned();
             jobs.push(Job {
                 topic: ti,
+                topic_name: topic_name.clone(),
                 partition: p.index,
                 target,
                 records: p.records,
             });
-        }
-    }
-    if req.transactional_id.is_some() {
-        for j in &mut jobs {
-            j.target = None;
         }
     }
     let results: Vec<(usize, i32, Produced)> = if !matches!(acks, -1..=1) {
@@ -141,7 +169,8 @@ pub(super) async fn produce(shared: &Arc<Shared>, req: ProduceRequest) -> Option
             .collect()
     } else {
         let s = shared.clone();
-        tokio::task::spawn_blocking(move || run_jobs(&s, jobs))
+        let txn_id = req.transactional_id.map(|t| t.0.to_string());
+        tokio::task::spawn_blocking(move || run_jobs(&s, jobs, txn_id.as_deref()))
             .await
             .unwrap_or_default()
     };
@@ -178,10 +207,14 @@ pub(super) async fn produce(shared: &Arc<Shared>, req: ProduceRequest) -> Option
 
 /// Produces every job, on at most [`PRODUCE_THREADS`] threads, and returns
 /// the outcomes in the jobs' order.
-fn run_jobs(shared: &Shared, jobs: Vec<Job>) -> Vec<(usize, i32, Produced)> {
+fn run_jobs(
+    shared: &Shared,
+    jobs: Vec<Job>,
+    transactional_id: Option<&str>,
+) -> Vec<(usize, i32, Produced)> {
     let b = &shared.broker;
     let run = |j: &Job| -> Produced {
-        let outcome = produce_one(j, &shared.limits);
+        let outcome = produce_one(j, shared, transactional_id);
         let name = j.target.as_ref().map(|p| p.name().to_string());
         match &outcome {
             Produced::Appended { .. } => {

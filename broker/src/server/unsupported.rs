@@ -75,11 +75,17 @@ pub(super) fn unsupported(
         Some(ResponseKind::FindCoordinator(r))
     } else {
         top_level!(
+            JoinGroup => JoinGroupResponse,
+            Heartbeat => HeartbeatResponse,
+            SyncGroup => SyncGroupResponse,
+            LeaveGroup => LeaveGroupResponse,
+            OffsetFetch => OffsetFetchResponse,
+            ListGroups => ListGroupsResponse,
+            EndTxn => EndTxnResponse,
+            AddOffsetsToTxn => AddOffsetsToTxnResponse,
             SaslHandshake => SaslHandshakeResponse,
             SaslAuthenticate => SaslAuthenticateResponse,
             DescribeCluster => DescribeClusterResponse,
-            EndTxn => EndTxnResponse,
-            AddOffsetsToTxn => AddOffsetsToTxnResponse,
             DescribeAcls => DescribeAclsResponse,
             DescribeLogDirs => DescribeLogDirsResponse,
             DescribeClientQuotas => DescribeClientQuotasResponse,

@@ -197,7 +197,7 @@ pub fn declared_but_not_sent(b: &mut Broker) {
 /// their own response where one exists, and closed where none can say so.
 pub fn unsupported_requests(b: &mut Broker) {
     let mut c = b.client();
-    let r = c.call(&ListGroupsRequest::default(), 4);
+    let r = c.call(&DescribeClusterRequest::default(), 0);
     assert_eq!(r.error_code, 35);
     // An ApiVersions newer than served: answered (in version 0, which
     // every client reads), not closed.

@@ -16,6 +16,7 @@ use super::{Answer, Broker, frame, read_answer};
 const CORRUPT_MESSAGE: i16 = 2;
 const MESSAGE_TOO_LARGE: i16 = 10;
 const INVALID_REQUIRED_ACKS: i16 = 21;
+const INVALID_TXN_STATE: i16 = 48;
 const INVALID_RECORD: i16 = 87;
 
 /// The batch's CRC-32C recomputed (the client's own checksum: what an
@@ -166,8 +167,8 @@ fn request(topic: &str, partitions: Vec<PartitionProduceData>, acks: i16) -> Pro
 }
 
 /// `acks` other than -1, 0 and 1: INVALID_REQUIRED_ACKS, nothing written.
-/// A transactional batch (the broker has no transaction coordinator):
-/// INVALID_RECORD.
+/// A transactional batch in a request without a transactional id (so no
+/// transaction coordinator verified it): INVALID_TXN_STATE, as in Kafka.
 pub fn odd_produce_requests(b: &mut Broker) {
     let mut c = b.client();
     let pid = topic(&mut c, "odd");
@@ -186,7 +187,7 @@ pub fn odd_produce_requests(b: &mut Broker) {
     reseal(&mut txn);
     assert_eq!(
         common::produce(&mut c, "odd", 0, Bytes::from(txn)).0,
-        INVALID_RECORD
+        INVALID_TXN_STATE
     );
     assert_eq!(common::latest_offset(&mut c, "odd", 0), 0);
 }
