@@ -66,6 +66,7 @@ class Broker:
         log = open(os.path.join(self.log_dir, f"broker-{self.incarnation}.log"), "wb")
         cmd = [self.binary, "--dir", self.data_dir, "--listen", f"127.0.0.1:{self.port}",
                "--advertise", advertise or self.advertise, "--partitions", str(self.partitions)]
+        cmd += getattr(self, "extra", [])
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log)
         log.close()
         line = [None]

@@ -42,6 +42,15 @@ timeout --kill-after=30 "${E2E_TIMEOUT:-900}" \
     --broker "$target/release/producer-state-broker" \
     --proxy "$target/release/fault-proxy" \
     --work "$work" --timeout "$(( ${E2E_TIMEOUT:-900} - 30 ))" "$@" || status=$?
+# Exactly-once pipelines: transactions, fencing, timeouts, and the
+# consume-transform-produce loop through the proxy with kill -9.
+if [ "$status" -eq 0 ]; then
+  timeout --kill-after=30 "${E2E_TXN_TIMEOUT:-600}" \
+    "$venv/bin/python" broker/e2e/txn.py \
+      --broker "$target/release/producer-state-broker" \
+      --proxy "$target/release/fault-proxy" \
+      --work "$work" --timeout "$(( ${E2E_TXN_TIMEOUT:-600} - 30 ))" || status=$?
+fi
 # Keep the data of a failed run for inspection, drop a passing one's.
 if [ "$status" -eq 0 ] && [ -z "${E2E_KEEP:-}" ]; then rm -rf "$work"; fi
 exit "$status"

@@ -143,6 +143,8 @@ pub struct Broker {
     groups: group_coordinator::GroupCoordinator,
     /// Transactional ids and their transactions.
     txn: Mutex<txn_coordinator::TxnCoordinator>,
+    /// The coordinator's ongoing transactions, read without its lock.
+    txn_view: Arc<txn_coordinator::TxnView>,
 }
 
 /// Milliseconds since the Unix epoch (the clock of transaction timeouts
@@ -284,6 +286,7 @@ impl Broker {
         )?;
         let txn = txn_coordinator::TxnCoordinator::open(&config.dir.join("transactions.log"))?;
         let broker = Broker {
+            txn_view: txn.view(),
             txn: Mutex::new(txn),
             groups,
             partitions_open: AtomicUsize::new(open),
@@ -319,6 +322,12 @@ impl Broker {
         if !aborted.is_empty() {
             tracing::warn!(transactional_ids = ?aborted, "aborted transactions past their timeout");
         }
+    }
+
+    /// The ongoing transactions, checked by partitions without the
+    /// coordinator's lock.
+    pub fn txn_view(&self) -> Arc<txn_coordinator::TxnView> {
+        self.txn_view.clone()
     }
 
     /// Runs `f` on the transaction coordinator (one call at a time).

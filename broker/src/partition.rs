@@ -559,16 +559,34 @@ impl Partition {
     /// writes it to the log and makes it durable. Blocks on an fsync: call
     /// it off the async runtime's worker threads.
     pub fn produce(&self, bytes: &mut [u8]) -> Produced {
-        self.produce_as(bytes, false)
+        self.produce_as(bytes, None)
     }
 
-    /// [`Partition::produce`], saying whether the transaction coordinator
-    /// verified that the batch's producer added this partition to its
-    /// transaction (KIP-890): a transactional batch that would open a
-    /// transaction needs it.
-    pub fn produce_as(&self, bytes: &mut [u8], verified: bool) -> Produced {
+    /// [`Partition::produce`] of a transactional batch, with `verify`: the
+    /// transaction coordinator's check that the batch's producer added this
+    /// partition to its ongoing transaction (KIP-890), run under the
+    /// partition's lock, so that no marker of that transaction can come
+    /// between the check and the write. Refused with the check's error
+    /// code when it fails.
+    pub fn produce_verified(
+        &self,
+        bytes: &mut [u8],
+        verify: &dyn Fn() -> std::result::Result<(), i16>,
+    ) -> Produced {
         let start = Instant::now();
-        let produced = self.produce_timed(bytes, verified);
+        let produced = self.produce_timed(bytes, Some(verify));
+        self.timings.batches.fetch_add(1, Ordering::Relaxed);
+        add_elapsed(&self.timings.total_ns, start);
+        produced
+    }
+
+    fn produce_as(
+        &self,
+        bytes: &mut [u8],
+        verify: Option<&dyn Fn() -> std::result::Result<(), i16>>,
+    ) -> Produced {
+        let start = Instant::now();
+        let produced = self.produce_timed(bytes, verify);
         self.timings.batches.fetch_add(1, Ordering::Relaxed);
         add_elapsed(&self.timings.total_ns, start);
         produced
@@ -585,7 +603,11 @@ impl Partition {
         self.lock().store.stats().log_fsyncs
     }
 
-    fn produce_timed(&self, bytes: &mut [u8], verified: bool) -> Produced {
+    fn produce_timed(
+        &self,
+        bytes: &mut [u8],
+        verify: Option<&dyn Fn() -> std::result::Result<(), i16>>,
+    ) -> Produced {
         let refuse = |e: ResponseError, message: String| Produced::Refused {
             code: e.code(),
             message,
@@ -642,8 +664,16 @@ impl Partition {
             let mut options = AppendOptions::client();
             if h.is_transactional() {
                 options = options.transactional();
-                if verified {
-                    options = options.verified();
+                match verify.map(|v| v()) {
+                    Some(Ok(())) => options = options.verified(),
+                    Some(Err(code)) => {
+                        return Produced::Refused {
+                            code,
+                            message: "the partition is not in the producer's ongoing transaction"
+                                .into(),
+                        };
+                    }
+                    None => {}
                 }
             }
             let outcome = inner.store.append_with(

@@ -25,8 +25,9 @@
 //!   bumped each time the log is opened, so markers written by an earlier
 //!   run of the broker are older than this run's.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
+use std::sync::{Arc, RwLock};
 
 use crate::error::{Error, Result};
 use crate::records_log::{Malformed, Reader, RecordsLog, Writer};
@@ -244,6 +245,68 @@ pub struct TxnCoordinator {
     log: RecordsLog,
     txns: BTreeMap<String, TxnMeta>,
     coordinator_epoch: i32,
+    view: Arc<TxnView>,
+}
+
+/// The ongoing transactions, readable without the coordinator's lock: what
+/// a partition checks a transactional batch against while it holds its
+/// own lock (KIP-890's verification of the write). The coordinator updates
+/// it with every transition, and takes a transaction out of it (its
+/// `Prepare` state) before it writes a single marker: a batch checked
+/// under a partition's lock is therefore either in the transaction, before
+/// its marker there, or refused. A check made before taking the partition
+/// lock could pass, lose the race to the marker, and open a new
+/// transaction after it that nothing would ever end.
+#[derive(Debug, Default)]
+pub struct TxnView {
+    /// Every transactional id's producer id and epoch, with the partitions
+    /// of its transaction while one is ongoing.
+    ongoing: RwLock<HashMap<String, Current>>,
+}
+
+/// A transactional id's producer id, epoch, and the partitions of its
+/// ongoing transaction (none when none is ongoing).
+type Current = (i64, i16, Option<BTreeSet<(String, i32)>>);
+
+impl TxnView {
+    /// `Ok` if `producer_id`/`epoch` is `transactional_id`'s current
+    /// producer and its ongoing transaction holds `topic`-`partition`;
+    /// else the Kafka error: `INVALID_PRODUCER_EPOCH` for another epoch,
+    /// `INVALID_TXN_STATE` otherwise.
+    pub fn verify(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        epoch: i16,
+        topic: &str,
+        partition: i32,
+    ) -> std::result::Result<(), i16> {
+        let ongoing = self.ongoing.read().unwrap_or_else(|p| p.into_inner());
+        match ongoing.get(transactional_id) {
+            Some((pid, e, parts)) if *pid == producer_id => {
+                if *e != epoch {
+                    Err(code::INVALID_PRODUCER_EPOCH)
+                } else if parts
+                    .as_ref()
+                    .is_some_and(|p| p.contains(&(topic.to_string(), partition)))
+                {
+                    Ok(())
+                } else {
+                    Err(code::INVALID_TXN_STATE)
+                }
+            }
+            _ => Err(code::INVALID_TXN_STATE),
+        }
+    }
+
+    fn update(&self, m: &TxnMeta) {
+        let mut ongoing = self.ongoing.write().unwrap_or_else(|p| p.into_inner());
+        let parts = (m.state == TxnState::Ongoing).then(|| m.partitions.clone());
+        ongoing.insert(
+            m.transactional_id.clone(),
+            (m.producer_id, m.producer_epoch, parts),
+        );
+    }
 }
 
 impl TxnCoordinator {
@@ -273,10 +336,15 @@ impl TxnCoordinator {
                 return Err(bad("bytes after the record"));
             }
         }
+        let view = Arc::new(TxnView::default());
+        for m in txns.values() {
+            view.update(m);
+        }
         let mut c = TxnCoordinator {
             log,
             txns,
             coordinator_epoch: epoch.saturating_add(1),
+            view,
         };
         c.compact_if_due()?;
         let mut w = Writer::new(KIND_EPOCH);
@@ -300,8 +368,14 @@ impl TxnCoordinator {
         self.txns.values()
     }
 
+    /// The ongoing transactions, for checks made without this lock.
+    pub fn view(&self) -> Arc<TxnView> {
+        self.view.clone()
+    }
+
     fn write(&mut self, m: TxnMeta) -> Result<()> {
         self.log.append(&[&m.encode()])?;
+        self.view.update(&m);
         self.txns.insert(m.transactional_id.clone(), m);
         self.compact_if_due()
     }
@@ -460,17 +534,8 @@ impl TxnCoordinator {
         topic: &str,
         partition: i32,
     ) -> std::result::Result<(), i16> {
-        let m = self.current(&Caller {
-            transactional_id,
-            producer_id,
-            epoch,
-            fenced: code::INVALID_PRODUCER_EPOCH,
-        })?;
-        if m.state == TxnState::Ongoing && m.partitions.contains(&(topic.to_string(), partition)) {
-            Ok(())
-        } else {
-            Err(code::INVALID_TXN_STATE)
-        }
+        self.view
+            .verify(transactional_id, producer_id, epoch, topic, partition)
     }
 
     /// EndTxn: commits or aborts the producer's transaction: `Prepare`

@@ -310,6 +310,27 @@ pub(super) async fn fetch(
         drop(held);
         (responses, _, held) = plan_and_read(shared, &topics, max_bytes, read_committed).await;
     }
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let parts: Vec<(i32, i16, i64, i64, usize)> = responses
+            .iter()
+            .flat_map(|t| &t.partitions)
+            .map(|p| {
+                let n = p.records.as_ref().map_or(0, |b| b.len());
+                (
+                    p.partition_index,
+                    p.error_code,
+                    p.high_watermark,
+                    p.last_stable_offset,
+                    n,
+                )
+            })
+            .collect();
+        tracing::debug!(
+            read_committed,
+            ?parts,
+            "fetch answered: (partition, error, hw, lso, bytes)"
+        );
+    }
     let mut r = FetchResponse::default();
     r.responses = responses;
     (r, held)

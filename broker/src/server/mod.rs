@@ -445,6 +445,7 @@ async fn handle(shared: &Arc<Shared>, buf: Bytes) -> Reply {
         }
     };
     let broker = &shared.broker;
+    let started = Instant::now();
     let response = match request {
         RequestKind::ApiVersions(_) => {
             Some(ResponseKind::ApiVersions(unsupported::api_versions(0)))
@@ -515,6 +516,10 @@ async fn handle(shared: &Arc<Shared>, buf: Bytes) -> Reply {
             return Reply::Close(format!("{other:?} is advertised but has no handler"));
         }
     };
+    tracing::debug!(
+        ?key, version, correlation_id, client = %client_id,
+        ms = started.elapsed().as_secs_f64() * 1e3, "request answered"
+    );
     match response {
         Some(r) => encode_response(correlation_id, key, version, &r),
         None => Reply::Nothing,

@@ -90,7 +90,6 @@ fn produce_one(j: &Job, shared: &Shared, transactional_id: Option<&str>) -> Prod
     }
     // Refusals of the header itself (CRC, length, magic, count fields) are
     // the partition's, with the rest of the produce path's answers.
-    let mut verified = false;
     if let Ok(h) = crate::batch::parse(records)
         && h.size == records.len()
     {
@@ -100,34 +99,21 @@ fn produce_one(j: &Job, shared: &Shared, transactional_id: Option<&str>) -> Prod
             return refuse(ResponseError::InvalidRecord, e.to_string());
         }
         // KIP-890: a transactional batch is verified with the transaction
-        // coordinator: its producer added this partition to its ongoing
-        // transaction. Without a transactional id nothing can be verified
-        // (the producer state then refuses a batch that would open one).
+        // coordinator (its producer added this partition to its ongoing
+        // transaction), under the partition's lock (see TxnView). Without
+        // a transactional id nothing can be verified (the producer state
+        // then refuses a batch that would open one).
         if h.is_transactional()
             && !h.is_control()
             && let Some(id) = transactional_id
         {
-            match shared.broker.transactions(|c| {
-                c.verify(
-                    id,
-                    h.producer_id,
-                    h.producer_epoch,
-                    &j.topic_name,
-                    j.partition,
-                )
-            }) {
-                Ok(()) => verified = true,
-                Err(code) => {
-                    return Produced::Refused {
-                        code,
-                        message: "the partition is not in the producer's ongoing transaction"
-                            .into(),
-                    };
-                }
-            }
+            let view = shared.broker.txn_view();
+            let (pid, epoch) = (h.producer_id, h.producer_epoch);
+            let check = move || view.verify(id, pid, epoch, &j.topic_name, j.partition);
+            return p.produce_verified(&mut records.to_vec(), &check);
         }
     }
-    p.produce_as(&mut records.to_vec(), verified)
+    p.produce(&mut records.to_vec())
 }
 
 pub(super) async fn produce(shared: &Arc<Shared>, req: ProduceRequest) -> Option<ProduceResponse> {

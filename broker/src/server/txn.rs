@@ -234,11 +234,16 @@ pub(super) async fn txn_offset_commit(
                 fenced: fenced(version, 3),
             };
             // The group must be in the producer's ongoing transaction
-            // (AddOffsetsToTxn first).
-            broker.transactions(|c| c.in_transaction(&caller, &group))?;
-            broker
-                .groups()
-                .txn_commit(&group, pid, generation, &member, &offsets)
+            // (AddOffsetsToTxn first), checked and written under the
+            // coordinator's lock: an EndTxn cannot complete the transaction
+            // between the two and leave these offsets pending for the
+            // producer's next one.
+            broker.transactions(|c| {
+                c.in_transaction(&caller, &group)?;
+                broker
+                    .groups()
+                    .txn_commit(&group, pid, generation, &member, &offsets)
+            })
         })
         .await
         .err()
