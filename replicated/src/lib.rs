@@ -68,6 +68,7 @@
 
 pub mod command;
 mod log;
+mod log_file;
 pub mod network;
 mod node;
 mod proposer;
@@ -80,11 +81,12 @@ use std::path::Path;
 use producer_state::fs::FileSystem;
 
 pub use command::{Append, Command, LifecycleOutcome, Outcome, Producer, Response};
-pub use log::{LogOpened, LogStats, LogStore, OpenLogError};
+pub use log::{LogOpened, LogStore, OpenLogError};
 pub use network::{Faults, Router};
 pub use node::{Cluster, ClusterObserver, ClusterOptions, Replica, StartError, SubmitError};
 pub use proposer::{Answer, Proposer, ProposerOptions};
 pub use state::{ApplyObserver, SnapshotError, StateMachine};
+pub use writer::LogStats;
 
 /// A replica's id.
 pub type NodeId = u64;

@@ -20,9 +20,10 @@ use producer_state::{PartitionExport, ProducerStateManager};
 use tokio::sync::watch;
 
 use crate::command::{Command, LifecycleOutcome, Response};
-use crate::log::{LogOpened, LogStats, LogStore, OpenLogError};
+use crate::log::{LogOpened, LogStore, OpenLogError};
 use crate::network::{Faults, NetworkFactory, Router};
 use crate::state::{ApplyObserver, SnapshotError, StateMachine};
+use crate::writer::LogStats;
 use crate::{NodeId, TypeConfig};
 
 /// A replica could not start.

@@ -18,7 +18,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
 
@@ -26,8 +26,18 @@ use openraft::storage::LogFlushed;
 use producer_state::fs::{FileSystem, LockGuard, WriteFile};
 use tokio::sync::{oneshot, watch};
 
-use crate::log::{LOG_FILE, LogStats, seal_write};
+use crate::log_file::{LOG_FILE, seal_write};
 use crate::{TypeConfig, write_atomically};
+
+/// Counters of one log, for benchmarks and tests: the writer counts its
+/// fsyncs, the log the entries it queued.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    /// fdatasync calls on `raft.log`.
+    pub fsyncs: AtomicU64,
+    /// Entries appended.
+    pub entries: AtomicU64,
+}
 
 /// One change to the file.
 pub(crate) enum Op {
@@ -49,7 +59,7 @@ struct Writer {
     _closed: watch::Sender<()>,
     /// The file's length: where the next write begins.
     end: u64,
-    /// The seed of the log's record checksums (`log::record_seed`).
+    /// The seed of the log's record checksums (`log_file::record_seed`).
     seed: u32,
     stats: Arc<LogStats>,
     /// The first failure, repeated to every later operation.
@@ -146,7 +156,7 @@ impl Writer {
     }
 
     fn append(&mut self, mut group: Vec<(Vec<u8>, LogFlushed<TypeConfig>)>) {
-        // One write, marked as such in every record (`log::seal_write`).
+        // One write, marked as such in every record (`log_file::seal_write`).
         let mut bytes = Vec::with_capacity(group.iter().map(|(b, _)| b.len()).sum());
         for (b, _) in &mut group {
             bytes.append(b);
