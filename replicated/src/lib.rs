@@ -73,6 +73,7 @@ pub mod network;
 mod node;
 mod proposer;
 pub mod state;
+pub mod wire;
 mod writer;
 
 use std::io::Read;
