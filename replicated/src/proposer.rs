@@ -25,9 +25,14 @@
 //! previous one.
 //!
 //! A proposal whose outcome is unknown (no answer within a second, a
-//! leader change) is retried whole by [`Cluster::submit`]: every append in
-//! it is idempotent, so appends that were committed are answered
-//! `DUPLICATE` with their original offsets. A producer with several
+//! leader change) is retried whole by [`Cluster::submit`] when the
+//! proposer serves a [`Cluster`]: every append in it is idempotent, so
+//! appends that were committed are answered `DUPLICATE` with their
+//! original offsets. A proposer of one replica
+//! ([`Proposer::for_replica`], a node serving clients over the network)
+//! does not retry: it answers every request of the proposal
+//! [`SubmitError::NotAnswered`] with the leader it knows of, and the
+//! client retries its own request, at that leader. A producer with several
 //! requests in flight can then see a later one answered `OUT_OF_ORDER`
 //! (it was committed before the earlier one's retry) and must retry it,
 //! as Kafka clients do; with one request in flight per producer, as in the
@@ -35,12 +40,13 @@
 
 use std::sync::Arc;
 
-use openraft::LogId;
+use openraft::error::ClientWriteError;
+use openraft::{LogId, Raft};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::NodeId;
 use crate::command::{Command, GROUP_HEAD, MAX_APPENDS_PER_ENTRY, MAX_COMMAND_BYTES, Response};
-use crate::node::{Cluster, SubmitError};
+use crate::node::{Cluster, Replica, SubmitError};
+use crate::{NodeId, TypeConfig};
 
 type Reply = oneshot::Sender<Result<Answer, SubmitError>>;
 
@@ -102,8 +108,21 @@ impl Proposer {
 
     /// Starts the batching task for `cluster`.
     pub fn with_options(cluster: Arc<Cluster>, options: ProposerOptions) -> Proposer {
+        Proposer::spawn(Target::Cluster(cluster), options)
+    }
+
+    /// Starts the batching task for one replica: proposals go to its own
+    /// openraft, and a request whose proposal fails or is not answered in
+    /// time (this replica is not the leader, or stopped leading) is
+    /// answered [`SubmitError::NotAnswered`] with the leader it knows of,
+    /// for the client to retry there (module docs).
+    pub fn for_replica(replica: Replica, options: ProposerOptions) -> Proposer {
+        Proposer::spawn(Target::Replica(replica), options)
+    }
+
+    fn spawn(target: Target, options: ProposerOptions) -> Proposer {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(cluster, rx, options.in_flight.max(1)));
+        tokio::spawn(run(target, rx, options.in_flight.max(1)));
         Proposer { tx }
     }
 
@@ -129,11 +148,44 @@ const IN_FLIGHT: usize = 2;
 /// [`Cluster::submit`] (a leader cut off from the others never commits).
 const PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
-async fn run(
-    cluster: Arc<Cluster>,
-    mut rx: mpsc::UnboundedReceiver<(Command, Reply)>,
-    in_flight: usize,
-) {
+/// Where proposals go.
+#[derive(Clone)]
+enum Target {
+    /// To the cluster's leader; retried through [`Cluster::submit`].
+    Cluster(Arc<Cluster>),
+    /// To this replica; not retried (the client retries).
+    Replica(Replica),
+}
+
+impl Target {
+    /// The openraft to hand the next proposal to.
+    fn raft(&self) -> Option<Raft<TypeConfig>> {
+        match self {
+            Target::Cluster(c) => c.leader().and_then(|l| c.replica(l)),
+            Target::Replica(r) => Some(r.clone()),
+        }
+        .map(|r| r.raft().clone())
+    }
+
+    /// What to do with a proposal whose outcome is not known (`why`).
+    async fn unknown(
+        &self,
+        command: Command,
+        why: String,
+        leader: Option<NodeId>,
+    ) -> Result<(LogId<NodeId>, Response), SubmitError> {
+        match self {
+            Target::Cluster(c) => c.submit(command).await,
+            Target::Replica(r) => Err(SubmitError::NotAnswered {
+                node: r.id(),
+                leader: leader.or_else(|| r.leader()),
+                reason: why,
+            }),
+        }
+    }
+}
+
+async fn run(target: Target, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>, in_flight: usize) {
     let permits = Arc::new(Semaphore::new(in_flight));
     let mut carried: Option<(Command, Reply)> = None;
     loop {
@@ -181,24 +233,29 @@ async fn run(
             )
         };
         // Handed to the leader's openraft here, in order; answered later.
-        let leader = cluster.leader().and_then(|l| cluster.replica(l));
-        let pending = match leader {
-            Some(r) => r.raft().client_write_ff(command.clone()).await.ok(),
+        let pending = match target.raft() {
+            Some(raft) => raft.client_write_ff(command.clone()).await.ok(),
             None => None,
         };
-        let cluster = cluster.clone();
+        let target = target.clone();
         tokio::spawn(async move {
             let committed = match pending {
                 Some(answer) => match tokio::time::timeout(PATIENCE, answer).await {
-                    Ok(Ok(Ok(r))) => Some((r.log_id, r.data)),
-                    _ => None,
+                    Ok(Ok(Ok(r))) => Ok((r.log_id, r.data)),
+                    Ok(Ok(Err(ClientWriteError::ForwardToLeader(f)))) => {
+                        Err(("not the leader".to_string(), f.leader_id))
+                    }
+                    Ok(Ok(Err(e))) => Err((e.to_string(), None)),
+                    Ok(Err(_)) => Err(("the replica stopped".to_string(), None)),
+                    Err(_) => Err((format!("not committed within {PATIENCE:?}"), None)),
                 },
-                None => None,
+                None => Err(("no leader known".to_string(), None)),
             };
-            // Unknown outcome: retry the same entry (idempotent).
+            // Unknown outcome: retry the same entry (idempotent), or let
+            // the client do so.
             let result = match committed {
-                Some(r) => Ok(r),
-                None => cluster.submit(command).await,
+                Ok(r) => Ok(r),
+                Err((why, leader)) => target.unknown(command, why, leader).await,
             };
             answer_all(result, waiting);
             drop(permit);
@@ -240,11 +297,18 @@ fn answer_all(
             }
         }
         Err(e) => {
-            let text = e.to_string();
+            let (node, leader) = match &e {
+                SubmitError::NotAnswered { node, leader, .. } => (*node, *leader),
+                _ => (0, None),
+            };
+            let text = match &e {
+                SubmitError::NotAnswered { reason, .. } => reason.clone(),
+                e => e.to_string(),
+            };
             for (_, reply) in waiting {
                 let _ = reply.send(Err(SubmitError::NotAnswered {
-                    node: 0,
-                    leader: None,
+                    node,
+                    leader,
                     reason: text.clone(),
                 }));
             }
