@@ -73,6 +73,7 @@ pub mod network;
 mod node;
 mod proposer;
 pub mod state;
+pub mod transport;
 pub mod wire;
 mod writer;
 
@@ -87,6 +88,8 @@ pub use network::{Faults, Router};
 pub use node::{Cluster, ClusterObserver, ClusterOptions, Replica, StartError, SubmitError};
 pub use proposer::{Answer, Proposer, ProposerOptions};
 pub use state::{ApplyObserver, SnapshotError, StateMachine};
+pub use transport::{TcpNetwork, TransportOptions};
+pub use wire::Status;
 pub use writer::LogStats;
 
 /// A replica's id.

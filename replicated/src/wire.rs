@@ -50,8 +50,9 @@
 //!   lifecycle outcome, or 1 and 0 expired keys u64, 1 partition removed
 //!   keys u64, 2 imported keys u64, 3 import refused reason `str`.
 //! - `Status`: empty. `StatusReply`: node u64, term u64, leader u64 (0 for
-//!   none), last applied `LogId?`, last log index u64 (0 for none), then
-//!   count u32 and per member id u64 and address `str`.
+//!   none), last applied `LogId?`, last log index u64 (0 for none),
+//!   snapshots installed u64 and refused u64 since it started, then count
+//!   u32 and per member id u64 and address `str`.
 //! - `Entries`: first index u64, most entries u32. `EntriesReply`: count
 //!   u32 and the entries as in `AppendEntries`: committed entries only.
 //! - `Export`: empty. `ExportReply`: last applied `LogId?`, then the
@@ -533,6 +534,11 @@ pub struct Status {
     pub last_log_index: Option<u64>,
     /// The voters and learners it knows, with their addresses.
     pub members: Vec<(NodeId, String)>,
+    /// Snapshots it received from a leader, verified and installed, since
+    /// it started.
+    pub snapshots_installed: u64,
+    /// Snapshot transfers it refused (damaged, or out of order).
+    pub snapshots_refused: u64,
 }
 
 /// A request, replica to replica or client to node.
@@ -750,6 +756,8 @@ impl Reply {
                 out.extend_from_slice(&s.leader.unwrap_or(0).to_le_bytes());
                 put_opt_log_id(out, &s.last_applied);
                 out.extend_from_slice(&s.last_log_index.unwrap_or(0).to_le_bytes());
+                out.extend_from_slice(&s.snapshots_installed.to_le_bytes());
+                out.extend_from_slice(&s.snapshots_refused.to_le_bytes());
                 put_u32_len(out, s.members.len())?;
                 for (id, addr) in &s.members {
                     out.extend_from_slice(&id.to_le_bytes());
@@ -823,6 +831,8 @@ impl Reply {
                 let leader = Some(r.u64()?).filter(|&l| l != 0);
                 let last_applied = get_opt_log_id(&mut r)?;
                 let last_log_index = Some(r.u64()?).filter(|&i| i != 0);
+                let snapshots_installed = r.u64()?;
+                let snapshots_refused = r.u64()?;
                 let n = r.u32()? as usize;
                 // A member takes at least its id and a length.
                 if n > r.0.len() / 12 {
@@ -839,6 +849,8 @@ impl Reply {
                     last_applied,
                     last_log_index,
                     members,
+                    snapshots_installed,
+                    snapshots_refused,
                 })
             }
             Kind::EntriesReply => Reply::Entries(get_entries(&mut r)?),
@@ -1017,6 +1029,8 @@ mod tests {
                 last_applied: Some(log_id(9, 1, 100)),
                 last_log_index: Some(101),
                 members: vec![(1, "a".into()), (2, "b".into())],
+                snapshots_installed: 3,
+                snapshots_refused: 1,
             }),
             Reply::Entries(entries()),
             Reply::Export {
