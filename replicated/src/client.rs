@@ -1,0 +1,431 @@
+//! A client of a group of nodes ([`Node`](crate::Node)): it finds the
+//! leader and retries across leader changes.
+//!
+//! [`Client::submit`] sends a command to the leader it knows of (at first
+//! any node), follows "not the leader" answers to the leader they name,
+//! and on any answer that leaves the outcome unknown (a connection lost
+//! with the command on it, no answer in time, a proposal not committed)
+//! sends the **same** command again, to the leader it then knows of,
+//! until it is answered or [`ClientOptions::deadline`] passes. The same
+//! (producer, epoch, sequence) is safe to send twice: if the first attempt
+//! was committed, the retry is classified `DUPLICATE` with the offset the
+//! first was given; if not, it is `ACCEPTED` now. Never both: every replica
+//! classifies the log in the same order.
+//!
+//! One connection per node, shared by every caller of the client: each
+//! request carries an id, the answers come back in any order, and requests
+//! that queue while one is written go out in the same write. A connection
+//! that fails fails every request on it (each is then retried, as above),
+//! and the next request opens a new one.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), producer_state_raft::ClientError> {
+//! use producer_state_raft::{Append, Client, ClientOptions, Command, Outcome};
+//!
+//! let nodes = [(1, "127.0.0.1:7001"), (2, "127.0.0.1:7002"), (3, "127.0.0.1:7003")];
+//! let client = Client::new(nodes.map(|(id, a)| (id, a.parse().unwrap())), ClientOptions::default());
+//! let batch = Command::Append(Append::batch(42u64, 0, 0, 0, 9, 1_700_000_000_000));
+//! let answer = client.submit(batch).await?;
+//! assert!(matches!(answer.response.outcomes[0], Outcome::Accepted { .. }));
+//! # Ok(()) }
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use openraft::{Entry, LogId};
+use producer_state::ProducerStateManager;
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::command::Command;
+use crate::proposer::Answer;
+use crate::wire::{self, Reply, Request, Status, SubmitReply};
+use crate::{NodeId, TypeConfig};
+
+/// How a [`Client`] waits and retries.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// How long one attempt may wait for its answer. Default 3 s (a node
+    /// answers "outcome unknown" after a second without a commit).
+    pub attempt_timeout: Duration,
+    /// How long [`Client::submit`] keeps trying in all. Default 30 s.
+    pub deadline: Duration,
+    /// How long a connect may take. Default 500 ms.
+    pub connect_timeout: Duration,
+    /// The first wait after an attempt that found no leader; it doubles
+    /// up to 200 ms. Default 10 ms.
+    pub backoff: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            attempt_timeout: Duration::from_secs(3),
+            deadline: Duration::from_secs(30),
+            connect_timeout: Duration::from_millis(500),
+            backoff: Duration::from_millis(10),
+        }
+    }
+}
+
+impl ClientOptions {
+    /// These options with `deadline` for [`Client::submit`].
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+}
+
+/// A request got no answer, or an answer that is not one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The command cannot be proposed; retrying will not help.
+    #[error("invalid command: {0}")]
+    Invalid(String),
+    /// No answer before the deadline. The command may or may not have been
+    /// committed: retry it (a committed one is answered `DUPLICATE`).
+    #[error("no answer within {deadline:?} after {attempts} attempts (last: {last})")]
+    Timeout {
+        /// The deadline.
+        deadline: Duration,
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        last: String,
+    },
+    /// One node's request failed.
+    #[error("node {node}: {reason}")]
+    Node {
+        /// The node asked.
+        node: NodeId,
+        /// Why.
+        reason: String,
+    },
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One connection to one node, shared by every caller.
+struct Conn {
+    frames: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Pending,
+    dead: Arc<AtomicBool>,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr, timeout: Duration) -> Result<Conn, String> {
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(format!("connect to {addr}: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "connect to {addr}: no connection within {timeout:?}"
+                ));
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (read, mut write) = stream.into_split();
+        let (frames, mut queued) = mpsc::unbounded_channel::<Vec<u8>>();
+        let pending: Pending = Arc::default();
+        let dead = Arc::new(AtomicBool::new(false));
+        let (p, d) = (pending.clone(), dead.clone());
+        // Fails every waiting request (their senders are dropped) once
+        // either direction ends.
+        let fail_all = move || {
+            d.store(true, Ordering::SeqCst);
+            lock(&p).clear();
+        };
+        let fail = fail_all.clone();
+        tokio::spawn(async move {
+            while let Some(mut buf) = queued.recv().await {
+                while buf.len() < 1 << 20 {
+                    match queued.try_recv() {
+                        Ok(more) => buf.extend_from_slice(&more),
+                        Err(_) => break,
+                    }
+                }
+                if write.write_all(&buf).await.is_err() {
+                    break;
+                }
+            }
+            fail();
+        });
+        let p = pending.clone();
+        tokio::spawn(async move {
+            let mut read = BufReader::with_capacity(64 << 10, read);
+            while let Ok(Some(f)) = wire::read_frame(&mut read).await {
+                let Ok(reply) = Reply::decode(&f) else { break };
+                if let Some(waiting) = lock(&p).remove(&f.id) {
+                    let _ = waiting.send(reply);
+                }
+            }
+            fail_all();
+        });
+        Ok(Conn {
+            frames,
+            pending,
+            dead,
+        })
+    }
+
+    async fn call(&self, id: u64, request: &Request, timeout: Duration) -> Result<Reply, String> {
+        let frame = request.encode(id).map_err(|e| e.to_string())?;
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        if self.dead.load(Ordering::SeqCst) || self.frames.send(frame).is_err() {
+            lock(&self.pending).remove(&id);
+            return Err("the connection failed".into());
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(_)) => Err("the connection failed with the request on it".into()),
+            Err(_) => {
+                lock(&self.pending).remove(&id);
+                Err(format!("no answer within {timeout:?}"))
+            }
+        }
+    }
+}
+
+/// A client of a group of nodes (module docs). Cheap to share: wrap it in
+/// an `Arc` and call it from many tasks.
+pub struct Client {
+    nodes: BTreeMap<NodeId, SocketAddr>,
+    options: ClientOptions,
+    conns: Mutex<HashMap<NodeId, Arc<Conn>>>,
+    /// The leader last heard of (0: none).
+    leader: AtomicU64,
+    /// Where to try next when no leader is known.
+    next: AtomicU64,
+    ids: AtomicU64,
+}
+
+impl Client {
+    /// A client of the nodes at these addresses.
+    pub fn new(
+        nodes: impl IntoIterator<Item = (NodeId, SocketAddr)>,
+        options: ClientOptions,
+    ) -> Client {
+        Client {
+            nodes: nodes.into_iter().collect(),
+            options,
+            conns: Mutex::new(HashMap::new()),
+            leader: AtomicU64::new(0),
+            next: AtomicU64::new(0),
+            ids: AtomicU64::new(1),
+        }
+    }
+
+    /// The leader last heard of.
+    pub fn leader(&self) -> Option<NodeId> {
+        Some(self.leader.load(Ordering::Relaxed)).filter(|&l| l != 0)
+    }
+
+    /// One request to `node`, within `timeout`: a shared connection, opened
+    /// if there is none alive.
+    async fn call(
+        &self,
+        node: NodeId,
+        request: &Request,
+        timeout: Duration,
+    ) -> Result<Reply, String> {
+        let addr = *self
+            .nodes
+            .get(&node)
+            .ok_or_else(|| format!("node {node} is not one of the client's"))?;
+        let alive = lock(&self.conns)
+            .get(&node)
+            .filter(|c| !c.dead.load(Ordering::SeqCst))
+            .cloned();
+        let conn = match alive {
+            Some(c) => c,
+            None => {
+                let c =
+                    Arc::new(Conn::open(addr, self.options.connect_timeout.min(timeout)).await?);
+                lock(&self.conns).insert(node, c.clone());
+                c
+            }
+        };
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        conn.call(id, request, timeout).await
+    }
+
+    /// The node to try next: the leader last heard of, or the nodes in
+    /// turn.
+    fn target(&self) -> NodeId {
+        if let Some(l) = self.leader().filter(|l| self.nodes.contains_key(l)) {
+            return l;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) as usize;
+        self.nodes
+            .keys()
+            .nth(i % self.nodes.len().max(1))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Proposes `command` through the leader and returns the leader's
+    /// outcomes for it, retrying the same command until
+    /// [`ClientOptions::deadline`] (module docs).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Invalid`] for a command no node will propose;
+    /// [`ClientError::Timeout`] when no attempt was answered in time (the
+    /// outcome is unknown: retry the same command).
+    pub async fn submit(&self, command: Command) -> Result<Answer, ClientError> {
+        command
+            .validate()
+            .map_err(|why| ClientError::Invalid(why.to_string()))?;
+        let deadline = tokio::time::Instant::now() + self.options.deadline;
+        let request = Request::Submit(command);
+        let mut attempts = 0;
+        let mut wait = self.options.backoff;
+        let mut last = String::from("no node tried");
+        let mut redirects = 0;
+        while attempts < u32::MAX {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let node = self.target();
+            attempts += 1;
+            let timeout = self.options.attempt_timeout.min(left);
+            let failed = match self.call(node, &request, timeout).await {
+                Ok(Reply::Submit(SubmitReply::Answered(a))) => {
+                    self.leader.store(node, Ordering::Relaxed);
+                    return Ok(a);
+                }
+                Ok(Reply::Submit(SubmitReply::Invalid { reason })) => {
+                    return Err(ClientError::Invalid(reason));
+                }
+                Ok(Reply::Submit(SubmitReply::NotLeader {
+                    leader: Some(l), ..
+                })) if l != node && self.nodes.contains_key(&l) => {
+                    // Straight to the leader named, unless the nodes keep
+                    // naming one another (news of an election still on its
+                    // way): then after a wait like any failure.
+                    self.leader.store(l, Ordering::Relaxed);
+                    redirects += 1;
+                    if redirects <= self.nodes.len() {
+                        last = format!("node {node}: not the leader (node {l} is)");
+                        continue;
+                    }
+                    redirects = 0;
+                    format!("node {node}: not the leader (node {l} is, again)")
+                }
+                Ok(Reply::Submit(SubmitReply::NotLeader { .. })) => {
+                    format!("node {node}: not the leader, and knows none")
+                }
+                Ok(Reply::Submit(SubmitReply::Unknown { reason })) => {
+                    format!("node {node}: {reason}")
+                }
+                Ok(other) => format!("node {node}: an unexpected reply: {other:?}"),
+                Err(e) => format!("node {node}: {e}"),
+            };
+            // No leader here: ask the others, after a short wait that grows
+            // while nobody answers.
+            if !failed.contains("again") {
+                let _ = self
+                    .leader
+                    .compare_exchange(node, 0, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            last = failed;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            tokio::time::sleep(wait.min(left)).await;
+            wait = (wait * 2).min(Duration::from_millis(200));
+        }
+        Err(ClientError::Timeout {
+            deadline: self.options.deadline,
+            attempts,
+            last,
+        })
+    }
+
+    /// What `node` knows: its term, leader, applied entry and members.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Node`] if it does not answer within the attempt
+    /// timeout.
+    pub async fn status(&self, node: NodeId) -> Result<Status, ClientError> {
+        match self.one(node, &Request::Status).await? {
+            Reply::Status(s) => Ok(s),
+            other => Err(unexpected(node, other)),
+        }
+    }
+
+    /// Up to `max` of the entries `node` has applied, from index `from`
+    /// (fewer if they would not fit in one frame; none past its applied
+    /// entry or below its purged log).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::status`].
+    pub async fn entries(
+        &self,
+        node: NodeId,
+        from: u64,
+        max: u32,
+    ) -> Result<Vec<Entry<TypeConfig>>, ClientError> {
+        match self.one(node, &Request::Entries { from, max }).await? {
+            Reply::Entries(e) => Ok(e),
+            other => Err(unexpected(node, other)),
+        }
+    }
+
+    /// `node`'s whole producer state and the entry it reflects.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::status`]; also if the state's bytes do not verify.
+    pub async fn export(
+        &self,
+        node: NodeId,
+    ) -> Result<(Option<LogId<NodeId>>, ProducerStateManager), ClientError> {
+        match self.one(node, &Request::Export).await? {
+            Reply::Export {
+                last_applied,
+                snapshot,
+            } => {
+                let (_, state) = ProducerStateManager::decode_snapshot(
+                    format!("export of node {node}"),
+                    &snapshot,
+                )
+                .map_err(|e| ClientError::Node {
+                    node,
+                    reason: e.to_string(),
+                })?;
+                Ok((last_applied, state))
+            }
+            other => Err(unexpected(node, other)),
+        }
+    }
+
+    async fn one(&self, node: NodeId, request: &Request) -> Result<Reply, ClientError> {
+        self.call(node, request, self.options.attempt_timeout)
+            .await
+            .map_err(|reason| ClientError::Node { node, reason })
+    }
+}
+
+fn unexpected(node: NodeId, reply: Reply) -> ClientError {
+    ClientError::Node {
+        node,
+        reason: match reply {
+            Reply::Failed(why) => why,
+            other => format!("an unexpected reply: {other:?}"),
+        },
+    }
+}
