@@ -14,8 +14,10 @@
 //! the stream: the next call sees the call never finished and opens a new
 //! stream rather than read a stale reply. A failed connect is
 //! `Unreachable` (openraft waits a backoff, 10 ms doubling to 250 ms,
-//! before it tries again); a failure after it is a network error (openraft
-//! retries at once, on a new stream). An AppendEntries whose frame would
+//! before it tries again), and so is a failure on a stream that never
+//! answered (a peer that accepts and closes at once must not be retried
+//! in a tight loop); a failure on a stream that answered before is a
+//! network error (openraft retries at once, on a new stream). An AppendEntries whose frame would
 //! pass [`MAX_FRAME`](crate::wire::MAX_FRAME) is answered "payload too
 //! large" with a hint of half the entries, and openraft sends fewer.
 //!
@@ -133,6 +135,7 @@ impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
             options: self.options.clone(),
             stream: None,
             in_call: false,
+            answered: false,
             next_id: 0,
         }
     }
@@ -178,6 +181,9 @@ pub struct TcpConnection {
     stream: Option<BufReader<TcpStream>>,
     /// A call began and did not finish: the stream may hold half a frame.
     in_call: bool,
+    /// The stream has answered a call: a failure on it is the network's,
+    /// not a peer that cannot be reached.
+    answered: bool,
     next_id: u64,
 }
 
@@ -217,6 +223,7 @@ impl TcpConnection {
             };
             let _ = s.set_nodelay(true);
             self.stream = Some(BufReader::new(s));
+            self.answered = false;
         }
         let Some(stream) = self.stream.as_mut() else {
             return Err(self.unreachable("no stream"));
@@ -234,14 +241,21 @@ impl TcpConnection {
             Ok(Err(e)) => Err(self.failed(e)),
             Err(_) => Err(self.failed(format!("no answer within {timeout:?}"))),
         };
+        self.in_call = false;
         match got {
             Ok(reply) => {
-                self.in_call = false;
+                self.answered = true;
                 Ok(reply)
+            }
+            // A stream that never answered (accepted and closed at once, as
+            // by a proxy in front of a node that is down): the peer cannot
+            // be reached, and openraft should back off, not retry at once.
+            Err(CallError::Failed { why, .. }) if !self.answered => {
+                self.stream = None;
+                Err(self.unreachable(why))
             }
             Err(e) => {
                 self.stream = None;
-                self.in_call = false;
                 Err(e)
             }
         }
@@ -497,6 +511,7 @@ mod tests {
             options: Arc::new(TransportOptions::default()),
             stream: None,
             in_call: false,
+            answered: false,
             next_id: 0,
         };
         let waits: Vec<_> = c.backoff().take(8).collect();
