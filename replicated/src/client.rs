@@ -110,6 +110,36 @@ pub enum ClientError {
     },
 }
 
+/// What a client did since it was made.
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    /// Requests sent (every attempt of every command).
+    pub attempts: AtomicU64,
+    /// Attempts answered "not the leader" naming another node.
+    pub redirects: AtomicU64,
+    /// Attempts whose outcome was unknown (the connection failed with the
+    /// command on it, no answer in time, or the node could not tell), so
+    /// the same command was sent again: each was answered `DUPLICATE` if
+    /// the attempt had been committed, else `ACCEPTED` by a later one.
+    pub retried: AtomicU64,
+}
+
+/// Why one attempt got no answer.
+enum CallError {
+    /// The request never left: no connection.
+    NotSent(String),
+    /// The request may have reached the node.
+    Lost(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::NotSent(why) | CallError::Lost(why) => f.write_str(why),
+        }
+    }
+}
+
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -179,20 +209,29 @@ impl Conn {
         })
     }
 
-    async fn call(&self, id: u64, request: &Request, timeout: Duration) -> Result<Reply, String> {
-        let frame = request.encode(id).map_err(|e| e.to_string())?;
+    async fn call(
+        &self,
+        id: u64,
+        request: &Request,
+        timeout: Duration,
+    ) -> Result<Reply, CallError> {
+        let frame = request
+            .encode(id)
+            .map_err(|e| CallError::NotSent(e.to_string()))?;
         let (tx, rx) = oneshot::channel();
         lock(&self.pending).insert(id, tx);
         if self.dead.load(Ordering::SeqCst) || self.frames.send(frame).is_err() {
             lock(&self.pending).remove(&id);
-            return Err("the connection failed".into());
+            return Err(CallError::NotSent("the connection failed".into()));
         }
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(_)) => Err("the connection failed with the request on it".into()),
+            Ok(Err(_)) => Err(CallError::Lost(
+                "the connection failed with the request on it".into(),
+            )),
             Err(_) => {
                 lock(&self.pending).remove(&id);
-                Err(format!("no answer within {timeout:?}"))
+                Err(CallError::Lost(format!("no answer within {timeout:?}")))
             }
         }
     }
@@ -206,6 +245,7 @@ pub struct Client {
     conns: Mutex<HashMap<NodeId, Arc<Conn>>>,
     /// The leader last heard of (0: none).
     leader: AtomicU64,
+    stats: ClientStats,
     /// Where to try next when no leader is known.
     next: AtomicU64,
     ids: AtomicU64,
@@ -222,9 +262,15 @@ impl Client {
             options,
             conns: Mutex::new(HashMap::new()),
             leader: AtomicU64::new(0),
+            stats: ClientStats::default(),
             next: AtomicU64::new(0),
             ids: AtomicU64::new(1),
         }
+    }
+
+    /// What it did since it was made.
+    pub fn stats(&self) -> &ClientStats {
+        &self.stats
     }
 
     /// The leader last heard of.
@@ -239,11 +285,11 @@ impl Client {
         node: NodeId,
         request: &Request,
         timeout: Duration,
-    ) -> Result<Reply, String> {
+    ) -> Result<Reply, CallError> {
         let addr = *self
             .nodes
             .get(&node)
-            .ok_or_else(|| format!("node {node} is not one of the client's"))?;
+            .ok_or_else(|| CallError::NotSent(format!("node {node} is not one of the client's")))?;
         let alive = lock(&self.conns)
             .get(&node)
             .filter(|c| !c.dead.load(Ordering::SeqCst))
@@ -251,8 +297,8 @@ impl Client {
         let conn = match alive {
             Some(c) => c,
             None => {
-                let c =
-                    Arc::new(Conn::open(addr, self.options.connect_timeout.min(timeout)).await?);
+                let limit = self.options.connect_timeout.min(timeout);
+                let c = Arc::new(Conn::open(addr, limit).await.map_err(CallError::NotSent)?);
                 lock(&self.conns).insert(node, c.clone());
                 c
             }
@@ -302,6 +348,8 @@ impl Client {
             let node = self.target();
             attempts += 1;
             let timeout = self.options.attempt_timeout.min(left);
+            self.stats.attempts.fetch_add(1, Ordering::Relaxed);
+            let unknown = || self.stats.retried.fetch_add(1, Ordering::Relaxed);
             let failed = match self.call(node, &request, timeout).await {
                 Ok(Reply::Submit(SubmitReply::Answered(a))) => {
                     self.leader.store(node, Ordering::Relaxed);
@@ -317,6 +365,7 @@ impl Client {
                     // naming one another (news of an election still on its
                     // way): then after a wait like any failure.
                     self.leader.store(l, Ordering::Relaxed);
+                    self.stats.redirects.fetch_add(1, Ordering::Relaxed);
                     redirects += 1;
                     if redirects <= self.nodes.len() {
                         last = format!("node {node}: not the leader (node {l} is)");
@@ -329,10 +378,18 @@ impl Client {
                     format!("node {node}: not the leader, and knows none")
                 }
                 Ok(Reply::Submit(SubmitReply::Unknown { reason })) => {
+                    unknown();
                     format!("node {node}: {reason}")
                 }
-                Ok(other) => format!("node {node}: an unexpected reply: {other:?}"),
-                Err(e) => format!("node {node}: {e}"),
+                Ok(other) => {
+                    unknown();
+                    format!("node {node}: an unexpected reply: {other:?}")
+                }
+                Err(CallError::Lost(e)) => {
+                    unknown();
+                    format!("node {node}: {e}")
+                }
+                Err(CallError::NotSent(e)) => format!("node {node}: {e}"),
             };
             // No leader here: ask the others, after a short wait that grows
             // while nobody answers.
@@ -416,7 +473,10 @@ impl Client {
     async fn one(&self, node: NodeId, request: &Request) -> Result<Reply, ClientError> {
         self.call(node, request, self.options.attempt_timeout)
             .await
-            .map_err(|reason| ClientError::Node { node, reason })
+            .map_err(|e| ClientError::Node {
+                node,
+                reason: e.to_string(),
+            })
     }
 }
 

@@ -92,7 +92,7 @@ use std::path::Path;
 
 use producer_state::fs::FileSystem;
 
-pub use client::{Client, ClientError, ClientOptions};
+pub use client::{Client, ClientError, ClientOptions, ClientStats};
 pub use command::{Append, Command, LifecycleOutcome, Outcome, Producer, Response};
 pub use log::{LogOpened, LogStore, OpenLogError};
 pub use network::{Faults, Router};

@@ -23,12 +23,6 @@ use producer_state_raft::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A free port on loopback (bound, read, let go: the node binds it again).
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
 struct Group {
     dir: tempfile::TempDir,
     addrs: BTreeMap<u64, SocketAddr>,
@@ -94,7 +88,7 @@ fn offset(o: &Outcome) -> i64 {
 async fn three_nodes_over_tcp_fail_over_and_catch_up_by_snapshot() {
     let mut g = Group {
         dir: tempfile::tempdir().unwrap(),
-        addrs: (1..=3).map(|i| (i, free_port())).collect(),
+        addrs: (1..=3).map(|i| (i, common::node_addr())).collect(),
         nodes: BTreeMap::new(),
     };
     for id in 1..=3 {
@@ -191,7 +185,7 @@ async fn three_nodes_over_tcp_fail_over_and_catch_up_by_snapshot() {
 async fn bad_frames_are_refused_and_the_node_goes_on() {
     let mut g = Group {
         dir: tempfile::tempdir().unwrap(),
-        addrs: BTreeMap::from([(1, free_port())]),
+        addrs: BTreeMap::from([(1, common::node_addr())]),
         nodes: BTreeMap::new(),
     };
     g.start(1).await;
