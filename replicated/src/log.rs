@@ -17,10 +17,11 @@
 //! - `raft-meta.json`: the vote and the last purged log id, replaced
 //!   atomically (temporary file, fsync, rename, directory fsync);
 //! - `raft-committed.json`: the committed log id, a hint written without
-//!   fsync (openraft re-applies committed entries at start up to it; if it
-//!   is lost, unreadable, or names an entry the log does not hold, which a
-//!   crash can leave, the replica learns the commit from the leader and
-//!   applies then: nothing is applied twice either way).
+//!   fsync, at most every 50 ms, by the writer thread (openraft re-applies
+//!   committed entries at start up to it; if it lags, is lost, unreadable,
+//!   or names an entry the log does not hold, which a crash can leave, the
+//!   replica learns the commit from the leader and applies then: nothing
+//!   is applied twice either way).
 //!
 //! How the records are laid out, and how a torn last write is told from
 //! damage, is `log_file.rs`'s; this module keeps the entries in memory and
@@ -40,12 +41,11 @@ use tokio::sync::{oneshot, watch};
 
 use crate::log_file::{self, Entries, Header, LOG_FILE, LOG_HEADER, Scanned};
 use crate::state::StateMachine;
-use crate::writer::{self, LogStats, Op};
+use crate::writer::{self, COMMITTED_FILE, LogStats, Op};
 use crate::{NodeId, TypeConfig, read_file, write_atomically};
 use producer_state::fs::{FileSystem, StdFs};
 
 const META_FILE: &str = "raft-meta.json";
-const COMMITTED_FILE: &str = "raft-committed.json";
 
 type SErr = StorageError<NodeId>;
 
@@ -401,8 +401,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut inner = self.lock();
         inner.committed = committed;
         let bytes = serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(&e))?;
-        write_atomically(inner.fs.as_ref(), &inner.dir, COMMITTED_FILE, &bytes, false)
-            .map_err(|e| StorageIOError::write(&e).into())
+        // Written by the writer thread when it has time (`writer.rs`).
+        let _ = inner.writer.send(Op::Hint(bytes));
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, SErr> {
