@@ -12,6 +12,18 @@
 //! first was given; if not, it is `ACCEPTED` now. Never both: every replica
 //! classifies the log in the same order.
 //!
+//! Commands submitted by many tasks sharing a client are sent together:
+//! while [`ClientOptions::in_flight`] commands are on their way, the ones
+//! submitted meanwhile queue, and the next request carries all of them as
+//! one `AppendAll` (a lifecycle command goes alone). The leader proposes
+//! it as one entry (or with other clients' in a larger one), and each
+//! caller gets its own slice of the outcomes, at its own slots; a retry
+//! resends the whole request, which is as safe as resending each command,
+//! since each append is classified on its own. Per producer this keeps the
+//! order of its commands; a producer with several commands in flight can
+//! see a later one answered `OUT_OF_ORDER` when an earlier one is retried
+//! after it, as with any Kafka client, and retries it.
+//!
 //! One connection per node, shared by every caller of the client: each
 //! request carries an id, the answers come back in any order, and requests
 //! that queue while one is written go out in the same write. A connection
@@ -33,17 +45,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use openraft::{Entry, LogId};
 use producer_state::ProducerStateManager;
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::command::Command;
-use crate::proposer::Answer;
+use crate::proposer::{Answer, gather, split};
 use crate::wire::{self, Reply, Request, Status, SubmitReply};
 use crate::{NodeId, TypeConfig};
 
@@ -61,6 +73,12 @@ pub struct ClientOptions {
     /// The first wait after an attempt that found no leader; it doubles
     /// up to 200 ms. Default 10 ms.
     pub backoff: Duration,
+    /// Commands on their way at once. Commands submitted meanwhile (by
+    /// other tasks sharing the client) queue, and the next one sent
+    /// carries all of them: one request, one proposal and one answer for
+    /// many producers, as the leader's own batching does for many clients.
+    /// Default 2; 0 sends every command alone, as it comes.
+    pub in_flight: usize,
 }
 
 impl Default for ClientOptions {
@@ -70,6 +88,7 @@ impl Default for ClientOptions {
             deadline: Duration::from_secs(30),
             connect_timeout: Duration::from_millis(500),
             backoff: Duration::from_millis(10),
+            in_flight: 2,
         }
     }
 }
@@ -80,10 +99,17 @@ impl ClientOptions {
         self.deadline = deadline;
         self
     }
+
+    /// These options with `n` commands on their way at once (0: each
+    /// command sent alone).
+    pub fn in_flight(mut self, n: usize) -> Self {
+        self.in_flight = n;
+        self
+    }
 }
 
 /// A request got no answer, or an answer that is not one.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
     /// The command cannot be proposed; retrying will not help.
@@ -237,9 +263,8 @@ impl Conn {
     }
 }
 
-/// A client of a group of nodes (module docs). Cheap to share: wrap it in
-/// an `Arc` and call it from many tasks.
-pub struct Client {
+/// What a [`Client`] shares with its batching task.
+struct Core {
     nodes: BTreeMap<NodeId, SocketAddr>,
     options: ClientOptions,
     conns: Mutex<HashMap<NodeId, Arc<Conn>>>,
@@ -251,14 +276,10 @@ pub struct Client {
     ids: AtomicU64,
 }
 
-impl Client {
-    /// A client of the nodes at these addresses.
-    pub fn new(
-        nodes: impl IntoIterator<Item = (NodeId, SocketAddr)>,
-        options: ClientOptions,
-    ) -> Client {
-        Client {
-            nodes: nodes.into_iter().collect(),
+impl Core {
+    fn new(nodes: BTreeMap<NodeId, SocketAddr>, options: ClientOptions) -> Core {
+        Core {
+            nodes,
             options,
             conns: Mutex::new(HashMap::new()),
             leader: AtomicU64::new(0),
@@ -268,13 +289,8 @@ impl Client {
         }
     }
 
-    /// What it did since it was made.
-    pub fn stats(&self) -> &ClientStats {
-        &self.stats
-    }
-
     /// The leader last heard of.
-    pub fn leader(&self) -> Option<NodeId> {
+    fn leader(&self) -> Option<NodeId> {
         Some(self.leader.load(Ordering::Relaxed)).filter(|&l| l != 0)
     }
 
@@ -321,19 +337,8 @@ impl Client {
             .unwrap_or(0)
     }
 
-    /// Proposes `command` through the leader and returns the leader's
-    /// outcomes for it, retrying the same command until
-    /// [`ClientOptions::deadline`] (module docs).
-    ///
-    /// # Errors
-    ///
-    /// [`ClientError::Invalid`] for a command no node will propose;
-    /// [`ClientError::Timeout`] when no attempt was answered in time (the
-    /// outcome is unknown: retry the same command).
-    pub async fn submit(&self, command: Command) -> Result<Answer, ClientError> {
-        command
-            .validate()
-            .map_err(|why| ClientError::Invalid(why.to_string()))?;
+    /// [`Client::submit`] of one command, as it is (merged or not).
+    async fn submit(&self, command: Command) -> Result<Answer, ClientError> {
         let deadline = tokio::time::Instant::now() + self.options.deadline;
         let request = Request::Submit(command);
         let mut attempts = 0;
@@ -409,6 +414,71 @@ impl Client {
             last,
         })
     }
+}
+
+/// A client of a group of nodes (module docs). Cheap to share: wrap it in
+/// an `Arc` and call it from many tasks.
+pub struct Client {
+    core: Arc<Core>,
+    /// The batching task's queue, started on the first submit.
+    batcher: OnceLock<mpsc::UnboundedSender<(Command, Waiting)>>,
+}
+
+type Waiting = oneshot::Sender<Result<Answer, ClientError>>;
+
+impl Client {
+    /// A client of the nodes at these addresses.
+    pub fn new(
+        nodes: impl IntoIterator<Item = (NodeId, SocketAddr)>,
+        options: ClientOptions,
+    ) -> Client {
+        Client {
+            core: Arc::new(Core::new(nodes.into_iter().collect(), options)),
+            batcher: OnceLock::new(),
+        }
+    }
+
+    /// What it did since it was made.
+    pub fn stats(&self) -> &ClientStats {
+        &self.core.stats
+    }
+
+    /// The leader last heard of.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.core.leader()
+    }
+
+    /// Proposes `command` through the leader and returns the leader's
+    /// outcomes for it, retrying the same command until
+    /// [`ClientOptions::deadline`] (module docs). Commands submitted while
+    /// [`ClientOptions::in_flight`] others are on their way are sent
+    /// together, as one (module docs).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Invalid`] for a command no node will propose;
+    /// [`ClientError::Timeout`] when no attempt was answered in time (the
+    /// outcome is unknown: retry the same command).
+    pub async fn submit(&self, command: Command) -> Result<Answer, ClientError> {
+        command
+            .validate()
+            .map_err(|why| ClientError::Invalid(why.to_string()))?;
+        let in_flight = self.core.options.in_flight;
+        if in_flight == 0 {
+            return self.core.submit(command).await;
+        }
+        let batcher = self.batcher.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(batch(self.core.clone(), rx, in_flight));
+            tx
+        });
+        let (tx, rx) = oneshot::channel();
+        batcher
+            .send((command, tx))
+            .map_err(|_| ClientError::Invalid("the client's batching task stopped".into()))?;
+        rx.await
+            .map_err(|_| ClientError::Invalid("the client's batching task stopped".into()))?
+    }
 
     /// What `node` knows: its term, leader, applied entry and members.
     ///
@@ -471,12 +541,59 @@ impl Client {
     }
 
     async fn one(&self, node: NodeId, request: &Request) -> Result<Reply, ClientError> {
-        self.call(node, request, self.options.attempt_timeout)
+        self.core
+            .call(node, request, self.core.options.attempt_timeout)
             .await
             .map_err(|e| ClientError::Node {
                 node,
                 reason: e.to_string(),
             })
+    }
+}
+
+/// The batching task: up to `in_flight` commands on their way, each
+/// carrying every submit that queued meanwhile (`proposer::gather`), each
+/// answer split among them (`proposer::split`). Ends when the client is
+/// dropped.
+async fn batch(
+    core: Arc<Core>,
+    mut rx: mpsc::UnboundedReceiver<(Command, Waiting)>,
+    in_flight: usize,
+) {
+    let permits = Arc::new(Semaphore::new(in_flight));
+    let mut carried = None;
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let first = match carried.take() {
+            Some(c) => c,
+            None => match rx.recv().await {
+                Some(c) => c,
+                None => return,
+            },
+        };
+        let (command, waiting) = gather(first, &mut rx, &mut carried);
+        let core = core.clone();
+        tokio::spawn(async move {
+            match core.submit(command).await {
+                Ok(a) => {
+                    for (reply, first_slot, response) in split(waiting, a.first_slot, a.response) {
+                        let _ = reply.send(Ok(Answer {
+                            log_id: a.log_id,
+                            first_slot,
+                            response,
+                        }));
+                    }
+                }
+                Err(e) => {
+                    for (_, reply) in waiting {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+            drop(permit);
+        });
     }
 }
 

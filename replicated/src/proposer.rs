@@ -201,37 +201,7 @@ async fn run(target: Target, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>, 
                 None => return,
             },
         };
-        let mut appends = first.0.appends().len();
-        let mut bytes = GROUP_HEAD + first.0.appends_len();
-        let alone = !first.0.is_append();
-        let mut waiting = vec![first];
-        // Everything queued, up to the most one entry may hold, in appends
-        // and in bytes (each request passed `Command::validate` alone). A
-        // lifecycle command is an entry of its own, in its place in the
-        // order: the appends before it are proposed first.
-        while let Some(next) = (!alone).then(|| rx.try_recv().ok()).flatten() {
-            let (n, b) = (next.0.appends().len(), next.0.appends_len());
-            if !next.0.is_append()
-                || appends + n > MAX_APPENDS_PER_ENTRY
-                || bytes + b > MAX_COMMAND_BYTES
-            {
-                carried = Some(next);
-                break;
-            }
-            appends += n;
-            bytes += b;
-            waiting.push(next);
-        }
-        let command = if waiting.len() == 1 {
-            waiting[0].0.clone()
-        } else {
-            Command::AppendAll(
-                waiting
-                    .iter()
-                    .flat_map(|(c, _)| c.appends().iter().cloned())
-                    .collect(),
-            )
-        };
+        let (command, waiting) = gather(first, &mut rx, &mut carried);
         // Handed to the leader's openraft here, in order; answered later.
         let pending = match target.raft() {
             Some(raft) => raft.client_write_ff(command.clone()).await.ok(),
@@ -263,37 +233,93 @@ async fn run(target: Target, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>, 
     }
 }
 
+/// The next proposal: `first`, then every request queued in `rx` while
+/// it fits in one entry (in appends and in bytes; each request passed
+/// `Command::validate` alone), merged into one `AppendAll` if there are
+/// several. A lifecycle command is an entry of its own, in its place in
+/// the order: a request that does not join is left in `carried`, to start
+/// the next proposal. Returns the command and the requests it carries, in
+/// order.
+pub(crate) fn gather<R>(
+    first: (Command, R),
+    rx: &mut mpsc::UnboundedReceiver<(Command, R)>,
+    carried: &mut Option<(Command, R)>,
+) -> (Command, Vec<(Command, R)>) {
+    let mut appends = first.0.appends().len();
+    let mut bytes = GROUP_HEAD + first.0.appends_len();
+    let alone = !first.0.is_append();
+    let mut waiting = vec![first];
+    while let Some(next) = (!alone).then(|| rx.try_recv().ok()).flatten() {
+        let (n, b) = (next.0.appends().len(), next.0.appends_len());
+        if !next.0.is_append()
+            || appends + n > MAX_APPENDS_PER_ENTRY
+            || bytes + b > MAX_COMMAND_BYTES
+        {
+            *carried = Some(next);
+            break;
+        }
+        appends += n;
+        bytes += b;
+        waiting.push(next);
+    }
+    let command = if waiting.len() == 1 {
+        waiting[0].0.clone()
+    } else {
+        Command::AppendAll(
+            waiting
+                .iter()
+                .flat_map(|(c, _)| c.appends().iter().cloned())
+                .collect(),
+        )
+    };
+    (command, waiting)
+}
+
+/// Each request's part of the answer to the proposal that carried them
+/// (`gather`): its own outcomes, and the slot of its first append, counted
+/// from `base` (where the proposal's appends start in their entry). A
+/// request alone gets the whole response (a lifecycle command's answer is
+/// not a slice).
+pub(crate) fn split<R>(
+    waiting: Vec<(Command, R)>,
+    base: usize,
+    response: Response,
+) -> Vec<(R, usize, Response)> {
+    if waiting.len() == 1 {
+        return waiting
+            .into_iter()
+            .map(|(_, r)| (r, base, response.clone()))
+            .collect();
+    }
+    let mut outcomes = response.outcomes.into_iter();
+    let mut slot = base;
+    waiting
+        .into_iter()
+        .map(|(command, reply)| {
+            let n = command.appends().len();
+            let mine = Response {
+                outcomes: outcomes.by_ref().take(n).collect(),
+                lifecycle: None,
+            };
+            slot += n;
+            (reply, slot - n, mine)
+        })
+        .collect()
+}
+
 /// Gives each request its slice of the entry's outcomes.
 fn answer_all(
     result: Result<(LogId<NodeId>, Response), SubmitError>,
     waiting: Vec<(Command, Reply)>,
 ) {
     match result {
-        // A request alone (a lifecycle command's answer is not a slice).
-        Ok((log_id, response)) if waiting.len() == 1 => {
-            if let Some((_, reply)) = waiting.into_iter().next() {
+        Ok((log_id, response)) => {
+            for (reply, first_slot, response) in split(waiting, 0, response) {
                 let _ = reply.send(Ok(Answer {
                     log_id,
-                    first_slot: 0,
+                    first_slot,
                     response,
                 }));
-            }
-        }
-        Ok((log_id, response)) => {
-            let mut outcomes = response.outcomes.into_iter();
-            let mut slot = 0;
-            for (command, reply) in waiting {
-                let n = command.appends().len();
-                let mine: Vec<_> = outcomes.by_ref().take(n).collect();
-                let _ = reply.send(Ok(Answer {
-                    log_id,
-                    first_slot: slot,
-                    response: Response {
-                        outcomes: mine,
-                        lifecycle: None,
-                    },
-                }));
-                slot += n;
             }
         }
         Err(e) => {
