@@ -104,7 +104,7 @@ impl NodeOptions {
     /// The command line of `producer-state-node`.
     pub const USAGE: &'static str = "producer-state-node --id N --dir DIR --listen ADDR \
         --members 1=ADDR,2=ADDR,3=ADDR [--heartbeat-ms 100] [--snapshot-every 5000] \
-        [--keep-logs 500] [--allow-remote]";
+        [--keep-logs 500] [--in-flight 2] [--allow-remote]";
 
     /// Options from a command line ([`NodeOptions::USAGE`]; the program
     /// name not included).
@@ -149,6 +149,9 @@ impl NodeOptions {
                 "--heartbeat-ms" => o.heartbeat = Duration::from_millis(num(&v)?),
                 "--snapshot-every" => o.snapshot_every = num(&v)?,
                 "--keep-logs" => o.keep_logs = num(&v)?,
+                "--in-flight" => {
+                    o.proposer = ProposerOptions::default().in_flight(num(&v)? as usize);
+                }
                 other => return Err(format!("unknown argument {other}")),
             }
         }
@@ -388,6 +391,7 @@ async fn answer_client(shared: &Shared, request: Request) -> Reply {
                     .collect(),
                 snapshots_installed: shared.snapshots.installed.load(Ordering::Relaxed),
                 snapshots_refused: shared.snapshots.refused.load(Ordering::Relaxed),
+                log_fsyncs: replica.log_stats().fsyncs.load(Ordering::Relaxed),
             })
         }
         Request::Entries { from, max } => {

@@ -51,8 +51,8 @@
 //!   keys u64, 2 imported keys u64, 3 import refused reason `str`.
 //! - `Status`: empty. `StatusReply`: node u64, term u64, leader u64 (0 for
 //!   none), last applied `LogId?`, last log index u64 (0 for none),
-//!   snapshots installed u64 and refused u64 since it started, then count
-//!   u32 and per member id u64 and address `str`.
+//!   snapshots installed u64 and refused u64 and log fsyncs u64 since it
+//!   started, then count u32 and per member id u64 and address `str`.
 //! - `Entries`: first index u64, most entries u32. `EntriesReply`: count
 //!   u32 and the entries as in `AppendEntries`: committed entries only.
 //! - `Export`: empty. `ExportReply`: last applied `LogId?`, then the
@@ -539,6 +539,8 @@ pub struct Status {
     pub snapshots_installed: u64,
     /// Snapshot transfers it refused (damaged, or out of order).
     pub snapshots_refused: u64,
+    /// fdatasync calls on its log since it started.
+    pub log_fsyncs: u64,
 }
 
 /// A request, replica to replica or client to node.
@@ -758,6 +760,7 @@ impl Reply {
                 out.extend_from_slice(&s.last_log_index.unwrap_or(0).to_le_bytes());
                 out.extend_from_slice(&s.snapshots_installed.to_le_bytes());
                 out.extend_from_slice(&s.snapshots_refused.to_le_bytes());
+                out.extend_from_slice(&s.log_fsyncs.to_le_bytes());
                 put_u32_len(out, s.members.len())?;
                 for (id, addr) in &s.members {
                     out.extend_from_slice(&id.to_le_bytes());
@@ -833,6 +836,7 @@ impl Reply {
                 let last_log_index = Some(r.u64()?).filter(|&i| i != 0);
                 let snapshots_installed = r.u64()?;
                 let snapshots_refused = r.u64()?;
+                let log_fsyncs = r.u64()?;
                 let n = r.u32()? as usize;
                 // A member takes at least its id and a length.
                 if n > r.0.len() / 12 {
@@ -851,6 +855,7 @@ impl Reply {
                     members,
                     snapshots_installed,
                     snapshots_refused,
+                    log_fsyncs,
                 })
             }
             Kind::EntriesReply => Reply::Entries(get_entries(&mut r)?),
@@ -1031,6 +1036,7 @@ mod tests {
                 members: vec![(1, "a".into()), (2, "b".into())],
                 snapshots_installed: 3,
                 snapshots_refused: 1,
+                log_fsyncs: 77,
             }),
             Reply::Entries(entries()),
             Reply::Export {

@@ -2,7 +2,7 @@
 //!
 //! `producer-state-node --id N --dir DIR --listen ADDR --members
 //! 1=ADDR,2=ADDR,3=ADDR [--heartbeat-ms 100] [--snapshot-every 5000]
-//! [--keep-logs 500] [--allow-remote]`
+//! [--keep-logs 500] [--in-flight 2] [--allow-remote]`
 //!
 //! Runs replica N on DIR, serving its peers and clients on ADDR, in the
 //! group of the members named (each with the address the others reach it
