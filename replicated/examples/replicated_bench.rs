@@ -465,8 +465,9 @@ async fn across_processes(base: &Path, time: Duration) -> Result<()> {
         "Each producer sends one batch at a time and waits for its answer; {} s per run, \
          median of {ROUNDS} interleaved rounds. In one process: the cluster and a Proposer \
          (default options). Across processes: three `producer-state-node` processes on \
-         loopback (default options, one disk), producers in this process through one \
-         `Client`.\n",
+         loopback (default options, but one runtime thread each: three nodes share the \
+         machine's cores; one disk), producers in this process through one `Client` \
+         (default options).\n",
         time.as_secs_f64(),
     );
     println!(
@@ -514,8 +515,9 @@ async fn failover(base: &Path, kills: usize) -> Result<()> {
     took.sort();
     let at = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
     println!(
-        "{kills} kills of the leader of three processes (default options: heartbeat 100 ms, \
-         elections after 300 to 600 ms) under {producers} producers, each restarted 0.5 s later:\n"
+        "{kills} kills of the leader of three processes (default options: heartbeat 50 ms, \
+         elections after 150 to 300 ms past a 300 ms lease) under {producers} producers, each \
+         restarted 0.5 s later:\n"
     );
     println!("| min ms | p10 | median | p90 | max | over 2 s |");
     println!("|---|---|---|---|---|---|");

@@ -64,10 +64,11 @@ pub struct NodeOptions {
     /// Every member of the group and the address the others reach it at
     /// (this node's own included).
     pub members: BTreeMap<NodeId, String>,
-    /// Heartbeat interval; elections time out after 3 to 6 of them.
-    /// Default 100 ms: an AppendEntries must be answered within one, and
-    /// three replicas sharing one disk here sometimes take longer than
-    /// 50 ms to fsync.
+    /// Heartbeat interval; elections time out after 3 to 6 of them, and a
+    /// follower that heard from its leader waits 6 more before it stands
+    /// (openraft's leader lease). Default 50 ms: the leader's kill -9 to
+    /// the next acknowledged append took 0.54 to 1.7 s over 24 kills here,
+    /// where 100 ms took 0.95 to 3.2 s (docs/scaling.md).
     pub heartbeat: Duration,
     /// A snapshot every this many applied entries. Default 5,000.
     pub snapshot_every: u64,
@@ -77,6 +78,11 @@ pub struct NodeOptions {
     pub proposer: ProposerOptions,
     /// How it reaches the other replicas.
     pub transport: TransportOptions,
+    /// Threads of the runtime `producer-state-node` runs it on (0: one per
+    /// core, the default). A node alone on a machine wants them all;
+    /// several nodes sharing a few cores do better with one each (the
+    /// bench runs three on two cores).
+    pub threads: usize,
 }
 
 impl NodeOptions {
@@ -93,18 +99,19 @@ impl NodeOptions {
             dir: dir.into(),
             listen,
             members,
-            heartbeat: Duration::from_millis(100),
+            heartbeat: Duration::from_millis(50),
             snapshot_every: 5_000,
             keep_logs: 500,
             proposer: ProposerOptions::default(),
             transport: TransportOptions::default(),
+            threads: 0,
         }
     }
 
     /// The command line of `producer-state-node`.
     pub const USAGE: &'static str = "producer-state-node --id N --dir DIR --listen ADDR \
-        --members 1=ADDR,2=ADDR,3=ADDR [--heartbeat-ms 100] [--snapshot-every 5000] \
-        [--keep-logs 500] [--in-flight 2] [--allow-remote]";
+        --members 1=ADDR,2=ADDR,3=ADDR [--heartbeat-ms 50] [--snapshot-every 5000] \
+        [--keep-logs 500] [--in-flight 2] [--threads 0] [--allow-remote]";
 
     /// Options from a command line ([`NodeOptions::USAGE`]; the program
     /// name not included).
@@ -149,6 +156,7 @@ impl NodeOptions {
                 "--heartbeat-ms" => o.heartbeat = Duration::from_millis(num(&v)?),
                 "--snapshot-every" => o.snapshot_every = num(&v)?,
                 "--keep-logs" => o.keep_logs = num(&v)?,
+                "--threads" => o.threads = num(&v)? as usize,
                 "--in-flight" => {
                     o.proposer = ProposerOptions::default().in_flight(num(&v)? as usize);
                 }

@@ -336,18 +336,22 @@ async fn three_processes_killed_and_cut_off_lose_no_acknowledged_append() {
     let mut failovers = Vec::new();
     let (mut leader_kills, mut follower_kills, mut isolations) = (0, 0, 0);
     let leader_of = |client: Arc<Client>| async move {
-        for _ in 0..200 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seen = Vec::new();
+        while Instant::now() < deadline {
+            seen.clear();
             for id in [1, 2, 3] {
-                if let Ok(s) = client.status(id).await
-                    && let Some(l) = s.leader
-                    && l == id
+                let s = client.status(id).await;
+                if let Ok(s) = &s
+                    && s.leader == Some(id)
                 {
-                    return l;
+                    return id;
                 }
+                seen.push(s.map(|s| (s.term, s.leader, s.last_applied)));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        panic!("no leader");
+        panic!("no leader within 20 s: {seen:?}");
     };
     for round in 0..kills {
         tokio::time::sleep(Duration::from_millis(300 + rng.below(1200))).await;

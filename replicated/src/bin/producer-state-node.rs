@@ -1,8 +1,8 @@
 //! One replica of a producer-state group as a process.
 //!
 //! `producer-state-node --id N --dir DIR --listen ADDR --members
-//! 1=ADDR,2=ADDR,3=ADDR [--heartbeat-ms 100] [--snapshot-every 5000]
-//! [--keep-logs 500] [--in-flight 2] [--allow-remote]`
+//! 1=ADDR,2=ADDR,3=ADDR [--heartbeat-ms 50] [--snapshot-every 5000]
+//! [--keep-logs 500] [--in-flight 2] [--threads 0] [--allow-remote]`
 //!
 //! Runs replica N on DIR, serving its peers and clients on ADDR, in the
 //! group of the members named (each with the address the others reach it
@@ -21,11 +21,11 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if options.threads > 0 {
+        runtime.worker_threads(options.threads);
+    }
+    let runtime = match runtime.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("producer-state-node: {e}");
