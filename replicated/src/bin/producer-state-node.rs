@@ -11,6 +11,10 @@
 //! processes").
 
 fn main() {
+    if std::env::args().any(|a| a == "--help" || a == "-h") {
+        println!("usage: {}", producer_state_raft::NodeOptions::USAGE);
+        return;
+    }
     let options = match producer_state_raft::NodeOptions::from_args(std::env::args().skip(1)) {
         Ok(o) => o,
         Err(e) => {
