@@ -35,8 +35,9 @@
 //!    appender threads spread over the partitions: appends/s and log fsyncs
 //!    per append.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -186,32 +187,49 @@ async fn replicated(
     let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
     let before = cluster.replica(leader).ok_or("no leader")?;
     let f0 = before.log_stats().fsyncs.load(Ordering::Relaxed);
+    let (c, pr) = (cluster.clone(), proposer.clone());
+    let (lat, took) = drive(producers, time, move |_, cmd| {
+        let (cluster, proposer) = (c.clone(), pr.clone());
+        async move {
+            match &proposer {
+                Some(p) => p.submit(cmd).await.expect("answered").response,
+                None => cluster.submit(cmd).await.expect("answered").1,
+            }
+        }
+    })
+    .await?;
+    let f1 = before.log_stats().fsyncs.load(Ordering::Relaxed);
+    drop(proposer);
+    cluster.shutdown().await;
+    let n = lat.len() as u64;
+    let mut run = percentiles(lat, n, took);
+    run.fsyncs_per_append = (f1 - f0) as f64 / n.max(1) as f64;
+    Ok(run)
+}
+
+/// `producers` tasks for `time`, producer `p` sending its own batches one
+/// at a time through `submit(p, command)`, every answer `ACCEPTED`: each
+/// answer's latency, and the time taken.
+async fn drive<F, Fut>(
+    producers: usize,
+    time: Duration,
+    submit: F,
+) -> Result<(Vec<Duration>, Duration)>
+where
+    F: Fn(u64, Command) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = producer_state_raft::Response> + Send,
+{
     let start = Instant::now();
     let deadline = start + time;
-    let stop = Arc::new(AtomicBool::new(false));
     let tasks: Vec<_> = (0..producers as u64)
         .map(|p| {
-            let cluster = cluster.clone();
-            let proposer = proposer.clone();
-            let stop = stop.clone();
+            let submit = submit.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut n = 0;
-                while Instant::now() < deadline && !stop.load(Ordering::Relaxed) && n < 1_000_000 {
-                    let b = batch(n);
-                    let cmd = Command::Append(Append::batch(
-                        p,
-                        0,
-                        0,
-                        b.first_sequence,
-                        b.last_sequence,
-                        b.timestamp,
-                    ));
+                while Instant::now() < deadline && n < 1_000_000 {
                     let t = Instant::now();
-                    let r = match &proposer {
-                        Some(p) => p.submit(cmd).await.expect("answered").response,
-                        None => cluster.submit(cmd).await.expect("answered").1,
-                    };
+                    let r = submit(p, batch_of(p, n)).await;
                     lat.push(t.elapsed());
                     assert!(matches!(r.outcomes[0], Outcome::Accepted { .. }));
                     n += 1;
@@ -224,14 +242,20 @@ async fn replicated(
     for t in tasks {
         lat.extend(t.await?);
     }
-    let took = start.elapsed();
-    let f1 = before.log_stats().fsyncs.load(Ordering::Relaxed);
-    drop(proposer);
-    cluster.shutdown().await;
-    let n = lat.len() as u64;
-    let mut run = percentiles(lat, n, took);
-    run.fsyncs_per_append = (f1 - f0) as f64 / n.max(1) as f64;
-    Ok(run)
+    Ok((lat, start.elapsed()))
+}
+
+/// Batch `n` of producer `p` as a command.
+fn batch_of(p: u64, n: i32) -> Command {
+    let b = batch(n);
+    Command::Append(Append::batch(
+        p,
+        0,
+        0,
+        b.first_sequence,
+        b.last_sequence,
+        b.timestamp,
+    ))
 }
 
 fn fresh(base: &Path, name: &str) -> Result<PathBuf> {

@@ -52,10 +52,10 @@ use openraft::{Entry, LogId};
 use producer_state::ProducerStateManager;
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::command::Command;
-use crate::proposer::{Answer, gather, split};
+use crate::proposer::{Answer, Queue, split};
 use crate::wire::{self, Reply, Request, Status, SubmitReply};
 use crate::{NodeId, TypeConfig};
 
@@ -557,7 +557,7 @@ impl Client {
 }
 
 /// The batching task: up to `in_flight` commands on their way, each
-/// carrying every submit that queued meanwhile (`proposer::gather`), each
+/// carrying every submit that queued meanwhile (`proposer::Queue`), each
 /// answer split among them (`proposer::split`). Ends when the client is
 /// dropped.
 async fn batch(
@@ -565,20 +565,8 @@ async fn batch(
     mut rx: mpsc::UnboundedReceiver<(Command, Waiting)>,
     in_flight: usize,
 ) {
-    let permits = Arc::new(Semaphore::new(in_flight));
-    let mut carried = None;
-    loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
-        let first = match carried.take() {
-            Some(c) => c,
-            None => match rx.recv().await {
-                Some(c) => c,
-                None => return,
-            },
-        };
-        let (command, waiting) = gather(first, &mut rx, &mut carried);
+    let mut queue = Queue::new(in_flight);
+    while let Some((permit, command, waiting)) = queue.next(&mut rx).await {
         let core = core.clone();
         tokio::spawn(async move {
             match core.submit(command).await {

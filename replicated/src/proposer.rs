@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 use openraft::error::ClientWriteError;
 use openraft::{LogId, Raft};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::command::{Command, GROUP_HEAD, MAX_APPENDS_PER_ENTRY, MAX_COMMAND_BYTES, Response};
 use crate::node::{Cluster, Replica, SubmitError};
@@ -186,22 +186,8 @@ impl Target {
 }
 
 async fn run(target: Target, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>, in_flight: usize) {
-    let permits = Arc::new(Semaphore::new(in_flight));
-    let mut carried: Option<(Command, Reply)> = None;
-    loop {
-        // Wait for a free slot first: requests that arrive meanwhile make
-        // the next proposal bigger.
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
-        let first = match carried.take() {
-            Some(c) => c,
-            None => match rx.recv().await {
-                Some(c) => c,
-                None => return,
-            },
-        };
-        let (command, waiting) = gather(first, &mut rx, &mut carried);
+    let mut queue = Queue::new(in_flight);
+    while let Some((permit, command, waiting)) = queue.next(&mut rx).await {
         // Handed to the leader's openraft here, in order; answered later.
         let pending = match target.raft() {
             Some(raft) => raft.client_write_ff(command.clone()).await.ok(),
@@ -230,6 +216,42 @@ async fn run(target: Target, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>, 
             answer_all(result, waiting);
             drop(permit);
         });
+    }
+}
+
+/// Requests waiting to be proposed, with at most `in_flight` proposals
+/// on their way at once: the batching loop of a [`Proposer`] and of a
+/// client's requests (`client.rs`).
+pub(crate) struct Queue<R> {
+    permits: Arc<Semaphore>,
+    /// A request taken from the channel that did not join the last
+    /// proposal.
+    carried: Option<(Command, R)>,
+}
+
+impl<R> Queue<R> {
+    pub(crate) fn new(in_flight: usize) -> Queue<R> {
+        Queue {
+            permits: Arc::new(Semaphore::new(in_flight.max(1))),
+            carried: None,
+        }
+    }
+
+    /// Waits for a free slot (requests that arrive meanwhile make the next
+    /// proposal bigger), then for a request, and returns the slot (held
+    /// until the proposal is answered) and the next proposal ([`gather`]);
+    /// `None` once every sender is gone.
+    pub(crate) async fn next(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<(Command, R)>,
+    ) -> Option<(OwnedSemaphorePermit, Command, Vec<(Command, R)>)> {
+        let permit = self.permits.clone().acquire_owned().await.ok()?;
+        let first = match self.carried.take() {
+            Some(c) => c,
+            None => rx.recv().await?,
+        };
+        let (command, waiting) = gather(first, rx, &mut self.carried);
+        Some((permit, command, waiting))
     }
 }
 

@@ -36,14 +36,16 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 
+use crate::NodeId;
 use crate::command::Command;
 use crate::log::LogStore;
 use crate::node::{Replica, StartError, SubmitError, raft_config};
 use crate::proposer::{Proposer, ProposerOptions};
 use crate::state::position_of;
-use crate::transport::{self, ReceivedSnapshots, SnapshotReceiver, TcpNetwork, TransportOptions};
+use crate::transport::{
+    self, ReceivedSnapshots, SnapshotReceiver, TcpNetwork, TransportOptions, answer_raft,
+};
 use crate::wire::{self, FrameError, MAX_FRAME, Reply, Request, Status, SubmitReply};
-use crate::{NodeId, transport::answer_raft};
 
 /// Client requests answered at once on one connection, at most.
 pub const MAX_IN_FLIGHT: usize = 1024;

@@ -464,8 +464,8 @@ impl SnapshotReceiver {
     }
 }
 
-/// Answers one Raft request through the local `raft`; `None` for a
-/// request that is not Raft's.
+/// Answers one Raft request (AppendEntries, a vote, a snapshot piece)
+/// through the local `raft`; any other request is handed back.
 pub async fn answer_raft(
     raft: &Raft<TypeConfig>,
     snapshots: &mut SnapshotReceiver,

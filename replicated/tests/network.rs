@@ -74,16 +74,6 @@ fn batch(p: u64, n: i32) -> Command {
     Command::Append(Append::batch(p, 0, 0, n * 5, n * 5 + 4, i64::from(n)))
 }
 
-fn offset(o: &Outcome) -> i64 {
-    match o {
-        Outcome::Accepted { offset } => *offset,
-        Outcome::Duplicate {
-            original: Some((offset, _)),
-        } => *offset,
-        other => panic!("not an acknowledgement: {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_over_tcp_fail_over_and_catch_up_by_snapshot() {
     let mut g = Group {
@@ -118,7 +108,7 @@ async fn three_nodes_over_tcp_fail_over_and_catch_up_by_snapshot() {
     ));
     assert_ne!(client.leader(), Some(leader));
     let again = client.submit(batch(7, 0)).await.unwrap();
-    assert_eq!(offset(&again.response.outcomes[0]), at);
+    assert_eq!(common::offset(&again.response.outcomes[0]), at);
 
     // While it is down, enough entries for snapshots and purges (every 40
     // entries, keeping 5) that it can only catch up by snapshot. openraft
@@ -130,7 +120,7 @@ async fn three_nodes_over_tcp_fail_over_and_catch_up_by_snapshot() {
             .submit(batch(n as u64 % 5 + 10, n / 5))
             .await
             .unwrap();
-        offset(&a.response.outcomes[0]);
+        common::offset(&a.response.outcomes[0]);
         if n >= 100 && n % 10 == 0 {
             let leader_now = client.leader().unwrap();
             if client.entries(leader_now, 1, 1).await.unwrap().is_empty() {

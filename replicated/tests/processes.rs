@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::Rng;
 use openraft::EntryPayload;
 use producer_state::ProducerStateManager;
 use producer_state_raft::command::apply;
@@ -54,25 +55,6 @@ fn env_or(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// splitmix64, seeded per run: a failing seed names its run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
-    }
 }
 
 /// The node processes, killed when dropped (a failing test leaves none).
@@ -208,16 +190,6 @@ async fn produce(
         if !again {
             n += 1;
         }
-    }
-}
-
-fn offset(o: &Outcome) -> i64 {
-    match o {
-        Outcome::Accepted { offset } => *offset,
-        Outcome::Duplicate {
-            original: Some((offset, _)),
-        } => *offset,
-        other => panic!("not an acknowledgement: {other:?}"),
     }
 }
 
@@ -470,7 +442,7 @@ async fn three_processes_killed_and_cut_off_lose_no_acknowledged_append() {
         let once = accepted.get(&(a.p, a.n)).map(Vec::as_slice);
         assert_eq!(
             once,
-            Some(&[offset(&a.outcome)][..]),
+            Some(&[common::offset(&a.outcome)][..]),
             "batch {} of {}",
             a.n,
             a.p

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use producer_state_raft::{Append, Client, ClientOptions, Command, Outcome};
 
-use super::{Result, Run, batch, percentiles};
+use super::{Result, Run, batch_of, drive, percentiles};
 
 /// Runs a node if this process was started as one (`--node` first):
 /// `Some(exit code)`.
@@ -208,39 +208,12 @@ pub async fn run(dir: &Path, producers: usize, time: Duration) -> Result<Run> {
     let g = Group::start(dir).await?;
     let leader = g.leader().await?;
     let f0 = g.client.status(leader).await?.log_fsyncs;
-    let start = Instant::now();
-    let deadline = start + time;
-    let tasks: Vec<_> = (0..producers as u64)
-        .map(|p| {
-            let client = g.client.clone();
-            tokio::spawn(async move {
-                let mut lat = Vec::new();
-                let mut n = 0;
-                while Instant::now() < deadline && n < 1_000_000 {
-                    let b = batch(n);
-                    let cmd = Command::Append(Append::batch(
-                        p,
-                        0,
-                        0,
-                        b.first_sequence,
-                        b.last_sequence,
-                        b.timestamp,
-                    ));
-                    let t = Instant::now();
-                    let a = client.submit(cmd).await.expect("answered");
-                    lat.push(t.elapsed());
-                    assert!(matches!(a.response.outcomes[0], Outcome::Accepted { .. }));
-                    n += 1;
-                }
-                lat
-            })
-        })
-        .collect();
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.extend(t.await?);
-    }
-    let took = start.elapsed();
+    let client = g.client.clone();
+    let (lat, took) = drive(producers, time, move |_, cmd| {
+        let client = client.clone();
+        async move { client.submit(cmd).await.expect("answered").response }
+    })
+    .await?;
     let f1 = g.client.status(leader).await?.log_fsyncs;
     let n = lat.len() as u64;
     let mut run = percentiles(lat, n, took);
@@ -262,15 +235,7 @@ pub async fn failover(dir: &Path, kills: usize, producers: usize) -> Result<Vec<
             tokio::spawn(async move {
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) && n < 10_000_000 {
-                    let b = batch(n);
-                    let cmd = Command::Append(Append::batch(
-                        p,
-                        0,
-                        0,
-                        b.first_sequence,
-                        b.last_sequence,
-                        b.timestamp,
-                    ));
+                    let cmd = batch_of(p, n);
                     let a = client.submit(cmd).await.expect("answered");
                     assert!(matches!(
                         a.response.outcomes[0],

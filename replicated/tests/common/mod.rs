@@ -40,3 +40,47 @@ pub fn node_addr() -> std::net::SocketAddr {
     }
     panic!("no free port below {first}");
 }
+
+/// splitmix64: the tests' seeded randomness (a failing seed names its run).
+#[allow(dead_code)]
+pub struct Rng(pub u64);
+
+#[allow(dead_code)]
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (0 for `n` = 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn draw(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.draw() < p
+    }
+}
+
+/// The offset an acknowledgement names: where an `ACCEPTED` append went,
+/// or where a `DUPLICATE`'s original did.
+#[allow(dead_code)]
+pub fn offset(o: &producer_state_raft::Outcome) -> i64 {
+    use producer_state_raft::Outcome;
+    match o {
+        Outcome::Accepted { offset } => *offset,
+        Outcome::Duplicate {
+            original: Some((offset, _)),
+        } => *offset,
+        other => panic!("not an acknowledgement: {other:?}"),
+    }
+}

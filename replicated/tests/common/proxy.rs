@@ -22,6 +22,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::common::Rng;
+
 /// What the proxy does to each message, by probability.
 #[derive(Clone, Debug, Default)]
 pub struct ProxyFaults {
@@ -52,7 +54,7 @@ pub struct ProxyStats {
 struct State {
     upstream: SocketAddr,
     faults: Mutex<ProxyFaults>,
-    rng: Mutex<u64>,
+    rng: Mutex<Rng>,
     blocked: AtomicBool,
     /// Raised on every isolation: connections of an older epoch end.
     epoch: AtomicU64,
@@ -61,17 +63,11 @@ struct State {
 
 impl State {
     fn draw(&self) -> f64 {
-        let mut s = self.rng.lock().unwrap();
-        *s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = *s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        self.rng.lock().unwrap().draw()
     }
 
     fn chance(&self, p: f64) -> bool {
-        p > 0.0 && self.draw() < p
+        self.rng.lock().unwrap().chance(p)
     }
 
     fn faults(&self) -> ProxyFaults {
@@ -101,7 +97,7 @@ impl FaultProxy {
         let state = Arc::new(State {
             upstream,
             faults: Mutex::new(ProxyFaults::default()),
-            rng: Mutex::new(seed),
+            rng: Mutex::new(Rng(seed)),
             blocked: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
             stats: ProxyStats::default(),

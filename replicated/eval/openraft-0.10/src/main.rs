@@ -304,41 +304,20 @@ mod v9 {
         let raft = routes.lock().unwrap()[&leader].clone();
         tokio::time::sleep(Duration::from_millis(500)).await;
         let f0 = fsyncs[&leader].load(Ordering::Relaxed);
-        let start = Instant::now();
-        let deadline = start + time;
-        let tasks: Vec<_> = (0..producers)
-            .map(|p| {
-                let raft = raft.clone();
-                tokio::spawn(async move {
-                    let mut lat = Vec::new();
-                    let mut n = 0u64;
-                    while Instant::now() < deadline {
-                        let t = Instant::now();
-                        let mut tries = 0;
-                        while let Err(e) = raft
-                            .client_write(ClientRequest {
-                                client: p.to_string(),
-                                serial: n,
-                                status: "x".into(),
-                            })
-                            .await
-                        {
-                            tries += 1;
-                            assert!(tries < 1000, "{e}");
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                        }
-                        lat.push(t.elapsed());
-                        n += 1;
-                    }
-                    lat
+        let (lat, took) = drive(producers, time, move |p, n| {
+            let raft = raft.clone();
+            async move {
+                raft.client_write(ClientRequest {
+                    client: p.to_string(),
+                    serial: n,
+                    status: "x".into(),
                 })
-            })
-            .collect();
-        let mut lat = Vec::new();
-        for t in tasks {
-            lat.extend(t.await.unwrap());
-        }
-        let took = start.elapsed();
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+            }
+        })
+        .await;
         let f = fsyncs[&leader].load(Ordering::Relaxed) - f0;
         let rafts: Vec<_> = routes.lock().unwrap().values().cloned().collect();
         for r in rafts {
@@ -537,41 +516,20 @@ mod v10 {
         let raft = routes.lock().unwrap()[&leader].clone();
         tokio::time::sleep(Duration::from_millis(500)).await;
         let f0 = fsyncs[&leader].load(Ordering::Relaxed);
-        let start = Instant::now();
-        let deadline = start + time;
-        let tasks: Vec<_> = (0..producers)
-            .map(|p| {
-                let raft = raft.clone();
-                tokio::spawn(async move {
-                    let mut lat = Vec::new();
-                    let mut n = 0u64;
-                    while Instant::now() < deadline {
-                        let t = Instant::now();
-                        let mut tries = 0;
-                        while let Err(e) = raft
-                            .client_write(ClientRequest {
-                                client: p.to_string(),
-                                serial: n,
-                                status: "x".into(),
-                            })
-                            .await
-                        {
-                            tries += 1;
-                            assert!(tries < 1000, "{e}");
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                        }
-                        lat.push(t.elapsed());
-                        n += 1;
-                    }
-                    lat
+        let (lat, took) = drive(producers, time, move |p, n| {
+            let raft = raft.clone();
+            async move {
+                raft.client_write(ClientRequest {
+                    client: p.to_string(),
+                    serial: n,
+                    status: "x".into(),
                 })
-            })
-            .collect();
-        let mut lat = Vec::new();
-        for t in tasks {
-            lat.extend(t.await.unwrap());
-        }
-        let took = start.elapsed();
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+            }
+        })
+        .await;
         let f = fsyncs[&leader].load(Ordering::Relaxed) - f0;
         let rafts: Vec<_> = routes.lock().unwrap().values().cloned().collect();
         for r in rafts {
@@ -579,6 +537,44 @@ mod v10 {
         }
         summarize(lat, took, f)
     }
+}
+
+/// `producers` tasks for `time`, each calling `write(task, n)` for its
+/// n-th write and waiting for it (retried while the leader settles): the
+/// latencies and the time taken.
+async fn drive<F, Fut>(producers: usize, time: Duration, write: F) -> (Vec<Duration>, Duration)
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let start = Instant::now();
+    let deadline = start + time;
+    let tasks: Vec<_> = (0..producers)
+        .map(|p| {
+            let write = write.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let mut tries = 0;
+                    while let Err(e) = write(p, n).await {
+                        tries += 1;
+                        assert!(tries < 1000, "{e}");
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    lat.push(t.elapsed());
+                    n += 1;
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.unwrap());
+    }
+    (lat, start.elapsed())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
