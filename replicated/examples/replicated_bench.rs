@@ -2,10 +2,11 @@
 //! run on one disk.
 //!
 //! `cargo run --release -p producer-state-raft --example replicated_bench`
-//! (about four minutes; `--quick` for a smoke run, `--dir PATH` for another
-//! disk, `--only replication|scaling`). Prints markdown tables; every
-//! figure is the median of three interleaved rounds, since the machine is
-//! shared and noisy, and every comparison is a ratio within the run.
+//! (about ten minutes; `--quick` for a smoke run, `--dir PATH` for another
+//! disk, `--only replication|processes|failover|scaling`). Prints markdown
+//! tables; every figure is the median of three interleaved rounds, since
+//! the machine is shared and noisy, and every comparison is a ratio within
+//! the run.
 //!
 //! 1. **Replication.** With 1, 16 and 64 concurrent producers, each
 //!    sending one batch at a time and waiting for its answer:
@@ -21,14 +22,22 @@
 //!    - the batched cluster with a second WAL per replica: every applied
 //!      entry also goes through a `ProducerStateStore` with
 //!      `FsyncPolicy::Always` in one `append_all` (the design not taken).
-//! 2. **Partitions.** P partitions with 64 producers each, as P stores
+//! 2. **Three processes.** The single store, the batched cluster in one
+//!    process, and three node processes on loopback with the producers
+//!    going through a `Client`, at 1, 16 and 64 producers, in interleaved
+//!    rounds.
+//! 3. **Failover.** 24 kills (SIGKILL) of the leader of three node
+//!    processes under 16 producers: the time from each kill to the first
+//!    append acknowledged by a new leader.
+//! 4. **Partitions.** P partitions with 64 producers each, as P stores
 //!    (one per partition) or one store holding every partition: resident
 //!    memory, threads and files after opening and filling them, and 16
 //!    appender threads spread over the partitions: appends/s and log fsyncs
 //!    per append.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,7 +46,10 @@ use producer_state_raft::{
     Append, Cluster, ClusterOptions, Command, Outcome, Proposer, ProposerOptions,
 };
 
-type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+#[path = "replicated_bench/processes.rs"]
+mod processes;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 const PRODUCERS: [usize; 3] = [1, 16, 64];
 const ROUNDS: usize = 3;
@@ -175,32 +187,49 @@ async fn replicated(
     let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
     let before = cluster.replica(leader).ok_or("no leader")?;
     let f0 = before.log_stats().fsyncs.load(Ordering::Relaxed);
+    let (c, pr) = (cluster.clone(), proposer.clone());
+    let (lat, took) = drive(producers, time, move |_, cmd| {
+        let (cluster, proposer) = (c.clone(), pr.clone());
+        async move {
+            match &proposer {
+                Some(p) => p.submit(cmd).await.expect("answered").response,
+                None => cluster.submit(cmd).await.expect("answered").1,
+            }
+        }
+    })
+    .await?;
+    let f1 = before.log_stats().fsyncs.load(Ordering::Relaxed);
+    drop(proposer);
+    cluster.shutdown().await;
+    let n = lat.len() as u64;
+    let mut run = percentiles(lat, n, took);
+    run.fsyncs_per_append = (f1 - f0) as f64 / n.max(1) as f64;
+    Ok(run)
+}
+
+/// `producers` tasks for `time`, producer `p` sending its own batches one
+/// at a time through `submit(p, command)`, every answer `ACCEPTED`: each
+/// answer's latency, and the time taken.
+async fn drive<F, Fut>(
+    producers: usize,
+    time: Duration,
+    submit: F,
+) -> Result<(Vec<Duration>, Duration)>
+where
+    F: Fn(u64, Command) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = producer_state_raft::Response> + Send,
+{
     let start = Instant::now();
     let deadline = start + time;
-    let stop = Arc::new(AtomicBool::new(false));
     let tasks: Vec<_> = (0..producers as u64)
         .map(|p| {
-            let cluster = cluster.clone();
-            let proposer = proposer.clone();
-            let stop = stop.clone();
+            let submit = submit.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut n = 0;
-                while Instant::now() < deadline && !stop.load(Ordering::Relaxed) && n < 1_000_000 {
-                    let b = batch(n);
-                    let cmd = Command::Append(Append::batch(
-                        p,
-                        0,
-                        0,
-                        b.first_sequence,
-                        b.last_sequence,
-                        b.timestamp,
-                    ));
+                while Instant::now() < deadline && n < 1_000_000 {
                     let t = Instant::now();
-                    let r = match &proposer {
-                        Some(p) => p.submit(cmd).await.expect("answered").response,
-                        None => cluster.submit(cmd).await.expect("answered").1,
-                    };
+                    let r = submit(p, batch_of(p, n)).await;
                     lat.push(t.elapsed());
                     assert!(matches!(r.outcomes[0], Outcome::Accepted { .. }));
                     n += 1;
@@ -213,14 +242,20 @@ async fn replicated(
     for t in tasks {
         lat.extend(t.await?);
     }
-    let took = start.elapsed();
-    let f1 = before.log_stats().fsyncs.load(Ordering::Relaxed);
-    drop(proposer);
-    cluster.shutdown().await;
-    let n = lat.len() as u64;
-    let mut run = percentiles(lat, n, took);
-    run.fsyncs_per_append = (f1 - f0) as f64 / n.max(1) as f64;
-    Ok(run)
+    Ok((lat, start.elapsed()))
+}
+
+/// Batch `n` of producer `p` as a command.
+fn batch_of(p: u64, n: i32) -> Command {
+    let b = batch(n);
+    Command::Append(Append::batch(
+        p,
+        0,
+        0,
+        b.first_sequence,
+        b.last_sequence,
+        b.timestamp,
+    ))
 }
 
 fn fresh(base: &Path, name: &str) -> Result<PathBuf> {
@@ -448,8 +483,100 @@ fn scaling(base: &Path, time: Duration) -> Result<()> {
     Ok(())
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<()> {
+async fn across_processes(base: &Path, time: Duration) -> Result<()> {
+    println!("## Three processes against three replicas in one process and the single store\n");
+    println!(
+        "Each producer sends one batch at a time and waits for its answer; {} s per run, \
+         median of {ROUNDS} interleaved rounds. In one process: the cluster and a Proposer \
+         (default options). Across processes: three `producer-state-node` processes on \
+         loopback (default options, but one runtime thread each: three nodes share the \
+         machine's cores; one disk), producers in this process through one `Client` \
+         (default options).\n",
+        time.as_secs_f64(),
+    );
+    println!(
+        "| producers | single store appends/s | p50 µs | p99 µs \
+         | in one process: appends/s | p50 µs | p99 µs | / single \
+         | 3 processes: appends/s | p50 µs | p99 µs | leader fsyncs per append | / single |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let default = ProposerOptions::default().in_flight;
+    for &producers in &PRODUCERS {
+        let (mut s, mut r, mut p) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            let d = |name: &str| fresh(base, &format!("{name}-{producers}-{round}"));
+            s.push(single(&d("single")?, producers, time)?);
+            r.push(replicated(&d("raft")?, producers, time, Some(default), false).await?);
+            p.push(processes::run(&d("processes")?, producers, time).await?);
+            let _ = std::fs::remove_dir_all(base);
+            std::fs::create_dir_all(base)?;
+        }
+        let (s, r, p) = (summarise(&s), summarise(&r), summarise(&p));
+        println!(
+            "| {producers} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.0} | {:.0} | {:.3} | {:.2}x |",
+            s.per_sec,
+            s.p50_us,
+            s.p99_us,
+            r.per_sec,
+            r.p50_us,
+            r.p99_us,
+            r.per_sec / s.per_sec,
+            p.per_sec,
+            p.p50_us,
+            p.p99_us,
+            p.fsyncs_per_append,
+            p.per_sec / s.per_sec,
+        );
+    }
+    println!();
+    Ok(())
+}
+
+async fn failover(base: &Path, kills: usize) -> Result<()> {
+    println!("## Failover: from a leader's kill -9 to the next acknowledged append\n");
+    let producers = 16;
+    let mut took = processes::failover(&fresh(base, "failover")?, kills, producers).await?;
+    took.sort();
+    let at = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
+    println!(
+        "{kills} kills of the leader of three processes (default options: heartbeat 50 ms, \
+         elections after 150 to 300 ms past a 300 ms lease) under {producers} producers, each \
+         restarted 0.5 s later:\n"
+    );
+    println!("| min ms | p10 | median | p90 | max | over 2 s |");
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+        at(0.0),
+        at(0.1),
+        at(0.5),
+        at(0.9),
+        at(1.0),
+        took.iter().filter(|d| d.as_secs_f64() > 2.0).count()
+    );
+    println!(
+        "\nEach, ms: {}\n",
+        took.iter()
+            .map(|d| format!("{:.0}", d.as_secs_f64() * 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    // Started again as one of the processes' nodes.
+    if let Some(code) = processes::node_main() {
+        std::process::exit(code);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(bench())
+}
+
+async fn bench() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let only = args
@@ -468,10 +595,17 @@ async fn main() -> Result<()> {
     } else {
         Duration::from_secs(3)
     };
-    if only.as_deref().is_none_or(|o| o == "replication") {
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if wanted("replication") {
         replication(&base.join("replication"), time).await?;
     }
-    if only.as_deref().is_none_or(|o| o == "scaling") {
+    if wanted("processes") {
+        across_processes(&base.join("processes"), time).await?;
+    }
+    if wanted("failover") {
+        failover(&base.join("failover"), if quick { 3 } else { 24 }).await?;
+    }
+    if wanted("scaling") {
         scaling(&base.join("scaling"), time / 2)?;
     }
     Ok(())

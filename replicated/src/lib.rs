@@ -33,9 +33,17 @@
 //! 0.9 commits one log append per fsync, so without it concurrent
 //! producers share no fsync). [`Cluster`] runs replicas in one process over a [`Router`] that can
 //! drop, delay, duplicate and reorder messages and cut links: the tests
-//! and the `replicated` example use it. The durability reasoning and the
-//! measured costs are in docs/scaling.md; the bytes of the files in
-//! docs/format.md.
+//! and the `replicated` example use it.
+//!
+//! Across processes, [`Node`] runs one replica on its own directory and
+//! listens on one loopback address for its peers and its clients (the
+//! `producer-state-node` binary is a thin layer over it), replicas talk
+//! over TCP in frames of a versioned binary encoding ([`wire`],
+//! [`transport`]), and [`Client`] finds the leader and retries a command
+//! across leader changes, unchanged, so that a retry is answered
+//! `DUPLICATE` with the original offset. The durability reasoning, the
+//! transport's measurement and the measured costs are in
+//! docs/scaling.md; the bytes of the files in docs/format.md.
 //!
 //! ```
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -66,12 +74,17 @@
 // helpers that build one return it too rather than box and unbox it.
 #![allow(clippy::result_large_err)]
 
+mod client;
 pub mod command;
 mod log;
+mod log_file;
 pub mod network;
 mod node;
 mod proposer;
+mod server;
 pub mod state;
+pub mod transport;
+pub mod wire;
 mod writer;
 
 use std::io::Read;
@@ -79,12 +92,17 @@ use std::path::Path;
 
 use producer_state::fs::FileSystem;
 
+pub use client::{Client, ClientError, ClientOptions, ClientStats};
 pub use command::{Append, Command, LifecycleOutcome, Outcome, Producer, Response};
-pub use log::{LogOpened, LogStats, LogStore, OpenLogError};
+pub use log::{LogOpened, LogStore, OpenLogError};
 pub use network::{Faults, Router};
 pub use node::{Cluster, ClusterObserver, ClusterOptions, Replica, StartError, SubmitError};
 pub use proposer::{Answer, Proposer, ProposerOptions};
+pub use server::{Node, NodeOptions, run_node};
 pub use state::{ApplyObserver, SnapshotError, StateMachine};
+pub use transport::{TcpNetwork, TransportOptions};
+pub use wire::Status;
+pub use writer::LogStats;
 
 /// A replica's id.
 pub type NodeId = u64;

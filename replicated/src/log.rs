@@ -17,98 +17,35 @@
 //! - `raft-meta.json`: the vote and the last purged log id, replaced
 //!   atomically (temporary file, fsync, rename, directory fsync);
 //! - `raft-committed.json`: the committed log id, a hint written without
-//!   fsync (openraft re-applies committed entries at start up to it; if it
-//!   is lost, unreadable, or names an entry the log does not hold, which a
-//!   crash can leave, the replica learns the commit from the leader and
-//!   applies then: nothing is applied twice either way).
+//!   fsync, at most every 50 ms, by the writer thread (openraft re-applies
+//!   committed entries at start up to it; if it lags, is lost, unreadable,
+//!   or names an entry the log does not hold, which a crash can leave, the
+//!   replica learns the commit from the leader and applies then: nothing
+//!   is applied twice either way).
 //!
-//! Every record states where the write it went out in began (a file
-//! offset). On open, damage (a record cut short or failing its checksum)
-//! at offset X followed by nothing valid, or only by records of writes
-//! that began at or before X, is what a crash leaves of a write whose
-//! fsync never returned: never acknowledged, it is cut there. Damage
-//! followed by a record of a write that began after X is refused as
-//! corruption: a write starts only after the one before it was fsync'ed,
-//! so X was durable and acknowledged, and a replica must not forget
-//! entries a majority may have counted. An offset, not an index, names the
-//! write: a truncation cuts the file and the next write begins at the cut,
-//! whatever indices the records left before it carry.
+//! How the records are laid out, and how a torn last write is told from
+//! damage, is `log_file.rs`'s; this module keeps the entries in memory and
+//! the files in step with openraft's calls.
 
-use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{
-    CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, StorageError, StorageIOError,
-    Vote,
-};
+use openraft::{Entry, LogId, RaftLogReader, StorageError, StorageIOError, Vote};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 
-use crate::command::{self, Command, MAX_COMMAND_BYTES, Reader};
+use crate::log_file::{self, Entries, Header, LOG_FILE, LOG_HEADER, Scanned};
 use crate::state::StateMachine;
-use crate::writer::{self, Op};
+use crate::writer::{self, COMMITTED_FILE, LogStats, Op};
 use crate::{NodeId, TypeConfig, read_file, write_atomically};
-use producer_state::crc::RangeCrc;
 use producer_state::fs::{FileSystem, StdFs};
 
-pub(crate) const LOG_FILE: &str = "raft.log";
 const META_FILE: &str = "raft-meta.json";
-const COMMITTED_FILE: &str = "raft-committed.json";
-const RECORD_HEADER: usize = 8;
-const LOG_MAGIC: &[u8; 8] = b"PSRAFTLG";
-/// Version 3: command tags 3 to 5 (the lifecycle commands) may appear.
-/// Version 2 logs are read and rewritten as version 3 when opened
-/// (docs/format.md, "Versions").
-const LOG_VERSION: u16 = 3;
-const LOG_VERSION_2: u16 = 2;
-/// `raft.log` starts with magic, version, reserved, a salt, and a CRC of
-/// those.
-const LOG_HEADER: usize = 24;
-
-fn log_header(salt: u64) -> [u8; LOG_HEADER] {
-    let mut h = [0u8; LOG_HEADER];
-    h[..8].copy_from_slice(LOG_MAGIC);
-    h[8..10].copy_from_slice(&LOG_VERSION.to_le_bytes());
-    h[12..20].copy_from_slice(&salt.to_le_bytes());
-    let crc = crc32c::crc32c(&h[..20]);
-    h[20..24].copy_from_slice(&crc.to_le_bytes());
-    h
-}
-
-/// A header of this version: reserved bytes zero, its CRC right.
-fn log_header_valid(h: &[u8; LOG_HEADER]) -> bool {
-    h[10..12] == [0, 0] && h[20..24] == crc32c::crc32c(&h[..20]).to_le_bytes()
-}
-
-/// The seed of every record's checksum in a log with this header: the
-/// header's own CRC, so a function of its random salt. Bytes a producer
-/// chose (a name) cannot pass for a record, since it cannot know the
-/// salt, and neither can a record of another log.
-fn record_seed(header: &[u8; LOG_HEADER]) -> u32 {
-    u32::from_le_bytes([header[20], header[21], header[22], header[23]])
-}
-
-/// A salt for a new log: random (std's hasher keys come from the OS),
-/// mixed with the time and the place.
-fn new_salt(dir: &Path) -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one((std::time::SystemTime::now(), std::process::id(), dir))
-}
-/// A record's payload is at most this long: the entry's head and the
-/// longest command `Command::validate` lets through (membership entries
-/// are far shorter). `append` refuses a longer entry rather than write a
-/// record that `open` would not read back.
-const MAX_PAYLOAD: u32 = MIN_PAYLOAD + MAX_COMMAND_BYTES as u32;
-
-const KIND_BLANK: u8 = 0;
-const KIND_NORMAL: u8 = 1;
-const KIND_MEMBERSHIP: u8 = 2;
 
 type SErr = StorageError<NodeId>;
 
@@ -126,7 +63,7 @@ struct Inner {
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     /// The file's header (its salt seeds every record's CRC).
-    header: [u8; LOG_HEADER],
+    header: Header,
     /// The writer thread's queue (`writer.rs`).
     writer: Sender<Op>,
     /// The writer thread, joined when the last handle is dropped.
@@ -137,21 +74,12 @@ struct Inner {
     /// Bytes of `raft.log` that hold records, counting those queued.
     len: u64,
     /// Every entry not purged, with the file offset of its record.
-    entries: BTreeMap<u64, (u64, Entry<TypeConfig>)>,
+    entries: Entries,
     meta: Meta,
     committed: Option<LogId<NodeId>>,
     /// The log id of the state machine's snapshot file, if linked
     /// ([`LogStore::purge_after_snapshots`]).
     snapshots: Option<watch::Receiver<Option<LogId<NodeId>>>>,
-}
-
-/// Counters of one log, for benchmarks and tests.
-#[derive(Debug, Default)]
-pub struct LogStats {
-    /// fdatasync calls on `raft.log`.
-    pub fsyncs: AtomicU64,
-    /// Entries appended.
-    pub entries: AtomicU64,
 }
 
 /// A replica's Raft log (cloneable handle; openraft's log reader is a
@@ -173,195 +101,6 @@ pub struct LogOpened {
 
 fn io_err(e: std::io::Error) -> SErr {
     StorageIOError::write_logs(&e).into()
-}
-
-/// Appends the record of `e` to `out`; `Err` (and `out` as it was) if its
-/// payload would be longer than [`MAX_PAYLOAD`].
-pub(crate) fn encode_entry(e: &Entry<TypeConfig>, out: &mut Vec<u8>) -> std::io::Result<()> {
-    let start = out.len();
-    out.extend_from_slice(&[0u8; RECORD_HEADER]);
-    out.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
-    out.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
-    out.extend_from_slice(&e.log_id.index.to_le_bytes());
-    // Where the write this record goes out in begins.
-    out.extend_from_slice(&0u64.to_le_bytes());
-    match &e.payload {
-        EntryPayload::Blank => out.push(KIND_BLANK),
-        EntryPayload::Normal(c) => {
-            out.push(KIND_NORMAL);
-            c.encode(out);
-        }
-        EntryPayload::Membership(m) => {
-            out.push(KIND_MEMBERSHIP);
-            // Membership entries are rare and small; openraft's own serde
-            // shape is their format.
-            match serde_json::to_vec(m) {
-                Ok(json) => out.extend_from_slice(&json),
-                Err(e) => {
-                    out.truncate(start);
-                    return Err(std::io::Error::other(e));
-                }
-            }
-        }
-    }
-    let payload_len = out.len() - start - RECORD_HEADER;
-    let Some(len) = u32::try_from(payload_len)
-        .ok()
-        .filter(|&l| l <= MAX_PAYLOAD)
-    else {
-        out.truncate(start);
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!(
-                "entry {} takes {payload_len} bytes, more than a record holds ({MAX_PAYLOAD}); \
-                 propose commands that pass Command::validate",
-                e.log_id
-            ),
-        ));
-    };
-    // The write start and the CRC are filled in by `seal_write` once the
-    // write is formed.
-    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    Ok(())
-}
-
-/// Where a record's write-start field is: after length, CRC, term, node
-/// and index.
-const WRITE_AT: usize = RECORD_HEADER + 24;
-
-/// Sets the write-start field of the record at the start of `rec` and
-/// its CRC (seeded with `seed`); returns the record's length.
-fn seal_record(rec: &mut [u8], write_start: u64, seed: u32) -> usize {
-    let len = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
-    rec[WRITE_AT..WRITE_AT + 8].copy_from_slice(&write_start.to_le_bytes());
-    let crc = crc32c::crc32c_append(
-        crc32c::crc32c_append(seed, &rec[..4]),
-        &rec[RECORD_HEADER..RECORD_HEADER + len],
-    );
-    rec[4..8].copy_from_slice(&crc.to_le_bytes());
-    RECORD_HEADER + len
-}
-
-/// Marks every record in `buf` (whole records, as `encode_entry` wrote
-/// them) as part of one write that begins at file offset `write_start`,
-/// and checksums them with the log's `seed` ([`record_seed`]). The writer
-/// calls it on each write before it is written: after a crash, records of
-/// one write that did not reach the disk whole can be told from damage to
-/// an earlier, fsync'ed write (`LogStore::open`).
-pub(crate) fn seal_write(buf: &mut [u8], write_start: u64, seed: u32) {
-    let mut at = 0;
-    while at < buf.len() {
-        at += seal_record(&mut buf[at..], write_start, seed);
-    }
-}
-
-/// What the bytes at an offset of the log are.
-enum Decoded {
-    /// A whole valid record: the entry and the record's length.
-    Record(Entry<TypeConfig>, usize),
-    /// Not a whole valid record (cut short, or its checksum fails).
-    NotARecord,
-    /// A whole record, checksummed by this log, whose command this build
-    /// does not read: written by a later build (a tag added since).
-    /// Neither damage nor a torn write, and never cut: a replica that
-    /// dropped it would apply a different log than the others.
-    UnknownCommand,
-}
-
-/// The record at the start of `bytes`, file offset `at`.
-fn decode_record(bytes: &[u8], at: usize, seed: u32) -> Decoded {
-    let mut r = Reader(bytes);
-    let (Ok(len), Ok(crc)) = (r.u32(), r.u32()) else {
-        return Decoded::NotARecord;
-    };
-    if len > MAX_PAYLOAD {
-        return Decoded::NotARecord;
-    }
-    let Ok(payload) = r.take(len as usize) else {
-        return Decoded::NotARecord;
-    };
-    let computed = crc32c::crc32c_append(crc32c::crc32c_append(seed, &len.to_le_bytes()), payload);
-    if computed != crc {
-        return Decoded::NotARecord;
-    }
-    match decode_payload(payload, at) {
-        Ok(entry) => Decoded::Record(entry, RECORD_HEADER + len as usize),
-        Err(Some(command::UNKNOWN_TAG)) => Decoded::UnknownCommand,
-        Err(_) => Decoded::NotARecord,
-    }
-}
-
-/// A checksummed record's payload; `Err(Some(why))` when its command does
-/// not decode.
-fn decode_payload(payload: &[u8], at: usize) -> Result<Entry<TypeConfig>, Option<&'static str>> {
-    let mut p = Reader(payload);
-    let term = p.u64().map_err(|_| None)?;
-    let node_id = p.u64().map_err(|_| None)?;
-    let index = p.u64().map_err(|_| None)?;
-    let write_start = p.u64().map_err(|_| None)?;
-    if !(LOG_HEADER as u64..=at as u64).contains(&write_start) {
-        return Err(None);
-    }
-    let payload = match p.u8().map_err(|_| None)? {
-        KIND_BLANK if p.0.is_empty() => EntryPayload::Blank,
-        KIND_NORMAL => EntryPayload::Normal(Command::decode(p.0).map_err(Some)?),
-        KIND_MEMBERSHIP => EntryPayload::Membership(serde_json::from_slice(p.0).map_err(|_| None)?),
-        _ => return Err(None),
-    };
-    Ok(Entry {
-        log_id: LogId::new(CommittedLeaderId::new(term, node_id), index),
-        payload,
-    })
-}
-
-/// Whether the bytes of `bytes` from `at` (where no valid record starts)
-/// are what a crash leaves of the last write: nothing valid after `at`,
-/// or only records of writes that began at or before `at`, so that `at`
-/// was part of the write they went out in. A write is acknowledged only
-/// after its fsync, and the next write starts only after that fsync, so a
-/// record of a write that began after `at` proves `at` was fsync'ed: that
-/// damage is refused.
-///
-/// Every offset after `at` is a candidate, tested at a constant cost
-/// ([`write_start_at`]), so the search is linear in the bytes after the
-/// damage whatever they hold.
-fn torn_write(bytes: &[u8], at: usize, seed: u32) -> bool {
-    let from = at + 1;
-    let after = bytes.get(from..).unwrap_or_default();
-    let crcs = RangeCrc::new(after);
-    (0..after.len())
-        .filter_map(|s| write_start_at(after, &crcs, s, from, seed))
-        .all(|write_start| write_start <= at as u64)
-}
-
-/// The least payload: term, node, index, write start, kind.
-const MIN_PAYLOAD: u32 = 33;
-
-/// Where the write of the record at `s` in `bytes` (file offset `base +
-/// s`) began, if a record that could have been written starts there: a
-/// plausible length, kind and write start, and a checksum that verifies,
-/// computed in O(1) from `crcs` (the prefix CRCs of `bytes`) whatever
-/// length the record claims. The fields read are under the checksum; the
-/// rest of the payload is not decoded (a record with a valid checksum was
-/// written whole, which is all the search asks).
-fn write_start_at(bytes: &[u8], crcs: &RangeCrc, s: usize, base: usize, seed: u32) -> Option<u64> {
-    let field = |at: usize| -> Option<[u8; 8]> { bytes.get(s + at..s + at + 8)?.try_into().ok() };
-    let head = field(0)?;
-    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-    let stored = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-    if !(MIN_PAYLOAD..=MAX_PAYLOAD).contains(&len) {
-        return None;
-    }
-    let kind = *bytes.get(s + RECORD_HEADER + 32)?;
-    if kind > KIND_MEMBERSHIP || (kind == KIND_BLANK && len != MIN_PAYLOAD) {
-        return None;
-    }
-    let write_start = u64::from_le_bytes(field(WRITE_AT)?);
-    if !(LOG_HEADER as u64..=(base + s) as u64).contains(&write_start) {
-        return None;
-    }
-    let seed = crc32c::crc32c_append(seed, &head[..4]);
-    (crcs.crc_append(seed, s + RECORD_HEADER, len as usize)? == stored).then_some(write_start)
 }
 
 /// The log could not be opened.
@@ -443,78 +182,22 @@ impl LogStore {
             .unwrap_or_default();
         if bytes.is_empty() {
             // New (the header is written whole or not at all).
-            let header = log_header(new_salt(dir));
+            let header = log_file::new_header(dir);
             write_atomically(fs.as_ref(), dir, LOG_FILE, &header, true)
                 .map_err(io("create", &path))?;
             bytes = header.to_vec();
         }
-        let header: [u8; LOG_HEADER] = match bytes.get(..LOG_HEADER) {
-            Some(h) if h[..8] != LOG_MAGIC[..] => None,
-            Some(h)
-                if h[8..10] != LOG_VERSION.to_le_bytes()
-                    && h[8..10] != LOG_VERSION_2.to_le_bytes() =>
-            {
-                return Err(OpenLogError::Corrupt {
-                    path,
-                    offset: 8,
-                    what: "a log version this build does not read",
-                });
+        let Scanned {
+            header,
+            mut entries,
+            end: at,
+        } = log_file::scan(&bytes, meta.last_purged.map(|p| p.index)).map_err(|d| {
+            OpenLogError::Corrupt {
+                path: path.clone(),
+                offset: d.offset,
+                what: d.what,
             }
-            Some(h) => h.try_into().ok().filter(log_header_valid),
-            None => None,
-        }
-        .ok_or_else(|| OpenLogError::Corrupt {
-            path: path.clone(),
-            offset: 0,
-            what: "not a producer-state-raft log (header)",
         })?;
-        let seed = record_seed(&header);
-        let mut entries = BTreeMap::new();
-        let mut at = LOG_HEADER;
-        let mut prev: Option<u64> = None;
-        while at < bytes.len() {
-            match decode_record(&bytes[at..], at, seed) {
-                // Records up to the last purged one are skipped whatever
-                // their order: a purge to a snapshot's log id can pass the
-                // end of the log (an installed snapshot), and the next
-                // record then follows the snapshot, not the last record.
-                Decoded::Record(e, n)
-                    if meta.last_purged.is_some_and(|p| e.log_id.index <= p.index) =>
-                {
-                    at += n;
-                }
-                Decoded::Record(e, n) if prev.is_none_or(|p| e.log_id.index == p + 1) => {
-                    prev = Some(e.log_id.index);
-                    entries.insert(e.log_id.index, (at as u64, e));
-                    at += n;
-                }
-                Decoded::UnknownCommand => {
-                    return Err(OpenLogError::Corrupt {
-                        path,
-                        offset: at as u64,
-                        what: "a command this build does not read (written by a later build: \
-                               upgrade this replica)",
-                    });
-                }
-                Decoded::Record(..) => {
-                    return Err(OpenLogError::Corrupt {
-                        path,
-                        offset: at as u64,
-                        what: "a record out of index order",
-                    });
-                }
-                Decoded::NotARecord => {
-                    if !torn_write(&bytes, at, seed) {
-                        return Err(OpenLogError::Corrupt {
-                            path,
-                            offset: at as u64,
-                            what: "a damaged record followed by a later write's records",
-                        });
-                    }
-                    break;
-                }
-            }
-        }
         // The hint is written without an fsync, and openraft commits on a
         // follower up to what it accepted before that append is flushed: a
         // crash can keep a hint naming entries it lost. One the log does not
@@ -525,25 +208,23 @@ impl LogStore {
                 || entries.get(&c.index).is_some_and(|(_, e)| e.log_id == *c)
         });
         let torn_bytes = (bytes.len() - at) as u64;
-        let upgrade = header[8..10] == LOG_VERSION_2.to_le_bytes();
-        let (header, seed, at) = if upgrade {
+        let upgrade = log_file::upgraded(&header);
+        let (header, at) = match upgrade {
             // A version-2 log: rewritten as version 3 (the same salt and
             // entries, so records under the new header's seed) before
-            // anything is appended, atomically. A build that reads only
-            // version 2 then refuses the file by its version, rather than
-            // cut a lifecycle command it cannot read as a torn write.
-            let salt = u64::from_le_bytes(header[12..20].try_into().unwrap_or_default());
-            let header = log_header(salt);
-            let buf = rewrite(&header, &mut entries).map_err(io("upgrade", &path))?;
-            write_atomically(fs.as_ref(), dir, LOG_FILE, &buf, true)
-                .map_err(io("upgrade", &path))?;
-            (header, record_seed(&header), buf.len())
-        } else {
-            (header, seed, at)
+            // anything is appended, atomically (`log_file::upgraded`).
+            Some(header) => {
+                let buf = log_file::rewrite(&header, &mut entries).map_err(io("upgrade", &path))?;
+                write_atomically(fs.as_ref(), dir, LOG_FILE, &buf, true)
+                    .map_err(io("upgrade", &path))?;
+                (header, buf.len())
+            }
+            None => (header, at),
         };
+        let seed = log_file::record_seed(&header);
         let mut file = fs.open_append(&path).map_err(io("open", &path))?;
         // (An upgraded file holds no torn bytes: they were not rewritten.)
-        if torn_bytes > 0 && !upgrade {
+        if torn_bytes > 0 && upgrade.is_none() {
             file.set_len(at as u64).map_err(io("truncate", &path))?;
             file.sync_data().map_err(io("fsync", &path))?;
         }
@@ -645,7 +326,7 @@ impl Inner {
             return None;
         }
         // Every entry was encoded once already when it was appended.
-        let buf = rewrite(&self.header, &mut self.entries).ok()?;
+        let buf = log_file::rewrite(&self.header, &mut self.entries).ok()?;
         self.len = buf.len() as u64;
         Some(self.queue(|reply| Op::Replace(buf, reply)))
     }
@@ -660,29 +341,6 @@ impl Inner {
         let _ = self.writer.send(op(tx));
         rx
     }
-}
-
-/// The bytes of a log holding `entries` under `header`, as one write after
-/// the header; each entry's offset is set to its place in them.
-fn rewrite(
-    header: &[u8; LOG_HEADER],
-    entries: &mut BTreeMap<u64, (u64, Entry<TypeConfig>)>,
-) -> std::io::Result<Vec<u8>> {
-    let mut buf = header.to_vec();
-    let mut offsets = Vec::with_capacity(entries.len());
-    for (_, e) in entries.values() {
-        offsets.push(buf.len() as u64);
-        encode_entry(e, &mut buf)?;
-    }
-    for ((o, _), at) in entries.values_mut().zip(offsets) {
-        *o = at;
-    }
-    seal_write(
-        &mut buf[LOG_HEADER..],
-        LOG_HEADER as u64,
-        record_seed(header),
-    );
-    Ok(buf)
 }
 
 /// The writer's answer to a queued operation.
@@ -743,8 +401,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut inner = self.lock();
         inner.committed = committed;
         let bytes = serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(&e))?;
-        write_atomically(inner.fs.as_ref(), &inner.dir, COMMITTED_FILE, &bytes, false)
-            .map_err(|e| StorageIOError::write(&e).into())
+        // Written by the writer thread when it has time (`writer.rs`).
+        let _ = inner.writer.send(Op::Hint(bytes));
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, SErr> {
@@ -761,7 +420,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut encoded = Vec::new();
         for e in entries {
             let offset = inner.len + buf.len() as u64;
-            encode_entry(&e, &mut buf).map_err(io_err)?;
+            log_file::encode_entry(&e, &mut buf).map_err(io_err)?;
             encoded.push((offset, e));
         }
         let n = encoded.len() as u64;

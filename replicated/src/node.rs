@@ -15,14 +15,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::network::RaftNetworkFactory;
 use openraft::{BasicNode, Config, LogId, Raft, SnapshotPolicy};
 use producer_state::{PartitionExport, ProducerStateManager};
 use tokio::sync::watch;
 
 use crate::command::{Command, LifecycleOutcome, Response};
-use crate::log::{LogOpened, LogStats, LogStore, OpenLogError};
+use crate::log::{LogOpened, LogStore, OpenLogError};
 use crate::network::{Faults, NetworkFactory, Router};
 use crate::state::{ApplyObserver, SnapshotError, StateMachine};
+use crate::writer::LogStats;
 use crate::{NodeId, TypeConfig};
 
 /// A replica could not start.
@@ -44,7 +46,7 @@ pub enum StartError {
 }
 
 /// A command got no answer.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubmitError {
     /// The command cannot be proposed (see [`Command::validate`]).
@@ -116,27 +118,42 @@ impl Replica {
         config: Arc<Config>,
         observer: Option<ApplyObserver>,
     ) -> Result<Replica, StartError> {
+        let network = NetworkFactory {
+            router: router.clone(),
+            from: id,
+        };
+        let (replica, _) = Replica::with_network(id, dir, network, config, observer).await?;
+        router.register(id, replica.raft.clone());
+        Ok(replica)
+    }
+
+    /// Starts replica `id` on the files in `dir` with any network; also
+    /// returns a handle of its log, to read committed entries (held only by
+    /// whoever must read them: a handle keeps the directory locked).
+    pub(crate) async fn with_network<N: RaftNetworkFactory<TypeConfig>>(
+        id: NodeId,
+        dir: &Path,
+        network: N,
+        config: Arc<Config>,
+        observer: Option<ApplyObserver>,
+    ) -> Result<(Replica, LogStore), StartError> {
         let (log, opened) = LogStore::open(dir)?;
         let sm = StateMachine::open(dir, observer)?;
         log.purge_after_snapshots(&sm);
         let log_stats = log.stats();
         let log_closed = log.closed();
-        let network = NetworkFactory {
-            router: router.clone(),
-            from: id,
-        };
-        let raft = Raft::new(id, config, network, log, sm.clone())
+        let raft = Raft::new(id, config, network, log.clone(), sm.clone())
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
-        router.register(id, raft.clone());
-        Ok(Replica {
+        let replica = Replica {
             id,
             raft,
             sm,
             log_stats,
             opened,
             log_closed,
-        })
+        };
+        Ok((replica, log))
     }
 
     /// The replica's id.
@@ -237,23 +254,34 @@ impl Default for ClusterOptions {
 
 impl ClusterOptions {
     fn config(&self) -> Result<Arc<Config>, StartError> {
-        let hb = self.heartbeat.as_millis().max(1) as u64;
-        let config = Config {
-            cluster_name: "producer-state".into(),
-            heartbeat_interval: hb,
-            election_timeout_min: hb * 3,
-            election_timeout_max: hb * 6,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every),
-            max_in_snapshot_log_to_keep: self.keep_logs,
-            purge_batch_size: 1,
-            max_payload_entries: 1000,
-            ..Config::default()
-        };
-        config
-            .validate()
-            .map(Arc::new)
-            .map_err(|e| StartError::Raft(e.to_string()))
+        raft_config(self.heartbeat, self.snapshot_every, self.keep_logs)
     }
+}
+
+/// openraft's configuration of a replica: elections time out after 3 to 6
+/// heartbeats; a snapshot every `snapshot_every` applied entries, keeping
+/// `keep_logs` entries below it.
+pub(crate) fn raft_config(
+    heartbeat: Duration,
+    snapshot_every: u64,
+    keep_logs: u64,
+) -> Result<Arc<Config>, StartError> {
+    let hb = heartbeat.as_millis().max(1) as u64;
+    let config = Config {
+        cluster_name: "producer-state".into(),
+        heartbeat_interval: hb,
+        election_timeout_min: hb * 3,
+        election_timeout_max: hb * 6,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(snapshot_every),
+        max_in_snapshot_log_to_keep: keep_logs,
+        purge_batch_size: 1,
+        max_payload_entries: 1000,
+        ..Config::default()
+    };
+    config
+        .validate()
+        .map(Arc::new)
+        .map_err(|e| StartError::Raft(e.to_string()))
 }
 
 /// Replicas in one process over one [`Router`], each in its own directory

@@ -38,24 +38,9 @@ use producer_state_raft::{
 };
 
 mod common;
-use common::sorted;
+use common::{Rng, sorted};
 
 type Applied = BTreeMap<NodeId, BTreeMap<u64, (Option<Command>, Response)>>;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// One acknowledged client request: what was sent, where it was committed,
 /// what the leader answered.

@@ -286,3 +286,150 @@ fn a_log_of_version_1_is_refused_by_its_version() {
         Ok(_) => panic!("a version 1 log was opened"),
     }
 }
+
+/// The frames of the wire protocol, version 1 (`wire.rs`'s module docs):
+/// a request of each kind carrying the history's entries and commands,
+/// and a reply of each kind, back to back in `wire-v1.bin`. They must
+/// still decode to the same messages, and the encoders must still write
+/// exactly these bytes: a node of this build and one of the build that
+/// wrote them understand each other.
+#[tokio::test]
+async fn wire_frames_of_version_1_decode_and_encode_to_the_same_bytes() {
+    use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+    use openraft::{LeaderId, SnapshotMeta, StoredMembership, Vote};
+    use producer_state_raft::wire::{
+        Reply, Request, SnapshotAck, SnapshotChunk, Status, SubmitReply, read_frame,
+    };
+    use producer_state_raft::{Answer, Response};
+
+    let id = |term, index| LogId::new(CommittedLeaderId::new(term, 1), index);
+    let vote = Vote {
+        leader_id: LeaderId {
+            term: 3,
+            node_id: 1,
+        },
+        committed: true,
+    };
+    let membership = Membership::new(vec![BTreeSet::from([1, 2, 3])], None);
+    let requests = [
+        Request::AppendEntries(AppendEntriesRequest {
+            vote,
+            prev_log_id: None,
+            leader_commit: Some(id(2, 4)),
+            entries: history(),
+        }),
+        Request::Vote(VoteRequest {
+            vote,
+            last_log_id: Some(id(3, 8)),
+        }),
+        Request::SnapshotChunk(SnapshotChunk {
+            vote,
+            meta: SnapshotMeta {
+                last_log_id: Some(id(3, 8)),
+                last_membership: StoredMembership::new(Some(id(1, 0)), membership),
+                snapshot_id: "3-1-8-1".into(),
+            },
+            total: 100,
+            offset: 96,
+            data: vec![1, 2, 3, 4],
+        }),
+        Request::Submit(Command::AppendAll(vec![
+            Append::batch("orders", -1, 3, 0, 9, 1_700_000_000_000),
+            Append::single(7u64, 0, 0, 2),
+        ])),
+        Request::Status,
+        Request::Entries { from: 5, max: 100 },
+        Request::Export,
+    ];
+    let replies = vec![
+        Reply::AppendEntries(AppendEntriesResponse::PartialSuccess(Some(id(3, 6)))),
+        Reply::Vote(VoteResponse {
+            vote,
+            vote_granted: false,
+            last_log_id: Some(id(2, 4)),
+        }),
+        Reply::Snapshot(SnapshotAck::Received { next: 100 }),
+        Reply::Snapshot(SnapshotAck::Installed { vote }),
+        Reply::Submit(SubmitReply::Answered(Answer {
+            log_id: id(3, 9),
+            first_slot: 2,
+            response: Response {
+                outcomes: vec![
+                    Outcome::Accepted {
+                        offset: 9 << 16 | 2,
+                    },
+                    Outcome::Duplicate {
+                        original: Some((3 << 16, 1_700_000_000_000)),
+                    },
+                    Outcome::OutOfOrder {
+                        reason: "gap".into(),
+                    },
+                    Outcome::FencedEpoch { current_epoch: 4 },
+                ],
+                lifecycle: None,
+            },
+        })),
+        Reply::Submit(SubmitReply::Answered(Answer {
+            log_id: id(3, 10),
+            first_slot: 0,
+            response: Response {
+                outcomes: Vec::new(),
+                lifecycle: Some(LifecycleOutcome::Expired { keys: 2 }),
+            },
+        })),
+        Reply::Submit(SubmitReply::NotLeader {
+            leader: Some(2),
+            addr: "127.0.0.1:7002".into(),
+        }),
+        Reply::Submit(SubmitReply::Unknown {
+            reason: "not committed within 1s".into(),
+        }),
+        Reply::Submit(SubmitReply::Invalid {
+            reason: "a command must carry at least one append".into(),
+        }),
+        Reply::Status(Status {
+            id: 1,
+            term: 3,
+            leader: Some(1),
+            last_applied: Some(id(3, 8)),
+            last_log_index: Some(8),
+            members: vec![(1, "127.0.0.1:7001".into()), (2, "127.0.0.1:7002".into())],
+            snapshots_installed: 1,
+            snapshots_refused: 0,
+            log_fsyncs: 42,
+        }),
+        Reply::Entries(history()),
+        Reply::Export {
+            last_applied: Some(id(3, 8)),
+            snapshot: ProducerStateManager::new().encode_snapshot(9).unwrap(),
+        },
+        Reply::Failed("the replica stopped".into()),
+    ];
+    let mut bytes = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        bytes.extend(r.encode(i as u64).unwrap());
+    }
+    for (i, r) in replies.iter().enumerate() {
+        bytes.extend(r.encode(100 + i as u64).unwrap());
+    }
+    let path = golden().join("wire-v1.bin");
+    if std::env::var_os("PRODUCER_STATE_BLESS").is_some() {
+        std::fs::write(&path, &bytes).unwrap();
+    }
+    let stored = std::fs::read(&path).unwrap();
+    assert!(stored == bytes, "the encoders no longer write wire-v1.bin");
+    let mut r = stored.as_slice();
+    for (i, want) in requests.iter().enumerate() {
+        let f = read_frame(&mut r).await.unwrap().unwrap();
+        assert_eq!(f.id, i as u64);
+        let got = Request::decode(&f).unwrap();
+        assert_eq!(format!("{got:?}"), format!("{want:?}"));
+    }
+    for (i, want) in replies.iter().enumerate() {
+        let f = read_frame(&mut r).await.unwrap().unwrap();
+        assert_eq!(f.id, 100 + i as u64);
+        let got = Reply::decode(&f).unwrap();
+        assert_eq!(format!("{got:?}"), format!("{want:?}"));
+    }
+    assert!(read_frame(&mut r).await.unwrap().is_none());
+}
