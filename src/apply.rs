@@ -33,7 +33,7 @@ use crate::error::{Corruption, Error, Result};
 use crate::id::ProducerId;
 use crate::info::ProducerInfo;
 use crate::map::{Activity, Apply};
-use crate::recovery::Damage;
+use crate::recovery::report::Damage;
 use crate::shards::{KeyTarget, SHARDS, Shards, ShardsPart};
 
 /// What a replayed record does to one key.
@@ -75,7 +75,7 @@ pub(crate) struct Rec {
 fn apply_one(
     target: &mut impl KeyTarget,
     rec: &Rec,
-) -> std::result::Result<(), crate::BatchOutcome> {
+) -> std::result::Result<(), crate::outcome::BatchOutcome> {
     match &rec.op {
         KeyOp::Append(r, how) => {
             let o = target.append(rec.hash, r, *how);
@@ -403,7 +403,7 @@ mod tests {
             op: KeyOp::Append(
                 request,
                 Apply {
-                    unknown: crate::UnknownProducer::RequireZero,
+                    unknown: crate::rules::UnknownProducer::RequireZero,
                     x: Activity::new(pos as i64),
                 },
             ),
@@ -608,7 +608,7 @@ mod tests {
                 damage.kind,
                 Corruption::RecordDoesNotApply {
                     position: 155,
-                    outcome: crate::BatchOutcome::OutOfOrder { .. },
+                    outcome: crate::outcome::BatchOutcome::OutOfOrder { .. },
                 }
             ),
             "{:?}",

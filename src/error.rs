@@ -8,7 +8,7 @@
 
 use std::fmt;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
@@ -120,21 +120,21 @@ pub enum Error {
         /// What was asked.
         what: &'static str,
         /// The engine's semantics.
-        semantics: crate::Semantics,
+        semantics: crate::semantics::Semantics,
     },
 
     /// The directory was written under other semantics than the store was
     /// opened with: replaying a Kafka-mode log under the seed rules (or
     /// the reverse) would give other verdicts than the ones it recorded.
     /// Nothing was changed; open it with the semantics it has.
-    #[error("{} holds a {stored}-semantics store, and it was opened with Semantics::{}; nothing was changed: open it with the semantics it was written with", path.display(), if *requested == crate::Semantics::Kafka { "Kafka" } else { "Seed" })]
+    #[error("{} holds a {stored}-semantics store, and it was opened with Semantics::{}; nothing was changed: open it with the semantics it was written with", path.display(), if *requested == crate::semantics::Semantics::Kafka { "Kafka" } else { "Seed" })]
     SemanticsMismatch {
         /// The file that says so (a segment or snapshot).
         path: PathBuf,
         /// The semantics the directory records.
-        stored: crate::Semantics,
+        stored: crate::semantics::Semantics,
         /// The semantics asked for.
-        requested: crate::Semantics,
+        requested: crate::semantics::Semantics,
     },
 
     /// A named producer id is longer than the log format can hold.
@@ -200,9 +200,9 @@ pub enum Error {
         /// The exported partition.
         partition: i32,
         /// The semantics of the store the export was taken from.
-        exported: crate::Semantics,
+        exported: crate::semantics::Semantics,
         /// This store's.
-        store: crate::Semantics,
+        store: crate::semantics::Semantics,
     },
     /// Kafka mode: `import_partition` found the partition with state here
     /// and no key to name (its aborted transactions are still listed).
@@ -223,6 +223,11 @@ impl Error {
             path: path.into(),
             source,
         }
+    }
+
+    /// `map_err`'s argument for an IO call on `path`: `f().map_err(Error::at("open", path))`.
+    pub(crate) fn at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Error + 'a {
+        move |e| Error::io(op, path, e)
     }
 
     pub(crate) fn corrupt(file: impl Into<PathBuf>, offset: u64, kind: Corruption) -> Error {
@@ -417,9 +422,9 @@ impl fmt::Display for Corruption {
 }
 
 /// What [`Error::Unsupported`] advises: the other semantics.
-fn semantics_hint(semantics: crate::Semantics) -> &'static str {
+fn semantics_hint(semantics: crate::semantics::Semantics) -> &'static str {
     match semantics {
-        crate::Semantics::Seed => "create the engine with Semantics::Kafka to use it",
+        crate::semantics::Semantics::Seed => "create the engine with Semantics::Kafka to use it",
         _ => "it needs an engine with Semantics::Seed",
     }
 }

@@ -516,7 +516,8 @@ pub fn seed_kafka_store_with(
     sources: &[(PathBuf, i32)],
 ) -> Result<SeedReport> {
     let _lock = lock_new(fs, dir)?;
-    let mut engine = crate::ProducerStateManager::with_semantics(crate::Semantics::Kafka);
+    let mut engine =
+        crate::manager::ProducerStateManager::with_semantics(crate::semantics::Semantics::Kafka);
     let mut meta = crate::meta::Meta::default();
     let mut report = SeedReport::default();
     for (path, partition) in sources {
@@ -614,10 +615,6 @@ pub fn export(
     export_with(&StdFs, entries, partition, path)
 }
 
-fn io_at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
-    move |e| Error::io(op, path, e)
-}
-
 /// [`export`] through a [`FileSystem`].
 ///
 /// # Errors
@@ -658,7 +655,7 @@ pub fn export_with(
 ///
 /// [`Error::Io`] naming the operation and path that failed.
 pub fn export_store(
-    store: &crate::ProducerStateStore,
+    store: &crate::store::ProducerStateStore,
     partition: i32,
     path: &Path,
 ) -> Result<(usize, usize)> {
@@ -673,11 +670,11 @@ pub fn export_store(
 /// As [`export_store`].
 pub fn export_store_with(
     fs: &dyn FileSystem,
-    store: &crate::ProducerStateStore,
+    store: &crate::store::ProducerStateStore,
     partition: i32,
     path: &Path,
 ) -> Result<(usize, usize)> {
-    if store.semantics() != crate::Semantics::Kafka {
+    if store.semantics() != crate::semantics::Semantics::Kafka {
         return export_with(fs, store.iter(), partition, path);
     }
     let entries = store.kafka_snapshot_entries(partition)?;
@@ -705,15 +702,16 @@ fn write_file(
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    if fs.kind(&tmp).map_err(io_at("stat", &tmp))?.is_some() {
-        fs.remove_file(&tmp).map_err(io_at("remove", &tmp))?;
+    if fs.kind(&tmp).map_err(Error::at("stat", &tmp))?.is_some() {
+        fs.remove_file(&tmp).map_err(Error::at("remove", &tmp))?;
     }
-    let mut f = fs.create_new(&tmp).map_err(io_at("create", &tmp))?;
-    f.write_all(&bytes).map_err(io_at("write", &tmp))?;
-    f.sync_data().map_err(io_at("fsync", &tmp))?;
+    let mut f = fs.create_new(&tmp).map_err(Error::at("create", &tmp))?;
+    f.write_all(&bytes).map_err(Error::at("write", &tmp))?;
+    f.sync_data().map_err(Error::at("fsync", &tmp))?;
     drop(f);
-    fs.rename(&tmp, path).map_err(io_at("rename", path))?;
-    fs.sync_dir(dir).map_err(io_at("fsync directory", dir))?;
+    fs.rename(&tmp, path).map_err(Error::at("rename", path))?;
+    fs.sync_dir(dir)
+        .map_err(Error::at("fsync directory", dir))?;
     Ok(entries.len())
 }
 

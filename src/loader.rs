@@ -31,6 +31,7 @@ use std::sync::mpsc;
 
 use crate::entry::ProducerEntry;
 use crate::error::{Corruption, Error, Result};
+use crate::fs::FileSystem;
 use crate::id::ProducerId;
 use crate::meta::Meta;
 use crate::shards::{SHARDS, ShardMut, Shards};
@@ -108,6 +109,13 @@ pub(crate) struct Loaded {
 /// `file`) into a fresh state.
 pub(crate) fn load(path: &Path, file: impl Read, len: u64) -> Result<Loaded> {
     load_with(path, file, len, TWO_THREADS_FROM)
+}
+
+/// Loads and verifies the snapshot file at `path` into a fresh state.
+pub(crate) fn load_file(fs: &dyn FileSystem, path: &Path) -> Result<Loaded> {
+    let file = fs.open_read(path).map_err(Error::at("open", path))?;
+    let len = file.len().map_err(Error::at("stat", path))?;
+    load(path, file, len)
 }
 
 /// [`load`], on two threads if the body has at least `two_from` bytes.

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use crate::apply::{Parallel, Sequential, Sink};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
+use crate::loader::load_file;
 use crate::meta::Meta;
-use crate::recovery::load_snapshot;
 use crate::replay::Replayer;
 use crate::shards::Shards;
 use crate::snapshot;
@@ -86,7 +86,7 @@ pub(crate) fn truncated_state(
 ) -> Result<Shards> {
     let (mut shards, meta) = match &base.snapshot {
         Some(path) => {
-            let l = load_snapshot(fs, path)?;
+            let l = load_file(fs, path)?;
             (l.shards, l.meta)
         }
         None => (Shards::default(), Meta::default()),
@@ -140,12 +140,14 @@ pub(crate) fn truncated_kafka(
     offset: i64,
 ) -> Result<crate::manager::ProducerStateManager> {
     let mut meta = match &base.snapshot {
-        Some(path) => load_snapshot(fs, path)?.meta,
+        Some(path) => load_file(fs, path)?.meta,
         None => Meta::default(),
     };
     if meta.kafka.is_none() {
         meta.kafka = Some(Box::new(
-            crate::manager::ProducerStateManager::with_semantics(crate::Semantics::Kafka),
+            crate::manager::ProducerStateManager::with_semantics(
+                crate::semantics::Semantics::Kafka,
+            ),
         ));
     }
     let start = base.position;

@@ -22,7 +22,7 @@ use crate::error::{Corruption, Error, Result};
 use crate::files::{StoreFile, classify};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
 use crate::kafka;
-use crate::recovery::RecoveryReport;
+use crate::recovery::report::RecoveryReport;
 
 /// What a file in the directory is, by its name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -36,7 +36,10 @@ use crate::info::ProducerInfo;
 use crate::kafka::{self, KafkaProducerEntry};
 use crate::kafka_state::KafkaProducerState;
 use crate::manager::ProducerStateManager;
-use crate::recovery::{self, RecoveryMode, RecoveryReport};
+use crate::recovery::{
+    self,
+    report::{RecoveryMode, RecoveryReport},
+};
 use crate::shards::{SHARDS, Shards};
 use crate::snapshot;
 use crate::txn::AbortedTxn;
@@ -158,14 +161,14 @@ pub struct SnapshotSummary {
     /// The semantics of the store that wrote it (header flag bit 0): a
     /// Kafka-mode snapshot also holds a Kafka section (side table and
     /// aborted transactions), verified with the rest.
-    pub semantics: crate::Semantics,
+    pub semantics: crate::semantics::Semantics,
 }
 
-fn semantics_of(kafka: bool) -> crate::Semantics {
+fn semantics_of(kafka: bool) -> crate::semantics::Semantics {
     if kafka {
-        crate::Semantics::Kafka
+        crate::semantics::Semantics::Kafka
     } else {
-        crate::Semantics::Seed
+        crate::semantics::Semantics::Seed
     }
 }
 
@@ -318,7 +321,7 @@ pub struct SegmentSummary {
     /// How the records end.
     pub end: SegmentEnd,
     /// The semantics of the store that wrote it (header flag bit 1).
-    pub semantics: crate::Semantics,
+    pub semantics: crate::semantics::Semantics,
 }
 
 /// Streams a segment, handing each operation of each valid record
@@ -469,7 +472,7 @@ impl RecoveredState {
     }
 
     /// The semantics of the store whose files these are.
-    pub fn semantics(&self) -> crate::Semantics {
+    pub fn semantics(&self) -> crate::semantics::Semantics {
         semantics_of(self.kafka.is_some())
     }
 

@@ -7,14 +7,14 @@
 //! producers and the partition's transactions.
 
 use super::ProducerStateManager;
-#[cfg(doc)]
-use crate::Semantics;
 use crate::error::{Error, Result};
 use crate::export::{KafkaPart, PartitionExport};
 use crate::id::ProducerId;
 use crate::info::ProducerInfo;
 use crate::kafka_state::expire_compact;
 use crate::map::hash_key;
+#[cfg(doc)]
+use crate::semantics::Semantics;
 use crate::snapshot;
 
 impl ProducerStateManager {

@@ -46,11 +46,11 @@
 //! returns is the state after some prefix of the logged history.
 
 mod plan;
-mod report;
+pub(crate) mod report;
 pub(crate) mod semantics;
 
 pub use report::{
-    Damage, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
+    Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
 };
 
 use std::collections::BTreeSet;
@@ -61,7 +61,6 @@ use std::time::Instant;
 use crate::apply::{Failed, Parallel, Sequential, Sink};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
-use crate::loader::Loaded;
 use crate::meta::Meta;
 use crate::replay::Replayer;
 use crate::shards::Shards;
@@ -71,20 +70,6 @@ use plan::{Cut, Kept, LogEnd, Plan, Tail};
 
 /// Bytes of log to replay from which a second thread helps apply them.
 const PARALLEL_FROM: u64 = 8 << 20;
-
-/// What recovery does with damage other than a torn tail.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RecoveryMode {
-    /// Refuse: damage anywhere but a torn tail is [`Error::Corrupt`]. The default.
-    #[default]
-    Strict,
-    /// Keep the longest valid prefix of the history; move what is discarded
-    /// aside (`<file>.discarded`, or `<file>.discarded.<n>` if an earlier
-    /// salvage left that name taken) and report it. For an operator who has
-    /// decided that losing the damaged suffix is better than not starting.
-    Salvage,
-}
 
 /// The state and the log as recovery leaves them.
 pub(crate) struct Recovered {
@@ -120,17 +105,6 @@ enum Stop {
     DoesNotApply(Option<Box<Cut>>),
 }
 
-fn io_at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
-    move |e| Error::io(op, path, e)
-}
-
-/// Loads and verifies a snapshot into a fresh state.
-pub(crate) fn load_snapshot(fs: &dyn FileSystem, path: &Path) -> Result<Loaded> {
-    let file = fs.open_read(path).map_err(io_at("open", path))?;
-    let len = file.len().map_err(io_at("stat", path))?;
-    crate::loader::load(path, file, len)
-}
-
 /// Recovers the store in `dir`: the plan, replayed, then repaired.
 pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<Recovered> {
     let started = Instant::now();
@@ -161,12 +135,14 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
     // snapshot's or from an empty one (docs/transactions.md).
     let kafka = matches!(
         semantics::stored(fs, dir)?,
-        Some((crate::Semantics::Kafka, _))
+        Some((crate::semantics::Semantics::Kafka, _))
     );
     let kafka_base = |meta: &mut Meta| {
         if kafka && meta.kafka.is_none() {
             meta.kafka = Some(Box::new(
-                crate::manager::ProducerStateManager::with_semantics(crate::Semantics::Kafka),
+                crate::manager::ProducerStateManager::with_semantics(
+                    crate::semantics::Semantics::Kafka,
+                ),
             ));
         }
     };
@@ -409,8 +385,8 @@ fn read_segment(
     progress: &mut Progress,
 ) -> Result<ControlFlow<Stop, segment::Scan>> {
     let (path, named) = (&at.path, at.named);
-    let file = fs.open_read(path).map_err(io_at("open", path))?;
-    let len = file.len().map_err(io_at("stat", path))?;
+    let file = fs.open_read(path).map_err(Error::at("open", path))?;
+    let len = file.len().map_err(Error::at("stat", path))?;
     // A segment whose header disagrees with its name is not the log's, nor
     // is one of another store: refuse it before any of its records is
     // applied (salvage moves it aside whole).
@@ -771,7 +747,7 @@ mod tests {
         assert_eq!(r.report.segments_skipped, below);
         assert_eq!((r.next_position, r.report.keys), (150, 7));
         for k in 0..7u64 {
-            let id = crate::ProducerId::from(k);
+            let id = crate::id::ProducerId::from(k);
             let want = clean.shards.get(hash_key(&id, 0), &id, 0).unwrap();
             let got = r.shards.get(hash_key(&id, 0), &id, 0).unwrap();
             assert_eq!(got.last_sequence(), want.last_sequence(), "key {k}");
@@ -825,7 +801,7 @@ mod tests {
         assert_eq!(r.next_position, 500_000);
         assert_eq!(r.shards.len(), 1000);
         for k in [0u64, 1, 500, 999] {
-            let id = crate::ProducerId::from(k);
+            let id = crate::id::ProducerId::from(k);
             let e = r.shards.get(hash_key(&id, 0), &id, 0).unwrap();
             assert_eq!(e.last_sequence(), 499);
         }
@@ -861,7 +837,7 @@ mod tests {
             assert_eq!(r.report.records_replayed, record);
             assert_eq!(r.active.map(|(len, _)| len), Some(offset));
             for k in 0..1000u64 {
-                let id = crate::ProducerId::from(k);
+                let id = crate::id::ProducerId::from(k);
                 let last = r
                     .shards
                     .get(hash_key(&id, 0), &id, 0)

@@ -15,12 +15,11 @@ use std::collections::BTreeSet;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
-use super::report::{Damage, RecoveryReport, Repair, SkippedSnapshot, SnapshotUsed};
-use super::{RecoveryMode, io_at, load_snapshot};
+use super::report::{Damage, RecoveryMode, RecoveryReport, Repair, SkippedSnapshot, SnapshotUsed};
 use crate::error::{Corruption, Error, Result};
 use crate::files::{StoreFile, classify};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
-use crate::loader::Loaded;
+use crate::loader::{Loaded, load_file};
 use crate::meta::Meta;
 use crate::shards::Shards;
 use crate::snapshot;
@@ -125,7 +124,7 @@ impl Plan {
         dir: &Path,
         mode: RecoveryMode,
     ) -> Result<(Plan, (Shards, Meta))> {
-        let listing = fs.list(dir).map_err(io_at("list", dir))?;
+        let listing = fs.list(dir).map_err(Error::at("list", dir))?;
         refuse_what_is_not_a_file(fs, dir, &listing)?;
         let mut plan = Plan {
             dir: dir.to_path_buf(),
@@ -175,7 +174,7 @@ impl Plan {
     fn pick_base(&mut self, fs: &dyn FileSystem) -> Result<(Shards, Meta)> {
         for &pos in self.snapshot_files.iter().rev() {
             let path = self.dir.join(snapshot::file_name(pos));
-            let loaded = load_snapshot(fs, &path).and_then(|l| {
+            let loaded = load_file(fs, &path).and_then(|l| {
                 let h = l.header;
                 if h.position == pos {
                     Ok((h, l.shards, l.meta))
@@ -218,7 +217,7 @@ impl Plan {
     pub(crate) fn base_state(&self, fs: &dyn FileSystem) -> Result<(Shards, Meta)> {
         Ok(match &self.base {
             Some(s) => {
-                let Loaded { shards, meta, .. } = load_snapshot(fs, &s.file)?;
+                let Loaded { shards, meta, .. } = load_file(fs, &s.file)?;
                 (shards, meta)
             }
             None => (Shards::default(), Meta::default()),
@@ -327,7 +326,7 @@ impl Plan {
             let len = fs
                 .open_read(&file)
                 .and_then(|f| f.len())
-                .map_err(io_at("stat", &file))?;
+                .map_err(Error::at("stat", &file))?;
             let from = match cut.keep.filter(|_| idx == cut.seg) {
                 Some(keep) => {
                     active = Some(keep);
@@ -431,12 +430,12 @@ impl Plan {
     /// under the next name).
     pub(crate) fn repair(&self, fs: &dyn FileSystem) -> Result<()> {
         let dir = &self.dir;
-        let sync_dir = || fs.sync_dir(dir).map_err(io_at("fsync directory", dir));
+        let sync_dir = || fs.sync_dir(dir).map_err(Error::at("fsync directory", dir));
         let mut unsynced = false;
         for r in &self.repairs {
             match r {
                 Repair::RemoveTemp { file } | Repair::RemoveEmptySegment { file } => {
-                    fs.remove_file(file).map_err(io_at("remove", file))?;
+                    fs.remove_file(file).map_err(Error::at("remove", file))?;
                     unsynced = true;
                 }
                 Repair::Truncate { file, len, .. } => {
@@ -448,10 +447,10 @@ impl Plan {
                 Repair::MoveAside {
                     file, from: 0, to, ..
                 } => {
-                    if fs.kind(to).map_err(io_at("stat", to))?.is_some() {
+                    if fs.kind(to).map_err(Error::at("stat", to))?.is_some() {
                         return Err(taken(to));
                     }
-                    fs.rename(file, to).map_err(io_at("rename", file))?;
+                    fs.rename(file, to).map_err(Error::at("rename", file))?;
                     unsynced = true;
                 }
                 Repair::MoveAside { file, from, to, .. } => {
@@ -471,9 +470,9 @@ impl Plan {
 }
 
 fn truncate(fs: &dyn FileSystem, file: &Path, len: u64) -> Result<()> {
-    let mut f = fs.open_append(file).map_err(io_at("open", file))?;
-    f.set_len(len).map_err(io_at("truncate", file))?;
-    f.sync_data().map_err(io_at("fsync", file))
+    let mut f = fs.open_append(file).map_err(Error::at("open", file))?;
+    f.set_len(len).map_err(Error::at("truncate", file))?;
+    f.sync_data().map_err(Error::at("fsync", file))
 }
 
 fn taken(path: &Path) -> Error {
@@ -543,7 +542,7 @@ pub(crate) fn aside_path(
             format!("{file}{DISCARDED}.{k}")
         };
         let path = dir.join(&name);
-        if !in_use.contains(&name) && fs.kind(&path).map_err(io_at("stat", &path))?.is_none() {
+        if !in_use.contains(&name) && fs.kind(&path).map_err(Error::at("stat", &path))?.is_none() {
             in_use.insert(name);
             return Ok(path);
         }
@@ -554,9 +553,9 @@ pub(crate) fn aside_path(
 
 /// Copies `from` on of `src` into the new file `dst` and makes it durable.
 fn copy_tail(fs: &dyn FileSystem, src: &Path, from: u64, dst: &Path) -> Result<()> {
-    let mut f = fs.open_read(src).map_err(io_at("open", src))?;
+    let mut f = fs.open_read(src).map_err(Error::at("open", src))?;
     let skipped = std::io::copy(&mut (&mut f).take(from), &mut std::io::sink())
-        .map_err(io_at("read", src))?;
+        .map_err(Error::at("read", src))?;
     if skipped != from {
         return Err(Error::io(
             "read",
@@ -567,16 +566,16 @@ fn copy_tail(fs: &dyn FileSystem, src: &Path, from: u64, dst: &Path) -> Result<(
             ),
         ));
     }
-    let mut out = fs.create_new(dst).map_err(io_at("create", dst))?;
+    let mut out = fs.create_new(dst).map_err(Error::at("create", dst))?;
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f.read(&mut buf).map_err(io_at("read", src))?;
+        let n = f.read(&mut buf).map_err(Error::at("read", src))?;
         let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else {
             break;
         };
-        out.write_all(chunk).map_err(io_at("write", dst))?;
+        out.write_all(chunk).map_err(Error::at("write", dst))?;
     }
-    out.sync_data().map_err(io_at("fsync", dst))
+    out.sync_data().map_err(Error::at("fsync", dst))
 }
 
 #[cfg(test)]

@@ -16,6 +16,20 @@ use std::time::Duration;
 
 use crate::error::{Corruption, Error};
 
+/// What recovery does with damage other than a torn tail.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecoveryMode {
+    /// Refuse: damage anywhere but a torn tail is [`Error::Corrupt`]. The default.
+    #[default]
+    Strict,
+    /// Keep the longest valid prefix of the history; move what is discarded
+    /// aside (`<file>.discarded`, or `<file>.discarded.<n>` if an earlier
+    /// salvage left that name taken) and report it. For an operator who has
+    /// decided that losing the damaged suffix is better than not starting.
+    Salvage,
+}
+
 /// The snapshot recovery started from.
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -77,7 +77,7 @@ use crate::fs::LockGuard;
 use crate::id::ProducerId;
 use crate::map::hash_key;
 use crate::outcome::{AppendOutcome, BatchOutcome};
-use crate::recovery::{self, RecoveryReport};
+use crate::recovery::{self, report::RecoveryReport};
 use crate::shards::{SHARDS, warm};
 use crate::telemetry::Telemetry;
 use crate::wal::record::MAX_NAME;
@@ -230,11 +230,13 @@ impl ProducerStateStore {
         // replayed under the other semantics.
         recovery::semantics::check(fs.as_ref(), &dir, opts.semantics)?;
         let mut rec = recovery::recover(fs.as_ref(), &dir, opts.recovery)?;
-        let kafka = opts.semantics == crate::Semantics::Kafka;
+        let kafka = opts.semantics == crate::semantics::Semantics::Kafka;
         if kafka && rec.meta.kafka.is_none() {
-            rec.meta.kafka = Some(Box::new(crate::ProducerStateManager::with_semantics(
-                crate::Semantics::Kafka,
-            )));
+            rec.meta.kafka = Some(Box::new(
+                crate::manager::ProducerStateManager::with_semantics(
+                    crate::semantics::Semantics::Kafka,
+                ),
+            ));
         }
         let writer = match rec.active {
             Some((len, records)) => LogWriter::resume(
@@ -709,7 +711,7 @@ fn check_seed(r: &AppendRequest) -> Result<()> {
     if r.options != crate::batch::AppendOptions::client() {
         return Err(Error::Unsupported {
             what: "an append with an origin or transactional flags",
-            semantics: crate::Semantics::Seed,
+            semantics: crate::semantics::Semantics::Seed,
         });
     }
     check_name(r)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, StdFs};
-use crate::recovery::RecoveryMode;
+use crate::recovery::report::RecoveryMode;
 use crate::rules::UnknownProducer;
 use crate::semantics::Semantics;
 use crate::wal::writer::IdSource;

@@ -59,7 +59,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::outcome::{AppendOutcome, BatchOutcome};
-use crate::recovery::RecoveryReport;
+use crate::recovery::report::RecoveryReport;
 use handles::{Counter, Gauge, Histogram, appends, counter, describe, gauge, histogram, labels};
 pub(crate) use names::check_labels;
 use names::*;
