@@ -484,7 +484,8 @@ mod tests {
     use crate::fs::SimFs;
     use crate::map::hash_key;
     use crate::snapshot;
-    use crate::wal::record::{encode, seal};
+    use crate::wal::frame::seal;
+    use crate::wal::record::encode;
     use std::path::PathBuf;
 
     /// A store directory holding one segment of `n` single-sequence appends
@@ -502,7 +503,7 @@ mod tests {
             segment::Ids { store: 1, salt: 2 },
             segment::APPENDED_VERSION,
         );
-        let seed = crate::wal::record::seed(&bytes[12..36]);
+        let seed = crate::wal::frame::seed(&bytes[12..36]);
         let (mut bad_offset, mut bad_record) = (0, 0);
         let mut group = Vec::new();
         let mut open = usize::MAX;

@@ -80,7 +80,7 @@ use crate::outcome::{AppendOutcome, BatchOutcome};
 use crate::recovery::{self, report::RecoveryReport};
 use crate::shards::{SHARDS, warm};
 use crate::telemetry::Telemetry;
-use crate::wal::record::MAX_NAME;
+use crate::wal::frame::MAX_NAME;
 use crate::wal::writer::LogWriter;
 
 use commit::{FLUSH_BYTES, GroupCommit, LogQueue, lock};

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use super::record::{AT_KIND, AT_LEN, HEADER};
+use super::frame::{AT_KIND, AT_LEN, HEADER};
 use crate::batch::AppendRequest;
 use crate::codec::{Dec, Put, set_u32};
 use crate::entry_codec::{self, MAX_ENTRY};

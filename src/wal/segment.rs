@@ -6,6 +6,7 @@
 use std::io::Read;
 use std::path::Path;
 
+use super::frame;
 use super::op::{GroupKind, LogOp};
 use super::prefix_crc::PrefixCrc;
 use super::record::{self, Bad, Decoded};
@@ -61,7 +62,7 @@ pub(crate) struct Header {
     pub preallocated: bool,
     /// The store id (version 3 on).
     pub store: Option<u64>,
-    /// The CRC seed of its records (see [`record::seed`]).
+    /// The CRC seed of its records (see [`frame::seed`]).
     pub seed: u32,
     /// Header bytes: where the records start.
     pub len: usize,
@@ -195,9 +196,9 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
         return Err(bad(10, Corruption::BadField("segment flags")));
     }
     let (store, seed) = if version >= 3 {
-        (d.u64(), record::seed(bytes.get(12..36).unwrap_or_default()))
+        (d.u64(), frame::seed(bytes.get(12..36).unwrap_or_default()))
     } else {
-        (None, record::seed(&pos.to_le_bytes()))
+        (None, frame::seed(&pos.to_le_bytes()))
     };
     Ok(Header {
         first_position: pos,
@@ -568,7 +569,7 @@ fn later_write<R: Read>(
     let mut at = from;
     loop {
         let bytes = w.at(at, record::MAX_LEN)?;
-        if bytes.len() < record::MIN_LEN {
+        if bytes.len() < frame::MIN_LEN {
             return Ok(None);
         }
         // Zeros hold no candidate (a record's length, bytes 4..8, is never
@@ -580,13 +581,13 @@ fn later_write<R: Read>(
             continue;
         }
         if let Some(len) = record::claimed_len(bytes, layout)
-            && let Some(stored) = record::stored_crc(bytes)
+            && let Some(stored) = frame::stored_crc(bytes)
             && let Some(computed) = prefixes.crc(
                 seed,
                 bytes,
                 at,
-                at + record::CRC_FROM as u64,
-                len - record::CRC_FROM,
+                at + frame::CRC_FROM as u64,
+                len - frame::CRC_FROM,
             )
             && stored == computed
         {
@@ -613,7 +614,8 @@ fn later_write<R: Read>(
 mod tests {
     use super::*;
     use crate::batch::AppendRequest;
-    use crate::wal::record::{encode, seal};
+    use crate::wal::frame::seal;
+    use crate::wal::record::encode;
     use std::io::Cursor;
 
     const IDS: Ids = Ids { store: 1, salt: 2 };
@@ -621,7 +623,7 @@ mod tests {
     const REC: usize = 35;
 
     fn seed() -> u32 {
-        record::seed(&header(10, IDS, APPENDED_VERSION)[12..36])
+        frame::seed(&header(10, IDS, APPENDED_VERSION)[12..36])
     }
 
     /// Appends one write of one record per request (no packing: the tests
@@ -900,7 +902,7 @@ mod tests {
     fn reference_later_write(f: &[u8], damage: usize, seed: u32) -> Option<u64> {
         let layout = record::Layout::of(VERSION);
         let mut at = damage + 1;
-        while f.len() - at >= record::MIN_LEN {
+        while f.len() - at >= frame::MIN_LEN {
             let b = &f[at..];
             if record::plausible(b, layout) {
                 match record::decode(b, seed, layout, at as u64) {

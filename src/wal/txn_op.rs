@@ -11,8 +11,8 @@
 
 #![deny(clippy::indexing_slicing)]
 
+use super::frame::{AT_KIND, AT_LEN, HEADER, put};
 use super::op::{LogOp, begin, end};
-use super::record::{AT_KIND, AT_LEN, HEADER, put};
 use crate::batch::{AppendRequest, BatchMetadata};
 use crate::codec::{Dec, Put};
 use crate::error::Corruption;
@@ -44,7 +44,7 @@ pub(crate) const MAX_SECTION: usize = super::op::MAX_LEN - (HEADER + 4 + 1);
 const NAMED_BASE: usize = HEADER + 2;
 /// The batch flag: the batch is transactional.
 const TRANSACTIONAL: u8 = 1;
-const _: () = assert!(NAMED_BASE + crate::wal::record::MAX_NAME + BATCH_TAIL <= super::op::MAX_LEN);
+const _: () = assert!(NAMED_BASE + super::frame::MAX_NAME + BATCH_TAIL <= super::op::MAX_LEN);
 
 /// Puts the id (numeric: `u64`; named: `u16` length and UTF-8) and
 /// returns the record kind to use, numeric or named.
@@ -318,7 +318,8 @@ pub(super) fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<LogOp, Corrupt
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::wal::record::{Layout, decode, seal, seed};
+    use crate::wal::frame::{seal, seed};
+    use crate::wal::record::{Layout, decode};
 
     #[test]
     fn a_numeric_batch_built_in_place_has_the_bytes_of_the_field_by_field_record() {

@@ -24,6 +24,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::frame;
 use super::record;
 use super::segment::{self, Ids};
 use crate::error::{Error, Result};
@@ -148,7 +149,7 @@ pub(crate) struct LogWriter {
     len: u64,
     /// Bytes of the active segment known to be durable (fsync'ed). Every
     /// record states how far past this it was written; see
-    /// [`record::seal`].
+    /// [`frame::seal`].
     synced: u64,
     records: u64,
     segment_size: u64,
@@ -418,7 +419,7 @@ impl LogWriter {
         }
         // Below MAX_SEGMENT_BYTES, so every distance fits a u32.
         let unsynced = u32::try_from(self.len - self.synced).unwrap_or(u32::MAX);
-        record::seal(buf, self.seed, self.len, unsynced);
+        frame::seal(buf, self.seed, self.len, unsynced);
         // At its offset: into the zeros of a preallocated segment.
         self.file
             .write_all_at(self.len, buf)
@@ -473,14 +474,14 @@ impl LogWriter {
         if self.roll_first || self.broken.is_some() {
             return Ok(());
         }
-        let mut buf = Vec::with_capacity(record::HEADER);
+        let mut buf = Vec::with_capacity(frame::HEADER);
         record::encode_close(&mut buf);
         if self.len + buf.len() as u64 > MAX_SEGMENT_BYTES {
             return Ok(());
         }
         // Never a roll for it: a segment of nothing but a marker is no use.
         let unsynced = u32::try_from(self.len - self.synced).unwrap_or(u32::MAX);
-        record::seal(&mut buf, self.seed, self.len, unsynced);
+        frame::seal(&mut buf, self.seed, self.len, unsynced);
         if let Err(e) = self.file.write_all_at(self.len, &buf) {
             self.broken = Some(("write", e.kind()));
             return Err(Error::io("write", &self.path, e));
@@ -603,7 +604,7 @@ fn new_segment(
         prep.is_some(),
         kafka,
     );
-    let seed = record::seed(header.get(12..36).unwrap_or_default());
+    let seed = frame::seed(header.get(12..36).unwrap_or_default());
     let file = match prep {
         Some((tmp, mut file)) => {
             file.write_all_at(0, &header)
