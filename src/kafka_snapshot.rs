@@ -24,12 +24,11 @@ use std::collections::VecDeque;
 
 use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::codec::{Dec, Put};
+use crate::codec::{decode_id as get_id, put_id};
 use crate::entry::RETAINED_BATCHES;
 use crate::error::Corruption;
 use crate::kafka_state::{FullEntry, KafkaState};
 use crate::txn::AbortedTxn;
-
-use crate::wal::op::{decode_id as get_id, put_id};
 
 /// Appends the Kafka section of `k`: its length (`u64`, the bytes after
 /// it), the side-table keys, then the aborted lists. Side-table keys are

@@ -6,7 +6,7 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use super::frame::{AT_KIND, AT_LEN, HEADER, MAX_NAME, MIN_LEN, crc, put};
+use super::frame::{AT_KIND, AT_LEN, HEADER, MAX_NAME, crc, put};
 use super::op::{self, LogOp};
 use super::txn_op;
 use crate::batch::{AppendRequest, BatchMetadata};
@@ -468,7 +468,7 @@ pub(crate) fn stated_offset(bytes: &[u8], layout: Layout) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::batch::Batch;
-    use crate::wal::frame::{seal, seed};
+    use crate::wal::frame::{MIN_LEN, seal, seed};
 
     const V3: fn() -> Layout = || Layout::of(3);
 

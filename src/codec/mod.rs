@@ -3,11 +3,18 @@
 //! Every on-disk integer is written with `to_le_bytes` by this module and
 //! read back by [`Dec`], which never indexes out of bounds: a short read is
 //! a `None` that the caller turns into a [`Corruption`] with the offset.
-//! The formats themselves are described byte by byte in docs/format.md.
+//! A producer id has one encoding wherever a format holds it by itself
+//! ([`put_id`], [`decode_id`]), and [`crc`] is the CRC-32C arithmetic
+//! the log's search for valid records runs on. This layer knows no file
+//! and no format: the formats themselves are described byte by byte in
+//! docs/format.md.
 
 #![deny(clippy::indexing_slicing)]
 
+pub mod crc;
+
 use crate::error::Corruption;
+use crate::id::ProducerId;
 
 /// Appends little-endian fields to a buffer.
 pub(crate) trait Put {
@@ -121,6 +128,40 @@ pub(crate) fn set_u32(buf: &mut [u8], at: usize, v: u32) {
     if let Some(dst) = buf.get_mut(at..at + 4) {
         dst.copy_from_slice(&v.to_le_bytes());
     }
+}
+
+/// A producer id as the log's removal records and the snapshot's Kafka
+/// section hold it: `u8` 0 and `u64`, or `u8` 1, `u16` length and UTF-8.
+pub(crate) fn put_id(buf: &mut Vec<u8>, id: &ProducerId) {
+    match id.as_numeric() {
+        Some(n) => {
+            buf.put_u8(0);
+            buf.put_u64(n);
+        }
+        None => {
+            let name = id.name_bytes().unwrap_or_default();
+            buf.put_u8(1);
+            buf.put_u16(name.len() as u16);
+            buf.extend_from_slice(name);
+        }
+    }
+}
+
+/// Reads what [`put_id`] wrote.
+pub(crate) fn decode_id(d: &mut Dec<'_>) -> Result<ProducerId, Corruption> {
+    let short = Corruption::BadField("producer id (too short)");
+    let id = match d.u8().ok_or(short.clone())? {
+        0 => ProducerId::numeric(d.u64().ok_or(short.clone())?),
+        1 => {
+            let n = d.u16().ok_or(short.clone())? as usize;
+            let name = d.bytes(n).ok_or(short.clone())?;
+            let name = std::str::from_utf8(name)
+                .map_err(|_| Corruption::BadField("producer name (not UTF-8)"))?;
+            ProducerId::named(name)
+        }
+        _ => return Err(Corruption::BadField("producer id kind")),
+    };
+    Ok(id)
 }
 
 #[cfg(test)]
