@@ -42,11 +42,11 @@ use std::path::{Path, PathBuf};
 use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::entry::ProducerEntry;
 use crate::error::{Corruption, Error, Result};
+use crate::fs::read_full;
 use crate::fs::{FileSystem, StdFs};
 use crate::id::ProducerId;
 use crate::shards::Shards;
 use crate::snapshot;
-use crate::wal::segment::read_full;
 
 pub use crate::kafka_order::sort_in_kafka_order;
 

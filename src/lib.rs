@@ -177,7 +177,6 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod apply;
-mod background_sync;
 mod batch;
 mod clock;
 mod codec;

@@ -17,16 +17,17 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::background_sync::BackgroundSync;
 use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::codec::{Dec, Put, truncated};
 use crate::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
 use crate::entry_codec;
 use crate::error::{Corruption, Error, Result};
+use crate::fs::background_sync::BackgroundSync;
+use crate::fs::read_full;
 use crate::fs::{FileSystem, WriteFile};
 use crate::id::ProducerId;
 use crate::meta::Meta;
-use crate::wal::segment::{parse_numbered, read_full};
+use crate::wal::segment::parse_numbered;
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATSNP";
 /// The version this build writes: version 3's sections, then the entries

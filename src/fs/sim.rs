@@ -19,7 +19,7 @@ use std::io::{self, Cursor, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{DirEntry, EntryKind, FileSystem, LockGuard, ReadFile, WriteFile};
+use super::file_system::{DirEntry, EntryKind, FileSystem, LockGuard, ReadFile, WriteFile};
 
 /// What happens at the chosen operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -127,7 +127,7 @@ pub fn detect(fs: &dyn FileSystem, path: &Path) -> Result<Option<FileKind>> {
         .unwrap_or_default();
     let (mut f, len) = open(fs, path)?;
     let mut head = [0u8; 8];
-    let n = segment::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
+    let n = crate::fs::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
     let head = head.get(..n).unwrap_or_default();
     Ok(
         if head == snapshot::MAGIC || snapshot::parse_name(name).is_some() {

@@ -81,7 +81,7 @@ pub(crate) fn stored(fs: &dyn FileSystem, dir: &Path) -> Result<Option<(Semantic
 fn head(fs: &dyn FileSystem, path: &Path) -> Option<Vec<u8>> {
     let mut f = fs.open_read(path).ok()?;
     let mut buf = vec![0u8; HEADER_LEN.max(snapshot::HEADER_LEN)];
-    let n = segment::read_full(&mut f, &mut buf).ok()?;
+    let n = crate::fs::read_full(&mut f, &mut buf).ok()?;
     buf.truncate(n);
     Some(buf)
 }

@@ -12,6 +12,7 @@ use super::prefix_crc::PrefixCrc;
 use super::record::{self, Bad, Decoded};
 use crate::codec::{Dec, Put};
 use crate::error::{Corruption, Error, Result};
+use crate::fs::read_full;
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATWAL";
 /// The version this crate writes (the newest; it reads [`OLDEST_VERSION`]
@@ -285,20 +286,6 @@ impl<R: Read> Window<R> {
         let rel = (at - self.base) as usize;
         Ok(self.buf.get(rel..).unwrap_or_default())
     }
-}
-
-/// Reads until `buf` is full or the reader ends; returns the bytes read.
-pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(buf.get_mut(n..).unwrap_or_default()) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// An atomic group being read: where it starts and what of it was read.

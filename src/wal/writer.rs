@@ -567,7 +567,7 @@ fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<(segment::Header, u64
     let mut head = [0u8; segment::HEADER_LEN];
     let mut f = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
     let len = f.len().map_err(|e| Error::io("stat", path, e))?;
-    let n = segment::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
+    let n = crate::fs::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
     match segment::parse_header(path, head.get(..n).unwrap_or_default()) {
         Ok(h) => Ok((h, len)),
         Err(segment::HeaderError::Bad(e)) => Err(e),

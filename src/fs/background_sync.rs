@@ -22,7 +22,7 @@ use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use crate::fs::WriteFile;
+use super::file_system::WriteFile;
 
 /// The most bytes written and not yet durable before the writer waits.
 pub(crate) const MAX_BEHIND: u64 = 4 << 20;
