@@ -40,6 +40,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::batch::{BatchMetadata, RetainedBatch};
+use crate::directory::names;
 use crate::entry::ProducerEntry;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::read_full;
@@ -80,12 +81,12 @@ pub struct KafkaProducerEntry {
 
 /// The file name of a Kafka snapshot covering offsets below `offset`.
 pub fn file_name(offset: u64) -> String {
-    format!("{offset:020}.snapshot")
+    names::kafka_snapshot_name(offset)
 }
 
 /// The offset in a Kafka snapshot's file name (`<20 digits>.snapshot`).
 pub fn parse_file_name(name: &str) -> Option<u64> {
-    crate::wal::segment::parse_numbered(name, "snapshot")
+    names::parse_kafka_snapshot_name(name)
 }
 
 fn put_entry(out: &mut Vec<u8>, e: &KafkaProducerEntry) {
@@ -559,10 +560,7 @@ pub fn seed_kafka_store_with(
 fn lock_new(fs: &dyn FileSystem, dir: &Path) -> Result<Box<dyn crate::fs::LockGuard>> {
     let lock = crate::directory::lock(fs, dir)?;
     let existing = fs.list(dir).map_err(|e| Error::io("list", dir, e))?;
-    if existing
-        .iter()
-        .any(|e| crate::files::classify(&e.name).is_some())
-    {
+    if existing.iter().any(|e| names::classify(&e.name).is_some()) {
         return Err(Error::InvalidOptions(format!(
             "{} already holds a store; seed only a new directory",
             dir.display()

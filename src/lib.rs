@@ -185,7 +185,6 @@ mod entry;
 mod entry_codec;
 mod error;
 mod export;
-mod files;
 mod filter;
 pub mod fs;
 mod id;

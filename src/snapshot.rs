@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::codec::{Dec, Put, truncated};
+use crate::directory::names;
 use crate::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
 use crate::entry_codec;
 use crate::error::{Corruption, Error, Result};
@@ -27,7 +28,6 @@ use crate::fs::read_full;
 use crate::fs::{FileSystem, WriteFile};
 use crate::id::ProducerId;
 use crate::meta::Meta;
-use crate::wal::segment::parse_numbered;
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATSNP";
 /// The version this build writes: version 3's sections, then the entries
@@ -46,8 +46,6 @@ pub(crate) const VERSION_1: u16 = 1;
 pub(crate) const POSITION_AT: u64 = 16;
 pub(crate) const HEADER_LEN: usize = 48;
 pub(crate) const TRAILER_LEN: usize = 4;
-pub(crate) const EXTENSION: &str = "snap";
-pub(crate) const TMP_SUFFIX: &str = ".tmp";
 const ID_NUMERIC: u8 = 0;
 const ID_NAMED: u8 = 1;
 const HAS_META: u8 = 1;
@@ -57,16 +55,6 @@ const HAS_META: u8 = 1;
 ///
 /// [`Semantics::Kafka`]: crate::Semantics::Kafka
 pub(crate) const FLAG_KAFKA: u16 = 1;
-
-/// The file name of the snapshot at `position`.
-pub(crate) fn file_name(position: u64) -> String {
-    format!("{position:020}.{EXTENSION}")
-}
-
-/// The position in a snapshot's file name (`<20 digits>.snap`).
-pub(crate) fn parse_name(name: &str) -> Option<u64> {
-    parse_numbered(name, EXTENSION)
-}
 
 /// What a snapshot's header says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -399,8 +387,8 @@ const SYNC_EVERY: u64 = 1 << 20;
 impl Writer {
     /// Creates `<position>.snap.tmp` in `dir` with a placeholder header.
     pub(crate) fn create(fs: &dyn FileSystem, dir: &Path, position: u64) -> Result<Writer> {
-        let dest = dir.join(file_name(position));
-        let tmp = dir.join(format!("{}{TMP_SUFFIX}", file_name(position)));
+        let dest = dir.join(names::snapshot_name(position));
+        let tmp = dir.join(names::snapshot_tmp_name(position));
         if fs
             .kind(&tmp)
             .map_err(|e| Error::io("stat", &tmp, e))?
@@ -1402,12 +1390,5 @@ mod tests {
         buf.clear();
         entry_codec::encode_entry_v4(&mut buf, &ProducerId::numeric(5), 0, &e, ts + 1);
         assert_eq!(buf.len(), 29 + 16 + 4 * 6);
-    }
-
-    #[test]
-    fn names_parse_back() {
-        assert_eq!(parse_name(&file_name(9)), Some(9));
-        assert_eq!(parse_name("00000000000000000009.snap.tmp"), None);
-        assert_eq!(parse_name("00000000000000000009.wal"), None);
     }
 }

@@ -17,6 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::apply::{Parallel, Sequential, Sink};
+use crate::directory::names;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::loader::load_file;
@@ -50,7 +51,7 @@ pub(crate) fn pick_base(
 ) -> Result<std::result::Result<Base, i64>> {
     let mut lowest = i64::MAX;
     for &pos in snapshots.iter().rev() {
-        let path = dir.join(snapshot::file_name(pos));
+        let path = dir.join(names::snapshot_name(pos));
         let high = snapshot::read_meta(fs, &path)?.high;
         lowest = lowest.min(high.saturating_add(1));
         if high < offset {
@@ -96,7 +97,7 @@ pub(crate) fn truncated_state(
     let bytes: u64 = segs
         .iter()
         .map(|&s| {
-            let p = dir.join(segment::file_name(s));
+            let p = dir.join(names::segment_name(s));
             fs.open_read(&p).and_then(|f| f.len()).unwrap_or(0)
         })
         .sum();
@@ -176,7 +177,7 @@ fn replay(
 ) -> Result<()> {
     let mut expected = segments.first().copied().unwrap_or(start);
     for &named in segments {
-        let path = dir.join(segment::file_name(named));
+        let path = dir.join(names::segment_name(named));
         if named != expected {
             let kind = Corruption::MissingRecords {
                 expected,

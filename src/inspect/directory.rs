@@ -2,7 +2,7 @@
 //! the inspector's policy, so that the tool only renders it.
 //!
 //! Files are classified by the store's own naming rule
-//! ([`classify`](crate::files::classify), which recovery uses): a file
+//! ([`classify`](crate::directory::names::classify), which recovery uses): a file
 //! recovery does not read never decides the verdict, whatever its
 //! extension or bytes. Each store file is verified on its own, recovery is
 //! run as a dry run, and each finding gets the [`Effect`] it has on
@@ -18,8 +18,9 @@ use std::path::{Path, PathBuf};
 use super::{
     RecoveredState, SegmentEnd, Ticker, Verdict, dry_run, kafka_snapshot, segment, snapshot,
 };
+use crate::directory::names;
+use crate::directory::names::{StoreFile, classify};
 use crate::error::{Corruption, Error, Result};
-use crate::files::{StoreFile, classify};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
 use crate::kafka;
 use crate::recovery::report::RecoveryReport;
@@ -333,7 +334,7 @@ fn check(fs: &dyn FileSystem, dir: &Path, entry: &DirEntry) -> Result<FileReport
             StoreFile::Snapshot(_) => Role::Snapshot,
             _ => Role::SnapshotTemp,
         };
-        r.problem = Some(Problem::Invalid(crate::files::not_a_file(
+        r.problem = Some(Problem::Invalid(crate::directory::not_a_file(
             fs,
             r.path.clone(),
             entry.kind,
@@ -570,11 +571,7 @@ mod tests {
     #[test]
     fn a_leftover_is_repaired_and_a_hole_a_fallback_needs_is_not_ok() {
         let (fs, dir) = store();
-        let tmp = format!(
-            "{}{}",
-            crate::snapshot::file_name(3),
-            crate::snapshot::TMP_SUFFIX
-        );
+        let tmp = format!("{}{}", names::snapshot_name(3), names::SNAPSHOT_TMP_SUFFIX);
         fs.overwrite(&dir.join(&tmp), b"half");
         let r = inspect(&fs, &dir);
         assert_eq!(r.verdict, Verdict::Repairable);

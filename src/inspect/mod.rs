@@ -26,6 +26,7 @@ pub use directory::{
     Contents, DirectoryReport, DryRun, Effect, FileReport, Problem, Role, directory,
 };
 
+use crate::directory::names;
 use crate::entry::ProducerEntry;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
@@ -45,7 +46,7 @@ use crate::snapshot;
 use crate::txn::AbortedTxn;
 use crate::wal::segment::{self, End, HeaderError};
 
-pub use crate::files::{StoreFile, classify};
+pub use crate::directory::names::{StoreFile, classify};
 pub use crate::wal::op::{GroupKind, LogOp, RemoveReason};
 
 /// Calls a progress callback every few thousand items.
@@ -130,9 +131,9 @@ pub fn detect(fs: &dyn FileSystem, path: &Path) -> Result<Option<FileKind>> {
     let n = crate::fs::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
     let head = head.get(..n).unwrap_or_default();
     Ok(
-        if head == snapshot::MAGIC || snapshot::parse_name(name).is_some() {
+        if head == snapshot::MAGIC || names::parse_snapshot_name(name).is_some() {
             Some(FileKind::Snapshot)
-        } else if head == segment::MAGIC || segment::parse_name(name).is_some() {
+        } else if head == segment::MAGIC || names::parse_segment_name(name).is_some() {
             Some(FileKind::Segment)
         } else if kafka::parse_file_name(name).is_some()
             || (head.get(..2) == Some(&[0, 1])

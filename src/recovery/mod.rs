@@ -59,6 +59,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::apply::{Failed, Parallel, Sequential, Sink};
+use crate::directory::names;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::meta::Meta;
@@ -483,7 +484,6 @@ mod tests {
     use crate::batch::AppendRequest;
     use crate::fs::SimFs;
     use crate::map::hash_key;
-    use crate::snapshot;
     use crate::wal::frame::seal;
     use crate::wal::record::encode;
     use std::path::PathBuf;
@@ -533,7 +533,7 @@ mod tests {
                 open = usize::MAX;
             }
         }
-        let path = dir.join(segment::file_name(0));
+        let path = dir.join(names::segment_name(0));
         let mut f = fs.create_new(&path).unwrap();
         f.write_all(&bytes).unwrap();
         f.sync_data().unwrap();
@@ -556,7 +556,7 @@ mod tests {
 
     fn damaged_before_the_last_segment() -> (SimFs, PathBuf, [PathBuf; 2], u64, PathBuf) {
         let (fs, dir, _, _) = log(10, None, false);
-        let seg = dir.join(segment::file_name(0));
+        let seg = dir.join(names::segment_name(0));
         let mut bytes = fs.read_file(&seg).unwrap();
         let mut offsets = Vec::new();
         let len = bytes.len() as u64;
@@ -575,12 +575,12 @@ mod tests {
         let bad = offsets[3];
         bytes[(bad + offsets[4]) as usize / 2] ^= 1;
         fs.overwrite(&seg, &bytes);
-        let next = dir.join(segment::file_name(10));
+        let next = dir.join(names::segment_name(10));
         fs.overwrite(&next, &header_at_10());
         let tmp = dir.join(format!(
             "{}{}",
-            snapshot::file_name(4),
-            snapshot::TMP_SUFFIX
+            names::snapshot_name(4),
+            names::SNAPSHOT_TMP_SUFFIX
         ));
         fs.overwrite(&tmp, b"cut off");
         (fs, dir, [seg, next], bad, tmp)
@@ -673,8 +673,8 @@ mod tests {
         s.snapshot().unwrap();
         s.close().unwrap();
         // A copy under a newer name: its header still says 5.
-        let five = fs.read_file(&dir.join(snapshot::file_name(5))).unwrap();
-        let seven = dir.join(snapshot::file_name(7));
+        let five = fs.read_file(&dir.join(names::snapshot_name(5))).unwrap();
+        let seven = dir.join(names::snapshot_name(7));
         fs.overwrite(&seven, &five);
         let r = recover_dry(&fs, &dir, RecoveryMode::Strict).unwrap().report;
         let kind = Corruption::NameMismatch {

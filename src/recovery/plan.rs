@@ -16,8 +16,10 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use super::report::{Damage, RecoveryMode, RecoveryReport, Repair, SkippedSnapshot, SnapshotUsed};
+use crate::directory::names::{
+    self, DISCARDED, StoreFile, classify, discarded_name, discarded_number,
+};
 use crate::error::{Corruption, Error, Result};
-use crate::files::{StoreFile, classify};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
 use crate::loader::{Loaded, load_file};
 use crate::meta::Meta;
@@ -163,7 +165,7 @@ impl Plan {
         plan.log_bytes = listing
             .iter()
             .filter(|e| {
-                segment::parse_name(&e.name).is_some_and(|l| first.is_some_and(|&f| l >= f))
+                names::parse_segment_name(&e.name).is_some_and(|l| first.is_some_and(|&f| l >= f))
             })
             .map(|e| e.len)
             .sum();
@@ -173,7 +175,7 @@ impl Plan {
     /// Loads the newest snapshot that verifies, noting those that do not.
     fn pick_base(&mut self, fs: &dyn FileSystem) -> Result<(Shards, Meta)> {
         for &pos in self.snapshot_files.iter().rev() {
-            let path = self.dir.join(snapshot::file_name(pos));
+            let path = self.dir.join(names::snapshot_name(pos));
             let loaded = load_file(fs, &path).and_then(|l| {
                 let h = l.header;
                 if h.position == pos {
@@ -226,7 +228,7 @@ impl Plan {
 
     pub(crate) fn segment_path(&self, seg: usize) -> PathBuf {
         let pos = self.segments.get(seg).copied().unwrap_or_default();
-        self.dir.join(segment::file_name(pos))
+        self.dir.join(names::segment_name(pos))
     }
 
     /// The log replay needs is gone: no segment starts at or before the
@@ -321,7 +323,7 @@ impl Plan {
         let mut active = cut.prev;
         for idx in cut.seg..self.segments.len() {
             let file = self.segment_path(idx);
-            let name = segment::file_name(self.segments.get(idx).copied().unwrap_or_default());
+            let name = names::segment_name(self.segments.get(idx).copied().unwrap_or_default());
             let to = aside_path(fs, &self.dir, &name, &mut self.names)?;
             let len = fs
                 .open_read(&file)
@@ -497,25 +499,7 @@ fn refuse_what_is_not_a_file(fs: &dyn FileSystem, dir: &Path, listing: &[DirEntr
     else {
         return Ok(());
     };
-    Err(crate::files::not_a_file(fs, dir.join(&e.name), e.kind))
-}
-
-/// What salvage appends to the name of a file it moves aside.
-pub(crate) const DISCARDED: &str = ".discarded";
-
-/// The number of a name salvage gave a piece of `file`:
-/// `<file>.discarded` is 0, `<file>.discarded.<n>` is n; `None` for any
-/// other name.
-pub(crate) fn discarded_number(file: &str, name: &str) -> Option<u64> {
-    let rest = name.strip_prefix(file)?.strip_prefix(DISCARDED)?;
-    if rest.is_empty() {
-        return Some(0);
-    }
-    let digits = rest.strip_prefix('.')?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    Err(crate::directory::not_a_file(fs, dir.join(&e.name), e.kind))
 }
 
 /// A name for what salvage moves aside from `file` that no file has:
@@ -536,11 +520,7 @@ pub(crate) fn aside_path(
         .max();
     let mut n = highest.map_or(Some(0), |h| h.checked_add(1));
     while let Some(k) = n {
-        let name = if k == 0 {
-            format!("{file}{DISCARDED}")
-        } else {
-            format!("{file}{DISCARDED}.{k}")
-        };
+        let name = discarded_name(file, k);
         let path = dir.join(&name);
         if !in_use.contains(&name) && fs.kind(&path).map_err(Error::at("stat", &path))?.is_none() {
             in_use.insert(name);
@@ -548,7 +528,7 @@ pub(crate) fn aside_path(
         }
         n = k.checked_add(1);
     }
-    Err(taken(&dir.join(format!("{file}{DISCARDED}"))))
+    Err(taken(&dir.join(discarded_name(file, 0))))
 }
 
 /// Copies `from` on of `src` into the new file `dst` and makes it durable.
@@ -588,12 +568,12 @@ mod tests {
         let fs = SimFs::new();
         let dir = PathBuf::from("/s");
         fs.create_dir_all(&dir).unwrap();
-        let seg = segment::file_name(66);
+        let seg = names::segment_name(66);
         let mut in_use: BTreeSet<String> = [
             seg.clone(),
             format!("{seg}.discarded.2"),
             format!("{seg}.discarded.x"),
-            format!("{}.discarded.7", segment::file_name(6)),
+            format!("{}.discarded.7", names::segment_name(6)),
         ]
         .into_iter()
         .collect();
@@ -613,10 +593,10 @@ mod tests {
         fs.overwrite(&dir.join(format!("{seg}.discarded.5")), b"x");
         assert_eq!(next(&mut in_use), format!("{seg}.discarded.6"));
         let mut empty = BTreeSet::new();
-        let first = aside_path(&fs, &dir, &segment::file_name(9), &mut empty).unwrap();
+        let first = aside_path(&fs, &dir, &names::segment_name(9), &mut empty).unwrap();
         assert_eq!(
             first,
-            dir.join(format!("{}.discarded", segment::file_name(9)))
+            dir.join(format!("{}.discarded", names::segment_name(9)))
         );
         // A number that cannot grow is an error, not a replaced file.
         let mut full: BTreeSet<String> = [format!("{seg}.discarded.{}", u64::MAX)].into();
@@ -628,9 +608,9 @@ mod tests {
             .chain(&empty)
             .filter(|n| n.contains(DISCARDED))
         {
-            assert_eq!(segment::parse_name(name), None, "{name}");
-            assert_eq!(snapshot::parse_name(name), None, "{name}");
-            assert!(!name.ends_with(snapshot::TMP_SUFFIX), "{name}");
+            assert_eq!(names::parse_segment_name(name), None, "{name}");
+            assert_eq!(names::parse_snapshot_name(name), None, "{name}");
+            assert!(!name.ends_with(names::SNAPSHOT_TMP_SUFFIX), "{name}");
         }
         assert_eq!(discarded_number(&seg, &format!("{seg}.discarded")), Some(0));
         assert_eq!(discarded_number(&seg, &format!("{seg}.discarded.")), None);

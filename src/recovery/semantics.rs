@@ -15,8 +15,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::directory::names::{StoreFile, classify};
 use crate::error::{Error, Result};
-use crate::files::{StoreFile, classify};
 use crate::fs::FileSystem;
 use crate::semantics::Semantics;
 use crate::snapshot;

@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use super::commit::{GroupCommit, lock};
 use super::keys::{Capture, State};
+use crate::directory::names;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, remove_gradually};
 use crate::shards::SHARDS;
@@ -123,8 +124,8 @@ impl Snapshots {
             Err(e) => {
                 let tmp = self.dir.join(format!(
                     "{}{}",
-                    snapshot::file_name(position),
-                    snapshot::TMP_SUFFIX
+                    names::snapshot_name(position),
+                    names::SNAPSHOT_TMP_SUFFIX
                 ));
                 let _ = fs.remove_file(&tmp);
                 return Err(e);
@@ -276,7 +277,7 @@ impl Snapshots {
             _ => Ok(()),
         };
         for p in &doomed {
-            remove(&self.dir.join(snapshot::file_name(*p)))?;
+            remove(&self.dir.join(names::snapshot_name(*p)))?;
             book.files.remove(p);
         }
         book.valid.retain(|&p| p >= oldest_kept);

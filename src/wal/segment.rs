@@ -41,7 +41,6 @@ pub(crate) const HEADER_LEN: usize = 40;
 const OLD_HEADER_LEN: usize = 24;
 /// Where the header stores the segment's first position (every version).
 pub(crate) const POSITION_AT: u64 = 12;
-pub(crate) const EXTENSION: &str = "wal";
 
 /// What makes a segment's checksums its own: the store it belongs to and
 /// a value drawn for this segment alone (version 3).
@@ -69,25 +68,6 @@ pub(crate) struct Header {
     pub len: usize,
     /// [`FLAG_KAFKA`] (version 5).
     pub kafka: bool,
-}
-
-/// The file name of the segment whose first record has position `pos`.
-pub(crate) fn file_name(pos: u64) -> String {
-    format!("{pos:020}.{EXTENSION}")
-}
-
-/// The position in a segment's file name, if it is one (`<20 digits>.wal`).
-pub(crate) fn parse_name(name: &str) -> Option<u64> {
-    parse_numbered(name, EXTENSION)
-}
-
-/// `<20 digits>.<ext>` -> the number.
-pub(crate) fn parse_numbered(name: &str, ext: &str) -> Option<u64> {
-    let (digits, e) = name.split_once('.')?;
-    if e != ext || digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
 }
 
 /// The header of a segment with first position `pos`, not preallocated
@@ -661,15 +641,6 @@ mod tests {
         .ok()
         .expect("header is fine");
         (s, seen)
-    }
-
-    #[test]
-    fn names_parse_back() {
-        assert_eq!(file_name(42), "00000000000000000042.wal");
-        assert_eq!(parse_name(&file_name(u64::MAX)), Some(u64::MAX));
-        assert_eq!(parse_name("0000000000000000042.wal"), None);
-        assert_eq!(parse_name("00000000000000000042.snap"), None);
-        assert_eq!(parse_name("0000000000000000004x.wal"), None);
     }
 
     #[test]

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use super::frame;
 use super::record;
 use super::segment::{self, Ids};
+use crate::directory::names;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, WriteFile};
 
@@ -113,12 +114,10 @@ pub(crate) struct Layout {
 /// name, on a thread of its own.
 type Next = std::thread::JoinHandle<io::Result<Box<dyn WriteFile>>>;
 
-/// What the temporary name of a prepared segment ends with: the segment
-/// prepared while the one starting at P is written is `<P>.wal.prep`.
-pub(crate) const PREP_SUFFIX: &str = ".prep";
-
+/// The temporary name of the segment prepared while the one starting at
+/// `active` is written.
 fn prep_path(dir: &Path, active: u64) -> PathBuf {
-    dir.join(format!("{}{PREP_SUFFIX}", segment::file_name(active)))
+    dir.join(names::segment_prep_name(active))
 }
 
 /// Creates `path` and fills it with `len` zeros, fsync'ed.
@@ -251,7 +250,7 @@ impl LogWriter {
             .last()
             .copied()
             .ok_or_else(|| Error::InvalidOptions("no segment to resume".into()))?;
-        let path = dir.join(segment::file_name(last.first_position));
+        let path = dir.join(names::segment_name(last.first_position));
         let (head, alloc) = read_header(fs.as_ref(), &path)?;
         let version = head.version;
         // Only a segment of the current version may take lifecycle
@@ -543,7 +542,7 @@ impl LogWriter {
                 .is_some_and(|s| s.first_position <= position)
         {
             let s = self.segments.remove(0);
-            gone.push(self.dir.join(segment::file_name(s.first_position)));
+            gone.push(self.dir.join(names::segment_name(s.first_position)));
         }
         gone
     }
@@ -593,7 +592,7 @@ fn new_segment(
     prep: Option<(PathBuf, Box<dyn WriteFile>)>,
     kafka: bool,
 ) -> Result<(Box<dyn WriteFile>, PathBuf, u32)> {
-    let path = dir.join(segment::file_name(pos));
+    let path = dir.join(names::segment_name(pos));
     let header = segment::header_with(
         pos,
         Ids {

@@ -1,5 +1,6 @@
-//! The store directory: which paths can be one, and the lock that keeps a
-//! second store out of it.
+//! The store directory: which paths can be one, the lock that keeps a
+//! second store out of it, and (in [`names`]) what every file in it is
+//! called.
 //!
 //! A path is checked before anything is created or locked: the empty path
 //! is refused ([`Error::InvalidPath`]; it would otherwise resolve to the
@@ -24,13 +25,13 @@
 //! the IO error ([`Error::Io`], op `lock`) rather than run without
 //! exclusion.
 
-use std::path::Path;
+pub(crate) mod names;
+
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::fs::{EntryKind, FileSystem, LockGuard};
-
-/// The lock file kept for older builds.
-pub(crate) const LOCK_FILE: &str = "LOCK";
+use names::LOCK_FILE;
 
 /// Refuses a path that cannot be a store directory; says whether it
 /// exists. Touches nothing.
@@ -75,6 +76,27 @@ pub(crate) fn lock(fs: &dyn FileSystem, dir: &Path) -> Result<Box<dyn LockGuard>
         held.push(guard);
     }
     Ok(Box::new(Held(held)))
+}
+
+/// The refusal of an entry named like a store file that is not a regular
+/// file once symbolic links are followed (`kind` as the listing gave it):
+/// recovery can neither read it nor pass over it, and the inspector's
+/// verdict says the same.
+pub(crate) fn not_a_file(fs: &dyn FileSystem, path: PathBuf, kind: Option<EntryKind>) -> Error {
+    // Only for the message: whether the name itself is a link.
+    let link = fs.is_symlink(&path).unwrap_or(false);
+    let what = match (kind, link) {
+        (None, _) => {
+            "a symbolic link to nothing (dangling, looping, or to a target that cannot be examined)"
+        }
+        (Some(EntryKind::Dir), false) => "a directory",
+        (Some(EntryKind::Dir), true) => "a symbolic link to a directory",
+        (Some(_), false) => "not a regular file (a fifo, a socket or a device)",
+        (Some(_), true) => {
+            "a symbolic link to something that is not a regular file (a fifo, a socket or a device)"
+        }
+    };
+    Error::NotAFile { path, what }
 }
 
 #[cfg(test)]
