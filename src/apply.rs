@@ -29,12 +29,12 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::Scope;
 
 use crate::batch::AppendRequest;
+use crate::engine::info::ProducerInfo;
+use crate::engine::map::{Activity, Apply};
+use crate::engine::shards::{KeyTarget, SHARDS, Shards, ShardsPart};
 use crate::error::{Corruption, Error, Result};
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
-use crate::map::{Activity, Apply};
 use crate::recovery::report::Damage;
-use crate::shards::{KeyTarget, SHARDS, Shards, ShardsPart};
 
 /// What a replayed record does to one key.
 pub(crate) enum KeyOp {
@@ -93,7 +93,7 @@ fn apply_one(
 }
 
 /// Looks every key of `recs` up once before they are applied (see
-/// [`crate::shards::warm`]).
+/// [`crate::engine::shards::warm`]).
 #[inline]
 fn warm(recs: &[Rec], target: &impl KeyTarget) {
     let found = recs
@@ -390,7 +390,7 @@ impl Drop for Parallel<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::map::hash_key;
+    use crate::engine::map::hash_key;
 
     /// An append alone in its record (records of 31 bytes).
     fn rec(pos: u64, key: u64, seq: i32) -> Rec {
@@ -403,7 +403,7 @@ mod tests {
             op: KeyOp::Append(
                 request,
                 Apply {
-                    unknown: crate::rules::UnknownProducer::RequireZero,
+                    unknown: crate::engine::rules::UnknownProducer::RequireZero,
                     x: Activity::new(pos as i64),
                 },
             ),
@@ -523,7 +523,7 @@ mod tests {
         let set = ProducerInfo {
             producer_id: crate::id::ProducerId::numeric(1000),
             partition: 0,
-            entry: crate::entry::ProducerEntry::start(3, 0, 9, None),
+            entry: crate::engine::entry::ProducerEntry::start(3, 0, 9, None),
             last_activity: 42,
         };
         recs.push(Rec {

@@ -14,10 +14,10 @@
 #![deny(clippy::indexing_slicing)]
 
 use crate::codec::Put;
-use crate::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
+use crate::engine::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
+use crate::engine::info::ProducerInfo;
 use crate::error::Corruption;
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
 
 /// The longest entry with an activity: a 65,535-byte name and a full
 /// window with 8-byte deltas.
@@ -584,7 +584,7 @@ mod tests {
                         timestamp: t,
                     }),
                 });
-                seq = crate::rules::next_sequence(last);
+                seq = crate::engine::rules::next_sequence(last);
             }
             let last = batches
                 .last()

@@ -19,13 +19,13 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use crate::codec::{Dec, Put};
+use crate::engine::info::ProducerInfo;
+use crate::engine::kafka::state::{FullEntry, KafkaProducerState, KafkaState};
+use crate::engine::kafka::txn::AbortedTxn;
 use crate::entry_codec;
 use crate::error::{Corruption, Error, Result};
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
-use crate::kafka_state::{FullEntry, KafkaProducerState, KafkaState};
 use crate::semantics::Semantics;
-use crate::txn::AbortedTxn;
 
 const MAGIC: &[u8; 8] = b"PSTATEXP";
 /// A seed store's export.
@@ -356,7 +356,7 @@ fn decode_kafka(
 mod tests {
     use super::*;
     use crate::batch::BatchMetadata;
-    use crate::entry::ProducerEntry;
+    use crate::engine::entry::ProducerEntry;
 
     /// `b` (the bytes of `e`) reads back as `e`; every cut of it and every
     /// flipped bit is refused as corruption.

@@ -35,20 +35,20 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::directory::names;
-use crate::entry::ProducerEntry;
+use crate::engine::entry::ProducerEntry;
+use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::read_full;
 use crate::fs::{FileSystem, StdFs};
 use crate::id::ProducerId;
-use crate::shards::Shards;
 use crate::snapshot;
 
+pub use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 pub use crate::kafka_order::sort_in_kafka_order;
 
 /// The only snapshot version Kafka reads and writes.
@@ -57,27 +57,6 @@ pub const VERSION: i16 = 1;
 pub const HEADER_LEN: usize = 10;
 /// Bytes per entry.
 pub const ENTRY_LEN: usize = 46;
-
-/// One producer as Kafka's snapshot stores it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KafkaProducerEntry {
-    /// The producer id (`-1` is Kafka's "no producer").
-    pub producer_id: i64,
-    /// The producer epoch.
-    pub epoch: i16,
-    /// Last sequence of the producer's last batch (`-1`: none).
-    pub last_sequence: i32,
-    /// Log offset of that batch's last record (`-1`: no batch).
-    pub last_offset: i64,
-    /// `last_offset` minus the batch's first offset.
-    pub offset_delta: i32,
-    /// Timestamp of the producer's last batch or transaction marker (ms).
-    pub timestamp: i64,
-    /// Epoch of the transaction coordinator of the last marker (`-1`: none).
-    pub coordinator_epoch: i32,
-    /// First offset of the producer's open transaction (`-1`: none).
-    pub current_txn_first_offset: i64,
-}
 
 /// The file name of a Kafka snapshot covering offsets below `offset`.
 pub fn file_name(offset: u64) -> String {
@@ -271,30 +250,6 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Vec<KafkaProducerEntry>> {
     Ok(out)
 }
 
-/// Why a Kafka entry has no equivalent in this crate's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Unrepresentable {
-    /// A negative producer id (Kafka's `NO_PRODUCER_ID` is -1).
-    NegativeProducerId,
-    /// No batch and no sequence: a producer Kafka knows only from
-    /// transaction markers. The seed rules have no state without a
-    /// sequence (a key without state accepts only sequence 0, as Kafka
-    /// would here); [`seed_kafka_store`] keeps such producers.
-    NoSequence,
-}
-
-impl fmt::Display for Unrepresentable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Unrepresentable::NegativeProducerId => "negative producer id",
-            Unrepresentable::NoSequence => {
-                "no batch and no sequence (known only from transaction markers)"
-            }
-        })
-    }
-}
-
 /// The state of one Kafka entry in this crate's terms: a numeric producer
 /// id, the epoch and last sequence, and the last batch as one retained batch
 /// (first sequence derived as Kafka does: last sequence minus the offset
@@ -442,7 +397,7 @@ pub fn seed_store_with(
     let mut w = snapshot::Writer::create(fs, dir, 0)?;
     w.write_meta(&meta)?;
     let mut blocks = snapshot::Blocks::default();
-    for i in 0..crate::shards::SHARDS {
+    for i in 0..crate::engine::shards::SHARDS {
         for info in shards.infos(i) {
             blocks.push(
                 i as u16,
@@ -518,7 +473,7 @@ pub fn seed_kafka_store_with(
 ) -> Result<SeedReport> {
     let _lock = lock_new(fs, dir)?;
     let mut engine =
-        crate::manager::ProducerStateManager::with_semantics(crate::semantics::Semantics::Kafka);
+        crate::engine::ProducerStateManager::with_semantics(crate::semantics::Semantics::Kafka);
     let mut meta = crate::meta::Meta::default();
     let mut report = SeedReport::default();
     for (path, partition) in sources {

@@ -33,7 +33,7 @@
 //! tests/fixtures/kafka/hashmap-order.txt holds iteration orders that
 //! `java.util.HashMap` itself produced, which the tests compare with.
 
-use crate::kafka::KafkaProducerEntry;
+use crate::engine::kafka::entry::KafkaProducerEntry;
 
 /// Java's initial `HashMap` capacity.
 const INITIAL_CAPACITY: usize = 16;

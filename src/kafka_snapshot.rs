@@ -25,10 +25,10 @@ use std::collections::VecDeque;
 use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::codec::{Dec, Put};
 use crate::codec::{decode_id as get_id, put_id};
-use crate::entry::RETAINED_BATCHES;
+use crate::engine::entry::RETAINED_BATCHES;
+use crate::engine::kafka::state::{FullEntry, KafkaState};
+use crate::engine::kafka::txn::AbortedTxn;
 use crate::error::Corruption;
-use crate::kafka_state::{FullEntry, KafkaState};
-use crate::txn::AbortedTxn;
 
 /// Appends the Kafka section of `k`: its length (`u64`, the bytes after
 /// it), the side-table keys, then the aborted lists. Side-table keys are

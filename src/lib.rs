@@ -181,35 +181,26 @@ mod batch;
 mod clock;
 mod codec;
 mod directory;
-mod entry;
+mod engine;
 mod entry_codec;
 mod error;
 mod export;
-mod filter;
 pub mod fs;
 mod id;
-mod info;
 pub mod inspect;
 pub mod kafka;
 mod kafka_order;
-mod kafka_rules;
 mod kafka_snapshot;
-mod kafka_state;
 mod loader;
-mod manager;
-mod map;
 mod meta;
 mod outcome;
 mod recovery;
 mod replay;
-mod rules;
 mod semantics;
-mod shards;
 mod snapshot;
 mod store;
 pub mod telemetry;
 mod truncate;
-mod txn;
 mod wal;
 
 // CRC-32C of any byte range from the CRCs of prefixes. Public only because
@@ -222,23 +213,23 @@ pub use codec::crc;
 
 pub use batch::{AppendOptions, AppendRequest, Batch, BatchMetadata, Origin, RetainedBatch};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use entry::{Batches, ProducerEntry, RETAINED_BATCHES};
+pub use engine::ProducerStateManager;
+pub use engine::entry::{Batches, ProducerEntry, RETAINED_BATCHES};
+pub use engine::info::ProducerInfo;
+pub use engine::kafka::state::KafkaProducerState;
+pub use engine::kafka::txn::{AbortedTxn, CompletedTxn, Marker, MarkerKind, MarkerOutcome};
+pub use engine::rules::UnknownProducer;
 pub use error::{Corruption, Error, Result};
 pub use export::PartitionExport;
 pub use id::{INLINE_NAME_LEN, NegativeProducerId, ProducerId};
-pub use info::ProducerInfo;
-pub use kafka_state::KafkaProducerState;
-pub use manager::ProducerStateManager;
 pub use outcome::{
     AppendOutcome, BatchOutcome, KafkaError, OutOfOrderReason, ParseOutcomeError, TxnStateReason,
 };
 pub use recovery::{
     Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
 };
-pub use rules::UnknownProducer;
 pub use semantics::Semantics;
 pub use store::{AtCapacity, FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
-pub use txn::{AbortedTxn, CompletedTxn, Marker, MarkerKind, MarkerOutcome};
 
 // Brokers share one store between their request threads, and move errors
 // into `Box<dyn Error + Send + Sync>` or `anyhow`: a change that made one

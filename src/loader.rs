@@ -29,12 +29,12 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::mpsc;
 
-use crate::entry::ProducerEntry;
+use crate::engine::entry::ProducerEntry;
+use crate::engine::shards::{SHARDS, ShardMut, Shards};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::id::ProducerId;
 use crate::meta::Meta;
-use crate::shards::{SHARDS, ShardMut, Shards};
 use crate::snapshot::{self, Block};
 
 /// Files at least this long load on two threads (version 4, not Kafka
@@ -68,9 +68,9 @@ impl snapshot::Sink for Loader<'_> {
         self.meta = meta;
     }
 
-    fn kafka(&mut self, kafka: crate::kafka_state::KafkaState) {
+    fn kafka(&mut self, kafka: crate::engine::kafka::state::KafkaState) {
         self.meta.kafka = Some(Box::new(
-            crate::manager::ProducerStateManager::from_kafka_side(kafka, self.entries),
+            crate::engine::ProducerStateManager::from_kafka_side(kafka, self.entries),
         ));
     }
 
@@ -263,7 +263,7 @@ fn two_threads(
 mod tests {
     use super::*;
     use crate::batch::Batch;
-    use crate::manager::ProducerStateManager;
+    use crate::engine::ProducerStateManager;
     use std::io::Cursor;
 
     /// A snapshot of `keys` keys with windows, in blocks of every shard.

@@ -5,8 +5,8 @@
 #![deny(clippy::indexing_slicing)]
 
 use crate::codec::{Dec, Put};
+use crate::engine::filter::RemovedFilter;
 use crate::error::Corruption;
-use crate::filter::RemovedFilter;
 
 /// The store-level state (see the module docs).
 #[derive(Clone, Debug)]
@@ -27,7 +27,7 @@ pub(crate) struct Meta {
     /// runs Kafka's rules on it in log order, and a snapshot captures it
     /// with the store section (docs/transactions.md, "Phase 2"). `None`
     /// under the seed rules, whose keys are the store's shards.
-    pub kafka: Option<Box<crate::manager::ProducerStateManager>>,
+    pub kafka: Option<Box<crate::engine::ProducerStateManager>>,
 }
 
 impl PartialEq for Meta {

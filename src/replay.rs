@@ -22,10 +22,10 @@
 //! passed over). docs/lifecycle.md states the rule.
 
 use crate::apply::{KeyOp, Rec};
+use crate::engine::map::{Activity, Apply, hash_key};
+use crate::engine::rules::UnknownProducer;
 use crate::error::{Error, Result};
-use crate::map::{Activity, Apply, hash_key};
 use crate::meta::Meta;
-use crate::rules::UnknownProducer;
 use crate::semantics::Semantics;
 use crate::wal::op::{GroupKind, LogOp, RemoveReason};
 

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::codec::{Dec, Put, truncated};
 use crate::directory::names;
-use crate::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
+use crate::engine::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
 use crate::entry_codec;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::background_sync::BackgroundSync;
@@ -278,7 +278,7 @@ impl Blocks {
     /// Appends one entry of the key in `shard` (a [`shards::shard_of`]
     /// index, or [`UNSHARDED`] in a Kafka-mode state).
     ///
-    /// [`shards::shard_of`]: crate::shards::shard_of
+    /// [`shards::shard_of`]: crate::engine::shards::shard_of
     #[inline]
     pub(crate) fn push(
         &mut self,
@@ -437,7 +437,10 @@ impl Writer {
 
     /// Writes the Kafka section (a Kafka-mode state); after the store
     /// section, before any entry. Sets the header's [`FLAG_KAFKA`].
-    pub(crate) fn write_kafka(&mut self, k: &crate::kafka_state::KafkaState) -> Result<()> {
+    pub(crate) fn write_kafka(
+        &mut self,
+        k: &crate::engine::kafka::state::KafkaState,
+    ) -> Result<()> {
         let mut b = Vec::new();
         crate::kafka_snapshot::encode(&mut b, k);
         self.kafka = true;
@@ -551,7 +554,7 @@ pub(crate) fn read_meta(fs: &dyn FileSystem, path: &Path) -> Result<Meta> {
 pub(crate) fn encode_to_vec(
     position: u64,
     meta: &Meta,
-    kafka: Option<&crate::kafka_state::KafkaState>,
+    kafka: Option<&crate::engine::kafka::state::KafkaState>,
     entries: impl Iterator<Item = (ProducerId, i32, ProducerEntry, i64)>,
 ) -> Vec<u8> {
     let mut out = vec![0u8; HEADER_LEN];
@@ -566,11 +569,11 @@ pub(crate) fn encode_to_vec(
         // Blocks of one shard each: every key encoded into its shard's
         // blocks (the encoded bytes, not the entries, are what is held
         // apart), then the shards in order.
-        let mut shards: Vec<Blocks> = (0..crate::shards::SHARDS)
+        let mut shards: Vec<Blocks> = (0..crate::engine::shards::SHARDS)
             .map(|_| Blocks::default())
             .collect();
         for (id, p, e, a) in entries {
-            let shard = crate::shards::shard_of(crate::map::hash_key(&id, p));
+            let shard = crate::engine::shards::shard_of(crate::engine::map::hash_key(&id, p));
             if let Some(b) = shards.get_mut(shard) {
                 b.push(shard as u16, &id, p, &e, a);
             }
@@ -609,8 +612,8 @@ pub(crate) trait Sink {
     /// Called once, after the store section and before the first entry,
     /// with the Kafka section of a Kafka-mode state (see [`FLAG_KAFKA`]).
     /// The default sets it aside: a reader that wants only the entries.
-    fn kafka(&mut self, _kafka: crate::kafka_state::KafkaState) {}
-    /// One decoded entry, the key's hash ([`crate::map::hash_key`]) and
+    fn kafka(&mut self, _kafka: crate::engine::kafka::state::KafkaState) {}
+    /// One decoded entry, the key's hash ([`crate::engine::map::hash_key`]) and
     /// its last activity; an error stops the read.
     fn entry(
         &mut self,
@@ -622,14 +625,14 @@ pub(crate) trait Sink {
     ) -> Result<()>;
 }
 
-struct Each<F>(F, Meta, Option<crate::kafka_state::KafkaState>);
+struct Each<F>(F, Meta, Option<crate::engine::kafka::state::KafkaState>);
 
 impl<F: FnMut(ProducerId, i32, ProducerEntry, i64) -> Result<()>> Sink for Each<F> {
     fn meta(&mut self, meta: Meta) {
         self.1 = meta;
     }
 
-    fn kafka(&mut self, kafka: crate::kafka_state::KafkaState) {
+    fn kafka(&mut self, kafka: crate::engine::kafka::state::KafkaState) {
         self.2 = Some(kafka);
     }
 
@@ -665,7 +668,11 @@ pub(crate) fn read_kafka(
     r: impl Read,
     file_len: u64,
     each: impl FnMut(ProducerId, i32, ProducerEntry, i64) -> Result<()>,
-) -> Result<(Header, Meta, Option<crate::kafka_state::KafkaState>)> {
+) -> Result<(
+    Header,
+    Meta,
+    Option<crate::engine::kafka::state::KafkaState>,
+)> {
     let mut sink = Each(each, Meta::default(), None);
     let h = read_into(path, r, file_len, &mut sink)?;
     Ok((h, sink.1, sink.2))
@@ -804,7 +811,7 @@ pub(crate) fn read_prelude(
             return Err(Error::corrupt(path, offset, truncated(section.len(), got)));
         }
         crc = crc32c::crc32c_append(crc32c::crc32c_append(crc, &len), &section);
-        let mut k = crate::kafka_state::KafkaState::default();
+        let mut k = crate::engine::kafka::state::KafkaState::default();
         crate::kafka_snapshot::decode(&section, &mut k)
             .map_err(|(at, kind)| Error::corrupt(path, offset + 8 + at as u64, kind))?;
         sink.kafka(k);
@@ -838,7 +845,7 @@ fn read_stream(
                 consumed += len;
                 pre.offset += len as u64;
                 found += 1;
-                let hash = crate::map::hash_key(&id, partition);
+                let hash = crate::engine::map::hash_key(&id, partition);
                 sink.entry(hash, id, partition, e, act)?;
                 continue;
             }
@@ -967,7 +974,7 @@ pub(crate) fn read_blocks(
         let shard_ok = if pre.header.kafka {
             shard == UNSHARDED
         } else {
-            usize::from(shard) < crate::shards::SHARDS
+            usize::from(shard) < crate::engine::shards::SHARDS
         };
         if !shard_ok {
             return Err(Error::corrupt(
@@ -1019,8 +1026,10 @@ pub(crate) fn decode_block(
         let here = b.at + at as u64;
         match entry_codec::decode(rest, entry_codec::Form::V4) {
             Some(Ok((id, partition, e, act, len))) => {
-                let hash = crate::map::hash_key(&id, partition);
-                if b.shard != UNSHARDED && crate::shards::shard_of(hash) != usize::from(b.shard) {
+                let hash = crate::engine::map::hash_key(&id, partition);
+                if b.shard != UNSHARDED
+                    && crate::engine::shards::shard_of(hash) != usize::from(b.shard)
+                {
                     return Err(Error::corrupt(
                         path,
                         here,
@@ -1061,12 +1070,12 @@ fn check_count(path: &Path, b: &Block, n: u32) -> Result<()> {
 
 /// [`decode_block`] straight into the block's shard: each key's window
 /// is decoded into the slot of the shard's arena it will own (see
-/// [`crate::map::StateMap::load_new`]); the same checks, the same errors,
+/// [`crate::engine::map::StateMap::load_new`]); the same checks, the same errors,
 /// and a key already in the shard is [`Corruption::DuplicateKey`].
 pub(crate) fn load_block(
     path: &Path,
     b: &Block,
-    shard: &mut crate::shards::ShardMut<'_>,
+    shard: &mut crate::engine::shards::ShardMut<'_>,
 ) -> Result<()> {
     let mut at = 0usize;
     let mut n = 0u32;
@@ -1079,9 +1088,9 @@ pub(crate) fn load_block(
             shard.load_new(
                 |w| match entry_codec::decode_into(rest, entry_codec::Form::V4, w) {
                     Some(Ok((id, partition, head, act, len))) => {
-                        let hash = crate::map::hash_key(&id, partition);
+                        let hash = crate::engine::map::hash_key(&id, partition);
                         if b.shard != UNSHARDED
-                            && crate::shards::shard_of(hash) != usize::from(b.shard)
+                            && crate::engine::shards::shard_of(hash) != usize::from(b.shard)
                         {
                             return Err(Error::corrupt(
                                 path,
@@ -1121,8 +1130,8 @@ pub(crate) fn load_block(
 mod tests {
     use super::*;
     use crate::batch::Batch;
+    use crate::engine::ProducerStateManager;
     use crate::fs::SimFs;
-    use crate::manager::ProducerStateManager;
     use std::io::Cursor;
 
     fn sample_state() -> ProducerStateManager {
@@ -1156,7 +1165,7 @@ mod tests {
         };
         for k in 0..20u64 {
             meta.filter
-                .insert(crate::map::hash_key(&ProducerId::numeric(k), 0));
+                .insert(crate::engine::map::hash_key(&ProducerId::numeric(k), 0));
         }
         meta
     }
@@ -1167,10 +1176,13 @@ mod tests {
         // By shard, as the store writes them; a flush after each shard
         // (so a shard's keys may span blocks, which readers accept).
         let mut keys: Vec<_> = m.iter().collect();
-        keys.sort_by_key(|(id, p, _)| crate::shards::shard_of(crate::map::hash_key(id, *p)));
+        keys.sort_by_key(|(id, p, _)| {
+            crate::engine::shards::shard_of(crate::engine::map::hash_key(id, *p))
+        });
         let mut blocks = Blocks::default();
         for (id, p, e) in keys {
-            let shard = crate::shards::shard_of(crate::map::hash_key(&id, p)) as u16;
+            let shard =
+                crate::engine::shards::shard_of(crate::engine::map::hash_key(&id, p)) as u16;
             blocks.push(shard, &id, p, &e, act(&e, p));
             if p == 1 {
                 blocks.flush(&mut w).unwrap();

@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 
 use crate::apply::{Parallel, Sequential, Sink};
 use crate::directory::names;
+use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::loader::load_file;
 use crate::meta::Meta;
 use crate::replay::Replayer;
-use crate::shards::Shards;
 use crate::snapshot;
 use crate::wal::segment::{self, End, HeaderError};
 
@@ -139,16 +139,14 @@ pub(crate) fn truncated_kafka(
     segments: &[u64],
     end: u64,
     offset: i64,
-) -> Result<crate::manager::ProducerStateManager> {
+) -> Result<crate::engine::ProducerStateManager> {
     let mut meta = match &base.snapshot {
         Some(path) => load_file(fs, path)?.meta,
         None => Meta::default(),
     };
     if meta.kafka.is_none() {
         meta.kafka = Some(Box::new(
-            crate::manager::ProducerStateManager::with_semantics(
-                crate::semantics::Semantics::Kafka,
-            ),
+            crate::engine::ProducerStateManager::with_semantics(crate::semantics::Semantics::Kafka),
         ));
     }
     let start = base.position;

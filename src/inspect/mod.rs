@@ -27,23 +27,24 @@ pub use directory::{
 };
 
 use crate::directory::names;
-use crate::entry::ProducerEntry;
+use crate::engine::ProducerStateManager;
+use crate::engine::entry::ProducerEntry;
+use crate::engine::info::ProducerInfo;
+use crate::engine::kafka::entry::KafkaProducerEntry;
+use crate::engine::kafka::state::KafkaProducerState;
+use crate::engine::kafka::txn::AbortedTxn;
+use crate::engine::shards::{SHARDS, Shards};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 #[cfg(doc)]
 use crate::fs::ReadOnlyFs;
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
-use crate::kafka::{self, KafkaProducerEntry};
-use crate::kafka_state::KafkaProducerState;
-use crate::manager::ProducerStateManager;
+use crate::kafka;
 use crate::recovery::{
     self,
     report::{RecoveryMode, RecoveryReport},
 };
-use crate::shards::{SHARDS, Shards};
 use crate::snapshot;
-use crate::txn::AbortedTxn;
 use crate::wal::segment::{self, End, HeaderError};
 
 pub use crate::directory::names::{StoreFile, classify};

@@ -60,11 +60,11 @@ use std::time::Instant;
 
 use crate::apply::{Failed, Parallel, Sequential, Sink};
 use crate::directory::names;
+use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::meta::Meta;
 use crate::replay::Replayer;
-use crate::shards::Shards;
 use crate::wal::segment::{self, End, HEADER_LEN, HeaderError};
 use crate::wal::writer::SegmentInfo;
 use plan::{Cut, Kept, LogEnd, Plan, Tail};
@@ -141,7 +141,7 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
     let kafka_base = |meta: &mut Meta| {
         if kafka && meta.kafka.is_none() {
             meta.kafka = Some(Box::new(
-                crate::manager::ProducerStateManager::with_semantics(
+                crate::engine::ProducerStateManager::with_semantics(
                     crate::semantics::Semantics::Kafka,
                 ),
             ));
@@ -482,8 +482,8 @@ fn read_segment(
 mod tests {
     use super::*;
     use crate::batch::AppendRequest;
+    use crate::engine::map::hash_key;
     use crate::fs::SimFs;
-    use crate::map::hash_key;
     use crate::wal::frame::seal;
     use crate::wal::record::encode;
     use std::path::PathBuf;

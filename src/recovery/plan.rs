@@ -19,11 +19,11 @@ use super::report::{Damage, RecoveryMode, RecoveryReport, Repair, SkippedSnapsho
 use crate::directory::names::{
     self, DISCARDED, StoreFile, classify, discarded_name, discarded_number,
 };
+use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
 use crate::loader::{Loaded, load_file};
 use crate::meta::Meta;
-use crate::shards::Shards;
 use crate::snapshot;
 use crate::wal::segment;
 use crate::wal::writer::SegmentInfo;

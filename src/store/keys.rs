@@ -23,16 +23,16 @@ use hashbrown::HashTable;
 use super::commit::{Host, LogQueue};
 use super::order::Order;
 use crate::batch::AppendRequest;
-use crate::entry::ProducerEntry;
+use crate::engine::entry::ProducerEntry;
+use crate::engine::info::ProducerInfo;
+use crate::engine::map::{Activity, Apply};
+use crate::engine::rules::{self, UnknownProducer};
+use crate::engine::shards::{SHARDS, Shards, WARM_CHUNK, shard_of};
 use crate::error::Error;
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
-use crate::map::{Activity, Apply};
 use crate::meta::Meta;
 use crate::outcome::BatchOutcome;
 use crate::replay::append_offset;
-use crate::rules::{self, UnknownProducer};
-use crate::shards::{SHARDS, Shards, WARM_CHUNK, shard_of};
 use crate::wal::op::{self, GroupKind, RemoveReason};
 
 /// A key's state as the log will say once everything in flight is
@@ -245,7 +245,7 @@ impl Keys {
                 if p != partition {
                     continue;
                 }
-                let h = crate::map::hash_key(&id, p);
+                let h = crate::engine::map::hash_key(&id, p);
                 match self.overlay_find(h, &id, p) {
                     Some(pending) if pending.state.is_none() => {}
                     _ => out.push((h, id, p)),

@@ -71,14 +71,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::batch::{AppendRequest, Batch};
-use crate::entry::ProducerEntry;
+use crate::engine::entry::ProducerEntry;
+use crate::engine::map::hash_key;
+use crate::engine::shards::{SHARDS, warm};
 use crate::error::{Error, Result};
 use crate::fs::LockGuard;
 use crate::id::ProducerId;
-use crate::map::hash_key;
 use crate::outcome::{AppendOutcome, BatchOutcome};
 use crate::recovery::{self, report::RecoveryReport};
-use crate::shards::{SHARDS, warm};
 use crate::telemetry::Telemetry;
 use crate::wal::frame::MAX_NAME;
 use crate::wal::writer::LogWriter;
@@ -233,7 +233,7 @@ impl ProducerStateStore {
         let kafka = opts.semantics == crate::semantics::Semantics::Kafka;
         if kafka && rec.meta.kafka.is_none() {
             rec.meta.kafka = Some(Box::new(
-                crate::manager::ProducerStateManager::with_semantics(
+                crate::engine::ProducerStateManager::with_semantics(
                     crate::semantics::Semantics::Kafka,
                 ),
             ));

@@ -19,12 +19,12 @@
 //! of the other semantics before anything is written.
 
 use super::ProducerStateStore;
+use crate::engine::ProducerStateManager;
+use crate::engine::map::hash_key;
+use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
 use crate::export::PartitionExport;
-use crate::manager::ProducerStateManager;
-use crate::map::hash_key;
 use crate::semantics::Semantics;
-use crate::shards::SHARDS;
 use crate::wal::op::{GroupKind, RemoveReason};
 
 impl ProducerStateStore {

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
+use crate::engine::rules::UnknownProducer;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, StdFs};
 use crate::recovery::report::RecoveryMode;
-use crate::rules::UnknownProducer;
 use crate::semantics::Semantics;
 use crate::wal::writer::IdSource;
 

@@ -17,10 +17,10 @@
 //! produce requests).
 
 use super::ProducerStateStore;
+use crate::engine::info::ProducerInfo;
+use crate::engine::map::hash_key;
+use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
-use crate::info::ProducerInfo;
-use crate::map::hash_key;
-use crate::shards::SHARDS;
 use crate::truncate;
 use crate::wal::op::{GroupKind, RemoveReason};
 

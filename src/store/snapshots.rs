@@ -19,9 +19,9 @@ use std::time::Instant;
 use super::commit::{GroupCommit, lock};
 use super::keys::{Capture, State};
 use crate::directory::names;
+use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, remove_gradually};
-use crate::shards::SHARDS;
 use crate::snapshot;
 
 /// A snapshot of at least this many keys (a few MiB: 37 bytes a key or
@@ -230,7 +230,7 @@ impl Snapshots {
                 for ((id, partition), old) in &pre {
                     if let Some((e, a)) = old
                         && !keys.shards.shard(i).contains_hashed(
-                            crate::map::hash_key(id, *partition),
+                            crate::engine::map::hash_key(id, *partition),
                             id,
                             *partition,
                         )

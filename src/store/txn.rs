@@ -27,14 +27,14 @@ use std::sync::MutexGuard;
 use super::keys::{Queued, State};
 use super::{ProducerStateStore, Shared, check_name};
 use crate::batch::{AppendOptions, AppendRequest, Batch};
+use crate::engine::ProducerStateManager;
+use crate::engine::kafka::state::KafkaProducerState;
+use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerOutcome};
+use crate::engine::map::hash_key;
 use crate::error::{Error, Result};
 use crate::id::ProducerId;
-use crate::kafka_state::KafkaProducerState;
-use crate::manager::ProducerStateManager;
-use crate::map::hash_key;
 use crate::outcome::BatchOutcome;
 use crate::semantics::Semantics;
-use crate::txn::{AbortedTxn, Marker, MarkerOutcome};
 use crate::wal::op::{self, GroupKind, LogOp, RemoveReason};
 use crate::wal::txn_op;
 
@@ -646,7 +646,7 @@ impl ProducerStateStore {
     pub fn kafka_snapshot_entries(
         &self,
         partition: i32,
-    ) -> Result<Vec<crate::kafka::KafkaProducerEntry>> {
+    ) -> Result<Vec<crate::engine::kafka::entry::KafkaProducerEntry>> {
         self.engine(|k| k.kafka_snapshot_entries(partition))
             .unwrap_or(Err(Error::Unsupported {
                 what: "Kafka's snapshot view",

@@ -19,10 +19,10 @@ use std::fmt;
 use super::frame::{AT_KIND, AT_LEN, HEADER};
 use crate::batch::AppendRequest;
 use crate::codec::{Dec, Put, decode_id, put_id, set_u32};
+use crate::engine::info::ProducerInfo;
 use crate::entry_codec::{self, MAX_ENTRY};
 use crate::error::Corruption;
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
 
 pub(super) const KIND_CLOCK: u8 = 6;
 pub(super) const KIND_REMOVE: u8 = 7;
@@ -203,7 +203,7 @@ pub enum LogOp {
         /// The producer epoch the marker was written at.
         epoch: i16,
         /// The marker.
-        marker: crate::txn::Marker,
+        marker: crate::engine::kafka::txn::Marker,
     },
     /// The partition's aborted transactions whose marker is below
     /// `offset` were forgotten (kind 20).

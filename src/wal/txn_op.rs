@@ -15,9 +15,9 @@ use super::frame::{AT_KIND, AT_LEN, HEADER, put};
 use super::op::{LogOp, begin, end};
 use crate::batch::{AppendRequest, BatchMetadata};
 use crate::codec::{Dec, Put};
+use crate::engine::kafka::txn::{Marker, MarkerKind};
 use crate::error::Corruption;
 use crate::id::ProducerId;
-use crate::txn::{Marker, MarkerKind};
 
 const KIND_BATCH_NUMERIC: u8 = 16;
 const KIND_BATCH_NAMED: u8 = 17;
@@ -480,8 +480,8 @@ mod tests {
     /// batch, and an aborted list of one.
     fn body(partition: i32) -> Vec<u8> {
         use crate::batch::RetainedBatch;
-        use crate::kafka_state::{FullEntry, KafkaState};
-        use crate::txn::AbortedTxn;
+        use crate::engine::kafka::state::{FullEntry, KafkaState};
+        use crate::engine::kafka::txn::AbortedTxn;
         let batch = |f, l, offset| RetainedBatch {
             first_sequence: f,
             last_sequence: l,

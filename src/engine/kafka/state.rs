@@ -3,7 +3,7 @@
 //!
 //! Most producers are plain idempotent producers: their state is an epoch,
 //! a last sequence and a window of consecutive batches, exactly what a
-//! 24-byte slot of the compact map (`map.rs`) and its out-of-line window
+//! 24-byte slot of the compact map (`engine/map.rs`) and its out-of-line window
 //! hold. Those keys stay there under [`Semantics::Kafka`] too, and cost
 //! what they cost under the seed rules. A key moves to the side table, as a
 //! literal copy of Kafka's `ProducerStateEntry`, the first time it needs
@@ -30,14 +30,14 @@ use std::collections::VecDeque;
 use hashbrown::HashTable;
 
 use crate::batch::{AppendOptions, BatchMetadata, Origin, RetainedBatch};
-use crate::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
+use crate::engine::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
+use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
+use crate::engine::kafka::rules::{self, KafkaCurrent, first_sequence_of, sequence_span};
+use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerKind, MarkerOutcome, TxnIndex};
+use crate::engine::map::{Decided, StateMap, hash_key};
+use crate::engine::rules::next_sequence;
 use crate::id::ProducerId;
-use crate::kafka::{KafkaProducerEntry, Unrepresentable};
-use crate::kafka_rules::{self, KafkaCurrent, first_sequence_of, sequence_span};
-use crate::map::{Decided, StateMap, hash_key};
 use crate::outcome::BatchOutcome;
-use crate::rules::next_sequence;
-use crate::txn::{AbortedTxn, Marker, MarkerKind, MarkerOutcome, TxnIndex};
 
 /// One key's state as Kafka's broker holds it.
 ///
@@ -441,7 +441,7 @@ impl KafkaState {
             id,
             partition,
             (epoch, first, last, meta, options),
-            |cur, find| kafka_rules::classify_data(cur, epoch, first, last, options, find),
+            |cur, find| rules::classify_data(cur, epoch, first, last, options, find),
         )
     }
 
@@ -580,7 +580,7 @@ impl KafkaState {
         let cur = side.or_else(|| regular.as_ref().map(regular_current));
         if let Some(origin) = origin
             && let Some(rejected) =
-                kafka_rules::classify_marker(cur, epoch, marker.coordinator_epoch, origin)
+                rules::classify_marker(cur, epoch, marker.coordinator_epoch, origin)
         {
             return rejected;
         }

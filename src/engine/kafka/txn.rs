@@ -11,7 +11,7 @@
 //! offset, last offset).
 //!
 //! Which producer has which transaction open is per-key state (kept by the
-//! Kafka-mode engine, see `kafka_state.rs`); this module holds what is per
+//! Kafka-mode engine, see `state.rs`); this module holds what is per
 //! partition: the open transactions ordered by first offset (the oldest
 //! bounds the last stable offset) and the aborted ones. Only partitions
 //! that ever saw a transaction have an entry, so partitions of plain

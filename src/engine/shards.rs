@@ -15,10 +15,10 @@
 use hashbrown::HashTable;
 
 use crate::batch::AppendRequest;
-use crate::entry::{Head, ProducerEntry, Window};
+use crate::engine::entry::{Head, ProducerEntry, Window};
+use crate::engine::info::ProducerInfo;
+use crate::engine::map::{Activity, Apply, StateMap, hash_key};
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
-use crate::map::{Activity, Apply, StateMap, hash_key};
 use crate::outcome::BatchOutcome;
 
 pub(crate) const SHARDS: usize = 256;
@@ -519,7 +519,7 @@ impl KeyTarget for ShardsPart<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::UnknownProducer;
+    use crate::engine::rules::UnknownProducer;
 
     #[test]
     fn partition_counts_follow_keys_coming_and_going() {

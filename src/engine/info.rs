@@ -2,7 +2,7 @@
 //! the key's last activity, which expiration and eviction order by.
 
 use crate::batch::RetainedBatch;
-use crate::entry::{Batches, ProducerEntry};
+use crate::engine::entry::{Batches, ProducerEntry};
 use crate::id::ProducerId;
 
 /// A (producer id, partition) key and its state, as the store's listing

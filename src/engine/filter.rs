@@ -290,8 +290,8 @@ impl RemovedFilter {
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use crate::engine::map::hash_key;
     use crate::id::ProducerId;
-    use crate::map::hash_key;
 
     fn h(k: u64) -> u64 {
         hash_key(&ProducerId::numeric(k), (k % 7) as i32)

@@ -7,18 +7,23 @@
 //! every public method here refuses [`Semantics::Seed`] with
 //! [`Error::Unsupported`] or answers as an engine without transactions.
 
+pub(crate) mod entry;
+pub(crate) mod rules;
+pub(crate) mod state;
+pub(crate) mod txn;
+
 use super::ProducerStateManager;
 use crate::batch::{AppendOptions, AppendRequest, Batch, Origin};
-use crate::entry::ProducerEntry;
+use crate::engine::entry::ProducerEntry;
+use crate::engine::info::ProducerInfo;
+use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
+use crate::engine::kafka::state::{KafkaProducerState, KafkaState};
+use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerOutcome};
+use crate::engine::map::StateMap;
 use crate::error::{Error, Result};
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
-use crate::kafka::{KafkaProducerEntry, Unrepresentable};
-use crate::kafka_state::{KafkaProducerState, KafkaState};
-use crate::map::StateMap;
 use crate::outcome::BatchOutcome;
 use crate::semantics::Semantics;
-use crate::txn::{AbortedTxn, Marker, MarkerOutcome};
 use crate::wal::op::LogOp;
 
 impl ProducerStateManager {

@@ -29,10 +29,10 @@ use std::fmt::Debug;
 use hashbrown::HashTable;
 
 use crate::batch::BatchMetadata;
-use crate::entry::{Head, ProducerEntry, Window};
+use crate::engine::entry::{Head, ProducerEntry, Window};
+use crate::engine::rules::{self, Current, UnknownProducer};
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
-use crate::rules::{self, Current, UnknownProducer};
 
 /// No window: the key only used single-sequence appends.
 const NO_WINDOW: u32 = u32::MAX;

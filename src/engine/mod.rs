@@ -1,4 +1,5 @@
-//! The in-memory engine.
+//! The in-memory engine: the rules and the state they keep, with no bytes
+//! and no IO.
 //!
 //! `ProducerStateManager` is the classifier with no disk behind it: what a
 //! test suite or a broker that persists state by other means links. The
@@ -6,27 +7,37 @@
 //! the same rules over the same map, so an append classifies identically in
 //! both.
 //!
-//! Under [`Semantics::Kafka`] the same map holds plain producers and a side
-//! table (`kafka_state.rs`) the transactional ones; the seed path does not
-//! look at it.
+//! The folder, bottom up: `rules.rs` (the four rules, a pure function),
+//! `entry.rs` (one key's state and retry window), `map.rs` (the compact
+//! map of keys), `info.rs` (a key described with its activity),
+//! `shards.rs` (the store's state: 256 maps), `filter.rs` (the store's
+//! memory of removed keys); this file (the engine and the seed path) and
+//! `partitions.rs` (what acts on keys as a whole: expiry, removal, moves).
 //!
-//! This file holds the engine and the seed path; `kafka.rs` the Kafka-mode
-//! surface (transactions, markers, the store's Kafka hooks) and
-//! `partitions.rs` what acts on keys as a whole (expiry, removal, moves).
+//! Under [`Semantics::Kafka`] the same map holds plain producers and a side
+//! table (`kafka/state.rs`) the transactional ones; the seed path does not
+//! look at it. `kafka/` is the Kafka-mode surface (Kafka's checks,
+//! transactions, markers, the store's Kafka hooks).
 
-mod kafka;
+pub(crate) mod entry;
+pub(crate) mod filter;
+pub(crate) mod info;
+pub(crate) mod kafka;
+pub(crate) mod map;
 mod partitions;
+pub(crate) mod rules;
+pub(crate) mod shards;
 
 use std::path::Path;
 
 use crate::batch::{AppendOptions, AppendRequest, Batch, BatchMetadata};
-use crate::entry::ProducerEntry;
+use crate::engine::entry::ProducerEntry;
+use crate::engine::kafka::state::KafkaState;
+use crate::engine::map::{Apply, StateMap, hash_key};
+use crate::engine::rules::UnknownProducer;
 use crate::error::{Corruption, Error, Result};
 use crate::id::ProducerId;
-use crate::kafka_state::KafkaState;
-use crate::map::{Apply, StateMap, hash_key};
 use crate::outcome::{AppendOutcome, BatchOutcome};
-use crate::rules::UnknownProducer;
 use crate::semantics::Semantics;
 use crate::snapshot;
 

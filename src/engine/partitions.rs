@@ -7,12 +7,12 @@
 //! producers and the partition's transactions.
 
 use super::ProducerStateManager;
+use crate::engine::info::ProducerInfo;
+use crate::engine::kafka::state::expire_compact;
+use crate::engine::map::hash_key;
 use crate::error::{Error, Result};
 use crate::export::{KafkaPart, PartitionExport};
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
-use crate::kafka_state::expire_compact;
-use crate::map::hash_key;
 #[cfg(doc)]
 use crate::semantics::Semantics;
 use crate::snapshot;

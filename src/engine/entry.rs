@@ -26,7 +26,7 @@
 use std::fmt;
 
 use crate::batch::{BatchMetadata, RetainedBatch};
-use crate::rules::{Current, next_sequence};
+use crate::engine::rules::{Current, next_sequence};
 
 /// How many accepted batches an entry retains per key (Kafka's `NUM_BATCHES_TO_RETAIN`).
 pub const RETAINED_BATCHES: usize = 5;
