@@ -374,7 +374,7 @@ pub fn seed_store_with(
 ) -> Result<SeedReport> {
     let _lock = lock_new(fs, dir)?;
     let mut shards = Shards::default();
-    let mut meta = crate::meta::Meta::default();
+    let mut meta = crate::snapshot::meta::Meta::default();
     let mut report = SeedReport::default();
     for (path, partition) in sources {
         for k in read_verified(fs, path)? {
@@ -474,7 +474,7 @@ pub fn seed_kafka_store_with(
     let _lock = lock_new(fs, dir)?;
     let mut engine =
         crate::engine::ProducerStateManager::with_semantics(crate::semantics::Semantics::Kafka);
-    let mut meta = crate::meta::Meta::default();
+    let mut meta = crate::snapshot::meta::Meta::default();
     let mut report = SeedReport::default();
     for (path, partition) in sources {
         for k in read_verified(fs, path)? {

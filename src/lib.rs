@@ -182,17 +182,13 @@ mod clock;
 mod codec;
 mod directory;
 mod engine;
-mod entry_codec;
 mod error;
-mod export;
 pub mod fs;
 mod id;
 pub mod inspect;
 pub mod kafka;
 mod kafka_order;
-mod kafka_snapshot;
 mod loader;
-mod meta;
 mod outcome;
 mod recovery;
 mod replay;
@@ -220,7 +216,6 @@ pub use engine::kafka::state::KafkaProducerState;
 pub use engine::kafka::txn::{AbortedTxn, CompletedTxn, Marker, MarkerKind, MarkerOutcome};
 pub use engine::rules::UnknownProducer;
 pub use error::{Corruption, Error, Result};
-pub use export::PartitionExport;
 pub use id::{INLINE_NAME_LEN, NegativeProducerId, ProducerId};
 pub use outcome::{
     AppendOutcome, BatchOutcome, KafkaError, OutOfOrderReason, ParseOutcomeError, TxnStateReason,
@@ -229,6 +224,7 @@ pub use recovery::{
     Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
 };
 pub use semantics::Semantics;
+pub use snapshot::export::PartitionExport;
 pub use store::{AtCapacity, FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
 
 // Brokers share one store between their request threads, and move errors

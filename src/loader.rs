@@ -34,7 +34,7 @@ use crate::engine::shards::{SHARDS, ShardMut, Shards};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::id::ProducerId;
-use crate::meta::Meta;
+use crate::snapshot::meta::Meta;
 use crate::snapshot::{self, Block};
 
 /// Files at least this long load on two threads (version 4, not Kafka

@@ -25,8 +25,8 @@ use crate::apply::{KeyOp, Rec};
 use crate::engine::map::{Activity, Apply, hash_key};
 use crate::engine::rules::UnknownProducer;
 use crate::error::{Error, Result};
-use crate::meta::Meta;
 use crate::semantics::Semantics;
+use crate::snapshot::meta::Meta;
 use crate::wal::op::{GroupKind, LogOp, RemoveReason};
 
 /// The offset truncation compares an append with: its batch's offset, or
@@ -108,7 +108,14 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
             partition,
             reset,
             section,
-        } => k.apply_kafka_partition(*partition, *reset, section)?,
+        } => {
+            // The record was checked when it was read (a valid section of
+            // this partition only).
+            let add = crate::snapshot::kafka::decode_state(section).map_err(|_| {
+                Error::Internal("a partition-state record that decoded once does not")
+            })?;
+            k.absorb_kafka_partition(*partition, *reset, add)?;
+        }
         LogOp::Set { entries } => {
             for e in entries {
                 k.set_kafka_compact(&e.producer_id, e.partition, &e.entry);

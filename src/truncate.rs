@@ -22,9 +22,9 @@ use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::loader::load_file;
-use crate::meta::Meta;
 use crate::replay::Replayer;
 use crate::snapshot;
+use crate::snapshot::meta::Meta;
 use crate::wal::segment::{self, End, HeaderError};
 
 /// Bytes of log from which two threads apply the replay (as recovery).

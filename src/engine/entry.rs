@@ -440,6 +440,36 @@ impl ProducerEntry {
         self.head.batches(&self.window)
     }
 
+    /// The timestamp of the newest retained batch: `None` when that batch
+    /// carries no metadata (a single-sequence append) or none is
+    /// retained. Kafka's `lastTimestamp` of a plain producer, and what
+    /// the engine's expiration judges a key by: a key whose newest append
+    /// carried no timestamp never expires there, whatever older batches
+    /// say (see [`ProducerEntry::activity_without_clock`] for the other
+    /// rule).
+    pub(crate) fn last_batch_timestamp(&self) -> Option<i64> {
+        self.retained_batches()
+            .last()
+            .and_then(|b| b.metadata)
+            .map(|m| m.timestamp)
+    }
+
+    /// The activity stated for a key where no clock recorded one: the
+    /// newest timestamp any retained batch carries, looking past batches
+    /// without metadata, else 0. A snapshot of version 1 or 2 (which kept
+    /// no activity) is read with it, and the in-memory engine (which keeps
+    /// no clock) reports and writes it. It differs from
+    /// [`ProducerEntry::last_batch_timestamp`] for a key whose newest
+    /// batch has no metadata and an older one has: this gives the older
+    /// one's time, that gives none. Both are kept as they are because
+    /// snapshot bytes and recovered states depend on each.
+    pub(crate) fn activity_without_clock(&self) -> i64 {
+        self.retained_batches()
+            .filter_map(|b| b.metadata)
+            .last()
+            .map_or(0, |m| m.timestamp)
+    }
+
     #[inline]
     pub(crate) fn current(&self) -> Current {
         self.head.current()
@@ -582,5 +612,30 @@ mod tests {
             ),
             (3, 9, 0)
         );
+    }
+
+    #[test]
+    fn the_two_timestamp_rules_differ_only_past_a_batch_without_metadata() {
+        let with = |ts| {
+            Some(BatchMetadata {
+                offset: 0,
+                timestamp: ts,
+            })
+        };
+        // Newest batch with metadata: both rules give its time.
+        let mut e = ProducerEntry::start(0, 0, 4, with(100));
+        e.accept(false, 0, 5, 9, with(200));
+        assert_eq!(e.last_batch_timestamp(), Some(200));
+        assert_eq!(e.activity_without_clock(), 200);
+        // A single-sequence append (no metadata) after it: the newest
+        // batch has no time, so expiration has none to judge by, while the
+        // activity stated without a clock is still the older batch's.
+        e.accept(false, 0, 10, 10, None);
+        assert_eq!(e.last_batch_timestamp(), None);
+        assert_eq!(e.activity_without_clock(), 200);
+        // No batch with metadata at all.
+        let plain = ProducerEntry::start(0, 0, 0, None);
+        assert_eq!(plain.last_batch_timestamp(), None);
+        assert_eq!(plain.activity_without_clock(), 0);
     }
 }

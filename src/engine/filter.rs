@@ -24,13 +24,10 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use crate::codec::{Dec, Put};
-use crate::error::Corruption;
-
 /// Bits per generation: 2^23 (1 MiB).
 pub(crate) const BITS_LOG2: u32 = 23;
-const BITS: usize = 1 << BITS_LOG2;
-const WORDS: usize = BITS / 64;
+pub(crate) const BITS: usize = 1 << BITS_LOG2;
+pub(crate) const WORDS: usize = BITS / 64;
 /// Keys per generation before it rotates.
 pub(crate) const CAPACITY: u32 = 1 << 19;
 /// Bits set per key.
@@ -49,10 +46,6 @@ impl Generation {
             words: vec![0; WORDS],
             count: 0,
         }
-    }
-
-    fn set_bits(&self) -> usize {
-        self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 }
 
@@ -205,84 +198,31 @@ impl RemovedFilter {
         })
     }
 
-    /// Appends the filter's bytes (docs/format.md, "The removed-key
-    /// filter"): a generation whose set bits take less room as a list of
-    /// indexes than as a bitmap is stored as the list.
-    pub(crate) fn encode(&self, buf: &mut Vec<u8>) {
-        let Some(gens) = &self.gens else {
-            buf.put_u8(0);
-            return;
-        };
-        buf.put_u8(1);
-        buf.put_u8(self.current);
-        for g in gens.iter() {
-            buf.put_u32(g.count);
-            let set = g.set_bits();
-            if set * 4 < WORDS * 8 {
-                buf.put_u8(0);
-                buf.put_u32(set as u32);
-                for (i, &w) in g.words.iter().enumerate() {
-                    let mut w = w;
-                    while w != 0 {
-                        let b = w.trailing_zeros();
-                        buf.put_u32((i * 64) as u32 + b);
-                        w &= w - 1;
-                    }
-                }
-            } else {
-                buf.put_u8(1);
-                for &w in &g.words {
-                    buf.put_u64(w);
-                }
-            }
-        }
+    /// The generations as (keys taken, bits), with the one that takes new
+    /// keys; `None` before the first removal. What a snapshot stores.
+    pub(crate) fn generations(&self) -> Option<(u8, [(u32, &[u64]); 2])> {
+        let [a, b] = &**self.gens.as_ref()?;
+        Some((self.current, [(a.count, &a.words), (b.count, &b.words)]))
     }
 
-    /// Decodes what [`RemovedFilter::encode`] wrote.
-    pub(crate) fn decode(d: &mut Dec<'_>) -> Result<RemovedFilter, Corruption> {
-        let short = || Corruption::BadField("removed-key filter (too short)");
-        match d.u8().ok_or_else(short)? {
-            0 => return Ok(RemovedFilter::default()),
-            1 => {}
-            _ => return Err(Corruption::BadField("removed-key filter flag")),
-        }
-        let current = d.u8().ok_or_else(short)?;
-        if current > 1 {
-            return Err(Corruption::BadField("removed-key filter generation"));
-        }
-        let mut gens = Box::new([Generation::empty(), Generation::empty()]);
-        for g in gens.iter_mut() {
-            g.count = d.u32().ok_or_else(short)?;
-            if g.count > CAPACITY {
-                return Err(Corruption::BadField("removed-key filter count"));
-            }
-            match d.u8().ok_or_else(short)? {
-                0 => {
-                    let n = d.u32().ok_or_else(short)? as usize;
-                    let mut prev: Option<u32> = None;
-                    for _ in 0..n {
-                        let b = d.u32().ok_or_else(short)?;
-                        if b as usize >= BITS || prev.is_some_and(|p| b <= p) {
-                            return Err(Corruption::BadField("removed-key filter bit index"));
-                        }
-                        prev = Some(b);
-                        if let Some(w) = g.words.get_mut(b as usize / 64) {
-                            *w |= 1 << (b % 64);
-                        }
-                    }
-                }
-                1 => {
-                    for w in g.words.iter_mut() {
-                        *w = d.u64().ok_or_else(short)?;
-                    }
-                }
-                _ => return Err(Corruption::BadField("removed-key filter encoding")),
-            }
-        }
-        Ok(RemovedFilter {
-            gens: Some(gens),
+    /// A filter of two generations as a snapshot stored them (checked by
+    /// the reader: `current` is 0 or 1, each count at most [`CAPACITY`],
+    /// each generation [`WORDS`] words).
+    pub(crate) fn from_generations(current: u8, gens: [(u32, Vec<u64>); 2]) -> RemovedFilter {
+        let [(ca, wa), (cb, wb)] = gens;
+        RemovedFilter {
+            gens: Some(Box::new([
+                Generation {
+                    words: wa,
+                    count: ca,
+                },
+                Generation {
+                    words: wb,
+                    count: cb,
+                },
+            ])),
             current,
-        })
+        }
     }
 }
 
@@ -313,15 +253,6 @@ mod tests {
         }
     }
 
-    fn round_trip(f: &RemovedFilter) -> RemovedFilter {
-        let mut b = Vec::new();
-        f.encode(&mut b);
-        let mut d = Dec::new(&b);
-        let g = RemovedFilter::decode(&mut d).unwrap();
-        assert_eq!(d.remaining(), 0);
-        g
-    }
-
     #[test]
     fn removed_keys_are_remembered_and_others_rarely_match() {
         let mut f = RemovedFilter::default();
@@ -332,11 +263,6 @@ mod tests {
         assert!((0..100_000).all(|k| f.contains(h(k))));
         let false_positives = (1_000_000..1_100_000).filter(|&k| f.contains(h(k))).count();
         assert!(false_positives < 100, "{false_positives} of 100,000");
-        // Sparse: a list of indexes, far below the 2 MiB of the bitmaps.
-        let mut b = Vec::new();
-        f.encode(&mut b);
-        assert!(b.len() < 2_100_000 && b.len() > 100_000 * 4, "{}", b.len());
-        assert!(round_trip(&f) == f);
     }
 
     #[test]
@@ -351,8 +277,6 @@ mod tests {
         assert!((n..3 * n).step_by(97).all(|k| f.contains(h(k))));
         let remembered = (0..n).step_by(97).filter(|&k| f.contains(h(k))).count();
         assert!(remembered < 100, "{remembered}");
-        let g = round_trip(&f);
-        assert!(g == f, "a dense generation round-trips");
         let fp = (10 * n..10 * n + 100_000)
             .filter(|&k| f.contains(h(k)))
             .count();
@@ -373,30 +297,5 @@ mod tests {
         all.insert_all(hashes.iter().skip(45).copied());
         assert_eq!(one, all);
         assert_eq!(all.current, 1, "it rotated");
-    }
-
-    #[test]
-    fn bad_bytes_are_corruption_never_a_panic() {
-        let mut f = RemovedFilter::default();
-        for k in 0..50 {
-            f.insert(h(k));
-        }
-        let mut b = Vec::new();
-        f.encode(&mut b);
-        for cut in 0..b.len() {
-            assert!(RemovedFilter::decode(&mut Dec::new(&b[..cut])).is_err());
-        }
-        // Indexes out of order.
-        let mut bad = b.clone();
-        let first = 1 + 1 + 4 + 1 + 4;
-        bad.swap(first, first + 4);
-        bad.swap(first + 1, first + 5);
-        bad.swap(first + 2, first + 6);
-        bad.swap(first + 3, first + 7);
-        assert!(RemovedFilter::decode(&mut Dec::new(&bad)).is_err());
-        assert_eq!(
-            RemovedFilter::decode(&mut Dec::new(&[2])),
-            Err(Corruption::BadField("removed-key filter flag"))
-        );
     }
 }

@@ -477,7 +477,7 @@ fn a_partition_moves_between_engines_with_its_retry_windows() {
     let export = old.export_partition(-4).unwrap();
     assert_eq!(export.len(), 1);
     let bytes = export.to_bytes();
-    let moved = crate::export::PartitionExport::from_bytes(&bytes).unwrap();
+    let moved = crate::snapshot::export::PartitionExport::from_bytes(&bytes).unwrap();
     let mut new = ProducerStateManager::new();
     new.append(5u64, 0, 0, 0);
     assert_eq!(new.import_partition(&moved).unwrap(), 1);

@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 use super::{
     RecoveredState, SegmentEnd, Ticker, Verdict, dry_run, kafka_snapshot, segment, snapshot,
 };
-use crate::directory::names;
 use crate::directory::names::{StoreFile, classify};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
@@ -504,6 +503,7 @@ fn effect(f: &mut FileReport, contents: Contents, recovery: &DryRun, last_segmen
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::directory::names;
     use crate::fs::{ReadOnlyFs, SimFs};
     use crate::{ProducerStateStore, StoreOptions};
     use std::sync::Arc;

@@ -436,7 +436,7 @@ pub struct PartitionSection {
 /// in the section) for bytes that are not a section of `partition`.
 pub fn partition_section(partition: i32, section: &[u8]) -> Result<PartitionSection> {
     let file = || std::path::PathBuf::from("partition-state record");
-    let state = crate::kafka_snapshot::decode_state(section)
+    let state = crate::snapshot::kafka::decode_state(section)
         .map_err(|(at, kind)| Error::corrupt(file(), at as u64, kind))?;
     if !state.only_partition(partition) {
         let kind = Corruption::BadField("partition state of another partition");

@@ -59,12 +59,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::apply::{Failed, Parallel, Sequential, Sink};
-use crate::directory::names;
 use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
-use crate::meta::Meta;
 use crate::replay::Replayer;
+use crate::snapshot::meta::Meta;
 use crate::wal::segment::{self, End, HEADER_LEN, HeaderError};
 use crate::wal::writer::SegmentInfo;
 use plan::{Cut, Kept, LogEnd, Plan, Tail};
@@ -482,6 +481,7 @@ fn read_segment(
 mod tests {
     use super::*;
     use crate::batch::AppendRequest;
+    use crate::directory::names;
     use crate::engine::map::hash_key;
     use crate::fs::SimFs;
     use crate::wal::frame::seal;

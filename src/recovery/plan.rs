@@ -16,15 +16,13 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use super::report::{Damage, RecoveryMode, RecoveryReport, Repair, SkippedSnapshot, SnapshotUsed};
-use crate::directory::names::{
-    self, DISCARDED, StoreFile, classify, discarded_name, discarded_number,
-};
+use crate::directory::names::{self, StoreFile, classify, discarded_name, discarded_number};
 use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
 use crate::loader::{Loaded, load_file};
-use crate::meta::Meta;
 use crate::snapshot;
+use crate::snapshot::meta::Meta;
 use crate::wal::segment;
 use crate::wal::writer::SegmentInfo;
 
@@ -561,6 +559,7 @@ fn copy_tail(fs: &dyn FileSystem, src: &Path, from: u64, dst: &Path) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::directory::names::DISCARDED;
     use crate::fs::SimFs;
 
     #[test]

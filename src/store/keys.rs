@@ -30,9 +30,9 @@ use crate::engine::rules::{self, UnknownProducer};
 use crate::engine::shards::{SHARDS, Shards, WARM_CHUNK, shard_of};
 use crate::error::Error;
 use crate::id::ProducerId;
-use crate::meta::Meta;
 use crate::outcome::BatchOutcome;
 use crate::replay::append_offset;
+use crate::snapshot::meta::Meta;
 use crate::wal::op::{self, GroupKind, RemoveReason};
 
 /// A key's state as the log will say once everything in flight is

@@ -23,8 +23,8 @@ use crate::engine::ProducerStateManager;
 use crate::engine::map::hash_key;
 use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
-use crate::export::PartitionExport;
 use crate::semantics::Semantics;
+use crate::snapshot::export::PartitionExport;
 use crate::wal::op::{GroupKind, RemoveReason};
 
 impl ProducerStateStore {
@@ -167,7 +167,7 @@ impl ProducerStateStore {
         let partition = export.partition();
         let mut moved = ProducerStateManager::with_semantics(Semantics::Kafka);
         let n = moved.import_partition(export)?;
-        let ops = moved.kafka_partition_ops(partition)?;
+        let ops = crate::wal::txn_op::kafka_partition_ops(&moved, partition)?;
         let high = export.high_offset();
         let pos = st.log_kafka_group(GroupKind::Import, high, &ops)?;
         st.keys.meta.high = st.keys.meta.high.max(high);

@@ -20,9 +20,9 @@ use super::frame::{AT_KIND, AT_LEN, HEADER};
 use crate::batch::AppendRequest;
 use crate::codec::{Dec, Put, decode_id, put_id, set_u32};
 use crate::engine::info::ProducerInfo;
-use crate::entry_codec::{self, MAX_ENTRY};
 use crate::error::Corruption;
 use crate::id::ProducerId;
+use crate::snapshot::entry::{self as entry_codec, MAX_ENTRY};
 
 pub(super) const KIND_CLOCK: u8 = 6;
 pub(super) const KIND_REMOVE: u8 = 7;

@@ -15,16 +15,13 @@ pub(crate) mod txn;
 use super::ProducerStateManager;
 use crate::batch::{AppendOptions, AppendRequest, Batch, Origin};
 use crate::engine::entry::ProducerEntry;
-use crate::engine::info::ProducerInfo;
 use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 use crate::engine::kafka::state::{KafkaProducerState, KafkaState};
 use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerOutcome};
 use crate::engine::map::StateMap;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
-use crate::semantics::Semantics;
-use crate::wal::op::LogOp;
 
 impl ProducerStateManager {
     /// Classifies a batch with its origin and transactional flags, and
@@ -320,97 +317,16 @@ impl ProducerStateManager {
         (keys, self.aborted_transactions(partition).to_vec())
     }
 
-    /// The log operations that set `partition` to this engine's state of
-    /// it (members of a Kafka-mode truncation group): partition-state
-    /// records (the first resets) for the side table and the aborted
-    /// list, then key-state records for the compact keys.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Unsupported`] if one side-table key alone does not fit a
-    /// record (a producer name of over about 65,000 bytes).
-    pub(crate) fn kafka_partition_ops(&self, partition: i32) -> Result<Vec<LogOp>> {
-        /// A record's worth, by estimate (a record holds up to 64 KiB).
-        const CHUNK: usize = 48 << 10;
-        let k = self.kafka_ref("a Kafka-mode truncation")?;
-        let (side, aborted) = k.partition_side(partition);
-        let id_len = |id: &ProducerId| id.name_bytes().map_or(8, |n| 2 + n.len());
-        let mut chunks: Vec<KafkaState> = vec![KafkaState::default()];
-        let mut size = 0;
-        for (id, e) in side {
-            let est = id_len(&id) + 40 + 25 * e.batches.len();
-            if size + est > CHUNK && size > 0 {
-                chunks.push(KafkaState::default());
-                size = 0;
-            }
-            size += est;
-            if let Some(c) = chunks.last_mut() {
-                c.insert_side(id, partition, e);
-            }
-        }
-        let mut list: Vec<AbortedTxn> = Vec::new();
-        for t in aborted {
-            let est = id_len(&t.producer_id) + 25;
-            if size + est > CHUNK && size > 0 {
-                if let Some(c) = chunks.last_mut() {
-                    c.txns_mut()
-                        .set_aborted(partition, std::mem::take(&mut list));
-                }
-                chunks.push(KafkaState::default());
-                size = 0;
-            }
-            size += est;
-            list.push(t);
-        }
-        if let Some(c) = chunks.last_mut()
-            && !list.is_empty()
-        {
-            c.txns_mut().set_aborted(partition, list);
-        }
-        let mut ops = Vec::with_capacity(chunks.len() + 1);
-        for (i, c) in chunks.iter().enumerate() {
-            let section = crate::kafka_snapshot::encode_body(c);
-            if section.len() > crate::wal::txn_op::MAX_SECTION {
-                return Err(Error::Unsupported {
-                    what: "truncating a Kafka-mode partition with a producer name this long",
-                    semantics: Semantics::Kafka,
-                });
-            }
-            ops.push(LogOp::KafkaPartition {
-                partition,
-                reset: i == 0,
-                section,
-            });
-        }
-        let compact: Vec<ProducerInfo> = self
-            .map
-            .iter()
-            .filter(|(_, p, _)| *p == partition)
-            .map(|(producer_id, partition, entry)| ProducerInfo {
-                producer_id,
-                partition,
-                entry,
-                last_activity: 0,
-            })
-            .collect();
-        for part in compact.chunks(256) {
-            ops.push(LogOp::Set {
-                entries: part.to_vec(),
-            });
-        }
-        Ok(ops)
-    }
-
-    /// Applies a partition-state record (see
-    /// [`ProducerStateManager::kafka_partition_ops`]).
-    pub(crate) fn apply_kafka_partition(
+    /// Applies a partition-state record's section, decoded (see
+    /// `wal::txn_op::kafka_partition_ops`): the partition's state is reset
+    /// first if the record says so, then the section's producers and
+    /// aborted transactions are added.
+    pub(crate) fn absorb_kafka_partition(
         &mut self,
         partition: i32,
         reset: bool,
-        section: &[u8],
+        add: KafkaState,
     ) -> Result<()> {
-        let add = crate::kafka_snapshot::decode_state(section)
-            .map_err(|_| Error::Internal("a partition-state record that decoded once does not"))?;
         if reset {
             self.remove_partition(partition);
         }

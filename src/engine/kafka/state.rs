@@ -103,7 +103,7 @@ impl FullEntry {
         FullEntry {
             epoch: e.epoch(),
             last_sequence: e.last_sequence(),
-            last_timestamp: newest_timestamp(e).unwrap_or(-1),
+            last_timestamp: e.last_batch_timestamp().unwrap_or(-1),
             coordinator_epoch: -1,
             txn_first_offset: None,
             batches,
@@ -278,14 +278,6 @@ impl FullEntry {
     }
 }
 
-/// The timestamp of a compact entry's newest batch, when it has metadata.
-fn newest_timestamp(e: &ProducerEntry) -> Option<i64> {
-    e.retained_batches()
-        .last()
-        .and_then(|b| b.metadata)
-        .map(|m| m.timestamp)
-}
-
 /// Drops every compact key whose newest batch has a timestamp
 /// `expiration_ms` or more before `now_ms` (a key whose newest append
 /// carried none does not expire); returns how many. Kafka's rule for
@@ -293,7 +285,8 @@ fn newest_timestamp(e: &ProducerEntry) -> Option<i64> {
 pub(crate) fn expire_compact(map: &mut StateMap, now_ms: i64, expiration_ms: i64) -> usize {
     let before = map.len();
     map.retain(|_, _, e| {
-        newest_timestamp(e).is_none_or(|ts| now_ms.saturating_sub(ts) < expiration_ms)
+        e.last_batch_timestamp()
+            .is_none_or(|ts| now_ms.saturating_sub(ts) < expiration_ms)
     });
     before - map.len()
 }
@@ -707,7 +700,7 @@ impl KafkaState {
         let expired = |ts: i64| now_ms.saturating_sub(ts) >= expiration_ms;
         let mut out: Vec<(ProducerId, i32)> = map
             .iter()
-            .filter(|(_, _, e)| newest_timestamp(e).is_some_and(expired))
+            .filter(|(_, _, e)| e.last_batch_timestamp().is_some_and(expired))
             .map(|(id, p, _)| (id, p))
             .collect();
         out.extend(

@@ -73,7 +73,7 @@ impl Meta {
         buf.put_u32(0);
         buf.put_i64(self.clock);
         buf.put_i64(self.high);
-        self.filter.encode(buf);
+        super::filter::encode(&self.filter, buf);
         let len = (buf.len() - start - 4) as u32;
         crate::codec::set_u32(buf, start, len);
     }
@@ -84,7 +84,7 @@ impl Meta {
         let short = || Corruption::BadField("store section (too short)");
         let clock = d.i64().ok_or_else(short)?;
         let high = d.i64().ok_or_else(short)?;
-        let filter = RemovedFilter::decode(&mut d)?;
+        let filter = super::filter::decode(&mut d)?;
         if d.remaining() != 0 {
             return Err(Corruption::TrailingBytes(d.remaining() as u64));
         }
