@@ -176,7 +176,6 @@
 #![warn(clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
-mod apply;
 mod batch;
 mod clock;
 mod codec;
@@ -188,15 +187,12 @@ mod id;
 pub mod inspect;
 pub mod kafka;
 mod kafka_order;
-mod loader;
 mod outcome;
 mod recovery;
-mod replay;
 mod semantics;
 mod snapshot;
 mod store;
 pub mod telemetry;
-mod truncate;
 mod wal;
 
 // CRC-32C of any byte range from the CRCs of prefixes. Public only because

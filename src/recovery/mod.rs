@@ -44,10 +44,23 @@
 //!
 //! Recovery never panics on any bytes and never invents state: whatever it
 //! returns is the state after some prefix of the logged history.
+//!
+//! The folder holds everything recovery runs: `plan.rs` (the history and
+//! its repairs, decided by reading), `replay.rs` (what each log record
+//! does, in log order: recovery and truncation share it), `apply.rs`
+//! (applying replayed appends on one or two threads), `loader.rs` (a
+//! snapshot into a fresh state), `truncate.rs` (the state a truncation
+//! computes, through the same replay), `semantics.rs` (which semantics
+//! wrote the files) and `report.rs` (what recovery found and did, as
+//! values).
 
+pub(crate) mod apply;
+pub(crate) mod loader;
 mod plan;
+pub(crate) mod replay;
 pub(crate) mod report;
 pub(crate) mod semantics;
+pub(crate) mod truncate;
 
 pub use report::{
     Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
@@ -58,11 +71,11 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::apply::{Failed, Parallel, Sequential, Sink};
 use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
-use crate::replay::Replayer;
+use crate::recovery::apply::{Failed, Parallel, Sequential, Sink};
+use crate::recovery::replay::Replayer;
 use crate::snapshot::meta::Meta;
 use crate::wal::segment::{self, End, HEADER_LEN, HeaderError};
 use crate::wal::writer::SegmentInfo;

@@ -20,7 +20,7 @@ use crate::directory::names::{self, StoreFile, classify, discarded_name, discard
 use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
-use crate::loader::{Loaded, load_file};
+use crate::recovery::loader::{Loaded, load_file};
 use crate::snapshot;
 use crate::snapshot::meta::Meta;
 use crate::wal::segment;

@@ -31,7 +31,7 @@ use crate::engine::shards::{SHARDS, Shards, WARM_CHUNK, shard_of};
 use crate::error::Error;
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
-use crate::replay::append_offset;
+use crate::recovery::replay::append_offset;
 use crate::snapshot::meta::Meta;
 use crate::wal::op::{self, GroupKind, RemoveReason};
 

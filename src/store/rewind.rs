@@ -3,7 +3,7 @@
 //!
 //! Computed, then logged as its difference: the truncated state is rebuilt
 //! from a retained snapshot whose appends all lie below the offset and the
-//! log replayed without what is cut ([`crate::truncate`]); the keys whose
+//! log replayed without what is cut ([`crate::recovery::truncate`]); the keys whose
 //! state differs from the live state are then set or removed by one atomic
 //! group, whose group record carries the offset (recovery replays the
 //! group as it is; a later truncation reaching below it passes over it).
@@ -21,7 +21,7 @@ use crate::engine::info::ProducerInfo;
 use crate::engine::map::hash_key;
 use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
-use crate::truncate;
+use crate::recovery::truncate;
 use crate::wal::op::{GroupKind, RemoveReason};
 
 impl ProducerStateStore {

@@ -338,9 +338,9 @@ impl State {
         self.counted(before, 1 + members as u64);
         // The live engine takes exactly what replay will.
         let meta = &mut self.keys.meta;
-        crate::replay::apply_kafka(meta, &group)?;
+        crate::recovery::replay::apply_kafka(meta, &group)?;
         for o in ops {
-            crate::replay::apply_kafka(meta, o)?;
+            crate::recovery::replay::apply_kafka(meta, o)?;
         }
         Ok(first + members as u64)
     }

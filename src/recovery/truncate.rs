@@ -4,7 +4,7 @@
 //! The base is a snapshot whose store section says every append it holds
 //! lies below the offset (its `high` is below it), or the empty state if
 //! the log still starts at position 0. From there the log is replayed as
-//! [`crate::replay`] says for a target offset: appends at or above it, and
+//! [`crate::recovery::replay`] says for a target offset: appends at or above it, and
 //! earlier truncations and imports that reach at or above it, are passed
 //! over; an append that no longer applies is dropped. The store then logs
 //! the difference between that state and its own as one atomic group
@@ -16,13 +16,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::apply::{Parallel, Sequential, Sink};
 use crate::directory::names;
 use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
-use crate::loader::load_file;
-use crate::replay::Replayer;
+use crate::recovery::apply::{Parallel, Sequential, Sink};
+use crate::recovery::loader::load_file;
+use crate::recovery::replay::Replayer;
 use crate::snapshot;
 use crate::snapshot::meta::Meta;
 use crate::wal::segment::{self, End, HeaderError};
@@ -131,7 +131,7 @@ fn segments_from<'a>(dir: &Path, segments: &'a [u64], start: u64) -> Result<&'a 
 /// A Kafka-mode store's state with every batch and marker at or above
 /// `offset` removed (Kafka's `truncateAndReload`: the producers, their
 /// open transactions and the aborted list as of the log below it): the
-/// base's engine replayed as [`crate::replay`] says for a target offset.
+/// base's engine replayed as [`crate::recovery::replay`] says for a target offset.
 pub(crate) fn truncated_kafka(
     fs: &dyn FileSystem,
     dir: &Path,

@@ -21,10 +21,10 @@
 //! drops appends that no longer apply (a key whose earlier append was
 //! passed over). docs/lifecycle.md states the rule.
 
-use crate::apply::{KeyOp, Rec};
 use crate::engine::map::{Activity, Apply, hash_key};
 use crate::engine::rules::UnknownProducer;
 use crate::error::{Error, Result};
+use crate::recovery::apply::{KeyOp, Rec};
 use crate::semantics::Semantics;
 use crate::snapshot::meta::Meta;
 use crate::wal::op::{GroupKind, LogOp, RemoveReason};
