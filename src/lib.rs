@@ -186,7 +186,6 @@ pub mod fs;
 mod id;
 pub mod inspect;
 pub mod kafka;
-mod kafka_order;
 mod outcome;
 mod recovery;
 mod semantics;
