@@ -15,7 +15,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::{
+use super::file::{
     RecoveredState, SegmentEnd, Ticker, Verdict, dry_run, kafka_snapshot, segment, snapshot,
 };
 use crate::directory::names::{StoreFile, classify};

@@ -383,20 +383,6 @@ impl ProducerStateStore {
         answer
     }
 
-    /// A plain append in Kafka mode (its options in the request).
-    #[cold]
-    #[inline(never)]
-    fn kafka_decide(&self, request: &AppendRequest) -> Result<BatchOutcome> {
-        check_name(request)?;
-        txn::check_kafka(request)?;
-        self.shared
-            .kafka_run(txn::KafkaOp::Batch(request))
-            .map(|a| match a {
-                txn::KafkaAnswer::Batch(o) => o,
-                _ => BatchOutcome::Accepted,
-            })
-    }
-
     /// [`ProducerStateStore::append_request`], before its answer is counted.
     #[inline]
     fn decide(&self, request: &AppendRequest) -> Result<BatchOutcome> {

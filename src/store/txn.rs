@@ -475,6 +475,23 @@ pub(super) fn check_kafka(r: &AppendRequest) -> Result<()> {
 }
 
 impl ProducerStateStore {
+    /// A plain append in Kafka mode (its options in the request): what
+    /// [`ProducerStateStore::append_request`] runs under
+    /// [`Semantics::Kafka`]. Out of line and cold, so the seed path that
+    /// branches around it is laid out as if it did not exist.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn kafka_decide(&self, request: &AppendRequest) -> Result<BatchOutcome> {
+        check_name(request)?;
+        check_kafka(request)?;
+        self.shared
+            .kafka_run(KafkaOp::Batch(request))
+            .map(|a| match a {
+                KafkaAnswer::Batch(o) => o,
+                _ => BatchOutcome::Accepted,
+            })
+    }
+
     /// The verdicts this store gives (chosen at open, recorded in the
     /// directory).
     pub fn semantics(&self) -> Semantics {
