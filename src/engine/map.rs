@@ -19,277 +19,56 @@
 //! than grown, so a table whose keys come and go (expiration, eviction)
 //! keeps the memory of the keys it holds.
 //!
-//! The hash is fixed (no random seed): the layout and the benchmarks are
-//! reproducible, and producer ids are handed out by the broker, not chosen
-//! by clients, so hash flooding is not the threat model here.
+//! The slot kinds, the arena and the table operations written once for
+//! both kinds are in `slot.rs`; the key's fixed hash in `hash.rs`.
 
-use std::borrow::Cow;
 use std::fmt::Debug;
 
 use hashbrown::HashTable;
 
-use crate::batch::BatchMetadata;
 use crate::engine::entry::{Head, ProducerEntry, Window};
-use crate::engine::rules::{self, Current, UnknownProducer};
+pub(crate) use crate::engine::hash::{hash_key, hash_numeric};
+pub(crate) use crate::engine::slot::{Activity, Apply, Ask, Decide, Decided, Extra};
+use crate::engine::slot::{
+    Arena, NO_WINDOW, NamedSlot, NumSlot, Slot, State, append_decided_in, append_in,
+    insert_vacant_in, join_pid, split_pid, take_slot, upsert,
+};
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
 
-/// No window: the key only used single-sequence appends.
-const NO_WINDOW: u32 = u32::MAX;
-
-/// What a slot carries beside the key's state: `()` for the engine, the
-/// key's last activity for the store. 4-byte aligned, so a numeric slot
-/// has no padding.
-pub(crate) trait Extra: Copy + Default + Debug + PartialEq {}
-
-impl Extra for () {}
-
-/// A key's last activity (milliseconds since the Unix epoch): the time
-/// expiration and eviction order by. Two `u32`s, so the slot stays
-/// 4-byte aligned (32 bytes for a numeric key).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Activity([u32; 2]);
-
-impl Activity {
-    #[inline]
-    pub(crate) fn new(ms: i64) -> Activity {
-        let v = ms as u64;
-        Activity([v as u32, (v >> 32) as u32])
-    }
-
-    #[inline]
-    pub(crate) fn ms(self) -> i64 {
-        (u64::from(self.0[0]) | (u64::from(self.0[1]) << 32)) as i64
-    }
-}
-
-impl Extra for Activity {}
-
-/// A key's state inside a slot: the head the rules read, and the index of
-/// the key's window in the arena (or `NO_WINDOW`). 12 bytes.
-#[derive(Clone, Copy, Debug)]
-struct State {
-    head: Head,
-    win: u32,
-}
-
-/// A numeric key's slot: 24 bytes plus the extra, 4-byte aligned (the
-/// producer id is split into two `u32`s so the struct has no padding).
-#[derive(Clone, Copy, Debug)]
-struct NumSlot<X> {
-    pid: [u32; 2],
-    partition: i32,
-    st: State,
-    x: X,
-}
-
-#[derive(Clone, Debug)]
-struct NamedSlot<X> {
-    id: ProducerId,
-    partition: i32,
-    st: State,
-    x: X,
-}
-
-#[inline]
-fn fold(a: u64, b: u64) -> u64 {
-    let p = u128::from(a) * u128::from(b);
-    (p as u64) ^ ((p >> 64) as u64)
-}
-
-const K0: u64 = 0x243f_6a88_85a3_08d3;
-const K1: u64 = 0x1319_8a2e_0370_7344;
-const K2: u64 = 0xa409_3822_299f_31d0;
-const K3: u64 = 0x082e_fa98_ec4e_6c89;
-
-/// The hash of a numeric key.
-#[inline]
-pub(crate) fn hash_numeric(pid: u64, partition: i32) -> u64 {
-    // The two multiplies are independent (they overlap in the pipeline);
-    // `K2 | 1` is odd, so a partition's term is a bijection of it.
-    fold(pid ^ K0, K1) ^ u64::from(partition as u32).wrapping_mul(K2 | 1)
-}
-
-/// Little-endian `u64` from up to 8 bytes (shorter slices are zero-extended).
-#[inline]
-fn word(b: &[u8]) -> u64 {
-    let mut w = [0u8; 8];
-    let n = b.len().min(8);
-    w[..n].copy_from_slice(&b[..n]);
-    u64::from_le_bytes(w)
-}
-
-#[inline(always)]
-fn partition_term(partition: i32) -> u64 {
-    u64::from(partition as u32).wrapping_mul(K2 | 1)
-}
-
-/// The hash of an inline name (its packed words, see `ProducerId`).
-#[inline(always)]
-fn hash_inline(len: u8, w: [u64; 3], partition: i32) -> u64 {
-    fold(w[0] ^ K0, w[1] ^ K1) ^ fold(w[2] ^ K3 ^ u64::from(len), K2) ^ partition_term(partition)
-}
-
-/// The hash of a long name: a folded multiply over 16-byte blocks. Long
-/// names never compare equal to inline ones, so the two hashes need not agree.
-fn hash_long(name: &[u8], partition: i32) -> u64 {
-    let mut h = K3 ^ (name.len() as u64);
-    for block in name.chunks(16) {
-        let (a, b) = block.split_at(block.len().min(8));
-        h = fold(word(a) ^ K0 ^ h, word(b) ^ K1);
-    }
-    h ^ partition_term(partition)
-}
-
-/// The hash of any key.
-#[inline(always)]
-pub(crate) fn hash_key(id: &ProducerId, partition: i32) -> u64 {
-    if let Some(n) = id.as_numeric() {
-        hash_numeric(n, partition)
-    } else if let Some((len, w)) = id.inline_words() {
-        hash_inline(len, w, partition)
-    } else {
-        hash_long(id.shared_name().unwrap_or_default(), partition)
-    }
-}
-
-/// Whether a named slot holds this (named) id.
-#[inline(always)]
-fn same_name(slot: &ProducerId, id: &ProducerId) -> bool {
-    match (slot.inline_words(), id.inline_words()) {
-        // Word by word: comparing the arrays would spill both to the stack.
-        (Some((la, a)), Some((lb, b))) => la == lb && a[0] == b[0] && a[1] == b[1] && a[2] == b[2],
-        (None, None) => slot.shared_name() == id.shared_name(),
-        _ => false,
-    }
-}
-
-#[inline]
-fn split_pid(pid: u64) -> [u32; 2] {
-    [pid as u32, (pid >> 32) as u32]
-}
-
-#[inline]
-fn join_pid(p: [u32; 2]) -> u64 {
-    u64::from(p[0]) | (u64::from(p[1]) << 32)
-}
-
-/// The window arena: windows by index, and the indexes of windows freed
-/// by keys that were removed or lost their window, reused first.
-#[derive(Clone, Debug, Default)]
-struct Arena {
-    windows: Vec<Window>,
-    free: Vec<u32>,
-}
-
-impl Arena {
-    #[inline]
-    fn alloc(&mut self, w: Window) -> u32 {
-        if let Some(i) = self.free.pop() {
-            self.windows[i as usize] = w;
-            return i;
-        }
-        let idx = u32::try_from(self.windows.len())
-            .ok()
-            .filter(|&i| i != NO_WINDOW)
-            .expect("more than 2^32 - 1 retry windows in one map");
-        self.windows.push(w);
-        idx
-    }
-
-    #[inline]
-    fn release(&mut self, win: u32) {
-        if win != NO_WINDOW {
-            self.free.push(win);
-        }
-    }
-}
-
-impl State {
-    fn from_entry(e: &ProducerEntry, arena: &mut Arena) -> State {
-        let win = if e.head.windowed() {
-            arena.alloc(e.window)
-        } else {
-            NO_WINDOW
-        };
-        State { head: e.head, win }
-    }
-
-    fn to_entry(self, arena: &Arena) -> ProducerEntry {
-        ProducerEntry {
-            head: self.head,
-            window: if self.head.windowed() {
-                arena.windows[self.win as usize]
-            } else {
-                Window::EMPTY
-            },
-        }
-    }
-
-    #[inline]
-    fn find(&self, arena: &Arena, first: i32, last: i32) -> Option<Option<BatchMetadata>> {
-        if self.head.windowed() {
-            self.head
-                .find(&arena.windows[self.win as usize], first, last)
-        } else {
-            None
-        }
-    }
-
-    #[inline(always)]
-    fn accept(
-        &mut self,
-        arena: &mut Arena,
-        new_session: bool,
-        epoch: i16,
-        first: i32,
-        last: i32,
-        meta: Option<BatchMetadata>,
-    ) {
-        if self.head.windowed() {
-            let w = &mut arena.windows[self.win as usize];
-            self.head.push(w, new_session, epoch, first, last, meta);
-        } else if meta.is_some() {
-            let mut w = Window::EMPTY;
-            self.head
-                .push(&mut w, new_session, epoch, first, last, meta);
-            self.win = arena.alloc(w);
-        } else {
-            self.head.accept_plain(epoch, last);
-        }
-    }
-
-    /// Replaces this state with `entry`'s, reusing its window when both
-    /// have one and freeing it when the new one has none.
-    fn replace(&mut self, entry: &ProducerEntry, arena: &mut Arena) {
-        match (self.head.windowed(), entry.head.windowed()) {
-            (true, true) => arena.windows[self.win as usize] = entry.window,
-            (true, false) => {
-                arena.release(self.win);
-                self.win = NO_WINDOW;
+/// Runs `$body` on the table of the key's kind, with `$table` bound to it
+/// and `$key` to the key in that kind's [`Slot::Key`] terms: the one
+/// dispatch between numeric and named keys, so each operation is written
+/// once, generic over [`Slot`].
+macro_rules! by_kind {
+    ($map:ident, $id:expr, $partition:expr, |$table:ident, $key:ident| $body:expr) => {
+        match $id.as_numeric() {
+            Some(pid) => {
+                let $key = (split_pid(pid), $partition);
+                let $table = &mut $map.numeric;
+                $body
             }
-            (false, true) => self.win = arena.alloc(entry.window),
-            (false, false) => {}
+            None => {
+                let $key = ($id, $partition);
+                let $table = &mut $map.named;
+                $body
+            }
         }
-        self.head = entry.head;
-    }
-}
-
-/// How an append is applied: rule 1's policy, and the extra an accepted
-/// append leaves in its key's slot.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Apply<X> {
-    pub unknown: UnknownProducer,
-    pub x: X,
-}
-
-impl Default for Apply<()> {
-    fn default() -> Self {
-        Apply {
-            unknown: UnknownProducer::RequireZero,
-            x: (),
+    };
+    (ref $map:ident, $id:expr, $partition:expr, |$table:ident, $key:ident| $body:expr) => {
+        match $id.as_numeric() {
+            Some(pid) => {
+                let $key = (split_pid(pid), $partition);
+                let $table = &$map.numeric;
+                $body
+            }
+            None => {
+                let $key = ($id, $partition);
+                let $table = &$map.named;
+                $body
+            }
         }
-    }
+    };
 }
 
 /// Both tables and the window arena.
@@ -300,105 +79,6 @@ pub(crate) struct StateMap<X: Extra = ()> {
     arena: Arena,
 }
 
-/// Classifies `first..=last` against one slot (or its absence) and applies
-/// it if accepted. Generic over the two slot kinds.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn append_in<S, X: Extra>(
-    table: &mut HashTable<S>,
-    arena: &mut Arena,
-    hash: u64,
-    eq: impl FnMut(&S) -> bool,
-    state: impl Fn(&mut S) -> (&mut State, &mut X),
-    new_slot: impl FnOnce(State, X) -> S,
-    rehash: impl Fn(&S) -> u64,
-    epoch: i16,
-    first: i32,
-    last: i32,
-    meta: Option<BatchMetadata>,
-    how: Apply<X>,
-) -> BatchOutcome {
-    if let Some(slot) = table.find_mut(hash, eq) {
-        let (st, x) = state(slot);
-        let cur = st.head.current();
-        let outcome = rules::classify(Some(cur), epoch, first, last, |f, l| st.find(arena, f, l));
-        if outcome.is_accepted() {
-            st.accept(arena, epoch > cur.epoch, epoch, first, last, meta);
-            *x = how.x;
-        }
-        outcome
-    } else {
-        let outcome = rules::classify_with(None, how.unknown, epoch, first, last, |_, _| None);
-        if outcome.is_accepted() {
-            let entry = ProducerEntry::start(epoch, first, last, meta);
-            let st = State::from_entry(&entry, arena);
-            keep_room(table, &rehash);
-            table.insert_unique(hash, new_slot(st, how.x), rehash);
-        }
-        outcome
-    }
-}
-
-/// What a caller's own rules decided for an append to a compact key (see
-/// [`StateMap::append_decided`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Decided {
-    /// Not accepted: nothing changes.
-    Rejected,
-    /// Accepted, and the compact entry can hold the result: applied in place
-    /// (`new_session`: the epoch changed, the window starts over).
-    Apply { new_session: bool },
-    /// Accepted, but the compact entry cannot hold the result: nothing is
-    /// changed here; the caller moves the key elsewhere.
-    Elsewhere,
-}
-
-/// [`StateMap::append_decided`] for one slot kind.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn append_decided_in<S, X: Extra>(
-    table: &mut HashTable<S>,
-    arena: &mut Arena,
-    hash: u64,
-    eq: impl FnMut(&S) -> bool,
-    state: impl Fn(&mut S) -> (&mut State, &mut X),
-    new_slot: impl FnOnce(State, X) -> S,
-    rehash: impl Fn(&S) -> u64,
-    epoch: i16,
-    first: i32,
-    last: i32,
-    meta: Option<BatchMetadata>,
-    x: X,
-    decide: impl FnOnce(
-        Option<(Current, bool)>,
-        &dyn Fn(i32, i32) -> Option<Option<BatchMetadata>>,
-    ) -> (BatchOutcome, Decided),
-) -> (BatchOutcome, Decided) {
-    if let Some(slot) = table.find_mut(hash, eq) {
-        let (st, slot_x) = state(slot);
-        let (outcome, decided) = {
-            let (st, a): (&State, &Arena) = (st, arena);
-            decide(Some((st.head.current(), st.head.windowed())), &|f, l| {
-                st.find(a, f, l)
-            })
-        };
-        if let Decided::Apply { new_session } = decided {
-            st.accept(arena, new_session, epoch, first, last, meta);
-            *slot_x = x;
-        }
-        (outcome, decided)
-    } else {
-        let (outcome, decided) = decide(None, &|_, _| None);
-        if let Decided::Apply { .. } = decided {
-            let entry = ProducerEntry::start(epoch, first, last, meta);
-            let st = State::from_entry(&entry, arena);
-            keep_room(table, &rehash);
-            table.insert_unique(hash, new_slot(st, x), rehash);
-        }
-        (outcome, decided)
-    }
-}
-
 impl<X: Extra> StateMap<X> {
     /// Number of keys with state.
     pub(crate) fn len(&self) -> usize {
@@ -407,169 +87,58 @@ impl<X: Extra> StateMap<X> {
 
     /// Classifies an append and applies it when accepted.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn append(
         &mut self,
         id: &ProducerId,
         partition: i32,
-        epoch: i16,
-        first: i32,
-        last: i32,
-        meta: Option<BatchMetadata>,
+        ask: Ask,
         how: Apply<X>,
     ) -> BatchOutcome {
-        self.append_hashed(
-            hash_key(id, partition),
-            id,
-            partition,
-            epoch,
-            first,
-            last,
-            meta,
-            how,
-        )
+        self.append_hashed(hash_key(id, partition), id, partition, ask, how)
     }
 
     /// [`StateMap::append`] with the key's hash already computed.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn append_hashed(
         &mut self,
         hash: u64,
         id: &ProducerId,
         partition: i32,
-        epoch: i16,
-        first: i32,
-        last: i32,
-        meta: Option<BatchMetadata>,
+        ask: Ask,
         how: Apply<X>,
     ) -> BatchOutcome {
-        match id.as_numeric() {
-            Some(pid) => {
-                let key = split_pid(pid);
-                append_in(
-                    &mut self.numeric,
-                    &mut self.arena,
-                    hash,
-                    |s| s.pid == key && s.partition == partition,
-                    |s| (&mut s.st, &mut s.x),
-                    |st, x| NumSlot {
-                        pid: key,
-                        partition,
-                        st,
-                        x,
-                    },
-                    |s| hash_numeric(join_pid(s.pid), s.partition),
-                    epoch,
-                    first,
-                    last,
-                    meta,
-                    how,
-                )
-            }
-            None => self.append_named(hash, id, partition, epoch, first, last, meta, how),
-        }
-    }
-
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn append_named(
-        &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
-        epoch: i16,
-        first: i32,
-        last: i32,
-        meta: Option<BatchMetadata>,
-        how: Apply<X>,
-    ) -> BatchOutcome {
-        append_in(
-            &mut self.named,
+        by_kind!(self, id, partition, |table, key| append_in(
+            table,
             &mut self.arena,
             hash,
-            |s| s.partition == partition && same_name(&s.id, id),
-            |s| (&mut s.st, &mut s.x),
-            |st, x| NamedSlot {
-                id: id.clone(),
-                partition,
-                st,
-                x,
-            },
-            |s| hash_key(&s.id, s.partition),
-            epoch,
-            first,
-            last,
-            meta,
-            how,
-        )
+            key,
+            ask,
+            how
+        ))
     }
 
     /// Classifies an append by the caller's rules (`decide` sees the key's
     /// epoch and last sequence, whether it retains batches, and a lookup of
-    /// its retained batches) and applies it in place when told to: one
-    /// probe, as [`StateMap::append`] does for the seed rules.
-    #[allow(clippy::too_many_arguments)]
+    /// its retained batches) and applies it in place, leaving `x` in the
+    /// slot, when told to: one probe, as [`StateMap::append`] does for the
+    /// seed rules.
     pub(crate) fn append_decided(
         &mut self,
         hash: u64,
         id: &ProducerId,
         partition: i32,
-        epoch: i16,
-        first: i32,
-        last: i32,
-        meta: Option<BatchMetadata>,
+        ask: Ask,
         x: X,
-        decide: impl FnOnce(
-            Option<(Current, bool)>,
-            &dyn Fn(i32, i32) -> Option<Option<BatchMetadata>>,
-        ) -> (BatchOutcome, Decided),
+        decide: impl Decide,
     ) -> (BatchOutcome, Decided) {
-        match id.as_numeric() {
-            Some(pid) => {
-                let key = split_pid(pid);
-                append_decided_in(
-                    &mut self.numeric,
-                    &mut self.arena,
-                    hash,
-                    |s| s.pid == key && s.partition == partition,
-                    |s| (&mut s.st, &mut s.x),
-                    |st, x| NumSlot {
-                        pid: key,
-                        partition,
-                        st,
-                        x,
-                    },
-                    |s| hash_numeric(join_pid(s.pid), s.partition),
-                    epoch,
-                    first,
-                    last,
-                    meta,
-                    x,
-                    decide,
-                )
-            }
-            None => append_decided_in(
-                &mut self.named,
-                &mut self.arena,
-                hash,
-                |s| s.partition == partition && same_name(&s.id, id),
-                |s| (&mut s.st, &mut s.x),
-                |st, x| NamedSlot {
-                    id: id.clone(),
-                    partition,
-                    st,
-                    x,
-                },
-                |s| hash_key(&s.id, s.partition),
-                epoch,
-                first,
-                last,
-                meta,
-                x,
-                decide,
-            ),
-        }
+        by_kind!(self, id, partition, |table, key| append_decided_in(
+            table,
+            &mut self.arena,
+            hash,
+            key,
+            (ask, x),
+            decide
+        ))
     }
 
     /// The entry of one key.
@@ -587,18 +156,9 @@ impl<X: Extra> StateMap<X> {
     /// A key's state and extra.
     #[inline(always)]
     fn slot(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<(State, X)> {
-        match id.as_numeric() {
-            Some(pid) => {
-                let key = split_pid(pid);
-                self.numeric
-                    .find(hash, |s| s.pid == key && s.partition == partition)
-                    .map(|s| (s.st, s.x))
-            }
-            None => self
-                .named
-                .find(hash, |s| s.partition == partition && same_name(&s.id, id))
-                .map(|s| (s.st, s.x)),
-        }
+        by_kind!(ref self, id, partition, |table, key| table
+            .find(hash, |s| s.is(key))
+            .map(|s| (s.st, s.x)))
     }
 
     /// [`StateMap::get`] with the key's hash already computed.
@@ -634,69 +194,25 @@ impl<X: Extra> StateMap<X> {
         entry: &ProducerEntry,
         x: X,
     ) -> bool {
-        let arena = &mut self.arena;
-        match id.as_numeric() {
-            Some(pid) => {
-                let key = split_pid(pid);
-                upsert(
-                    &mut self.numeric,
-                    arena,
-                    hash,
-                    |s| s.pid == key && s.partition == partition,
-                    |s| (&mut s.st, &mut s.x),
-                    |st, x| NumSlot {
-                        pid: key,
-                        partition,
-                        st,
-                        x,
-                    },
-                    |s| hash_numeric(join_pid(s.pid), s.partition),
-                    entry,
-                    x,
-                )
-            }
-            None => upsert(
-                &mut self.named,
-                arena,
-                hash,
-                |s| s.partition == partition && same_name(&s.id, id),
-                |s| (&mut s.st, &mut s.x),
-                |st, x| NamedSlot {
-                    id: id.clone(),
-                    partition,
-                    st,
-                    x,
-                },
-                |s| hash_key(&s.id, s.partition),
-                entry,
-                x,
-            ),
-        }
+        by_kind!(self, id, partition, |table, key| upsert(
+            table,
+            &mut self.arena,
+            hash,
+            key,
+            entry,
+            x
+        ))
     }
 
     /// Removes a key (its window is freed for reuse); false if it had no
     /// state.
     pub(crate) fn remove_hashed(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
-        let win = match id.as_numeric() {
-            Some(pid) => {
-                let key = split_pid(pid);
-                match self
-                    .numeric
-                    .find_entry(hash, |s| s.pid == key && s.partition == partition)
-                {
-                    Ok(e) => e.remove().0.st.win,
-                    Err(_) => return false,
-                }
-            }
-            None => match self
-                .named
-                .find_entry(hash, |s| s.partition == partition && same_name(&s.id, id))
-            {
-                Ok(e) => e.remove().0.st.win,
-                Err(_) => return false,
-            },
+        let Some(st) = by_kind!(self, id, partition, |table, key| take_slot(
+            table, hash, key
+        )) else {
+            return false;
         };
-        self.arena.release(win);
+        self.arena.release(st.win);
         true
     }
 
@@ -722,7 +238,7 @@ impl<X: Extra> StateMap<X> {
         entry: &ProducerEntry,
         x: X,
     ) -> bool {
-        self.insert_vacant(hash, Cow::Borrowed(id), partition, x, |arena| {
+        self.insert_vacant(hash, id, partition, x, |arena| {
             State::from_entry(entry, arena)
         })
     }
@@ -730,61 +246,24 @@ impl<X: Extra> StateMap<X> {
     /// The one probe of [`StateMap::insert_new_hashed`] and
     /// [`StateMap::load_new`]: inserts the key with the state `st` makes
     /// (called only if the key is absent, with the arena), or returns false
-    /// and changes nothing. A borrowed named id is cloned only once the
-    /// key is known to be new.
+    /// and changes nothing (a named id is cloned only once the key is known
+    /// to be new).
     #[inline(always)]
     fn insert_vacant(
         &mut self,
         hash: u64,
-        id: Cow<'_, ProducerId>,
+        id: &ProducerId,
         partition: i32,
         x: X,
         st: impl FnOnce(&mut Arena) -> State,
     ) -> bool {
-        let arena = &mut self.arena;
-        match id.as_numeric() {
-            Some(pid) => {
-                let key = split_pid(pid);
-                keep_room(&mut self.numeric, |s| {
-                    hash_numeric(join_pid(s.pid), s.partition)
-                });
-                match self.numeric.entry(
-                    hash,
-                    |s| s.pid == key && s.partition == partition,
-                    |s| hash_numeric(join_pid(s.pid), s.partition),
-                ) {
-                    hashbrown::hash_table::Entry::Occupied(_) => false,
-                    hashbrown::hash_table::Entry::Vacant(v) => {
-                        v.insert(NumSlot {
-                            pid: key,
-                            partition,
-                            st: st(arena),
-                            x,
-                        });
-                        true
-                    }
-                }
-            }
-            None => {
-                keep_room(&mut self.named, |s| hash_key(&s.id, s.partition));
-                match self.named.entry(
-                    hash,
-                    |s| s.partition == partition && same_name(&s.id, &id),
-                    |s| hash_key(&s.id, s.partition),
-                ) {
-                    hashbrown::hash_table::Entry::Occupied(_) => false,
-                    hashbrown::hash_table::Entry::Vacant(v) => {
-                        v.insert(NamedSlot {
-                            id: id.into_owned(),
-                            partition,
-                            st: st(arena),
-                            x,
-                        });
-                        true
-                    }
-                }
-            }
-        }
+        by_kind!(self, id, partition, |table, key| insert_vacant_in(
+            table,
+            &mut self.arena,
+            hash,
+            key,
+            (x, st)
+        ))
     }
 
     /// Inserts a key that `decode` reads with its window written straight
@@ -823,7 +302,7 @@ impl<X: Extra> StateMap<X> {
             NO_WINDOW
         };
         let st = State { head, win };
-        let new = self.insert_vacant(hash, Cow::Owned(id), partition, x, |_| st);
+        let new = self.insert_vacant(hash, &id, partition, x, |_| st);
         if !new && win != NO_WINDOW {
             self.arena.windows.pop();
         }
@@ -834,20 +313,9 @@ impl<X: Extra> StateMap<X> {
     /// reuse).
     pub(crate) fn remove(&mut self, id: &ProducerId, partition: i32) -> Option<ProducerEntry> {
         let hash = hash_key(id, partition);
-        let st = match id.as_numeric() {
-            Some(pid) => {
-                let key = split_pid(pid);
-                self.numeric
-                    .find_entry(hash, |s| s.pid == key && s.partition == partition)
-                    .ok()
-                    .map(|e| e.remove().0.st)
-            }
-            None => self
-                .named
-                .find_entry(hash, |s| s.partition == partition && same_name(&s.id, id))
-                .ok()
-                .map(|e| e.remove().0.st),
-        }?;
+        let st = by_kind!(self, id, partition, |table, key| take_slot(
+            table, hash, key
+        ))?;
         let entry = st.to_entry(&self.arena);
         self.arena.release(st.win);
         Some(entry)
@@ -1042,64 +510,10 @@ impl<X: Extra> StateMap<X> {
     }
 }
 
-/// Sets one slot's state to `entry`, creating the slot if needed; true if
-/// it was created.
-#[allow(clippy::too_many_arguments)]
-fn upsert<S, X: Extra>(
-    table: &mut HashTable<S>,
-    arena: &mut Arena,
-    hash: u64,
-    eq: impl FnMut(&S) -> bool,
-    state: impl Fn(&mut S) -> (&mut State, &mut X),
-    new_slot: impl FnOnce(State, X) -> S,
-    rehash: impl Fn(&S) -> u64,
-    entry: &ProducerEntry,
-    x: X,
-) -> bool {
-    if let Some(slot) = table.find_mut(hash, eq) {
-        let (st, sx) = state(slot);
-        st.replace(entry, arena);
-        *sx = x;
-        false
-    } else {
-        let st = State::from_entry(entry, arena);
-        keep_room(table, &rehash);
-        table.insert_unique(hash, new_slot(st, x), rehash);
-        true
-    }
-}
-
-/// Before inserting a new key: when the table has no room left, rebuilds
-/// it sized for its live keys instead of letting it grow. A table whose
-/// keys come and go (expiration, eviction) collects tombstones, which use
-/// up its room while the live keys stay as many; hashbrown then grows it
-/// to twice the buckets as soon as the live keys fill more than half of
-/// its capacity, so a store churning at a cap of 1M keys would end with
-/// the table of 2M. Rebuilt, it keeps its size (and a table of fewer live
-/// keys shrinks); when the live keys do fill it, the new table is the one
-/// hashbrown would have grown to. A rebuild moves each key once and comes
-/// after as many inserts as the table had room for, so it costs less than
-/// one move per insert.
-#[inline(always)]
-fn keep_room<S>(table: &mut HashTable<S>, rehash: impl Fn(&S) -> u64) {
-    if table.len() == table.capacity() {
-        rebuild(table, rehash);
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn rebuild<S>(table: &mut HashTable<S>, rehash: impl Fn(&S) -> u64) {
-    let mut fresh = HashTable::with_capacity(table.len() + 1);
-    for s in table.drain() {
-        fresh.insert_unique(rehash(&s), s, &rehash);
-    }
-    *table = fresh;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::BatchMetadata;
     use crate::outcome::AppendOutcome;
 
     #[test]
@@ -1153,20 +567,61 @@ mod tests {
         let n = ProducerId::from(7u64);
         let s = ProducerId::from("7");
         assert!(
-            m.append(&n, 0, 0, 0, 0, None, Apply::default())
-                .is_accepted()
+            m.append(
+                &n,
+                0,
+                Ask {
+                    epoch: 0,
+                    first: 0,
+                    last: 0,
+                    meta: None
+                },
+                Apply::default()
+            )
+            .is_accepted()
         );
         assert_eq!(
-            m.append(&s, 0, 0, 1, 1, None, Apply::default()).outcome(),
+            m.append(
+                &s,
+                0,
+                Ask {
+                    epoch: 0,
+                    first: 1,
+                    last: 1,
+                    meta: None
+                },
+                Apply::default()
+            )
+            .outcome(),
             AppendOutcome::OutOfOrder
         );
         assert!(
-            m.append(&s, 0, 0, 0, 0, None, Apply::default())
-                .is_accepted()
+            m.append(
+                &s,
+                0,
+                Ask {
+                    epoch: 0,
+                    first: 0,
+                    last: 0,
+                    meta: None
+                },
+                Apply::default()
+            )
+            .is_accepted()
         );
         assert!(
-            m.append(&n, 0, 0, 1, 1, None, Apply::default())
-                .is_accepted()
+            m.append(
+                &n,
+                0,
+                Ask {
+                    epoch: 0,
+                    first: 1,
+                    last: 1,
+                    meta: None
+                },
+                Apply::default()
+            )
+            .is_accepted()
         );
         assert_eq!(m.get(&n, 0).map(|e| e.last_sequence()), Some(1));
         assert_eq!(m.get(&s, 0).map(|e| e.last_sequence()), Some(0));
@@ -1183,30 +638,80 @@ mod tests {
             timestamp: 20,
         });
         assert!(
-            m.append(&id, 3, 0, 0, 0, None, Apply::default())
-                .is_accepted()
+            m.append(
+                &id,
+                3,
+                Ask {
+                    epoch: 0,
+                    first: 0,
+                    last: 0,
+                    meta: None
+                },
+                Apply::default()
+            )
+            .is_accepted()
         );
         assert!(
-            m.append(&id, 3, 0, 1, 4, meta, Apply::default())
-                .is_accepted()
+            m.append(
+                &id,
+                3,
+                Ask {
+                    epoch: 0,
+                    first: 1,
+                    last: 4,
+                    meta: meta
+                },
+                Apply::default()
+            )
+            .is_accepted()
         );
         let e = m.get(&id, 3).unwrap();
         assert_eq!(e.last_sequence(), 4);
         assert_eq!(e.retained_batches().len(), 1);
         assert_eq!(
-            m.append(&id, 3, 0, 1, 4, None, Apply::default()),
+            m.append(
+                &id,
+                3,
+                Ask {
+                    epoch: 0,
+                    first: 1,
+                    last: 4,
+                    meta: None
+                },
+                Apply::default()
+            ),
             BatchOutcome::Duplicate { original: meta }
         );
         // A single append on a windowed key is retained without metadata.
         assert!(
-            m.append(&id, 3, 0, 5, 5, None, Apply::default())
-                .is_accepted()
+            m.append(
+                &id,
+                3,
+                Ask {
+                    epoch: 0,
+                    first: 5,
+                    last: 5,
+                    meta: None
+                },
+                Apply::default()
+            )
+            .is_accepted()
         );
         assert_eq!(m.get(&id, 3).unwrap().retained_batches().len(), 2);
         // A new session drops the old epoch's batches.
         assert!(
-            m.append(&id, 3, 1, 0, 0, None, Apply::default())
-                .is_accepted()
+            m.append(
+                &id,
+                3,
+                Ask {
+                    epoch: 1,
+                    first: 0,
+                    last: 0,
+                    meta: None
+                },
+                Apply::default()
+            )
+            .is_accepted()
         );
         let e = m.get(&id, 3).unwrap();
         assert_eq!((e.epoch(), e.last_sequence()), (1, 0));
@@ -1221,10 +726,12 @@ mod tests {
                 m.append(
                     &ProducerId::from(pid),
                     (pid % 7) as i32,
-                    0,
-                    0,
-                    0,
-                    None,
+                    Ask {
+                        epoch: 0,
+                        first: 0,
+                        last: 0,
+                        meta: None
+                    },
                     Apply::default()
                 )
                 .is_accepted()

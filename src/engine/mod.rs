@@ -21,17 +21,19 @@
 
 pub(crate) mod entry;
 pub(crate) mod filter;
+mod hash;
 pub(crate) mod info;
 pub(crate) mod kafka;
 pub(crate) mod map;
 mod partitions;
 pub(crate) mod rules;
 pub(crate) mod shards;
+mod slot;
 
-use crate::batch::{AppendOptions, AppendRequest, Batch, BatchMetadata};
+use crate::batch::{AppendOptions, AppendRequest, Batch};
 use crate::engine::entry::ProducerEntry;
 use crate::engine::kafka::state::KafkaState;
-use crate::engine::map::{Apply, StateMap, hash_key};
+use crate::engine::map::{Apply, Ask, StateMap, hash_key};
 use crate::engine::rules::UnknownProducer;
 use crate::error::{Error, Result};
 use crate::id::ProducerId;
@@ -121,30 +123,12 @@ impl ProducerStateManager {
     /// measurable: its two probes of the map dominate).
     #[cold]
     #[inline(never)]
-    fn kafka_append(
-        &mut self,
-        id: &ProducerId,
-        partition: i32,
-        epoch: i16,
-        first: i32,
-        last: i32,
-        meta: Option<BatchMetadata>,
-    ) -> BatchOutcome {
+    fn kafka_append(&mut self, id: &ProducerId, partition: i32, ask: Ask) -> BatchOutcome {
         match &mut self.kafka {
-            Some(k) => k.append(
-                &mut self.map,
-                id,
-                partition,
-                epoch,
-                first,
-                last,
-                meta,
-                AppendOptions::client(),
-            ),
+            Some(k) => k.append(&mut self.map, id, partition, ask, AppendOptions::client()),
             None => {
                 let how = self.how();
-                self.map
-                    .append(id, partition, epoch, first, last, meta, how)
+                self.map.append(id, partition, ask, how)
             }
         }
     }
@@ -168,30 +152,22 @@ impl ProducerStateManager {
         epoch: i16,
         sequence: i32,
     ) -> AppendOutcome {
-        // The id is made in each branch, so the seed path keeps it in
-        // registers as before (its address never escapes to a call).
+        let ask = || Ask {
+            epoch,
+            first: sequence,
+            last: sequence,
+            meta: None,
+        };
+        // The id and the request are made in each branch, so the seed path
+        // keeps them in registers as before (their address never escapes
+        // to a call).
         if self.kafka.is_some() {
             return self
-                .kafka_append(
-                    &producer_id.into(),
-                    partition,
-                    epoch,
-                    sequence,
-                    sequence,
-                    None,
-                )
+                .kafka_append(&producer_id.into(), partition, ask())
                 .outcome();
         }
         self.map
-            .append(
-                &producer_id.into(),
-                partition,
-                epoch,
-                sequence,
-                sequence,
-                None,
-                self.how(),
-            )
+            .append(&producer_id.into(), partition, ask(), self.how())
             .outcome()
     }
 
@@ -226,47 +202,27 @@ impl ProducerStateManager {
         epoch: i16,
         batch: Batch,
     ) -> BatchOutcome {
-        let (first, last, meta) = (
-            batch.first_sequence,
-            batch.last_sequence,
-            Some(batch.metadata()),
-        );
-        if self.kafka.is_some() {
-            return self.kafka_append(&producer_id.into(), partition, epoch, first, last, meta);
-        }
-        self.map.append(
-            &producer_id.into(),
-            partition,
+        let ask = || Ask {
             epoch,
-            first,
-            last,
-            meta,
-            self.how(),
-        )
+            first: batch.first_sequence,
+            last: batch.last_sequence,
+            meta: Some(batch.metadata()),
+        };
+        if self.kafka.is_some() {
+            return self.kafka_append(&producer_id.into(), partition, ask());
+        }
+        self.map
+            .append(&producer_id.into(), partition, ask(), self.how())
     }
 
     /// Classifies one request (single or batch) and records it if accepted.
     pub fn append_request(&mut self, request: &AppendRequest) -> BatchOutcome {
-        let r = request;
+        let id = &request.producer_id;
         if self.kafka.is_some() {
-            return self.kafka_append(
-                &r.producer_id,
-                r.partition,
-                r.epoch,
-                r.first,
-                r.last,
-                r.metadata,
-            );
+            return self.kafka_append(id, request.partition, Ask::of(request));
         }
-        self.map.append(
-            &r.producer_id,
-            r.partition,
-            r.epoch,
-            r.first,
-            r.last,
-            r.metadata,
-            self.how(),
-        )
+        self.map
+            .append(id, request.partition, Ask::of(request), self.how())
     }
 
     /// Adds a compact entry read from a snapshot; false if the key has

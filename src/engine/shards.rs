@@ -17,7 +17,7 @@ use hashbrown::HashTable;
 use crate::batch::AppendRequest;
 use crate::engine::entry::{Head, ProducerEntry, Window};
 use crate::engine::info::ProducerInfo;
-use crate::engine::map::{Activity, Apply, StateMap, hash_key};
+use crate::engine::map::{Activity, Apply, Ask, StateMap, hash_key};
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
 
@@ -159,16 +159,7 @@ fn append_to(
     how: Apply<Activity>,
 ) -> (BatchOutcome, bool) {
     let before = map.len();
-    let o = map.append_hashed(
-        hash,
-        &r.producer_id,
-        r.partition,
-        r.epoch,
-        r.first,
-        r.last,
-        r.metadata,
-        how,
-    );
+    let o = map.append_hashed(hash, &r.producer_id, r.partition, Ask::of(r), how);
     let created = map.len() != before;
     if created {
         parts.add(r.partition);

@@ -18,7 +18,7 @@ use crate::engine::entry::ProducerEntry;
 use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 use crate::engine::kafka::state::{KafkaProducerState, KafkaState};
 use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerOutcome};
-use crate::engine::map::StateMap;
+use crate::engine::map::{Ask, StateMap};
 use crate::error::Result;
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
@@ -59,16 +59,13 @@ impl ProducerStateManager {
         options: AppendOptions,
     ) -> Result<BatchOutcome> {
         let (k, map) = self.kafka_mut("an append with an origin or transactional flags")?;
-        Ok(k.append(
-            map,
-            &producer_id.into(),
-            partition,
+        let ask = Ask {
             epoch,
-            batch.first_sequence,
-            batch.last_sequence,
-            Some(batch.metadata()),
-            options,
-        ))
+            first: batch.first_sequence,
+            last: batch.last_sequence,
+            meta: Some(batch.metadata()),
+        };
+        Ok(k.append(map, &producer_id.into(), partition, ask, options))
     }
 
     /// Classifies an end-transaction marker written at `epoch` and applies
@@ -217,10 +214,7 @@ impl ProducerStateManager {
                 &mut self.map,
                 &r.producer_id,
                 r.partition,
-                r.epoch,
-                r.first,
-                r.last,
-                r.metadata,
+                Ask::of(r),
                 r.options,
             ),
             None => self.append_request(r),
@@ -236,10 +230,7 @@ impl ProducerStateManager {
                 &mut self.map,
                 &r.producer_id,
                 r.partition,
-                r.epoch,
-                r.first,
-                r.last,
-                r.metadata,
+                Ask::of(r),
                 transactional,
             );
         }

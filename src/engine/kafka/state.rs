@@ -34,7 +34,7 @@ use crate::engine::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
 use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 use crate::engine::kafka::rules::{self, KafkaCurrent, first_sequence_of, sequence_span};
 use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerKind, MarkerOutcome, TxnIndex};
-use crate::engine::map::{Decided, StateMap, hash_key};
+use crate::engine::map::{Ask, Decided, StateMap, hash_key};
 use crate::engine::rules::next_sequence;
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
@@ -417,41 +417,32 @@ impl KafkaState {
     /// Never inlined: the seed path that branches around it stays as small
     /// as it was.
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn append(
         &mut self,
         map: &mut StateMap,
         id: &ProducerId,
         partition: i32,
-        epoch: i16,
-        first: i32,
-        last: i32,
-        meta: Option<BatchMetadata>,
+        ask: Ask,
         options: AppendOptions,
     ) -> BatchOutcome {
-        self.place(
-            map,
-            id,
-            partition,
-            (epoch, first, last, meta, options),
-            |cur, find| rules::classify_data(cur, epoch, first, last, options, find),
-        )
+        let Ask {
+            epoch, first, last, ..
+        } = ask;
+        self.place(map, (id, partition), (ask, options), |cur, find| {
+            rules::classify_data(cur, epoch, first, last, options, find)
+        })
     }
 
     /// Applies a data batch that was accepted before (a log record being
     /// replayed) without classifying it: exactly the state change
     /// [`KafkaState::append`] made when it accepted the batch, including
     /// where the key lives (compact map or side table).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply_batch(
         &mut self,
         map: &mut StateMap,
         id: &ProducerId,
         partition: i32,
-        epoch: i16,
-        first: i32,
-        last: i32,
-        meta: Option<BatchMetadata>,
+        ask: Ask,
         transactional: bool,
     ) {
         let options = if transactional {
@@ -459,13 +450,9 @@ impl KafkaState {
         } else {
             AppendOptions::client()
         };
-        self.place(
-            map,
-            id,
-            partition,
-            (epoch, first, last, meta, options),
-            |_, _| BatchOutcome::Accepted,
-        );
+        self.place(map, (id, partition), (ask, options), |_, _| {
+            BatchOutcome::Accepted
+        });
     }
 
     /// The one place a data batch changes state: `classify` decides (from
@@ -475,14 +462,19 @@ impl KafkaState {
     fn place(
         &mut self,
         map: &mut StateMap,
-        id: &ProducerId,
-        partition: i32,
-        (epoch, first, last, meta, options): (i16, i32, i32, Option<BatchMetadata>, AppendOptions),
+        (id, partition): (&ProducerId, i32),
+        (ask, options): (Ask, AppendOptions),
         classify: impl FnOnce(
             Option<KafkaCurrent>,
             &dyn Fn(i32, i32) -> Option<Option<BatchMetadata>>,
         ) -> BatchOutcome,
     ) -> BatchOutcome {
+        let Ask {
+            epoch,
+            first,
+            last,
+            meta,
+        } = ask;
         if !self.full.is_empty()
             && let Some(e) = self.full.get_mut(id, partition)
         {
@@ -495,48 +487,38 @@ impl KafkaState {
             return out;
         }
         let hash = hash_key(id, partition);
-        let (out, decided) = map.append_decided(
-            hash,
-            id,
-            partition,
-            epoch,
-            first,
-            last,
-            meta,
-            (),
-            |cur, find| {
-                let out = classify(
-                    cur.map(|(c, _)| KafkaCurrent {
-                        epoch: c.epoch,
-                        last_sequence: c.last_sequence,
-                        coordinator_epoch: -1,
-                        txn_open: false,
-                    }),
-                    find,
-                );
-                if !out.is_accepted() {
-                    return (out, Decided::Rejected);
-                }
-                // What the compact entry holds: no transaction, sequences
-                // not below 0, and a window of consecutive batches of one
-                // epoch (a new epoch or an empty window starts one over).
-                let fits = !options.is_transactional()
-                    && first >= 0
-                    && last >= 0
-                    && cur.is_none_or(|(c, windowed)| {
-                        epoch != c.epoch || !windowed || first == next_sequence(c.last_sequence)
-                    });
-                let new_session = cur.is_some_and(|(c, _)| c.epoch != epoch);
-                (
-                    out,
-                    if fits {
-                        Decided::Apply { new_session }
-                    } else {
-                        Decided::Elsewhere
-                    },
-                )
-            },
-        );
+        let (out, decided) = map.append_decided(hash, id, partition, ask, (), |cur, find| {
+            let out = classify(
+                cur.map(|(c, _)| KafkaCurrent {
+                    epoch: c.epoch,
+                    last_sequence: c.last_sequence,
+                    coordinator_epoch: -1,
+                    txn_open: false,
+                }),
+                find,
+            );
+            if !out.is_accepted() {
+                return (out, Decided::Rejected);
+            }
+            // What the compact entry holds: no transaction, sequences
+            // not below 0, and a window of consecutive batches of one
+            // epoch (a new epoch or an empty window starts one over).
+            let fits = !options.is_transactional()
+                && first >= 0
+                && last >= 0
+                && cur.is_none_or(|(c, windowed)| {
+                    epoch != c.epoch || !windowed || first == next_sequence(c.last_sequence)
+                });
+            let new_session = cur.is_some_and(|(c, _)| c.epoch != epoch);
+            (
+                out,
+                if fits {
+                    Decided::Apply { new_session }
+                } else {
+                    Decided::Elsewhere
+                },
+            )
+        });
         if decided != Decided::Elsewhere {
             return out;
         }
@@ -913,18 +895,51 @@ mod tests {
         let id = ProducerId::from(1u64);
         let c = AppendOptions::client();
         assert!(
-            k.append(&mut map, &id, 0, 0, 5, 6, meta(0), c)
-                .is_accepted()
+            k.append(
+                &mut map,
+                &id,
+                0,
+                Ask {
+                    epoch: 0,
+                    first: 5,
+                    last: 6,
+                    meta: meta(0)
+                },
+                c
+            )
+            .is_accepted()
         );
         assert!(
-            k.append(&mut map, &id, 0, 0, 7, 7, meta(2), c)
-                .is_accepted()
+            k.append(
+                &mut map,
+                &id,
+                0,
+                Ask {
+                    epoch: 0,
+                    first: 7,
+                    last: 7,
+                    meta: meta(2)
+                },
+                c
+            )
+            .is_accepted()
         );
         assert_eq!((map.len(), k.len()), (1, 0));
         let t = c.transactional().verified();
         assert!(
-            k.append(&mut map, &id, 0, 0, 8, 8, meta(3), t)
-                .is_accepted()
+            k.append(
+                &mut map,
+                &id,
+                0,
+                Ask {
+                    epoch: 0,
+                    first: 8,
+                    last: 8,
+                    meta: meta(3)
+                },
+                t
+            )
+            .is_accepted()
         );
         assert_eq!((map.len(), k.len()), (0, 1));
         let s = k.state(&map, &id, 0).unwrap();
@@ -941,17 +956,50 @@ mod tests {
         let r = AppendOptions::replication();
         for (f, off) in [(0, 72), (5, 73), (5, 74)] {
             assert!(
-                k.append(&mut map, &id, 0, 0, f, f, meta(off), r)
-                    .is_accepted()
+                k.append(
+                    &mut map,
+                    &id,
+                    0,
+                    Ask {
+                        epoch: 0,
+                        first: f,
+                        last: f,
+                        meta: meta(off)
+                    },
+                    r
+                )
+                .is_accepted()
             );
         }
         let c = AppendOptions::client();
         assert!(
-            k.append(&mut map, &id, 0, 0, 6, 6, meta(75), c)
-                .is_accepted()
+            k.append(
+                &mut map,
+                &id,
+                0,
+                Ask {
+                    epoch: 0,
+                    first: 6,
+                    last: 6,
+                    meta: meta(75)
+                },
+                c
+            )
+            .is_accepted()
         );
         assert_eq!(
-            k.append(&mut map, &id, 0, 0, 5, 5, meta(99), c),
+            k.append(
+                &mut map,
+                &id,
+                0,
+                Ask {
+                    epoch: 0,
+                    first: 5,
+                    last: 5,
+                    meta: meta(99)
+                },
+                c
+            ),
             BatchOutcome::Duplicate { original: meta(73) }
         );
         let seqs: Vec<_> = k
@@ -971,8 +1019,30 @@ mod tests {
         let c = AppendOptions::client();
         let t = c.transactional().verified();
         let (a, b) = (ProducerId::from(1u64), ProducerId::from(2u64));
-        k.append(&mut map, &a, 4, 0, 0, 3, meta(0), c);
-        k.append(&mut map, &b, 4, 2, 0, 0, meta(4), t);
+        k.append(
+            &mut map,
+            &a,
+            4,
+            Ask {
+                epoch: 0,
+                first: 0,
+                last: 3,
+                meta: meta(0),
+            },
+            c,
+        );
+        k.append(
+            &mut map,
+            &b,
+            4,
+            Ask {
+                epoch: 2,
+                first: 0,
+                last: 0,
+                meta: meta(4),
+            },
+            t,
+        );
         let mut entries = k.snapshot_entries(&map, 4);
         entries.sort();
         let (mut map2, mut k2) = (StateMap::default(), KafkaState::default());
