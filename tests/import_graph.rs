@@ -309,7 +309,7 @@ fn named_paths(
             }
             Tok::Ident(k) if k == "mod" => {
                 if let (Some((Tok::Ident(name), _)), true) =
-                    (toks.get(i + 1).map(|t| t), is_punct(toks.get(i + 2), '{'))
+                    (toks.get(i + 1), is_punct(toks.get(i + 2), '{'))
                 {
                     let mut m = here.clone();
                     m.push(name.clone());
@@ -404,14 +404,13 @@ fn graph(sources: &[(String, String)]) -> Graph {
                 while is_punct(toks.get(j), '#') {
                     j = skip_attr(&toks, j);
                 }
-                if is_ident(toks.get(j), "mod") {
-                    if let Some((Tok::Ident(child), _)) = toks.get(j + 1) {
-                        if is_punct(toks.get(j + 2), ';') {
-                            let mut c = m.clone();
-                            c.push(child.clone());
-                            test_only.insert(c);
-                        }
-                    }
+                if is_ident(toks.get(j), "mod")
+                    && let Some((Tok::Ident(child), _)) = toks.get(j + 1)
+                    && is_punct(toks.get(j + 2), ';')
+                {
+                    let mut c = m.clone();
+                    c.push(child.clone());
+                    test_only.insert(c);
                 }
             }
         }
@@ -627,8 +626,8 @@ fn circles(g: &Graph) -> Vec<(Vec<String>, Vec<String>)> {
                         end = Some(v);
                         break 'bfs;
                     }
-                    if !prev.contains_key(&w) {
-                        prev.insert(w, v);
+                    if let std::collections::btree_map::Entry::Vacant(e) = prev.entry(w) {
+                        e.insert(v);
                         queue.push_back(w);
                     }
                 }

@@ -126,6 +126,10 @@ fn set_bits(words: &mut [u64], hash: u64) {
     }
 }
 
+/// Which generation takes new keys, and each generation's keys taken and
+/// bits: a filter as a snapshot stores it.
+pub(crate) type Generations<'a> = (u8, [(u32, &'a [u64]); 2]);
+
 /// Keys whose blocks [`RemovedFilter::insert_all`] reads ahead at once.
 const WARM_CHUNK: usize = 32;
 
@@ -200,7 +204,7 @@ impl RemovedFilter {
 
     /// The generations as (keys taken, bits), with the one that takes new
     /// keys; `None` before the first removal. What a snapshot stores.
-    pub(crate) fn generations(&self) -> Option<(u8, [(u32, &[u64]); 2])> {
+    pub(crate) fn generations(&self) -> Option<Generations<'_>> {
         let [a, b] = &**self.gens.as_ref()?;
         Some((self.current, [(a.count, &a.words), (b.count, &b.words)]))
     }

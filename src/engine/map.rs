@@ -659,7 +659,7 @@ mod tests {
                     epoch: 0,
                     first: 1,
                     last: 4,
-                    meta: meta
+                    meta
                 },
                 Apply::default()
             )

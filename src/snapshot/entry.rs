@@ -141,7 +141,6 @@ fn bytes_needed(v: u64) -> usize {
 }
 
 #[inline]
-#[allow(clippy::too_many_arguments)]
 fn encode_parts(
     buf: &mut Vec<u8>,
     id: &ProducerId,

@@ -758,11 +758,11 @@ mod tests {
             fs.clone(),
             dir,
             0,
-            1 << 20,
             Vec::new(),
             None,
-            IdSource::Fixed(1),
             crate::wal::writer::Layout {
+                segment_size: 1 << 20,
+                ids: IdSource::Fixed(1),
                 preallocate: true,
                 background: false,
                 kafka: false,

@@ -264,16 +264,14 @@ impl Keys {
     }
 
     /// Notes a key's speculative state after a record at `pos` in `group`.
-    #[allow(clippy::too_many_arguments)]
+    /// `key` is the key's hash, id and partition; `at` the record's
+    /// position and group.
     fn set_spec(
         &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
+        (hash, id, partition): (u64, &ProducerId, i32),
         state: Spec,
         removed_as: Option<RemoveReason>,
-        pos: u64,
-        group: u64,
+        (pos, group): (u64, u64),
     ) {
         match self
             .overlay
@@ -604,13 +602,10 @@ impl State {
             pos,
         });
         self.keys.set_spec(
-            hash,
-            &r.producer_id,
-            r.partition,
+            (hash, &r.producer_id, r.partition),
             Some((entry, act)),
             None,
-            pos,
-            group,
+            (pos, group),
         );
         self.spec_len += usize::from(new_key);
         Submit::Queued { group, pos }
@@ -752,7 +747,7 @@ impl State {
                 for (hash, id, p) in &chunk {
                     let removed_as = (!reason.in_group()).then_some(reason);
                     self.keys
-                        .set_spec(*hash, id, *p, None, removed_as, pos, group);
+                        .set_spec((*hash, id, *p), None, removed_as, (pos, group));
                 }
                 self.spec_len -= chunk.len();
                 self.log.queue(Queued::Remove {
@@ -817,13 +812,10 @@ impl State {
                     self.spec_len += usize::from(was.is_none());
                     let state = Some((info.entry, info.last_activity));
                     self.keys.set_spec(
-                        *hash,
-                        &info.producer_id,
-                        info.partition,
+                        (*hash, &info.producer_id, info.partition),
                         state,
                         None,
-                        pos,
-                        group,
+                        (pos, group),
                     );
                 }
                 self.log.queue(Queued::Set {

@@ -239,24 +239,15 @@ impl ProducerStateStore {
             ));
         }
         let writer = match rec.active {
-            Some((len, records)) => LogWriter::resume(
-                fs.clone(),
-                &dir,
-                rec.segments,
-                len,
-                records,
-                opts.segment_size,
-                opts.ids,
-                opts.layout(),
-            )?,
+            Some(active) => {
+                LogWriter::resume(fs.clone(), &dir, rec.segments, active, opts.layout())?
+            }
             None => LogWriter::create(
                 fs.clone(),
                 &dir,
                 rec.next_position,
-                opts.segment_size,
                 rec.segments,
                 rec.store_id,
-                opts.ids,
                 opts.layout(),
             )?,
         };

@@ -229,6 +229,8 @@ impl StoreOptions {
 
     pub(super) fn layout(&self) -> crate::wal::writer::Layout {
         crate::wal::writer::Layout {
+            segment_size: self.segment_size,
+            ids: self.ids,
             preallocate: self.preallocate,
             background: self.background_snapshots,
             kafka: self.semantics == Semantics::Kafka,

@@ -286,7 +286,7 @@ impl State {
         let mut changed = 0u64;
         for p in partitions {
             if engine.kafka_partition_view(p) != cut.kafka_partition_view(p) {
-                ops.extend(txn_op::kafka_partition_ops(&cut, p)?);
+                ops.extend(txn_op::kafka_partition_ops(cut, p)?);
                 changed += 1;
             }
         }

@@ -99,6 +99,10 @@ fn mix(seed: u64, i: u64) -> u64 {
 /// How the writer lays out new segments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {
+    /// The size a segment is rolled at (and preallocated to).
+    pub segment_size: u64,
+    /// Where the store id and the segment salts come from.
+    pub ids: IdSource,
     /// Preallocate each segment to `segment_size` (version 5 with the
     /// preallocated flag), or let it grow by appends (the flag clear).
     pub preallocate: bool,
@@ -144,14 +148,12 @@ pub(crate) struct LogWriter {
     seed: u32,
     /// The store id every new segment gets.
     store: u64,
-    ids: IdSource,
     len: u64,
     /// Bytes of the active segment known to be durable (fsync'ed). Every
     /// record states how far past this it was written; see
     /// [`frame::seal`].
     synced: u64,
     records: u64,
-    segment_size: u64,
     /// Every live segment, oldest first; the last is the active one.
     segments: Vec<SegmentInfo>,
     /// A write failed (its operation and kind): the file's end is
@@ -170,17 +172,17 @@ impl LogWriter {
     /// Starts a new segment whose first record will have position `pos`.
     /// `store` is the store id of the log so far (`None`: a new store, or
     /// a log of versions before 3: a new id is drawn).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn create(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
         pos: u64,
-        segment_size: u64,
         mut segments: Vec<SegmentInfo>,
         store: Option<u64>,
-        ids: IdSource,
         layout: Layout,
     ) -> Result<LogWriter> {
+        let Layout {
+            segment_size, ids, ..
+        } = layout;
         let store = store.unwrap_or_else(|| ids.store());
         // The first segment is prepared here, at open, like any other: the
         // first append must not pay for allocating blocks.
@@ -207,11 +209,9 @@ impl LogWriter {
             first_position: pos,
             seed,
             store,
-            ids,
             len: segment::HEADER_LEN as u64,
             synced: segment::HEADER_LEN as u64,
             records: 0,
-            segment_size,
             segments: Vec::new(),
             broken: None,
             roll_first: false,
@@ -235,17 +235,14 @@ impl LogWriter {
     /// saying so. A segment of a format version before 5 is not written
     /// to: the next group starts a new segment (or, if it holds no record,
     /// it is replaced by a new one).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn resume(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
         mut segments: Vec<SegmentInfo>,
-        len: u64,
-        records: u64,
-        segment_size: u64,
-        ids: IdSource,
+        (len, records): (u64, u64),
         layout: Layout,
     ) -> Result<LogWriter> {
+        let ids = layout.ids;
         let last = segments
             .last()
             .copied()
@@ -260,16 +257,7 @@ impl LogWriter {
             fs.remove_file(&path)
                 .map_err(|e| Error::io("remove", &path, e))?;
             segments.pop();
-            return LogWriter::create(
-                fs,
-                dir,
-                last.first_position,
-                segment_size,
-                segments,
-                None,
-                ids,
-                layout,
-            );
+            return LogWriter::create(fs, dir, last.first_position, segments, None, layout);
         }
         let mut file = fs
             .open_append(&path)
@@ -283,11 +271,9 @@ impl LogWriter {
             first_position: last.first_position,
             seed: head.seed,
             store: head.store.unwrap_or_else(|| ids.store()),
-            ids,
             len,
             synced: len,
             records,
-            segment_size,
             segments,
             broken: None,
             roll_first: !writable,
@@ -317,12 +303,12 @@ impl LogWriter {
     fn prepare_next(&mut self) {
         if !(self.layout.preallocate && self.layout.background)
             || self.next.is_some()
-            || self.len < self.segment_size / 2
+            || self.len < self.layout.segment_size / 2
         {
             return;
         }
         let path = prep_path(&self.dir, self.first_position);
-        let (fs, p, len) = (self.fs.clone(), path.clone(), self.segment_size);
+        let (fs, p, len) = (self.fs.clone(), path.clone(), self.layout.segment_size);
         let spawned = std::thread::Builder::new()
             .name("producer-state-prealloc".into())
             .spawn(move || prepare(fs.as_ref(), &p, len));
@@ -342,7 +328,7 @@ impl LogWriter {
             },
             None => {
                 let path = prep_path(&self.dir, self.first_position);
-                let f = prepare(self.fs.as_ref(), &path, self.segment_size)
+                let f = prepare(self.fs.as_ref(), &path, self.layout.segment_size)
                     .map_err(|e| Error::io("preallocate", &path, e))?;
                 Ok((path, f))
             }
@@ -357,14 +343,14 @@ impl LogWriter {
             &self.dir,
             pos,
             self.store,
-            self.ids,
+            self.layout.ids,
             Some(prep),
             self.layout.kafka,
         )?;
         self.file = file;
         self.path = path;
         self.seed = seed;
-        self.alloc = self.segment_size.max(segment::HEADER_LEN as u64);
+        self.alloc = self.layout.segment_size.max(segment::HEADER_LEN as u64);
         Ok(())
     }
 
@@ -399,7 +385,7 @@ impl LogWriter {
     fn write_group(&mut self, buf: &mut [u8], pos: u64, count: u64) -> Result<()> {
         let end = self.len + buf.len() as u64;
         if self.records > 0
-            && (self.roll_first || self.len >= self.segment_size || end > MAX_SEGMENT_BYTES)
+            && (self.roll_first || self.len >= self.layout.segment_size || end > MAX_SEGMENT_BYTES)
         {
             self.roll(pos)?;
         }
@@ -509,7 +495,7 @@ impl LogWriter {
                 &self.dir,
                 pos,
                 self.store,
-                self.ids,
+                self.layout.ids,
                 None,
                 self.layout.kafka,
             )?;
