@@ -214,6 +214,29 @@ pub enum Error {
         /// The partition.
         partition: i32,
     },
+    /// Seeding from Kafka's files was pointed at a directory that already
+    /// holds store files: a seed starts a new store and never merges into
+    /// one. Nothing was written.
+    #[error(
+        "{} already holds a store; nothing was written (seed only a new or empty directory)",
+        path.display()
+    )]
+    SeedTargetNotEmpty {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Seeding from Kafka's files found one producer twice for one
+    /// partition (in two files given for the same partition): which of the
+    /// two states is the producer's cannot be told. No store was written.
+    #[error(
+        "producer {producer_id} appears twice for partition {partition} in the files given; no store was written (give each partition's newest snapshot once)"
+    )]
+    SeedDuplicateProducer {
+        /// Kafka's producer id.
+        producer_id: i64,
+        /// The partition both files were given for.
+        partition: i32,
+    },
 }
 
 impl Error {

@@ -47,4 +47,6 @@ pub use file::{
     to_entry,
 };
 pub use order::sort_in_kafka_order;
-pub use seed::{SeedReport, seed_kafka_store, seed_kafka_store_with, seed_store, seed_store_with};
+pub use seed::{
+    SeedReport, SkippedEntry, seed_kafka_store, seed_kafka_store_with, seed_store, seed_store_with,
+};

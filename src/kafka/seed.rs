@@ -6,11 +6,23 @@ use std::path::{Path, PathBuf};
 
 use super::file::{read, to_entry};
 use crate::directory::names;
-use crate::engine::kafka::entry::KafkaProducerEntry;
+use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 use crate::engine::shards::Shards;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, StdFs};
 use crate::snapshot;
+
+/// A Kafka entry a seed did not import: where it was, whose it was, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SkippedEntry {
+    /// The Kafka snapshot file it was read from.
+    pub file: PathBuf,
+    /// Kafka's producer id.
+    pub producer_id: i64,
+    /// Why this crate's state has no place for it.
+    pub reason: Unrepresentable,
+}
 
 /// What [`seed_store`] or [`seed_kafka_store`] imported and what it could
 /// not.
@@ -19,8 +31,8 @@ use crate::snapshot;
 pub struct SeedReport {
     /// Entries imported.
     pub imported: u64,
-    /// Entries not imported: the file, the producer id and why.
-    pub skipped: Vec<(PathBuf, i64, String)>,
+    /// Entries not imported, in the order read.
+    pub skipped: Vec<SkippedEntry>,
     /// The snapshot written.
     pub snapshot: PathBuf,
 }
@@ -39,8 +51,9 @@ pub struct SeedReport {
 ///
 /// # Errors
 ///
-/// [`Error::InvalidOptions`] if `dir` already holds store files or two
-/// sources name the same producer and partition; [`Error::Locked`] if a
+/// [`Error::SeedTargetNotEmpty`] if `dir` already holds store files;
+/// [`Error::SeedDuplicateProducer`] if two sources name the same producer
+/// and partition; [`Error::Locked`] if a
 /// store is open on it; [`Error::InvalidPath`] and
 /// [`Error::NotADirectory`] as for
 /// [`ProducerStateStore::open`](crate::ProducerStateStore::open); what reading a file can
@@ -81,9 +94,11 @@ pub fn seed_store_with(
                     }
                     report.imported += 1;
                 }
-                Err(why) => report
-                    .skipped
-                    .push((path.clone(), k.producer_id, why.to_string())),
+                Err(reason) => report.skipped.push(SkippedEntry {
+                    file: path.clone(),
+                    producer_id: k.producer_id,
+                    reason,
+                }),
             }
         }
     }
@@ -179,9 +194,11 @@ pub fn seed_kafka_store_with(
                     report.imported += 1;
                 }
                 Ok(false) => return Err(twice(k.producer_id, *partition)),
-                Err(why) => report
-                    .skipped
-                    .push((path.clone(), k.producer_id, why.to_string())),
+                Err(reason) => report.skipped.push(SkippedEntry {
+                    file: path.clone(),
+                    producer_id: k.producer_id,
+                    reason,
+                }),
             }
         }
     }
@@ -209,10 +226,9 @@ fn lock_new(fs: &dyn FileSystem, dir: &Path) -> Result<Box<dyn crate::fs::LockGu
     let lock = crate::directory::lock(fs, dir)?;
     let existing = fs.list(dir).map_err(|e| Error::io("list", dir, e))?;
     if existing.iter().any(|e| names::classify(&e.name).is_some()) {
-        return Err(Error::InvalidOptions(format!(
-            "{} already holds a store; seed only a new directory",
-            dir.display()
-        )));
+        return Err(Error::SeedTargetNotEmpty {
+            path: dir.to_path_buf(),
+        });
     }
     Ok(lock)
 }
@@ -231,7 +247,8 @@ fn read_verified(fs: &dyn FileSystem, path: &Path) -> Result<Vec<KafkaProducerEn
 }
 
 fn twice(producer_id: i64, partition: i32) -> Error {
-    Error::InvalidOptions(format!(
-        "producer {producer_id} appears twice for partition {partition}"
-    ))
+    Error::SeedDuplicateProducer {
+        producer_id,
+        partition,
+    }
 }
