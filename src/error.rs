@@ -114,7 +114,7 @@ pub enum Error {
     /// The engine's semantics have no such operation: transactions,
     /// markers, the replication origin and Kafka's snapshot view exist
     /// only under [`Semantics::Kafka`](crate::Semantics::Kafka), and the
-    /// crate's own snapshot format only holds a seed engine.
+    /// crate's own snapshot format only holds a strict engine.
     #[error("{what} is not supported under the {semantics} semantics; {}", semantics_hint(*semantics))]
     Unsupported {
         /// What was asked.
@@ -124,10 +124,10 @@ pub enum Error {
     },
 
     /// The directory was written under other semantics than the store was
-    /// opened with: replaying a Kafka-mode log under the seed rules (or
+    /// opened with: replaying a Kafka-mode log under the strict rules (or
     /// the reverse) would give other verdicts than the ones it recorded.
     /// Nothing was changed; open it with the semantics it has.
-    #[error("{} holds a {stored}-semantics store, and it was opened with Semantics::{}; nothing was changed: open it with the semantics it was written with", path.display(), if *requested == crate::semantics::Semantics::Kafka { "Kafka" } else { "Seed" })]
+    #[error("{} holds a {stored}-semantics store, and it was opened with Semantics::{}; nothing was changed: open it with the semantics it was written with", path.display(), if *requested == crate::semantics::Semantics::Kafka { "Kafka" } else { "Strict" })]
     SemanticsMismatch {
         /// The file that says so (a segment or snapshot).
         path: PathBuf,
@@ -190,8 +190,8 @@ pub enum Error {
         partition: i32,
     },
     /// `import_partition` was given an export taken under the other
-    /// semantics: a seed store has no place for a Kafka partition's
-    /// transactions and aborted list, and a seed export has none of what a
+    /// semantics: a strict store has no place for a Kafka partition's
+    /// transactions and aborted list, and a strict export has none of what a
     /// Kafka-mode store answers from. Nothing was imported.
     #[error(
         "cannot import partition {partition}: the export was taken under the {exported} semantics and this store has the {store} semantics; nothing was imported (a partition moves only between stores of the same semantics)"
@@ -447,7 +447,7 @@ impl fmt::Display for Corruption {
 /// What [`Error::Unsupported`] advises: the other semantics.
 fn semantics_hint(semantics: crate::semantics::Semantics) -> &'static str {
     match semantics {
-        crate::semantics::Semantics::Seed => "create the engine with Semantics::Kafka to use it",
-        _ => "it needs an engine with Semantics::Seed",
+        crate::semantics::Semantics::Strict => "create the engine with Semantics::Kafka to use it",
+        _ => "it needs an engine with Semantics::Strict",
     }
 }

@@ -147,13 +147,13 @@
 //!
 //! # Differences from Kafka
 //!
-//! Under [`Semantics::Seed`] (the default) these rules win where they and
+//! Under [`Semantics::Strict`] (the default) these rules win where they and
 //! Kafka's broker differ; under [`Semantics::Kafka`] every row is Kafka's
 //! (the Kafka error of each outcome: [`BatchOutcome::kafka_error`]).
-//! `tests/kafka_oracle.rs` pins every seed-mode difference on Kafka's own
+//! `tests/kafka_oracle.rs` pins every strict-mode difference on Kafka's own
 //! streams to one of these rows:
 //!
-//! | situation | Kafka's broker (`Semantics::Kafka`) | `Semantics::Seed` |
+//! | situation | Kafka's broker (`Semantics::Kafka`) | `Semantics::Strict` |
 //! |---|---|---|
 //! | unknown producer, first sequence != 0 | accepted (KIP-360: state may have expired) | `OUT_OF_ORDER` (rule 1) by default; accepted under [`UnknownProducer::AcceptAny`]. [`ProducerStateStore::was_removed`] tells an expired or evicted producer from one never seen |
 //! | single-sequence retry older than the 5-batch window | `OUT_OF_ORDER_SEQUENCE` | `DUPLICATE` without metadata (rule 4) |

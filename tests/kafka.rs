@@ -2,7 +2,7 @@
 //! file written by Kafka's own ProducerStateManager (tests/fixtures/kafka),
 //! committed golden files written by this crate, every truncation and bit
 //! flip, seeding a store from Kafka's files and exporting back: under the
-//! seed rules (one compact entry per producer) and losslessly under
+//! strict rules (one compact entry per producer) and losslessly under
 //! `Semantics::Kafka`, byte for byte in Kafka's own entry order.
 
 use std::path::{Path, PathBuf};
@@ -442,7 +442,7 @@ fn a_kafka_mode_seed_keeps_transactions_coordinator_epochs_and_marker_only_produ
     assert_eq!(store.last_stable_offset(0, 41), 17);
     assert!(store.aborted_transactions(0).is_empty());
     drop(store);
-    // The directory is a Kafka-mode store: the seed rules refuse it.
+    // The directory is a Kafka-mode store: the strict rules refuse it.
     let err = ProducerStateStore::open(&store_dir).unwrap_err();
     assert!(
         matches!(err, producer_state::Error::SemanticsMismatch { .. }),

@@ -382,7 +382,7 @@ fn contenders(w: &Workload) -> Vec<Contender> {
     });
     // Kafka's verdicts over the same stream: plain producers stay in the
     // compact map, but each append reads the entry and installs the next
-    // (two probes where the seed path needs one).
+    // (two probes where the strict path needs one).
     let o = ops.clone();
     let kafka_c = contender("engine_kafka_batch", engine_kafka, move |m| {
         let mut n = 0;

@@ -12,7 +12,7 @@
 //! The data: producers `0..P` (P = 64), producer `p` writing partition `p`
 //! at epoch 0, each batch 1 to 4 records, offsets counted per partition,
 //! timestamps from 1.7e12. Three sides replay exactly these batches:
-//! - `seed`: the default store (`Semantics::Seed`), `append_batch`;
+//! - `seed`: the default store (`Semantics::Strict`), `append_batch`;
 //! - `kafka plain`: a `Semantics::Kafka` store, the same calls (Kafka's
 //!   rules, no transactions);
 //! - `kafka txn`: the Kafka store, every batch transactional

@@ -622,7 +622,7 @@ fn inspect_snapshot(
     let result = inspect::snapshot(&ReadOnlyFs(StdFs), path, &mut |n| p.tick(n));
     settle(out, result, |out, (s, state)| {
         out.version = Some(s.version);
-        out.semantics = Some(s.semantics.as_str());
+        out.semantics = Some(semantics_name(s.semantics));
         out.position = Some(s.position);
         out.entry_count = Some(s.entries);
         if state.semantics() == producer_state::Semantics::Kafka {
@@ -866,7 +866,7 @@ fn inspect_segment(
     settle(out, result, |out, s| {
         out.position = Some(s.first_position);
         out.version = Some(s.version);
-        out.semantics = Some(s.semantics.as_str());
+        out.semantics = Some(semantics_name(s.semantics));
         out.entry_count = Some(s.records);
         let (offset, kind) = match &s.end {
             SegmentEnd::TornTail { offset, kind } => (
@@ -1480,6 +1480,16 @@ fn print(args: &Args, out: &Output) -> io::Result<()> {
         print_human(&mut w, out)?;
     }
     w.flush()
+}
+
+/// The `semantics` field's value: `seed` or `kafka`. The strict rules were
+/// called the seed rules when the field was introduced, and scripts read
+/// it: the name stays.
+fn semantics_name(s: producer_state::Semantics) -> &'static str {
+    match s {
+        producer_state::Semantics::Kafka => "kafka",
+        _ => "seed",
+    }
 }
 
 fn main() -> ExitCode {

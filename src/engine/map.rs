@@ -121,7 +121,7 @@ impl<X: Extra> StateMap<X> {
     /// epoch and last sequence, whether it retains batches, and a lookup of
     /// its retained batches) and applies it in place, leaving `x` in the
     /// slot, when told to: one probe, as [`StateMap::append`] does for the
-    /// seed rules.
+    /// strict rules.
     pub(crate) fn append_decided(
         &mut self,
         hash: u64,

@@ -11,11 +11,11 @@
 //! `entry.rs` (one key's state and retry window), `map.rs` (the compact
 //! map of keys), `info.rs` (a key described with its activity),
 //! `shards.rs` (the store's state: 256 maps), `filter.rs` (the store's
-//! memory of removed keys); this file (the engine and the seed path) and
+//! memory of removed keys); this file (the engine and the strict path) and
 //! `partitions.rs` (what acts on keys as a whole: expiry, removal, moves).
 //!
 //! Under [`Semantics::Kafka`] the same map holds plain producers and a side
-//! table (`kafka/state.rs`) the transactional ones; the seed path does not
+//! table (`kafka/state.rs`) the transactional ones; the strict path does not
 //! look at it. `kafka/` is the Kafka-mode surface (Kafka's checks,
 //! transactions, markers, the store's Kafka hooks).
 
@@ -64,7 +64,7 @@ pub struct ProducerStateManager {
 }
 
 impl ProducerStateManager {
-    /// An engine with no state, under the seed rules.
+    /// An engine with no state, under the strict rules.
     pub fn new() -> Self {
         ProducerStateManager::default()
     }
@@ -103,7 +103,7 @@ impl ProducerStateManager {
         if self.kafka.is_some() {
             Semantics::Kafka
         } else {
-            Semantics::Seed
+            Semantics::Strict
         }
     }
 
@@ -112,13 +112,13 @@ impl ProducerStateManager {
             Some(k) => Ok((k, &mut self.map)),
             None => Err(Error::Unsupported {
                 what,
-                semantics: Semantics::Seed,
+                semantics: Semantics::Strict,
             }),
         }
     }
 
     /// A plain client append under Kafka's rules; out of line and marked
-    /// cold, so the seed path that branches around it is laid out and
+    /// cold, so the strict path that branches around it is laid out and
     /// register-allocated as it was (the hint costs Kafka mode nothing
     /// measurable: its two probes of the map dominate).
     #[cold]
@@ -136,7 +136,7 @@ impl ProducerStateManager {
     fn kafka_ref(&self, what: &'static str) -> Result<&KafkaState> {
         self.kafka.as_deref().ok_or(Error::Unsupported {
             what,
-            semantics: Semantics::Seed,
+            semantics: Semantics::Strict,
         })
     }
 
@@ -158,7 +158,7 @@ impl ProducerStateManager {
             last: sequence,
             meta: None,
         };
-        // The id and the request are made in each branch, so the seed path
+        // The id and the request are made in each branch, so the strict path
         // keeps them in registers as before (their address never escapes
         // to a call).
         if self.kafka.is_some() {

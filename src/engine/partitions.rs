@@ -19,7 +19,7 @@ impl ProducerStateManager {
     /// `producer.id.expiration.ms` one day by default), and returns how
     /// many keys were forgotten. An expired key has no state: its next
     /// append is classified as a new producer's (rule 1 under
-    /// [`Semantics::Seed`]; under [`Semantics::Kafka`] accepted at any
+    /// [`Semantics::Strict`]; under [`Semantics::Kafka`] accepted at any
     /// sequence).
     ///
     /// The engine keeps no clock, so a key's last activity is the
@@ -54,7 +54,7 @@ impl ProducerStateManager {
     /// # Errors
     ///
     /// None today under either semantics; the `Result` stays so that a
-    /// refusal (as before seed-mode expiration existed) is not a breaking
+    /// refusal (as before strict-mode expiration existed) is not a breaking
     /// change.
     pub fn expire_producers(&mut self, now_ms: i64, expiration_ms: i64) -> Result<usize> {
         match &mut self.kafka {

@@ -509,7 +509,7 @@ fn a_partition_moves_between_engines_with_its_retry_windows() {
             e,
             Error::ImportSemanticsMismatch {
                 partition: -4,
-                exported: Semantics::Seed,
+                exported: Semantics::Strict,
                 store: Semantics::Kafka
             }
         ),

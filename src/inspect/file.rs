@@ -146,7 +146,7 @@ fn semantics_of(kafka: bool) -> crate::semantics::Semantics {
     if kafka {
         crate::semantics::Semantics::Kafka
     } else {
-        crate::semantics::Semantics::Seed
+        crate::semantics::Semantics::Strict
     }
 }
 
@@ -432,9 +432,9 @@ pub fn partition_section(partition: i32, section: &[u8]) -> Result<PartitionSect
 /// ([`RecoveredState::kafka_state`]) and the aborted transactions.
 #[derive(Clone, Debug)]
 pub struct RecoveredState {
-    /// The seed rules' keys (empty under Kafka semantics).
+    /// The strict rules' keys (empty under Kafka semantics).
     shards: Shards,
-    /// The Kafka-mode state (`None` under the seed rules).
+    /// The Kafka-mode state (`None` under the strict rules).
     kafka: Option<Box<ProducerStateManager>>,
 }
 
@@ -489,7 +489,7 @@ impl RecoveredState {
 
     /// One key's state as Kafka holds it (its open transaction, coordinator
     /// epoch, every cached batch); `None` without state and for a state of
-    /// the seed rules.
+    /// the strict rules.
     pub fn kafka_state(
         &self,
         producer_id: impl Into<ProducerId>,

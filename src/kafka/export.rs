@@ -1,5 +1,5 @@
 //! Writing one partition of a store as a Kafka snapshot file, atomically
-//! and in Kafka's entry order: [`export`] (entries as the seed rules keep
+//! and in Kafka's entry order: [`export`] (entries as the strict rules keep
 //! them) and [`export_store`] (whatever the store's semantics; byte for
 //! byte what Kafka wrote for a seeded Kafka-mode store).
 
@@ -68,7 +68,7 @@ pub fn export_with(
 /// [`Semantics::Kafka`](crate::Semantics::Kafka) every field Kafka keeps
 /// ([`ProducerStateStore::kafka_snapshot_entries`](crate::ProducerStateStore::kafka_snapshot_entries):
 /// coordinator epochs, open transactions, marker timestamps, marker-only
-/// producers), under the seed rules as [`export`]. Entries come in Kafka's
+/// producers), under the strict rules as [`export`]. Entries come in Kafka's
 /// order ([`sort_in_kafka_order`]), so a file read by [`seed_kafka_store`]
 /// comes back byte for byte. The file is replaced atomically, as by
 /// [`export`]. Returns how many entries were written and how many keys of

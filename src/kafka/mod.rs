@@ -25,13 +25,13 @@
 //!   a Kafka broker left behind, losing nothing (open transactions,
 //!   coordinator epochs, marker-only producers, marker timestamps), and
 //!   [`export_store`] writes the files back byte for byte;
-//! - [`seed_store`] starts a [`Semantics::Seed`] store, each producer one
+//! - [`seed_store`] starts a [`Semantics::Strict`] store, each producer one
 //!   entry with one retained batch ([`to_entry`]), dropping what the seed
-//!   rules have no place for; [`export`] writes a seed store's entries
+//!   rules have no place for; [`export`] writes a strict store's entries
 //!   ([`from_entry`]) as Kafka tooling reads them.
 //!
 //! [`Semantics::Kafka`]: crate::Semantics::Kafka
-//! [`Semantics::Seed`]: crate::Semantics::Seed
+//! [`Semantics::Strict`]: crate::Semantics::Strict
 
 #![deny(clippy::indexing_slicing)]
 

@@ -1,5 +1,5 @@
 //! Starting a store from the files a Kafka broker left behind, under
-//! either semantics: [`seed_store`] (the seed rules' view, one entry per
+//! either semantics: [`seed_store`] (the strict rules' view, one entry per
 //! producer) and [`seed_kafka_store`] (losing nothing).
 
 use std::path::{Path, PathBuf};
@@ -38,13 +38,13 @@ pub struct SeedReport {
 }
 
 /// Starts a new store in `dir` from Kafka snapshot files, for a store
-/// opened with the default [`Semantics::Seed`](crate::Semantics::Seed):
+/// opened with the default [`Semantics::Strict`](crate::Semantics::Strict):
 /// each source is a Kafka `.snapshot` file and the partition it belongs to
 /// (Kafka keeps one directory per partition). Writes the imported state as
 /// this store's snapshot at position 0; open the store afterwards as usual.
 ///
 /// Each producer becomes one entry with its newest batch ([`to_entry`]);
-/// what the seed rules have no place for is dropped: coordinator epochs,
+/// what the strict rules have no place for is dropped: coordinator epochs,
 /// open transactions, and producers known only from transaction markers
 /// (reported in [`SeedReport::skipped`]). A store that must keep those,
 /// and give Kafka's verdicts, is seeded by [`seed_kafka_store`].
@@ -133,7 +133,7 @@ pub fn seed_store_with(
 /// Writes the state as the store's snapshot at position 0, with the
 /// Kafka flag; open the directory with
 /// [`StoreOptions::semantics`](crate::StoreOptions::semantics)`(Semantics::Kafka)`
-/// (opening it under the seed rules is refused), and
+/// (opening it under the strict rules is refused), and
 /// [`export_store`] writes the files back byte for byte as Kafka wrote
 /// them (docs/transactions.md, "Seeding from Kafka's files").
 ///

@@ -75,7 +75,7 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
         }
         LogOp::ForgetAborted { partition, offset } => k.forget_aborted_before(*partition, *offset),
         // An expiration (or eviction) removes exactly the logged keys and
-        // remembers them in the filter, as in seed mode; a partition
+        // remembers them in the filter, as in strict mode; a partition
         // removal's members name keys its group record already dropped.
         LogOp::Remove { reason, keys } => {
             let remember = matches!(reason, RemoveReason::Expired | RemoveReason::Evicted);
@@ -263,7 +263,7 @@ impl Replayer {
                 }
                 self.end_of_member();
             }
-            // Only a Kafka-flagged segment decodes these, and a seed store
+            // Only a Kafka-flagged segment decodes these, and a strict store
             // refuses such a segment before replay.
             LogOp::KafkaBatch { .. }
             | LogOp::TxnMarker { .. }
@@ -271,14 +271,14 @@ impl Replayer {
             | LogOp::KafkaPartition { .. } => {
                 return Err(Error::Unsupported {
                     what: "a transaction record",
-                    semantics: Semantics::Seed,
+                    semantics: Semantics::Strict,
                 });
             }
         }
         Ok(())
     }
 
-    /// A Kafka-mode operation: as the seed path for groups and for what
+    /// A Kafka-mode operation: as the strict path for groups and for what
     /// truncation passes over (operations at or above its offset, groups
     /// that reach it), then [`kafka_op`].
     fn kafka(&mut self, pos: u64, op: &LogOp) -> Result<()> {

@@ -3,7 +3,7 @@
 //!
 //! A `Semantics::Kafka` store flags every segment it creates (segment
 //! header flag [`FLAG_KAFKA`](crate::wal::segment::FLAG_KAFKA)) and every
-//! snapshot it writes (snapshot header flag bit 0); a seed store flags
+//! snapshot it writes (snapshot header flag bit 0); a strict store flags
 //! none, so its files are what they were before Kafka mode existed. The
 //! store compares this with the semantics it was opened with and refuses a
 //! mismatch before recovery reads or writes anything: replaying a log
@@ -57,7 +57,7 @@ pub(crate) fn stored(fs: &dyn FileSystem, dir: &Path) -> Result<Option<(Semantic
         let s = if kafka {
             Semantics::Kafka
         } else {
-            Semantics::Seed
+            Semantics::Strict
         };
         match &found {
             None => found = Some((s, path)),

@@ -29,7 +29,7 @@ use crate::id::ProducerId;
 use crate::semantics::Semantics;
 
 const MAGIC: &[u8; 8] = b"PSTATEXP";
-/// A seed store's export.
+/// A strict store's export.
 const VERSION: u16 = 1;
 /// A Kafka-mode store's export: a Kafka section before the entries.
 const VERSION_KAFKA: u16 = 2;
@@ -124,7 +124,7 @@ impl PartitionExport {
         if self.kafka.is_some() {
             Semantics::Kafka
         } else {
-            Semantics::Seed
+            Semantics::Strict
         }
     }
 
@@ -134,14 +134,14 @@ impl PartitionExport {
     }
 
     /// The partition's aborted transactions, oldest marker first (a Kafka
-    /// export's; empty for a seed export).
+    /// export's; empty for a strict export).
     pub fn aborted_transactions(&self) -> &[AbortedTxn] {
         self.kafka.as_ref().map_or(&[], |k| &k.aborted)
     }
 
     /// Every producer of the export as Kafka holds it, sorted by producer
     /// id: of a Kafka export its coordinator epoch and open transaction
-    /// too; of a seed export each key's window as Kafka would read it.
+    /// too; of a strict export each key's window as Kafka would read it.
     pub fn kafka_producers(&self) -> Vec<(ProducerId, KafkaProducerState)> {
         let mut out: Vec<(ProducerId, KafkaProducerState)> = self
             .entries
@@ -177,7 +177,7 @@ impl PartitionExport {
     }
 
     /// The keys and their states in the crate's entry form, sorted by
-    /// producer id: every key of a seed export; of a Kafka export, the
+    /// producer id: every key of a strict export; of a Kafka export, the
     /// producers whose state is such an entry (no transaction, no marker,
     /// a window of consecutive batches), the others being only in
     /// [`PartitionExport::kafka_producers`].
@@ -396,7 +396,7 @@ impl ProducerStateManager {
     }
 
     /// Refuses an import the engine cannot take: an export of the other
-    /// semantics; under the seed rules a key the engine holds; under
+    /// semantics; under the strict rules a key the engine holds; under
     /// [`Semantics::Kafka`] any state of the partition (a key, or aborted
     /// transactions: the partition's aborted list and last stable offset
     /// come from one log, and two cannot be merged).
@@ -544,9 +544,9 @@ mod tests {
         );
         let b = e.to_bytes();
         round_trips_and_refuses_every_damage(&e, &b);
-        // A seed export is version 1, as before Kafka mode.
+        // A strict export is version 1, as before Kafka mode.
         assert_eq!(&b[8..10], &[1, 0]);
-        assert_eq!(e.semantics(), Semantics::Seed);
+        assert_eq!(e.semantics(), Semantics::Strict);
         let empty = PartitionExport::new(1, Vec::new());
         assert!(empty.is_empty() && empty.high_offset() == -1);
         assert_eq!(

@@ -2,7 +2,7 @@
 //! holds beyond the compact map's entries.
 //!
 //! A Kafka-mode state is the compact map (plain producers, written as the
-//! ordinary entries of the snapshot, byte for byte as under the seed rules)
+//! ordinary entries of the snapshot, byte for byte as under the strict rules)
 //! plus the side table of keys the map cannot hold and the per-partition
 //! lists of aborted transactions. This section carries the last two, after
 //! the store section and before the entries, in snapshots whose header has

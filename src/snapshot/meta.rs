@@ -26,7 +26,7 @@ pub(crate) struct Meta {
     /// Kafka-mode state (compact map, side table, transactions): the store
     /// runs Kafka's rules on it in log order, and a snapshot captures it
     /// with the store section (docs/transactions.md, "Phase 2"). `None`
-    /// under the seed rules, whose keys are the store's shards.
+    /// under the strict rules, whose keys are the store's shards.
     pub kafka: Option<Box<crate::engine::ProducerStateManager>>,
 }
 

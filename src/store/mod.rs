@@ -681,14 +681,14 @@ impl Drop for ProducerStateStore {
     }
 }
 
-/// Seed mode: refuses what the seed rules have no meaning for (an origin
+/// Strict mode: refuses what the strict rules have no meaning for (an origin
 /// or transactional flags), and a name the log cannot hold.
 #[inline]
 fn check_seed(r: &AppendRequest) -> Result<()> {
     if r.options != crate::batch::AppendOptions::client() {
         return Err(Error::Unsupported {
             what: "an append with an origin or transactional flags",
-            semantics: crate::semantics::Semantics::Seed,
+            semantics: crate::semantics::Semantics::Strict,
         });
     }
     check_name(r)

@@ -111,7 +111,7 @@ impl Default for StoreOptions {
             unknown: UnknownProducer::default(),
             clock: Arc::new(SystemClock),
             metric_labels: Vec::new(),
-            semantics: Semantics::Seed,
+            semantics: Semantics::Strict,
         }
     }
 }
@@ -322,7 +322,7 @@ impl StoreOptions {
         self
     }
 
-    /// The verdicts the store gives (default [`Semantics::Seed`]).
+    /// The verdicts the store gives (default [`Semantics::Strict`]).
     /// [`Semantics::Kafka`] gives Kafka's, with transactions, markers and
     /// the replication origin (`append_with`, `append_marker`, ...). The
     /// choice is recorded in the directory (docs/format.md): opening it

@@ -16,11 +16,11 @@
 //! that record first: a retry that races its original is answered
 //! `DUPLICATE` only once the original is durable, never before. (This
 //! serializes one producer's pipelined batches on a partition to one per
-//! group commit; different keys share group commits as in seed mode.)
+//! group commit; different keys share group commits as in strict mode.)
 //! Reads (`kafka_state`, the last stable offset, the aborted list) see
 //! accepted operations once queued, as Kafka's producer state sees an
 //! append once it is in the log, before it is replicated. A failed write
-//! poisons the store as in seed mode: reopen to see what survived.
+//! poisons the store as in strict mode: reopen to see what survived.
 
 use std::sync::MutexGuard;
 
@@ -189,7 +189,7 @@ impl State {
             } => {
                 let in_flight = &self.keys.kafka_in_flight;
                 let mut gone = engine.kafka_expired_keys(*now_ms, *expiration_ms);
-                // As in seed mode: a key whose record is not yet durable
+                // As in strict mode: a key whose record is not yet durable
                 // is left for the next sweep.
                 gone.retain(|k| !in_flight.contains_key(k));
                 if gone.is_empty() {
@@ -350,7 +350,7 @@ impl Shared {
     fn kafka_refused(&self) -> Error {
         Error::Unsupported {
             what: "transactions, markers and origins",
-            semantics: Semantics::Seed,
+            semantics: Semantics::Strict,
         }
     }
 
@@ -477,7 +477,7 @@ pub(super) fn check_kafka(r: &AppendRequest) -> Result<()> {
 impl ProducerStateStore {
     /// A plain append in Kafka mode (its options in the request): what
     /// [`ProducerStateStore::append_request`] runs under
-    /// [`Semantics::Kafka`]. Out of line and cold, so the seed path that
+    /// [`Semantics::Kafka`]. Out of line and cold, so the strict path that
     /// branches around it is laid out as if it did not exist.
     #[cold]
     #[inline(never)]
@@ -526,7 +526,7 @@ impl ProducerStateStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`]; otherwise as
+    /// [`Error::Unsupported`] under [`Semantics::Strict`]; otherwise as
     /// [`ProducerStateStore::append`].
     pub fn append_with(
         &self,
@@ -552,7 +552,7 @@ impl ProducerStateStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`];
+    /// [`Error::Unsupported`] under [`Semantics::Strict`];
     /// [`Error::ProducerIdTooLong`], [`Error::Io`], [`Error::Poisoned`] as
     /// for appends.
     pub fn append_marker(
@@ -583,7 +583,7 @@ impl ProducerStateStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`]; [`Error::Io`] or
+    /// [`Error::Unsupported`] under [`Semantics::Strict`]; [`Error::Io`] or
     /// [`Error::Poisoned`] as for appends.
     pub fn forget_aborted_before(&self, partition: i32, offset: i64) -> Result<()> {
         self.shared
@@ -598,7 +598,7 @@ impl ProducerStateStore {
 
     /// The state of one key as Kafka holds it (see
     /// [`ProducerStateManager::kafka_state`]); `None` without state and
-    /// under [`Semantics::Seed`].
+    /// under [`Semantics::Strict`].
     pub fn kafka_state(
         &self,
         producer_id: impl Into<ProducerId>,
@@ -614,7 +614,7 @@ impl ProducerStateStore {
     /// offset of its open transaction (`current_txn_first_offset`, Kafka's
     /// `currentTransactionStartOffset`). Reads the state of every
     /// operation queued, as [`ProducerStateStore::kafka_state`]. Empty
-    /// under [`Semantics::Seed`] (use [`ProducerStateStore::producers`]).
+    /// under [`Semantics::Strict`] (use [`ProducerStateStore::producers`]).
     pub fn kafka_producers(&self, partition: i32) -> Vec<(ProducerId, KafkaProducerState)> {
         self.engine(|k| {
             k.kafka_keys_of(partition)
@@ -629,7 +629,7 @@ impl ProducerStateStore {
     }
 
     /// The first offset of the oldest transaction open on the partition;
-    /// `None` when none is (and under [`Semantics::Seed`]).
+    /// `None` when none is (and under [`Semantics::Strict`]).
     pub fn first_unstable_offset(&self, partition: i32) -> Option<i64> {
         self.engine(|k| k.first_unstable_offset(partition))
             .flatten()
@@ -644,7 +644,7 @@ impl ProducerStateStore {
     }
 
     /// The partition's aborted transactions, in the order their markers
-    /// came (empty under [`Semantics::Seed`]).
+    /// came (empty under [`Semantics::Strict`]).
     pub fn aborted_transactions(&self, partition: i32) -> Vec<AbortedTxn> {
         self.engine(|k| k.aborted_transactions(partition).to_vec())
             .unwrap_or_default()
@@ -658,7 +658,7 @@ impl ProducerStateStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`] (export its
+    /// [`Error::Unsupported`] under [`Semantics::Strict`] (export its
     /// entries with [`kafka::export`](crate::kafka::export)).
     pub fn kafka_snapshot_entries(
         &self,
@@ -667,7 +667,7 @@ impl ProducerStateStore {
         self.engine(|k| k.kafka_snapshot_entries(partition))
             .unwrap_or(Err(Error::Unsupported {
                 what: "Kafka's snapshot view",
-                semantics: Semantics::Seed,
+                semantics: Semantics::Strict,
             }))
     }
 }

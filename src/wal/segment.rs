@@ -24,8 +24,8 @@ pub(crate) const VERSION: u16 = 5;
 pub(crate) const FLAG_PREALLOCATED: u16 = 1;
 /// Header flag of version 5: the store runs `Semantics::Kafka`; the
 /// segment may hold the transaction records (kinds 16 to 20), and a store
-/// opened under the seed rules refuses it (`Error::SemanticsMismatch`). A
-/// seed store's segments have it clear: their bytes are what they were.
+/// opened under the strict rules refuses it (`Error::SemanticsMismatch`). A
+/// strict store's segments have it clear: their bytes are what they were.
 pub(crate) const FLAG_KAFKA: u16 = 2;
 /// Version 3's bytes in a preallocated file (read, no longer written).
 pub(crate) const PREALLOCATED_V4: u16 = 4;

@@ -3,7 +3,7 @@
 //! transactions forgotten below an offset.
 //!
 //! They exist only in segments whose header has the Kafka flag (version
-//! 5); a seed store's segment reads any of these kinds as damage, as
+//! 5); a strict store's segment reads any of these kinds as damage, as
 //! before. Plain Kafka-mode batches keep using kinds 1 to 4: replay applies
 //! them the same way. The origin of a batch (client, coordinator,
 //! replication) is not stored: it changed only which checks ran, and
@@ -334,7 +334,7 @@ pub(crate) fn kafka_partition_ops(
     const CHUNK: usize = 48 << 10;
     let k = engine.kafka_side().ok_or(Error::Unsupported {
         what: "a Kafka-mode truncation",
-        semantics: Semantics::Seed,
+        semantics: Semantics::Strict,
     })?;
     let (side, aborted) = k.partition_side(partition);
     let id_len = |id: &ProducerId| id.name_bytes().map_or(8, |n| 2 + n.len());
@@ -542,7 +542,7 @@ mod tests {
             let d = decode(&buf, sd, kafka, 0).unwrap();
             assert_eq!(d.len, buf.len());
             assert_eq!(d.ops.collect::<Vec<_>>(), vec![op.clone()]);
-            // A seed store's segment (or an older version) reads it as damage.
+            // A strict store's segment (or an older version) reads it as damage.
             for layout in [
                 Layout::of(5),
                 Layout::of(5).with_kafka(false),

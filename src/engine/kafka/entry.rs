@@ -1,5 +1,5 @@
 //! One producer as Apache Kafka's producer snapshot stores it, and why an
-//! entry may have no place in the seed rules' state.
+//! entry may have no place in the strict rules' state.
 //!
 //! These are the engine's terms for Kafka's state (the Kafka-mode engine
 //! builds its side table from them and gives them back), so they live
@@ -36,7 +36,7 @@ pub enum Unrepresentable {
     /// A negative producer id (Kafka's `NO_PRODUCER_ID` is -1).
     NegativeProducerId,
     /// No batch and no sequence: a producer Kafka knows only from
-    /// transaction markers. The seed rules have no state without a
+    /// transaction markers. The strict rules have no state without a
     /// sequence (a key without state accepts only sequence 0, as Kafka
     /// would here); [`seed_kafka_store`](crate::kafka::seed_kafka_store)
     /// keeps such producers.

@@ -3,8 +3,8 @@
 //! the crate-internal hooks the durable store replays Kafka records and
 //! truncates Kafka-mode partitions through.
 //!
-//! Apart from the seed path in `mod.rs` because none of it runs there:
-//! every public method here refuses [`Semantics::Seed`] with
+//! Apart from the strict path in `mod.rs` because none of it runs there:
+//! every public method here refuses [`Semantics::Strict`] with
 //! [`Error::Unsupported`] or answers as an engine without transactions.
 
 pub(crate) mod entry;
@@ -31,7 +31,7 @@ impl ProducerStateManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`], which has no
+    /// [`Error::Unsupported`] under [`Semantics::Strict`], which has no
     /// transactions and no origins.
     ///
     /// ```
@@ -83,7 +83,7 @@ impl ProducerStateManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`].
+    /// [`Error::Unsupported`] under [`Semantics::Strict`].
     pub fn append_marker(
         &mut self,
         producer_id: impl Into<ProducerId>,
@@ -105,7 +105,7 @@ impl ProducerStateManager {
 
     /// The state of one key as Kafka holds it, with its transaction and
     /// coordinator epoch; `None` without state, and always `None` under
-    /// [`Semantics::Seed`] (use [`ProducerStateManager::get`]).
+    /// [`Semantics::Strict`] (use [`ProducerStateManager::get`]).
     pub fn kafka_state(
         &self,
         producer_id: impl Into<ProducerId>,
@@ -134,7 +134,7 @@ impl ProducerStateManager {
     }
 
     /// The partition's aborted transactions, in the order their markers
-    /// came (empty under [`Semantics::Seed`]). They are kept until
+    /// came (empty under [`Semantics::Strict`]). They are kept until
     /// [`ProducerStateManager::forget_aborted_before`] drops them, as a
     /// broker does when the log start offset passes them.
     pub fn aborted_transactions(&self, partition: i32) -> &[AbortedTxn] {
@@ -159,7 +159,7 @@ impl ProducerStateManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`] (its entries are
+    /// [`Error::Unsupported`] under [`Semantics::Strict`] (its entries are
     /// exported by [`kafka::export`](crate::kafka::export)).
     pub fn kafka_snapshot_entries(&self, partition: i32) -> Result<Vec<KafkaProducerEntry>> {
         Ok(self
@@ -177,7 +177,7 @@ impl ProducerStateManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`].
+    /// [`Error::Unsupported`] under [`Semantics::Strict`].
     pub fn load_kafka_snapshot(
         &mut self,
         partition: i32,
@@ -194,7 +194,7 @@ impl ProducerStateManager {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`]; the inner error
+    /// [`Error::Unsupported`] under [`Semantics::Strict`]; the inner error
     /// for an entry that cannot be loaded (a negative producer id).
     pub(crate) fn add_kafka_entry(
         &mut self,
@@ -207,7 +207,7 @@ impl ProducerStateManager {
 
     /// Classifies a request under Kafka's rules with its own options and
     /// applies it if accepted (the Kafka-mode store's entry point); under
-    /// the seed rules, as [`ProducerStateManager::append_request`].
+    /// the strict rules, as [`ProducerStateManager::append_request`].
     pub(crate) fn kafka_append_request(&mut self, r: &AppendRequest) -> BatchOutcome {
         match &mut self.kafka {
             Some(k) => k.append(
@@ -223,7 +223,7 @@ impl ProducerStateManager {
 
     /// Applies a Kafka-mode data batch that was accepted when its record
     /// was written (replay), without classifying it; nothing under the
-    /// seed rules (the store never logs these there).
+    /// strict rules (the store never logs these there).
     pub(crate) fn apply_kafka_batch(&mut self, r: &AppendRequest, transactional: bool) {
         if let Some(k) = &mut self.kafka {
             k.apply_batch(
@@ -252,7 +252,7 @@ impl ProducerStateManager {
 
     /// The keys a Kafka-mode expiration at `now_ms` drops (see
     /// [`ProducerStateManager::expire_producers`]), left in place; empty
-    /// under the seed rules.
+    /// under the strict rules.
     pub(crate) fn kafka_expired_keys(
         &self,
         now_ms: i64,

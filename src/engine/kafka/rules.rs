@@ -2,7 +2,7 @@
 //!
 //! This is Apache Kafka's broker-side validation (`UnifiedLog` and
 //! `ProducerAppendInfo`, trunk 1eb7644349cb) restated over one key's state,
-//! with no IO, exactly as `engine/rules.rs` states the seed rules: the Kafka-mode
+//! with no IO, exactly as `engine/rules.rs` states the strict rules: the Kafka-mode
 //! engine asks these functions and only then changes state. The order of
 //! the checks is Kafka's and matters (a retry of a cached batch is a
 //! duplicate even when its epoch would now be fenced, a plain batch inside
@@ -26,9 +26,9 @@
 //! A marker: an epoch below the key's is fenced, then a coordinator epoch
 //! below the key's is fenced; replication skips both.
 //!
-//! Where these verdicts differ from the seed rules is the table in the
+//! Where these verdicts differ from the strict rules is the table in the
 //! crate docs; `engine/rules.rs` is not consulted in Kafka mode, and its
-//! `UnknownProducer` options (KIP-360 as a choice for the seed rules) are
+//! `UnknownProducer` options (KIP-360 as a choice for the strict rules) are
 //! independent of this module, which always answers as Kafka.
 //!
 //! [`Semantics::Kafka`]: crate::Semantics::Kafka

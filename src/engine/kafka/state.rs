@@ -5,7 +5,7 @@
 //! a last sequence and a window of consecutive batches, exactly what a
 //! 24-byte slot of the compact map (`engine/map.rs`) and its out-of-line window
 //! hold. Those keys stay there under [`Semantics::Kafka`] too, and cost
-//! what they cost under the seed rules. A key moves to the side table, as a
+//! what they cost under the strict rules. A key moves to the side table, as a
 //! literal copy of Kafka's `ProducerStateEntry`, the first time it needs
 //! what the slot has no room for:
 //!
@@ -281,7 +281,7 @@ impl FullEntry {
 /// Drops every compact key whose newest batch has a timestamp
 /// `expiration_ms` or more before `now_ms` (a key whose newest append
 /// carried none does not expire); returns how many. Kafka's rule for
-/// plain producers, and the seed engine's expiration.
+/// plain producers, and the strict engine's expiration.
 pub(crate) fn expire_compact(map: &mut StateMap, now_ms: i64, expiration_ms: i64) -> usize {
     let before = map.len();
     map.retain(|_, _, e| {
@@ -414,7 +414,7 @@ pub(crate) struct KafkaState {
 
 impl KafkaState {
     /// Classifies a data batch under Kafka's rules and applies it if accepted.
-    /// Never inlined: the seed path that branches around it stays as small
+    /// Never inlined: the strict path that branches around it stays as small
     /// as it was.
     #[inline(never)]
     pub(crate) fn append(
