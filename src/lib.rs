@@ -74,7 +74,7 @@
 //! broker passes request fields straight through: partition `i32` (Kafka's
 //! `INT32` partition index), epoch `i16` (`INT16` producer epoch), sequence
 //! `i32` (`INT32` base sequence). Producer ids are a [`ProducerId`]: a `u64`
-//! (Kafka's broker-assigned ids) or a name (the task's `"p1"`); neither
+//! (Kafka's broker-assigned ids) or a name (such as `"p1"`); neither
 //! allocates on the hot path.
 //!
 //! # Batches and the retry window

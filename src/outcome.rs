@@ -2,7 +2,7 @@
 //!
 //! Outcomes are values, not errors: a duplicate is the normal answer to a
 //! retry, and a fenced zombie is the normal answer to an old session. The
-//! four words of the task are [`AppendOutcome`]; the batch-level append
+//! four outcomes of the four rules are [`AppendOutcome`]; the batch-level append
 //! answers with a [`BatchOutcome`], which carries what a broker sends back:
 //! the original batch's metadata for a duplicate, the reason for a rejection.
 
@@ -11,7 +11,7 @@ use std::str::FromStr;
 
 use crate::batch::BatchMetadata;
 
-/// The classification of one append, in the task's four words.
+/// The classification of one append: one of the four rules' four outcomes.
 ///
 /// ```
 /// use producer_state::AppendOutcome;
@@ -116,14 +116,14 @@ pub enum BatchOutcome {
 }
 
 impl BatchOutcome {
-    /// The task's four-word classification of this outcome.
+    /// The four-outcome classification of this outcome.
     pub const fn outcome(&self) -> AppendOutcome {
         match self {
             BatchOutcome::Accepted => AppendOutcome::Accepted,
             BatchOutcome::Duplicate { .. } => AppendOutcome::Duplicate,
             BatchOutcome::OutOfOrder { .. } => AppendOutcome::OutOfOrder,
             BatchOutcome::FencedEpoch { .. } => AppendOutcome::FencedEpoch,
-            // Not one of the task's words: a batch that is not valid here.
+            // Not one of the four outcomes: a batch that is not valid here.
             BatchOutcome::InvalidTxnState { .. } => AppendOutcome::OutOfOrder,
         }
     }

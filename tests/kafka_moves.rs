@@ -1,4 +1,4 @@
-//! Partition moves between `Semantics::Kafka` stores (issues 13 and 15):
+//! Partition moves between `Semantics::Kafka` stores:
 //! an export carries the producers' retry windows, coordinator epochs and
 //! open transactions and the partition's aborted list, so the new home
 //! answers as the old one would; the import is one atomic group, durable

@@ -1,5 +1,5 @@
 //! A transactional workload against the same batches without transactions:
-//! issue 15's goal (transactions at >= 0.5x the non-transactional store).
+//! the goal of transactions at >= 0.5x the non-transactional store.
 //!
 //! `cargo run --release -p producer-state-bench --example txn_bench`
 //! (about a minute). `--batches N` batches per round (default 2,000,000; a hundredth under `Always`),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The end-to-end proof of issue 14: librdkafka (confluent-kafka, from PyPI)
+# The end-to-end proof of idempotent produce: librdkafka (confluent-kafka, from PyPI)
 # with enable.idempotence=true against producer-state-broker, through a
 # fault-injecting proxy, with the broker killed (SIGKILL) and restarted.
 #

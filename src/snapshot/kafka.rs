@@ -12,8 +12,8 @@
 //! the side-table keys' open transactions, rebuilt as they are read.
 //!
 //! A section of its own, rather than a new entry shape among the compact
-//! entries, keeps the compact entries' encoding (which issue 17 changes)
-//! independent of this one. The bytes are in docs/format.md ("Kafka
+//! entries, keeps the compact entries' encoding (which changed in snapshot
+//! version 4) independent of this one. The bytes are in docs/format.md ("Kafka
 //! section").
 //!
 //! [`Semantics::Kafka`]: crate::Semantics::Kafka

@@ -25,7 +25,7 @@ pub(crate) struct Meta {
     /// Under [`Semantics::Kafka`](crate::Semantics::Kafka), the whole
     /// Kafka-mode state (compact map, side table, transactions): the store
     /// runs Kafka's rules on it in log order, and a snapshot captures it
-    /// with the store section (docs/transactions.md, "Phase 2"). `None`
+    /// with the store section (docs/transactions.md, "The durable store"). `None`
     /// under the strict rules, whose keys are the store's shards.
     pub kafka: Option<Box<crate::engine::ProducerStateManager>>,
 }

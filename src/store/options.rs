@@ -432,7 +432,7 @@ mod tests {
                 .validate()
                 .is_ok()
         );
-        // Kafka mode expires (issue 15), off unless set after the choice.
+        // Kafka mode expires too, off unless set after the choice.
         let kafka = StoreOptions::default().semantics(Semantics::Kafka);
         assert_eq!(kafka.expiration, None);
         assert!(

@@ -9,7 +9,7 @@
 //! queued under that lock, so the engine is always the state of every
 //! record queued, in log order. Replay applies the same records without
 //! classifying them (`replay.rs`), and a snapshot captures the engine with
-//! the store-level state at a position (docs/transactions.md, "Phase 2").
+//! the store-level state at a position (docs/transactions.md, "The durable store").
 //!
 //! Under `FsyncPolicy::Always` an answer waits until its record is
 //! durable, and an operation on a key with a record in flight waits for
