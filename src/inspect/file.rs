@@ -272,7 +272,8 @@ impl SegmentEnd {
     /// What this end means for a segment inspected on its own: a torn tail
     /// is what recovery cuts from the last segment; damage followed by a
     /// later write is what it refuses. (In a store directory the verdict
-    /// also depends on where the segment is: see [`directory`].)
+    /// also depends on where the segment is: see
+    /// [`directory`](super::directory).)
     pub fn verdict(&self) -> Verdict {
         match self {
             SegmentEnd::Clean => Verdict::Ok,

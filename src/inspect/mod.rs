@@ -17,6 +17,19 @@
 //! make plausible costs nothing. Segments are streamed (each record is
 //! verified before it is handed out); a snapshot, a Kafka snapshot and the
 //! dry run hold one entry per key, as recovery does.
+//!
+//! # The log's operations are public, on purpose
+//!
+//! [`segment`] hands out each record's operation as the log's own
+//! [`LogOp`] (with [`GroupKind`] and [`RemoveReason`]). They stay public
+//! rather than behind a view of the inspector's own, because the point of
+//! inspecting a segment is to see exactly what the log holds: a mirror
+//! type would be a second description of every record kind, kept in step
+//! with the first by hand, and could drift from the bytes it claims to
+//! show. The cost is that a change to a log record's fields is an API
+//! change too; that change comes with a new format version, golden files
+//! and docs/format.md anyway. All three are `#[non_exhaustive]`, so a
+//! new record kind or reason is not a breaking change.
 
 mod directory;
 mod file;
@@ -25,6 +38,7 @@ mod file;
 use crate::fs::{FileSystem, ReadOnlyFs};
 
 pub use crate::directory::names::{StoreFile, classify};
+// Public on purpose: see the module docs.
 pub use crate::wal::op::{GroupKind, LogOp, RemoveReason};
 pub use directory::{
     Contents, DirectoryReport, DryRun, Effect, FileReport, Problem, Role, directory,

@@ -5,6 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(doc)]
+use super::seed::seed_kafka_store;
+
 use super::file::{encode, from_entry};
 use super::order::sort_in_kafka_order;
 use crate::engine::entry::ProducerEntry;

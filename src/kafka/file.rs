@@ -222,7 +222,8 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Vec<KafkaProducerEntry>> {
 /// batch whose sequences would wrap past `2^31 - 1`, or that has no offset,
 /// is not retained; the last sequence is. Transaction state is not modelled
 /// (the coordinator epoch and an open transaction's offset are dropped):
-/// this is the strict rules' view ([`seed_store`]); [`seed_kafka_store`]
+/// this is the strict rules' view ([`seed_store`](super::seed_store));
+/// [`seed_kafka_store`](super::seed_kafka_store)
 /// keeps everything.
 ///
 /// # Errors

@@ -134,7 +134,7 @@ pub fn seed_store_with(
 /// Kafka flag; open the directory with
 /// [`StoreOptions::semantics`](crate::StoreOptions::semantics)`(Semantics::Kafka)`
 /// (opening it under the strict rules is refused), and
-/// [`export_store`] writes the files back byte for byte as Kafka wrote
+/// [`export_store`](super::export_store) writes the files back byte for byte as Kafka wrote
 /// them (docs/transactions.md, "Seeding from Kafka's files").
 ///
 /// Kafka keeps aborted transactions in its `.txnindex` files, not in

@@ -19,9 +19,13 @@ use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 use crate::engine::kafka::state::{KafkaProducerState, KafkaState};
 use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerOutcome};
 use crate::engine::map::{Ask, StateMap};
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
+#[cfg(doc)]
+use crate::semantics::Semantics;
 
 impl ProducerStateManager {
     /// Classifies a batch with its origin and transactional flags, and
