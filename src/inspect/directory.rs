@@ -368,41 +368,7 @@ fn check(fs: &dyn FileSystem, dir: &Path, entry: &DirEntry) -> Result<FileReport
                 Err(e) => r.problem = damage(e)?,
             }
         }
-        Some(StoreFile::Segment(named)) => {
-            r.role = Role::Segment;
-            r.position = Some(named);
-            match segment(fs, &r.path, |_, _, _| {}, quiet) {
-                Ok(s) => {
-                    r.end_position = Some(s.first_position + s.records);
-                    r.entries = Some(s.records);
-                    r.position = Some(s.first_position);
-                    r.problem = match s.end {
-                        _ if s.first_position != named => Some(Problem::Invalid(Error::corrupt(
-                            &r.path,
-                            12,
-                            Corruption::NameMismatch {
-                                named,
-                                header: s.first_position,
-                            },
-                        ))),
-                        SegmentEnd::Clean => None,
-                        SegmentEnd::TornTail { offset, kind } => {
-                            Some(Problem::TornTail { offset, kind })
-                        }
-                        SegmentEnd::Damaged {
-                            offset,
-                            kind,
-                            later_write,
-                        } => Some(Problem::DamagedMidLog {
-                            offset,
-                            kind,
-                            later_write,
-                        }),
-                    };
-                }
-                Err(e) => r.problem = damage(e)?,
-            }
-        }
+        Some(StoreFile::Segment(named)) => check_segment(fs, &mut r, named)?,
         None => {
             if let Some(offset) = kafka::parse_file_name(name) {
                 r.role = Role::KafkaSnapshot;
@@ -416,6 +382,44 @@ fn check(fs: &dyn FileSystem, dir: &Path, entry: &DirEntry) -> Result<FileReport
         }
     }
     Ok(r)
+}
+
+/// [`check`] of a segment: scanned as recovery scans it, its positions and
+/// how its records end.
+fn check_segment(fs: &dyn FileSystem, r: &mut FileReport, named: u64) -> Result<()> {
+    r.role = Role::Segment;
+    r.position = Some(named);
+    match segment(fs, &r.path, |_, _, _| {}, &mut |_| {}) {
+        Ok(s) => {
+            r.end_position = Some(s.first_position + s.records);
+            r.entries = Some(s.records);
+            r.position = Some(s.first_position);
+            r.problem = match s.end {
+                _ if s.first_position != named => Some(Problem::Invalid(Error::corrupt(
+                    &r.path,
+                    12,
+                    Corruption::NameMismatch {
+                        named,
+                        header: s.first_position,
+                    },
+                ))),
+                SegmentEnd::Clean => None,
+                SegmentEnd::TornTail { offset, kind } => Some(Problem::TornTail { offset, kind }),
+                SegmentEnd::Damaged {
+                    offset,
+                    kind,
+                    later_write,
+                } => Some(Problem::DamagedMidLog {
+                    offset,
+                    kind,
+                    later_write,
+                }),
+            };
+        }
+        Err(e @ Error::Io { .. }) => return Err(e),
+        Err(e) => r.problem = Some(Problem::Invalid(e)),
+    }
+    Ok(())
 }
 
 /// Marks a segment that does not start where the clean segment before it

@@ -384,6 +384,27 @@ impl Reading {
     }
 }
 
+/// Refuses a segment whose header disagrees with its name (it is not the
+/// log's) or names another store, before any of its records is applied
+/// (salvage moves it aside whole).
+fn check_belongs(path: &Path, at: &Reading, h: &segment::Header) -> Result<()> {
+    let named = at.named;
+    match (at.store_id, h.store) {
+        _ if h.first_position != named => {
+            let kind = Corruption::NameMismatch {
+                named,
+                header: h.first_position,
+            };
+            Err(Error::corrupt(path, segment::POSITION_AT, kind))
+        }
+        (Some(expected), Some(found)) if expected != found => {
+            let kind = Corruption::ForeignSegment { expected, found };
+            Err(Error::corrupt(path, 20, kind))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Scans one segment into `sink`, applying its records from the plan's
 /// start on: how its records end, or where replay stops in it (a record
 /// that does not apply, the plan's end, a header that is not this
@@ -400,23 +421,7 @@ fn read_segment(
     let (path, named) = (&at.path, at.named);
     let file = fs.open_read(path).map_err(Error::at("open", path))?;
     let len = file.len().map_err(Error::at("stat", path))?;
-    // A segment whose header disagrees with its name is not the log's, nor
-    // is one of another store: refuse it before any of its records is
-    // applied (salvage moves it aside whole).
-    let foreign = |h: &segment::Header| match (at.store_id, h.store) {
-        _ if h.first_position != named => {
-            let kind = Corruption::NameMismatch {
-                named,
-                header: h.first_position,
-            };
-            Err(Error::corrupt(path, segment::POSITION_AT, kind))
-        }
-        (Some(expected), Some(found)) if expected != found => {
-            let kind = Corruption::ForeignSegment { expected, found };
-            Err(Error::corrupt(path, 20, kind))
-        }
-        _ => Ok(()),
-    };
+    let foreign = |h: &segment::Header| check_belongs(path, at, h);
     let mut reached = false;
     let reader = std::io::BufReader::with_capacity(1 << 20, file);
     let mut scanned = segment::scan(path, reader, len, foreign, |pos, offset, nth, op| {

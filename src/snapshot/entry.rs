@@ -140,6 +140,11 @@ fn bytes_needed(v: u64) -> usize {
     (64 - v.leading_zeros() as usize).div_ceil(8)
 }
 
+// Over 100 lines on purpose: every snapshot write runs it once a key (1M
+// times for 1M keys), and its steps share the widths it computes once
+// (spans, deltas) and the one output slice it stores into with whole-word
+// stores; split, the pieces would recompute or pass them around, which the
+// encoder's per-key instruction counts (docs/performance.md) measure.
 #[inline]
 fn encode_parts(
     buf: &mut Vec<u8>,
@@ -393,6 +398,9 @@ pub(crate) type DecodedHead = (ProducerId, i32, Head, i64, usize);
 /// returned by value, 112 bytes, was copied twice on its way there). The
 /// window's metadata are read and stored in one pass, each delta as its
 /// batch is stored.
+// Over 100 lines on purpose: the reopen of a snapshot runs it once a key,
+// decoding straight into the arena slot in one pass; its checks and stores
+// share the widths and positions read from the entry's first bytes.
 #[inline]
 pub(crate) fn decode_into(
     buf: &[u8],

@@ -250,6 +250,35 @@ pub(crate) struct Prelude {
     remaining: u64,
 }
 
+/// Refuses a file whose length is not what its header says: a header,
+/// `body_len` bytes and the trailer.
+fn check_len(path: &Path, header: &Header, file_len: u64) -> Result<()> {
+    let expected_len = (HEADER_LEN as u64)
+        .checked_add(header.body_len)
+        .and_then(|l| l.checked_add(TRAILER_LEN as u64));
+    match expected_len {
+        Some(l) if l == file_len => Ok(()),
+        Some(l) if l > file_len => Err(Error::corrupt(
+            path,
+            file_len,
+            Corruption::Truncated {
+                needed: l,
+                available: file_len,
+            },
+        )),
+        Some(l) => Err(Error::corrupt(
+            path,
+            l,
+            Corruption::TrailingBytes(file_len - l),
+        )),
+        None => Err(Error::corrupt(
+            path,
+            32,
+            Corruption::BadLength(header.body_len),
+        )),
+    }
+}
+
 /// Reads and checks the header (and the file's length against it), then
 /// the store and Kafka sections, handing them to `sink`.
 pub(crate) fn read_prelude(
@@ -262,36 +291,7 @@ pub(crate) fn read_prelude(
     let mut head = [0u8; HEADER_LEN];
     let n = read_full(&mut r, &mut head).map_err(io)?;
     let header = parse_header(path, head.get(..n).unwrap_or_default())?;
-    let expected_len = (HEADER_LEN as u64)
-        .checked_add(header.body_len)
-        .and_then(|l| l.checked_add(TRAILER_LEN as u64));
-    match expected_len {
-        Some(l) if l == file_len => {}
-        Some(l) if l > file_len => {
-            return Err(Error::corrupt(
-                path,
-                file_len,
-                Corruption::Truncated {
-                    needed: l,
-                    available: file_len,
-                },
-            ));
-        }
-        Some(l) => {
-            return Err(Error::corrupt(
-                path,
-                l,
-                Corruption::TrailingBytes(file_len - l),
-            ));
-        }
-        None => {
-            return Err(Error::corrupt(
-                path,
-                32,
-                Corruption::BadLength(header.body_len),
-            ));
-        }
-    }
+    check_len(path, &header, file_len)?;
     sink.begin(&header);
     let mut crc = crc32c::crc32c(&head);
     let mut remaining = header.body_len; // body bytes not yet read from the file

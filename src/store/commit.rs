@@ -499,6 +499,10 @@ impl<S: Host> GroupCommit<S> {
     /// is queued. The check for more comes after the wake-up, so that
     /// appenders woken by it can join the next group. Returns true if the
     /// host asked for work after a group ([`Host::after_group`]).
+    // Over 100 lines on purpose: the order of its steps (take the group and
+    // the writer lock under the state lock, write, let go, fsync, apply,
+    // wake, look for more) is what makes group commit correct, and it reads
+    // in one place; each step that stands alone is a function of its own.
     fn lead<'a>(&'a self, mut st: MutexGuard<'a, S>, flusher: bool) -> bool {
         let mut due = false;
         loop {

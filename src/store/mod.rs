@@ -281,36 +281,7 @@ impl ProducerStateStore {
             opts,
             kafka,
         });
-        // Snapshots and the interval's fsyncs run on threads of their own:
-        // a snapshot of a large state on a slow disk takes seconds, and the
-        // interval's loss window must not grow by that much.
-        let mut background = Vec::new();
-        let spawn = |name: &str, f: fn(&Shared)| {
-            let s = shared.clone();
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(move || f(&s))
-                .map_err(|e| Error::io("spawn background thread", &shared.dir, e))
-        };
-        if shared.opts.background_snapshots {
-            background.push(spawn("producer-state-snap", Shared::background)?);
-        }
-        if matches!(shared.opts.fsync, FsyncPolicy::Interval(_)) {
-            background.push(spawn("producer-state-tick", Shared::tick)?);
-        }
-        if shared.opts.expiration.is_some() && shared.opts.expiration_interval.is_some() {
-            background.push(spawn("producer-state-expire", Shared::expirer)?);
-        }
-        let s = shared.clone();
-        let flusher = std::thread::Builder::new()
-            .name("producer-state-flush".into())
-            .spawn(move || s.log.flush_loop(|| s.snapshot_due()))
-            .map_err(|e| Error::io("spawn flusher thread", &shared.dir, e))?;
-        shared
-            .log
-            .lock_state()
-            .log
-            .set_flusher(flusher.thread().clone());
+        let (background, flusher) = start_threads(&shared)?;
         shared.log.telemetry().recovered(&rec.report);
         Ok(ProducerStateStore {
             shared,
@@ -692,6 +663,43 @@ fn check_seed(r: &AppendRequest) -> Result<()> {
         });
     }
     check_name(r)
+}
+
+/// Starts the store's threads: the flusher (group commit's writes and
+/// fsyncs), and as the options ask, the snapshot, interval-fsync and
+/// expiration threads.
+fn start_threads(shared: &Arc<Shared>) -> Result<(Vec<JoinHandle<()>>, JoinHandle<()>)> {
+    // Snapshots and the interval's fsyncs run on threads of their own:
+    // a snapshot of a large state on a slow disk takes seconds, and the
+    // interval's loss window must not grow by that much.
+    let mut background = Vec::new();
+    let spawn = |name: &str, f: fn(&Shared)| {
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || f(&s))
+            .map_err(|e| Error::io("spawn background thread", &shared.dir, e))
+    };
+    if shared.opts.background_snapshots {
+        background.push(spawn("producer-state-snap", Shared::background)?);
+    }
+    if matches!(shared.opts.fsync, FsyncPolicy::Interval(_)) {
+        background.push(spawn("producer-state-tick", Shared::tick)?);
+    }
+    if shared.opts.expiration.is_some() && shared.opts.expiration_interval.is_some() {
+        background.push(spawn("producer-state-expire", Shared::expirer)?);
+    }
+    let s = shared.clone();
+    let flusher = std::thread::Builder::new()
+        .name("producer-state-flush".into())
+        .spawn(move || s.log.flush_loop(|| s.snapshot_due()))
+        .map_err(|e| Error::io("spawn flusher thread", &shared.dir, e))?;
+    shared
+        .log
+        .lock_state()
+        .log
+        .set_flusher(flusher.thread().clone());
+    Ok((background, flusher))
 }
 
 /// Refuses a producer name the log cannot hold, before anything happens.

@@ -109,6 +109,18 @@ pub(super) enum KafkaSubmit {
     Wait { group: u64, pos: u64 },
 }
 
+/// What a Kafka-mode operation came to before its answer is queued:
+/// nothing to log (answered at once), or `n` records logged, the last at
+/// `pos`.
+enum Logged {
+    No(KafkaAnswer),
+    Yes {
+        answer: KafkaAnswer,
+        pos: u64,
+        n: u64,
+    },
+}
+
 fn engine_lost() -> Error {
     Error::Internal("a Kafka-mode store has no Kafka-mode state")
 }
@@ -186,70 +198,21 @@ impl State {
             KafkaOp::Expire {
                 now_ms,
                 expiration_ms,
-            } => {
-                let in_flight = &self.keys.kafka_in_flight;
-                let mut gone = engine.kafka_expired_keys(*now_ms, *expiration_ms);
-                // As in strict mode: a key whose record is not yet durable
-                // is left for the next sweep.
-                gone.retain(|k| !in_flight.contains_key(k));
-                if gone.is_empty() {
-                    return Ok(KafkaSubmit::Done(KafkaAnswer::Removed(0)));
+            } => match self.kafka_expire(*now_ms, *expiration_ms)? {
+                Logged::No(answer) => return Ok(KafkaSubmit::Done(answer)),
+                Logged::Yes { answer, pos, n } => {
+                    records = n;
+                    ((answer, pos), None)
                 }
-                gone.sort();
-                for (id, p) in &gone {
-                    engine.remove_kafka_key(id, *p);
-                    self.keys.meta.filter.insert(hash_key(id, *p));
-                }
-                self.life_stats.expired += gone.len() as u64;
-                let (first, n) = self.log.push_op(|b| {
-                    let c = op::encode_removes(
-                        b,
-                        RemoveReason::Expired,
-                        gone.iter().map(|(id, p)| (id, *p)),
-                    );
-                    (c.len() as u64, c.len() as u64)
-                });
-                records = n;
-                let pos = first + n - 1;
-                ((KafkaAnswer::Removed(gone.len()), pos), None)
-            }
+            },
             KafkaOp::RemovePartition { partition } => {
-                let ids = engine.kafka_keys_of(*partition);
-                let aborted = !engine.aborted_transactions(*partition).is_empty();
-                if ids.is_empty() && !aborted {
-                    return Ok(KafkaSubmit::Done(KafkaAnswer::Removed(0)));
+                match self.kafka_remove_partition(*partition)? {
+                    Logged::No(answer) => return Ok(KafkaSubmit::Done(answer)),
+                    Logged::Yes { answer, pos, n } => {
+                        records = n;
+                        ((answer, pos), None)
+                    }
                 }
-                engine.remove_partition(*partition);
-                self.life_stats.partition_removed += ids.len() as u64;
-                // One group: the group record and the keys' removals (none
-                // when only aborted transactions were left). Replay drops
-                // the whole partition at the group record, which the log
-                // hands over only once every member is read.
-                let (first, n) = self.log.push_op(|b| {
-                    let mut scratch = Vec::new();
-                    let members = if ids.is_empty() {
-                        0
-                    } else {
-                        op::encode_removes(
-                            &mut scratch,
-                            RemoveReason::PartitionRemoved,
-                            ids.iter().map(|id| (id, *partition)),
-                        )
-                        .len()
-                    };
-                    op::encode_group(
-                        b,
-                        GroupKind::RemovePartition,
-                        members as u32,
-                        i64::from(*partition),
-                    );
-                    b.extend_from_slice(&scratch);
-                    let n = 1 + members as u64;
-                    (n, n)
-                });
-                records = n;
-                let pos = first + n - 1;
-                ((KafkaAnswer::Removed(ids.len()), pos), None)
             }
         };
         let (answer, pos) = answer;
@@ -265,6 +228,94 @@ impl State {
             self.log.queue(Queued::KafkaSettle { key, pos });
         }
         Ok(KafkaSubmit::Queued { answer, group, pos })
+    }
+
+    /// A Kafka-mode expiration sweep: the keys Kafka's rule expires (but
+    /// not one with a record in flight), removed and logged as one
+    /// removal record each 64 KiB.
+    fn kafka_expire(&mut self, now_ms: i64, expiration_ms: i64) -> Result<Logged> {
+        let engine = self
+            .keys
+            .meta
+            .kafka
+            .as_deref_mut()
+            .ok_or_else(engine_lost)?;
+        let in_flight = &self.keys.kafka_in_flight;
+        let mut gone = engine.kafka_expired_keys(now_ms, expiration_ms);
+        // As in strict mode: a key whose record is not yet durable
+        // is left for the next sweep.
+        gone.retain(|k| !in_flight.contains_key(k));
+        if gone.is_empty() {
+            return Ok(Logged::No(KafkaAnswer::Removed(0)));
+        }
+        gone.sort();
+        for (id, p) in &gone {
+            engine.remove_kafka_key(id, *p);
+            self.keys.meta.filter.insert(hash_key(id, *p));
+        }
+        self.life_stats.expired += gone.len() as u64;
+        let (first, n) = self.log.push_op(|b| {
+            let c = op::encode_removes(
+                b,
+                RemoveReason::Expired,
+                gone.iter().map(|(id, p)| (id, *p)),
+            );
+            (c.len() as u64, c.len() as u64)
+        });
+        Ok(Logged::Yes {
+            answer: KafkaAnswer::Removed(gone.len()),
+            pos: first + n - 1,
+            n,
+        })
+    }
+
+    /// A Kafka-mode partition removal: its producers, open transactions
+    /// and aborted list dropped, logged as one group.
+    fn kafka_remove_partition(&mut self, partition: i32) -> Result<Logged> {
+        let engine = self
+            .keys
+            .meta
+            .kafka
+            .as_deref_mut()
+            .ok_or_else(engine_lost)?;
+        let ids = engine.kafka_keys_of(partition);
+        let aborted = !engine.aborted_transactions(partition).is_empty();
+        if ids.is_empty() && !aborted {
+            return Ok(Logged::No(KafkaAnswer::Removed(0)));
+        }
+        engine.remove_partition(partition);
+        self.life_stats.partition_removed += ids.len() as u64;
+        // One group: the group record and the keys' removals (none
+        // when only aborted transactions were left). Replay drops
+        // the whole partition at the group record, which the log
+        // hands over only once every member is read.
+        let (first, n) = self.log.push_op(|b| {
+            let mut scratch = Vec::new();
+            let members = if ids.is_empty() {
+                0
+            } else {
+                op::encode_removes(
+                    &mut scratch,
+                    RemoveReason::PartitionRemoved,
+                    ids.iter().map(|id| (id, partition)),
+                )
+                .len()
+            };
+            op::encode_group(
+                b,
+                GroupKind::RemovePartition,
+                members as u32,
+                i64::from(partition),
+            );
+            b.extend_from_slice(&scratch);
+            let n = 1 + members as u64;
+            (n, n)
+        });
+        Ok(Logged::Yes {
+            answer: KafkaAnswer::Removed(ids.len()),
+            pos: first + n - 1,
+            n,
+        })
     }
 }
 

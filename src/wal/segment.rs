@@ -331,6 +331,13 @@ fn alone_ok(op: &LogOp) -> bool {
 /// durable bytes were damaged: damage in the middle of the log. A valid
 /// record found at another offset than the one it states (version 3) is
 /// damage too, wherever it is: a crash never moves bytes.
+// Over 100 lines on purpose: one loop over the segment's records keeps the
+// reading window, the open atomic group and the switch from reading to
+// searching for valid records in its own locals; the decisions it makes
+// from them (torn tail or damage mid-log) read best where they are made.
+// The parts that stand alone (the header, `parse_header`; the search for
+// a later valid record, `later_write`; the zeros of a preallocated end,
+// `first_nonzero_from`) are functions of their own.
 pub(crate) fn scan(
     path: &Path,
     reader: impl Read,
