@@ -24,7 +24,9 @@
 //!
 //! Not counted: items under `#[cfg(test)]` (test modules may reach across
 //! layers to build their fixtures) and files declared only under it
-//! (`#[cfg(test)] mod tests;`), comments and doc links, string literals,
+//! (`#[cfg(test)] mod tests;`, or a file beside its module named by
+//! `#[cfg(test)] #[path = "x_tests.rs"] mod tests;`), comments and doc
+//! links, string literals,
 //! `mod x;` declarations (declaring a child is not depending on it), and
 //! external crates. Method calls name no path, so an `impl` block in a
 //! child file of the type its parent defines counts as the child depending
@@ -48,128 +50,163 @@ type ModPath = Vec<String>;
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {
     Ident(String),
+    /// A plain string literal's text (escapes left as written): what a
+    /// `#[path = "..."]` attribute says.
+    Str(String),
     /// `::`
     Sep,
     Punct(char),
 }
 
-/// Rust source as tokens with their line numbers: identifiers, `::` and
-/// single punctuation; comments, strings, chars, lifetimes and numbers are
-/// dropped.
-fn lex(src: &str) -> Vec<(Tok, usize)> {
-    let c: Vec<char> = src.chars().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    let mut line = 1;
-    let at = |i: usize| c.get(i).copied().unwrap_or('\0');
-    while i < c.len() {
-        let ch = c[i];
-        if ch == '\n' {
-            line += 1;
-            i += 1;
-        } else if ch.is_whitespace() {
-            i += 1;
-        } else if ch == '/' && at(i + 1) == '/' {
-            while i < c.len() && c[i] != '\n' {
-                i += 1;
-            }
-        } else if ch == '/' && at(i + 1) == '*' {
-            let mut depth = 0;
-            while i < c.len() {
-                if c[i] == '/' && at(i + 1) == '*' {
-                    depth += 1;
-                    i += 2;
-                } else if c[i] == '*' && at(i + 1) == '/' {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    if c[i] == '\n' {
-                        line += 1;
-                    }
-                    i += 1;
+/// Source text being read: characters, a position, a line count.
+struct Chars {
+    c: Vec<char>,
+    i: usize,
+    line: usize,
+}
+
+impl Chars {
+    fn at(&self, k: usize) -> char {
+        self.c.get(self.i + k).copied().unwrap_or('\0')
+    }
+
+    /// Moves one character on, counting lines.
+    fn bump(&mut self) {
+        if self.at(0) == '\n' {
+            self.line += 1;
+        }
+        self.i += 1;
+    }
+
+    fn bump_while(&mut self, f: impl Fn(char) -> bool) {
+        while self.i < self.c.len() && f(self.at(0)) {
+            self.bump();
+        }
+    }
+
+    /// After `/*`: to the end of the (nested) block comment.
+    fn block_comment(&mut self) {
+        let mut depth = 0;
+        while self.i < self.c.len() {
+            if self.at(0) == '/' && self.at(1) == '*' {
+                depth += 1;
+                self.i += 2;
+            } else if self.at(0) == '*' && self.at(1) == '/' {
+                depth -= 1;
+                self.i += 2;
+                if depth == 0 {
+                    return;
                 }
-            }
-        } else if ch == '"' || ((ch == 'b' || ch == 'c') && at(i + 1) == '"') {
-            // A string: skip to its unescaped closing quote.
-            i += if ch == '"' { 1 } else { 2 };
-            while i < c.len() && c[i] != '"' {
-                if c[i] == '\\' {
-                    i += 1;
-                }
-                if at(i) == '\n' {
-                    line += 1;
-                }
-                i += 1;
-            }
-            i += 1;
-        } else if (ch == 'r' || ((ch == 'b' || ch == 'c') && at(i + 1) == 'r')) && {
-            let s = if ch == 'r' { i + 1 } else { i + 2 };
-            let mut j = s;
-            while at(j) == '#' {
-                j += 1;
-            }
-            at(j) == '"'
-        } {
-            // A raw string: r"..", r#".."#, br"..".
-            let s = if ch == 'r' { i + 1 } else { i + 2 };
-            let mut j = s;
-            while at(j) == '#' {
-                j += 1;
-            }
-            let hashes = j - s;
-            i = j + 1;
-            loop {
-                if i >= c.len() {
-                    break;
-                }
-                if c[i] == '"' && (0..hashes).all(|k| at(i + 1 + k) == '#') {
-                    i += 1 + hashes;
-                    break;
-                }
-                if c[i] == '\n' {
-                    line += 1;
-                }
-                i += 1;
-            }
-        } else if ch == '\'' || (ch == 'b' && at(i + 1) == '\'') {
-            // A char literal ('a', '\n', b'x') or a lifetime ('a).
-            let s = if ch == '\'' { i + 1 } else { i + 2 };
-            if at(s) == '\\' {
-                i = s + 1;
-                while i < c.len() && c[i] != '\'' {
-                    i += 1;
-                }
-                i += 1;
-            } else if at(s + 1) == '\'' {
-                i = s + 2;
             } else {
-                i = s;
-                while at(i).is_alphanumeric() || at(i) == '_' {
-                    i += 1;
-                }
+                self.bump();
             }
+        }
+    }
+
+    /// At the opening quote of a string: its text, up to the unescaped
+    /// closing quote.
+    fn string(&mut self) -> String {
+        self.bump();
+        let start = self.i;
+        while self.i < self.c.len() && self.at(0) != '"' {
+            if self.at(0) == '\\' {
+                self.bump();
+            }
+            self.bump();
+        }
+        let text = self.c[start..self.i.min(self.c.len())].iter().collect();
+        self.bump();
+        text
+    }
+
+    /// How many `#` follow an `r` at `k` if a raw string starts there.
+    fn raw_hashes(&self, k: usize) -> Option<usize> {
+        let mut n = 0;
+        while self.at(k + n) == '#' {
+            n += 1;
+        }
+        (self.at(k + n) == '"').then_some(n)
+    }
+
+    /// At the `"` of a raw string with `hashes` hashes: past its end.
+    fn raw_string(&mut self, hashes: usize) {
+        self.bump();
+        while self.i < self.c.len() {
+            if self.at(0) == '"' && (1..=hashes).all(|k| self.at(k) == '#') {
+                self.i += 1 + hashes;
+                return;
+            }
+            self.bump();
+        }
+    }
+
+    /// At a `'`: a char literal (`'a'`, `'\n'`) or a lifetime (`'a`).
+    fn quote(&mut self) {
+        self.i += 1;
+        if self.at(0) == '\\' {
+            self.i += 1;
+            self.bump_while(|c| c != '\'');
+            self.i += 1;
+        } else if self.at(1) == '\'' {
+            self.i += 2;
+        } else {
+            self.bump_while(|c| c.is_alphanumeric() || c == '_');
+        }
+    }
+
+    fn word(&mut self) -> String {
+        let start = self.i;
+        self.bump_while(|c| c.is_alphanumeric() || c == '_');
+        self.c[start..self.i].iter().collect()
+    }
+}
+
+/// Rust source as tokens with their line numbers: identifiers, plain
+/// strings, `::` and single punctuation; comments, raw strings, chars,
+/// lifetimes and numbers are dropped.
+fn lex(src: &str) -> Vec<(Tok, usize)> {
+    let mut s = Chars {
+        c: src.chars().collect(),
+        i: 0,
+        line: 1,
+    };
+    let mut out = Vec::new();
+    while s.i < s.c.len() {
+        let (ch, next, line) = (s.at(0), s.at(1), s.line);
+        let prefixed = (ch == 'b' || ch == 'c') && next == 'r';
+        if ch.is_whitespace() {
+            s.bump();
+        } else if ch == '/' && next == '/' {
+            s.bump_while(|c| c != '\n');
+        } else if ch == '/' && next == '*' {
+            s.block_comment();
+        } else if ch == '"' {
+            out.push((Tok::Str(s.string()), line));
+        } else if (ch == 'b' || ch == 'c') && next == '"' {
+            s.i += 1;
+            s.string();
+        } else if let Some(h) = (ch == 'r' || prefixed)
+            .then(|| s.raw_hashes(if prefixed { 2 } else { 1 }))
+            .flatten()
+        {
+            s.i += if prefixed { 2 } else { 1 } + h;
+            s.raw_string(h);
+        } else if ch == '\'' || (ch == 'b' && next == '\'') {
+            s.i += usize::from(ch == 'b');
+            s.quote();
         } else if ch.is_ascii_digit() {
-            while at(i).is_alphanumeric() || at(i) == '_' {
-                i += 1;
-            }
+            s.word();
         } else if ch.is_alphabetic() || ch == '_' {
-            if ch == 'r' && at(i + 1) == '#' {
-                i += 2; // a raw identifier
+            if ch == 'r' && next == '#' {
+                s.i += 2; // a raw identifier
             }
-            let s = i;
-            while at(i).is_alphanumeric() || at(i) == '_' {
-                i += 1;
-            }
-            out.push((Tok::Ident(c[s..i].iter().collect()), line));
-        } else if ch == ':' && at(i + 1) == ':' {
+            out.push((Tok::Ident(s.word()), line));
+        } else if ch == ':' && next == ':' {
             out.push((Tok::Sep, line));
-            i += 2;
+            s.i += 2;
         } else {
             out.push((Tok::Punct(ch), line));
-            i += 1;
+            s.i += 1;
         }
     }
     out
@@ -377,45 +414,81 @@ struct Graph {
     edges: BTreeMap<String, BTreeMap<String, String>>,
 }
 
-/// Builds the graph of a crate given as (file name relative to `src/`,
-/// source) pairs.
-fn graph(sources: &[(String, String)]) -> Graph {
+/// A module's path from its file's name relative to `src/`.
+fn module_of(name: &str) -> ModPath {
+    let mut parts: Vec<String> = name
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(String::from)
+        .collect();
+    if parts.last().is_some_and(|l| l == "mod" || l == "lib") {
+        parts.pop();
+    }
+    parts
+}
+
+/// Test code by declaration: the modules declared only under
+/// `#[cfg(test)]`, and the files such a declaration names with `#[path]`.
+fn test_code(sources: &[(String, String)]) -> (BTreeSet<ModPath>, BTreeSet<String>) {
     // Files declared only under #[cfg(test)] are test code.
     let mut test_only: BTreeSet<ModPath> = BTreeSet::new();
-    let mut files: BTreeMap<ModPath, String> = BTreeMap::new();
-    let module_of = |name: &str| -> ModPath {
-        let mut parts: Vec<String> = name
-            .trim_end_matches(".rs")
-            .split('/')
-            .map(String::from)
-            .collect();
-        if parts.last().is_some_and(|l| l == "mod" || l == "lib") {
-            parts.pop();
-        }
-        parts
-    };
+    // ... or named by `#[path = "..."]` on such a declaration (a file's
+    // tests kept beside it: `#[cfg(test)] #[path = "x_tests.rs"] mod tests;`).
+    let mut test_files: BTreeSet<String> = BTreeSet::new();
     for (name, src) in sources {
         let m = module_of(name);
-        files.insert(m.clone(), name.clone());
         let toks = lex(src);
         for i in 0..toks.len() {
-            if let Some(n) = cfg_test_at(&toks, i) {
-                let mut j = i + n;
-                while is_punct(toks.get(j), '#') {
-                    j = skip_attr(&toks, j);
-                }
-                if is_ident(toks.get(j), "mod")
-                    && let Some((Tok::Ident(child), _)) = toks.get(j + 1)
-                    && is_punct(toks.get(j + 2), ';')
+            let Some(n) = cfg_test_at(&toks, i) else {
+                continue;
+            };
+            let mut j = i + n;
+            let mut path = None;
+            while is_punct(toks.get(j), '#') {
+                if let (true, Some((Tok::Str(p), _))) =
+                    (is_ident(toks.get(j + 2), "path"), toks.get(j + 4))
                 {
-                    let mut c = m.clone();
-                    c.push(child.clone());
-                    test_only.insert(c);
+                    path = Some(p.clone());
+                }
+                j = skip_attr(&toks, j);
+            }
+            if is_ident(toks.get(j), "mod")
+                && let Some((Tok::Ident(child), _)) = toks.get(j + 1)
+                && is_punct(toks.get(j + 2), ';')
+            {
+                match path {
+                    // Relative to the declaring file's folder.
+                    Some(p) => {
+                        let dir = name.rsplit_once('/').map_or("", |(d, _)| d);
+                        test_files.insert(if dir.is_empty() {
+                            p
+                        } else {
+                            format!("{dir}/{p}")
+                        });
+                    }
+                    None => {
+                        let mut c = m.clone();
+                        c.push(child.clone());
+                        test_only.insert(c);
+                    }
                 }
             }
         }
     }
-    files.retain(|m, _| !test_only.iter().any(|t| m.starts_with(t)));
+    (test_only, test_files)
+}
+
+/// Builds the graph of a crate given as (file name relative to `src/`,
+/// source) pairs.
+fn graph(sources: &[(String, String)]) -> Graph {
+    let (test_only, test_files) = test_code(sources);
+    let mut files: BTreeMap<ModPath, String> = sources
+        .iter()
+        .map(|(name, _)| (module_of(name), name.clone()))
+        .collect();
+    files.retain(|m, name| {
+        !test_only.iter().any(|t| m.starts_with(t)) && !test_files.contains(name)
+    });
     let mods: BTreeSet<ModPath> = files.keys().cloned().collect();
     let children = |m: &ModPath| -> BTreeSet<String> {
         mods.iter()
@@ -531,8 +604,104 @@ fn resolve(
     Some(best)
 }
 
-/// The circles: strongly connected components of more than one file
-/// (Tarjan), each with one concrete loop through it.
+/// Tarjan's state over a graph given as adjacency lists.
+struct Tarjan<'a> {
+    adj: &'a [Vec<usize>],
+    index: Vec<Option<usize>>,
+    low: Vec<usize>,
+    on: Vec<bool>,
+    stack: Vec<usize>,
+    next: usize,
+    sccs: Vec<Vec<usize>>,
+}
+
+impl Tarjan<'_> {
+    fn visit(&mut self, v: usize) {
+        self.index[v] = Some(self.next);
+        self.low[v] = self.next;
+        self.next += 1;
+        self.stack.push(v);
+        self.on[v] = true;
+        for k in 0..self.adj[v].len() {
+            let w = self.adj[v][k];
+            match self.index[w] {
+                None => {
+                    self.visit(w);
+                    self.low[v] = self.low[v].min(self.low[w]);
+                }
+                Some(iw) if self.on[w] => self.low[v] = self.low[v].min(iw),
+                _ => {}
+            }
+        }
+        if Some(self.low[v]) == self.index[v] {
+            let mut scc = Vec::new();
+            while let Some(w) = self.stack.pop() {
+                self.on[w] = false;
+                scc.push(w);
+                if w == v {
+                    break;
+                }
+            }
+            if scc.len() > 1 {
+                self.sccs.push(scc);
+            }
+        }
+    }
+}
+
+/// The strongly connected components of more than one node.
+fn components(adj: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    let n = adj.len();
+    let mut t = Tarjan {
+        adj,
+        index: vec![None; n],
+        low: vec![0; n],
+        on: vec![false; n],
+        stack: vec![],
+        next: 0,
+        sccs: vec![],
+    };
+    for v in 0..n {
+        if t.index[v].is_none() {
+            t.visit(v);
+        }
+    }
+    t.sccs
+}
+
+/// One loop through a component: the shortest path from its first node
+/// back to itself, first node at both ends.
+fn one_loop(scc: &[usize], adj: &[Vec<usize>]) -> Vec<usize> {
+    let inside: BTreeSet<usize> = scc.iter().copied().collect();
+    let start = *scc.iter().min().unwrap_or(&0);
+    let mut prev: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([start]);
+    let mut end = None;
+    'bfs: while let Some(v) = queue.pop_front() {
+        for &w in adj[v].iter().filter(|w| inside.contains(w)) {
+            if w == start {
+                end = Some(v);
+                break 'bfs;
+            }
+            if let std::collections::btree_map::Entry::Vacant(e) = prev.entry(w) {
+                e.insert(v);
+                queue.push_back(w);
+            }
+        }
+    }
+    let mut path = vec![start];
+    let mut v = end.unwrap_or(start);
+    while v != start {
+        path.push(v);
+        v = prev[&v];
+    }
+    path[1..].reverse();
+    path.push(start);
+    path
+}
+
+/// The circles: strongly connected components of more than one file,
+/// each as one loop through it and all its files.
 fn circles(g: &Graph) -> Vec<(Vec<String>, Vec<String>)> {
     let nodes: Vec<String> = g.files.values().cloned().collect();
     let idx: BTreeMap<&str, usize> = nodes
@@ -543,104 +712,19 @@ fn circles(g: &Graph) -> Vec<(Vec<String>, Vec<String>)> {
     let adj: Vec<Vec<usize>> = nodes
         .iter()
         .map(|n| {
-            g.edges
-                .get(n)
-                .map(|e| {
-                    e.keys()
-                        .filter_map(|t| idx.get(t.as_str()).copied())
-                        .collect()
-                })
-                .unwrap_or_default()
+            let targets = g.edges.get(n).into_iter().flat_map(|e| e.keys());
+            targets
+                .filter_map(|t| idx.get(t.as_str()).copied())
+                .collect()
         })
         .collect();
-    struct T<'a> {
-        adj: &'a [Vec<usize>],
-        index: Vec<Option<usize>>,
-        low: Vec<usize>,
-        on: Vec<bool>,
-        stack: Vec<usize>,
-        next: usize,
-        sccs: Vec<Vec<usize>>,
-    }
-    fn visit(t: &mut T, v: usize) {
-        t.index[v] = Some(t.next);
-        t.low[v] = t.next;
-        t.next += 1;
-        t.stack.push(v);
-        t.on[v] = true;
-        for k in 0..t.adj[v].len() {
-            let w = t.adj[v][k];
-            match t.index[w] {
-                None => {
-                    visit(t, w);
-                    t.low[v] = t.low[v].min(t.low[w]);
-                }
-                Some(iw) if t.on[w] => t.low[v] = t.low[v].min(iw),
-                _ => {}
-            }
-        }
-        if Some(t.low[v]) == t.index[v] {
-            let mut scc = Vec::new();
-            while let Some(w) = t.stack.pop() {
-                t.on[w] = false;
-                scc.push(w);
-                if w == v {
-                    break;
-                }
-            }
-            if scc.len() > 1 {
-                t.sccs.push(scc);
-            }
-        }
-    }
-    let n = nodes.len();
-    let mut t = T {
-        adj: &adj,
-        index: vec![None; n],
-        low: vec![0; n],
-        on: vec![false; n],
-        stack: vec![],
-        next: 0,
-        sccs: vec![],
-    };
-    for v in 0..n {
-        if t.index[v].is_none() {
-            visit(&mut t, v);
-        }
-    }
-    // One loop per component: the shortest path back to its first file.
-    t.sccs
+    components(&adj)
         .iter()
         .map(|scc| {
-            let inside: BTreeSet<usize> = scc.iter().copied().collect();
-            let start = *scc.iter().min().unwrap_or(&0);
-            let mut prev: BTreeMap<usize, usize> = BTreeMap::new();
-            let mut queue = std::collections::VecDeque::from([start]);
-            let mut end = None;
-            'bfs: while let Some(v) = queue.pop_front() {
-                for &w in &adj[v] {
-                    if !inside.contains(&w) {
-                        continue;
-                    }
-                    if w == start {
-                        end = Some(v);
-                        break 'bfs;
-                    }
-                    if let std::collections::btree_map::Entry::Vacant(e) = prev.entry(w) {
-                        e.insert(v);
-                        queue.push_back(w);
-                    }
-                }
-            }
-            let mut path = vec![start];
-            let mut v = end.unwrap_or(start);
-            while v != start {
-                path.push(v);
-                v = prev[&v];
-            }
-            path[1..].reverse();
-            let mut files: Vec<String> = path.iter().map(|&v| nodes[v].clone()).collect();
-            files.push(nodes[start].clone());
+            let files = one_loop(scc, &adj)
+                .iter()
+                .map(|&v| nodes[v].clone())
+                .collect();
             let mut all: Vec<String> = scc.iter().map(|&v| nodes[v].clone()).collect();
             all.sort();
             (files, all)
@@ -910,12 +994,17 @@ fn test_code_is_not_counted() {
             "pub fn f() {}\n#[cfg(test)]\nmod tests { use crate::b::g; }\n#[cfg(test)]\nmod more;",
         ),
         ("a/more.rs", "use crate::b::g;"),
+        ("b_tests.rs", "use super::*; use crate::a::f;"),
         (
             "b.rs",
-            "pub fn g() { crate::a::f() }\n#[cfg(test)]\nfn only_in_tests() { crate::a::f(); }",
+            "pub fn g() { crate::a::f() }\n#[cfg(test)]\nfn only_in_tests() { crate::a::f(); }\n#[cfg(test)]\n#[path = \"b_tests.rs\"]\nmod tests;",
         ),
     ]));
     assert!(circles(&g).is_empty(), "{}", report(&g, &circles(&g)));
     assert!(g.edges["b.rs"].contains_key("a.rs"));
     assert!(!g.files.values().any(|f| f == "a/more.rs"));
+    assert!(
+        !g.files.values().any(|f| f == "b_tests.rs"),
+        "a test file named by #[path]"
+    );
 }
