@@ -207,7 +207,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::ProducerStateManager;
 pub use engine::entry::{Batches, ProducerEntry, RETAINED_BATCHES};
 pub use engine::info::ProducerInfo;
-pub use engine::kafka::state::KafkaProducerState;
+pub use engine::kafka::side::KafkaProducerState;
 pub use engine::kafka::txn::{AbortedTxn, CompletedTxn, Marker, MarkerKind, MarkerOutcome};
 pub use engine::rules::UnknownProducer;
 pub use error::{Corruption, Error, Result};

@@ -13,7 +13,8 @@
 //! [`StoreOptions::file_system`](crate::StoreOptions::file_system).
 //!
 //! The trait and its handles are in `file_system.rs`, the two file systems
-//! in `std_fs.rs` and `sim.rs`; `background_sync.rs` runs the fsyncs of a
+//! in `std_fs.rs` and `sim.rs` (with `sim_node.rs`, one simulated file);
+//! `background_sync.rs` runs the fsyncs of a
 //! file being written on a thread of its own. This layer knows nothing of
 //! the store's files: their names are `directory/`'s, their bytes the
 //! formats'.
@@ -24,6 +25,7 @@ use std::path::Path;
 pub(crate) mod background_sync;
 mod file_system;
 mod sim;
+mod sim_node;
 mod std_fs;
 
 pub use file_system::{
@@ -64,7 +66,8 @@ pub(crate) fn remove_gradually(fs: &dyn FileSystem, path: &Path) -> io::Result<(
     fs.remove_file(path)
 }
 
-pub use sim::{Fault, SimFs, Unsynced};
+pub use sim::{Fault, SimFs};
+pub use sim_node::Unsynced;
 pub use std_fs::StdFs;
 
 /// Reads until `buf` is full or the reader ends; returns the bytes read.

@@ -10,7 +10,7 @@ use crate::engine::ProducerStateManager;
 use crate::engine::entry::ProducerEntry;
 use crate::engine::info::ProducerInfo;
 use crate::engine::kafka::entry::KafkaProducerEntry;
-use crate::engine::kafka::state::KafkaProducerState;
+use crate::engine::kafka::side::KafkaProducerState;
 use crate::engine::kafka::txn::AbortedTxn;
 use crate::engine::shards::{SHARDS, Shards};
 use crate::error::{Corruption, Error, Result};

@@ -26,7 +26,8 @@ use crate::batch::{BatchMetadata, RetainedBatch};
 use crate::codec::{Dec, Put};
 use crate::codec::{decode_id as get_id, put_id};
 use crate::engine::entry::RETAINED_BATCHES;
-use crate::engine::kafka::state::{FullEntry, KafkaState};
+use crate::engine::kafka::side::FullEntry;
+use crate::engine::kafka::state::KafkaState;
 use crate::engine::kafka::txn::AbortedTxn;
 use crate::error::Corruption;
 

@@ -28,7 +28,7 @@ use super::keys::{Queued, State};
 use super::{ProducerStateStore, Shared, check_name};
 use crate::batch::{AppendOptions, AppendRequest, Batch};
 use crate::engine::ProducerStateManager;
-use crate::engine::kafka::state::KafkaProducerState;
+use crate::engine::kafka::side::KafkaProducerState;
 use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerOutcome};
 use crate::engine::map::hash_key;
 use crate::error::{Error, Result};

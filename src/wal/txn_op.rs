@@ -569,7 +569,8 @@ mod tests {
     /// batch, and an aborted list of one.
     fn body(partition: i32) -> Vec<u8> {
         use crate::batch::RetainedBatch;
-        use crate::engine::kafka::state::{FullEntry, KafkaState};
+        use crate::engine::kafka::side::FullEntry;
+        use crate::engine::kafka::state::KafkaState;
         use crate::engine::kafka::txn::AbortedTxn;
         let batch = |f, l, offset| RetainedBatch {
             first_sequence: f,

@@ -9,6 +9,7 @@
 
 pub(crate) mod entry;
 pub(crate) mod rules;
+pub(crate) mod side;
 pub(crate) mod state;
 pub(crate) mod txn;
 
@@ -16,7 +17,8 @@ use super::ProducerStateManager;
 use crate::batch::{AppendOptions, AppendRequest, Batch, Origin};
 use crate::engine::entry::ProducerEntry;
 use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
-use crate::engine::kafka::state::{KafkaProducerState, KafkaState};
+use crate::engine::kafka::side::KafkaProducerState;
+use crate::engine::kafka::state::KafkaState;
 use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerOutcome};
 use crate::engine::map::{Ask, StateMap};
 #[cfg(doc)]
