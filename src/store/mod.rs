@@ -54,6 +54,7 @@
 //! saves the key's entry as it was at P (a pre-image), and the encoder uses
 //! those. Appenders wait at most for one shard's encoding.
 
+mod background;
 mod commit;
 mod keys;
 mod lifecycle;
@@ -62,13 +63,14 @@ mod options;
 mod order;
 mod rewind;
 mod snapshots;
+mod state;
+mod stats;
 mod txn;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use crate::batch::{AppendRequest, Batch};
 use crate::engine::entry::ProducerEntry;
@@ -84,62 +86,16 @@ use crate::wal::frame::MAX_NAME;
 use crate::wal::writer::LogWriter;
 
 use commit::{FLUSH_BYTES, GroupCommit, LogQueue, lock};
-use keys::{Keys, Life, State, Submit};
+use keys::Keys;
 pub use options::{AtCapacity, FsyncPolicy, StoreOptions};
 use snapshots::{Book, Snapshots};
+use state::{Life, State, Submit};
+pub use stats::StoreStats;
 
 /// Requests [`ProducerStateStore::append_all`] looks up ahead of applying
 /// them under a buffered policy (see [`warm`]): few enough that their slots
 /// stay in the first-level cache.
 const WARM: usize = 32;
-
-/// Counters of the store's answers and IO since it was opened, for
-/// callers without a metrics recorder (the same events reach one as the
-/// metrics of docs/metrics.md).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StoreStats {
-    /// Appends answered `ACCEPTED` (every append call and every request of
-    /// an `append_all` counts once, whichever method made it).
-    pub accepted: u64,
-    /// Appends answered `DUPLICATE`.
-    pub duplicates: u64,
-    /// Appends answered `OUT_OF_ORDER`.
-    pub out_of_order: u64,
-    /// Appends answered `FENCED_EPOCH`.
-    pub fenced: u64,
-    /// Appends answered with an error (IO, poisoned, name too long).
-    pub errors: u64,
-    /// Records written to the log, counted in positions: accepted appends
-    /// and lifecycle records (removals, key states, groups); clock records
-    /// and markers take none.
-    pub records_written: u64,
-    /// Bytes of those records.
-    pub bytes_written: u64,
-    /// Writes of record groups (one per group commit).
-    pub groups_written: u64,
-    /// fsyncs of the log (by group commits and `sync`).
-    pub log_fsyncs: u64,
-    /// Time spent in those fsyncs.
-    pub log_fsync_time: Duration,
-    /// Snapshots written.
-    pub snapshots_written: u64,
-    /// The most bytes of records held in memory, not yet handed to the OS
-    /// (buffered policies: bounded near 1 MiB plus one `append_all` call).
-    pub peak_buffered_bytes: u64,
-    /// Keys removed by expiration sweeps.
-    pub expired: u64,
-    /// Keys evicted at `max_producers`.
-    pub evicted: u64,
-    /// Keys removed by `remove_partition`.
-    pub partition_removed: u64,
-    /// `truncate_to` calls that completed.
-    pub truncations: u64,
-    /// Keys a truncation set back or removed.
-    pub truncated_keys: u64,
-    /// Keys added by `import_partition`.
-    pub imported: u64,
-}
 
 struct Bg {
     stop: bool,
@@ -281,7 +237,7 @@ impl ProducerStateStore {
             opts,
             kafka,
         });
-        let (background, flusher) = start_threads(&shared)?;
+        let (background, flusher) = shared.start_threads()?;
         shared.log.telemetry().recovered(&rec.report);
         Ok(ProducerStateStore {
             shared,
@@ -665,43 +621,6 @@ fn check_seed(r: &AppendRequest) -> Result<()> {
     check_name(r)
 }
 
-/// Starts the store's threads: the flusher (group commit's writes and
-/// fsyncs), and as the options ask, the snapshot, interval-fsync and
-/// expiration threads.
-fn start_threads(shared: &Arc<Shared>) -> Result<(Vec<JoinHandle<()>>, JoinHandle<()>)> {
-    // Snapshots and the interval's fsyncs run on threads of their own:
-    // a snapshot of a large state on a slow disk takes seconds, and the
-    // interval's loss window must not grow by that much.
-    let mut background = Vec::new();
-    let spawn = |name: &str, f: fn(&Shared)| {
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || f(&s))
-            .map_err(|e| Error::io("spawn background thread", &shared.dir, e))
-    };
-    if shared.opts.background_snapshots {
-        background.push(spawn("producer-state-snap", Shared::background)?);
-    }
-    if matches!(shared.opts.fsync, FsyncPolicy::Interval(_)) {
-        background.push(spawn("producer-state-tick", Shared::tick)?);
-    }
-    if shared.opts.expiration.is_some() && shared.opts.expiration_interval.is_some() {
-        background.push(spawn("producer-state-expire", Shared::expirer)?);
-    }
-    let s = shared.clone();
-    let flusher = std::thread::Builder::new()
-        .name("producer-state-flush".into())
-        .spawn(move || s.log.flush_loop(|| s.snapshot_due()))
-        .map_err(|e| Error::io("spawn flusher thread", &shared.dir, e))?;
-    shared
-        .log
-        .lock_state()
-        .log
-        .set_flusher(flusher.thread().clone());
-    Ok((background, flusher))
-}
-
 /// Refuses a producer name the log cannot hold, before anything happens.
 fn check_name(r: &AppendRequest) -> Result<()> {
     match r.producer_id.name_bytes() {
@@ -833,88 +752,6 @@ impl Shared {
             self.after_buffered(st);
         }
         out
-    }
-
-    /// Starts (or, without a background thread, takes) a due snapshot.
-    fn snapshot_due(&self) {
-        if self.opts.background_snapshots {
-            let mut bg = lock(&self.bg);
-            bg.snapshot_wanted = true;
-            self.bg_cv.notify_all();
-        } else {
-            self.auto_snapshot();
-        }
-    }
-
-    /// Takes the snapshot a threshold asked for; nobody waits for its
-    /// error, so it is kept and reported.
-    fn auto_snapshot(&self) {
-        if let Err(e) = self.take_snapshot() {
-            self.log.telemetry().snapshot_failed(&e, true);
-            self.snapshots.set_error(e);
-        }
-    }
-
-    /// The snapshot thread: takes the snapshots a threshold asked for.
-    fn background(&self) {
-        loop {
-            let mut bg = lock(&self.bg);
-            while !bg.stop && !bg.snapshot_wanted {
-                bg = self.bg_cv.wait(bg).unwrap_or_else(|e| e.into_inner());
-            }
-            if bg.stop {
-                return;
-            }
-            bg.snapshot_wanted = false;
-            drop(bg);
-            self.auto_snapshot();
-        }
-    }
-
-    /// Sweeps for expired keys every `expiration_interval` (its errors
-    /// poison the store, and appends report them; a sweep that found the
-    /// store poisoned stops).
-    fn expirer(&self) {
-        let (Some(exp), Some(every)) = (self.opts.expiration, self.opts.expiration_interval) else {
-            return;
-        };
-        while self.sleep(every) {
-            if self.expire(exp).is_err() {
-                return;
-            }
-        }
-    }
-
-    /// Sleeps `d` (the store's background threads); false once the store
-    /// is closing.
-    fn sleep(&self, d: std::time::Duration) -> bool {
-        let next = Instant::now() + d;
-        let mut bg = lock(&self.bg);
-        loop {
-            if bg.stop {
-                return false;
-            }
-            let now = Instant::now();
-            if now >= next {
-                return true;
-            }
-            bg = self
-                .bg_cv
-                .wait_timeout(bg, next - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    /// `Interval(d)`: writes and fsyncs the buffered records every `d`.
-    fn tick(&self) {
-        let FsyncPolicy::Interval(every) = self.opts.fsync else {
-            return;
-        };
-        while self.sleep(every) {
-            // A failure poisons the store; appends report it.
-            let _ = self.sync();
-        }
     }
 }
 

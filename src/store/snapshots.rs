@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::commit::{GroupCommit, lock};
-use super::keys::{Capture, Keys, State};
+use super::keys::{Capture, Keys};
+use super::state::State;
 use crate::directory::names;
 use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};

@@ -24,7 +24,8 @@
 
 use std::sync::MutexGuard;
 
-use super::keys::{Queued, State};
+use super::keys::Queued;
+use super::state::State;
 use super::{ProducerStateStore, Shared, check_name};
 use crate::batch::{AppendOptions, AppendRequest, Batch};
 use crate::engine::ProducerStateManager;
