@@ -513,6 +513,16 @@ impl<X: Extra> StateMap<X> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What an append of `first..=last` asks.
+    fn ask(epoch: i16, first: i32, last: i32, meta: Option<BatchMetadata>) -> Ask {
+        Ask {
+            epoch,
+            first,
+            last,
+            meta,
+        }
+    }
     use crate::batch::BatchMetadata;
     use crate::outcome::AppendOutcome;
 
@@ -567,61 +577,21 @@ mod tests {
         let n = ProducerId::from(7u64);
         let s = ProducerId::from("7");
         assert!(
-            m.append(
-                &n,
-                0,
-                Ask {
-                    epoch: 0,
-                    first: 0,
-                    last: 0,
-                    meta: None
-                },
-                Apply::default()
-            )
-            .is_accepted()
+            m.append(&n, 0, Ask::single(0, 0), Apply::default())
+                .is_accepted()
         );
         assert_eq!(
-            m.append(
-                &s,
-                0,
-                Ask {
-                    epoch: 0,
-                    first: 1,
-                    last: 1,
-                    meta: None
-                },
-                Apply::default()
-            )
-            .outcome(),
+            m.append(&s, 0, Ask::single(0, 1), Apply::default())
+                .outcome(),
             AppendOutcome::OutOfOrder
         );
         assert!(
-            m.append(
-                &s,
-                0,
-                Ask {
-                    epoch: 0,
-                    first: 0,
-                    last: 0,
-                    meta: None
-                },
-                Apply::default()
-            )
-            .is_accepted()
+            m.append(&s, 0, Ask::single(0, 0), Apply::default())
+                .is_accepted()
         );
         assert!(
-            m.append(
-                &n,
-                0,
-                Ask {
-                    epoch: 0,
-                    first: 1,
-                    last: 1,
-                    meta: None
-                },
-                Apply::default()
-            )
-            .is_accepted()
+            m.append(&n, 0, Ask::single(0, 1), Apply::default())
+                .is_accepted()
         );
         assert_eq!(m.get(&n, 0).map(|e| e.last_sequence()), Some(1));
         assert_eq!(m.get(&s, 0).map(|e| e.last_sequence()), Some(0));
@@ -638,18 +608,8 @@ mod tests {
             timestamp: 20,
         });
         assert!(
-            m.append(
-                &id,
-                3,
-                Ask {
-                    epoch: 0,
-                    first: 0,
-                    last: 0,
-                    meta: None
-                },
-                Apply::default()
-            )
-            .is_accepted()
+            m.append(&id, 3, Ask::single(0, 0), Apply::default())
+                .is_accepted()
         );
         assert!(
             m.append(
@@ -669,49 +629,19 @@ mod tests {
         assert_eq!(e.last_sequence(), 4);
         assert_eq!(e.retained_batches().len(), 1);
         assert_eq!(
-            m.append(
-                &id,
-                3,
-                Ask {
-                    epoch: 0,
-                    first: 1,
-                    last: 4,
-                    meta: None
-                },
-                Apply::default()
-            ),
+            m.append(&id, 3, ask(0, 1, 4, None), Apply::default()),
             BatchOutcome::Duplicate { original: meta }
         );
         // A single append on a windowed key is retained without metadata.
         assert!(
-            m.append(
-                &id,
-                3,
-                Ask {
-                    epoch: 0,
-                    first: 5,
-                    last: 5,
-                    meta: None
-                },
-                Apply::default()
-            )
-            .is_accepted()
+            m.append(&id, 3, Ask::single(0, 5), Apply::default())
+                .is_accepted()
         );
         assert_eq!(m.get(&id, 3).unwrap().retained_batches().len(), 2);
         // A new session drops the old epoch's batches.
         assert!(
-            m.append(
-                &id,
-                3,
-                Ask {
-                    epoch: 1,
-                    first: 0,
-                    last: 0,
-                    meta: None
-                },
-                Apply::default()
-            )
-            .is_accepted()
+            m.append(&id, 3, Ask::single(1, 0), Apply::default())
+                .is_accepted()
         );
         let e = m.get(&id, 3).unwrap();
         assert_eq!((e.epoch(), e.last_sequence()), (1, 0));
@@ -726,12 +656,7 @@ mod tests {
                 m.append(
                     &ProducerId::from(pid),
                     (pid % 7) as i32,
-                    Ask {
-                        epoch: 0,
-                        first: 0,
-                        last: 0,
-                        meta: None
-                    },
+                    Ask::single(0, 0),
                     Apply::default()
                 )
                 .is_accepted()

@@ -152,12 +152,7 @@ impl ProducerStateManager {
         epoch: i16,
         sequence: i32,
     ) -> AppendOutcome {
-        let ask = || Ask {
-            epoch,
-            first: sequence,
-            last: sequence,
-            meta: None,
-        };
+        let ask = || Ask::single(epoch, sequence);
         // The id and the request are made in each branch, so the strict path
         // keeps them in registers as before (their address never escapes
         // to a call).
@@ -202,12 +197,7 @@ impl ProducerStateManager {
         epoch: i16,
         batch: Batch,
     ) -> BatchOutcome {
-        let ask = || Ask {
-            epoch,
-            first: batch.first_sequence,
-            last: batch.last_sequence,
-            meta: Some(batch.metadata()),
-        };
+        let ask = || Ask::batch(epoch, &batch);
         if self.kafka.is_some() {
             return self.kafka_append(&producer_id.into(), partition, ask());
         }

@@ -227,6 +227,28 @@ pub(crate) struct Ask {
 }
 
 impl Ask {
+    /// A single-sequence append: a batch of one record without metadata.
+    #[inline(always)]
+    pub(crate) fn single(epoch: i16, sequence: i32) -> Ask {
+        Ask {
+            epoch,
+            first: sequence,
+            last: sequence,
+            meta: None,
+        }
+    }
+
+    /// A batch with its offset and timestamp.
+    #[inline(always)]
+    pub(crate) fn batch(epoch: i16, batch: &crate::batch::Batch) -> Ask {
+        Ask {
+            epoch,
+            first: batch.first_sequence,
+            last: batch.last_sequence,
+            meta: Some(batch.metadata()),
+        }
+    }
+
     /// What `r` asks.
     #[inline(always)]
     pub(crate) fn of(r: &AppendRequest) -> Ask {
@@ -359,25 +381,34 @@ pub(super) fn append_in<S: Slot<X>, X: Extra>(
     ask: Ask,
     how: Apply<X>,
 ) -> BatchOutcome {
-    let Ask {
-        epoch,
-        first,
-        last,
-        meta,
-    } = ask;
     if let Some(slot) = table.find_mut(hash, |s| s.is(key)) {
         let (st, x) = slot.parts();
         let cur = st.head.current();
-        let outcome = rules::classify(Some(cur), epoch, first, last, |f, l| st.find(arena, f, l));
+        let outcome = rules::classify(Some(cur), ask.epoch, ask.first, ask.last, |f, l| {
+            st.find(arena, f, l)
+        });
         if outcome.is_accepted() {
-            st.accept(arena, epoch > cur.epoch, epoch, first, last, meta);
+            st.accept(
+                arena,
+                ask.epoch > cur.epoch,
+                ask.epoch,
+                ask.first,
+                ask.last,
+                ask.meta,
+            );
             *x = how.x;
         }
         outcome
     } else {
-        let outcome = rules::classify_with(None, how.unknown, epoch, first, last, |_, _| None);
+        let outcome =
+            rules::classify_with(None, how.unknown, ask.epoch, ask.first, ask.last, |_, _| {
+                None
+            });
         if outcome.is_accepted() {
-            let st = State::from_entry(&ProducerEntry::start(epoch, first, last, meta), arena);
+            let st = State::from_entry(
+                &ProducerEntry::start(ask.epoch, ask.first, ask.last, ask.meta),
+                arena,
+            );
             insert_new_slot(table, hash, key, st, how.x);
         }
         outcome
@@ -427,12 +458,6 @@ pub(super) fn append_decided_in<S: Slot<X>, X: Extra>(
     (ask, x): (Ask, X),
     decide: impl Decide,
 ) -> (BatchOutcome, Decided) {
-    let Ask {
-        epoch,
-        first,
-        last,
-        meta,
-    } = ask;
     if let Some(slot) = table.find_mut(hash, |s| s.is(key)) {
         let (st, slot_x) = slot.parts();
         let (outcome, decided) = {
@@ -442,14 +467,17 @@ pub(super) fn append_decided_in<S: Slot<X>, X: Extra>(
             })
         };
         if let Decided::Apply { new_session } = decided {
-            st.accept(arena, new_session, epoch, first, last, meta);
+            st.accept(arena, new_session, ask.epoch, ask.first, ask.last, ask.meta);
             *slot_x = x;
         }
         (outcome, decided)
     } else {
         let (outcome, decided) = decide(None, &|_, _| None);
         if let Decided::Apply { .. } = decided {
-            let st = State::from_entry(&ProducerEntry::start(epoch, first, last, meta), arena);
+            let st = State::from_entry(
+                &ProducerEntry::start(ask.epoch, ask.first, ask.last, ask.meta),
+                arena,
+            );
             insert_new_slot(table, hash, key, st, x);
         }
         (outcome, decided)

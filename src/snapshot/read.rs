@@ -542,6 +542,21 @@ pub(crate) fn read_blocks(
     read_trailer(path, r, pre, found)
 }
 
+/// The hash of a key read at byte `here` of block `b`, which must be the
+/// block's shard's (any shard in a Kafka-mode file's unsharded blocks).
+#[inline]
+fn hash_in(path: &Path, here: u64, b: &Block, id: &ProducerId, partition: i32) -> Result<u64> {
+    let hash = crate::engine::map::hash_key(id, partition);
+    if b.shard != UNSHARDED && crate::engine::shards::shard_of(hash) != usize::from(b.shard) {
+        return Err(Error::corrupt(
+            path,
+            here,
+            Corruption::BadField("entry (key of another shard than its block's)"),
+        ));
+    }
+    Ok(hash)
+}
+
 /// Decodes every entry of a block, checking that they fill it exactly,
 /// number what it says, and belong to its shard; hands each to `each`
 /// with its key's hash.
@@ -557,16 +572,7 @@ pub(crate) fn decode_block(
         let here = b.at + at as u64;
         match entry_codec::decode(rest, entry_codec::Form::V4) {
             Some(Ok((id, partition, e, act, len))) => {
-                let hash = crate::engine::map::hash_key(&id, partition);
-                if b.shard != UNSHARDED
-                    && crate::engine::shards::shard_of(hash) != usize::from(b.shard)
-                {
-                    return Err(Error::corrupt(
-                        path,
-                        here,
-                        Corruption::BadField("entry (key of another shard than its block's)"),
-                    ));
-                }
+                let hash = hash_in(path, here, b, &id, partition)?;
                 each(hash, id, partition, e, act)?;
                 at += len;
                 n += 1;
@@ -619,18 +625,7 @@ pub(crate) fn load_block(
             shard.load_new(
                 |w| match entry_codec::decode_into(rest, entry_codec::Form::V4, w) {
                     Some(Ok((id, partition, head, act, len))) => {
-                        let hash = crate::engine::map::hash_key(&id, partition);
-                        if b.shard != UNSHARDED
-                            && crate::engine::shards::shard_of(hash) != usize::from(b.shard)
-                        {
-                            return Err(Error::corrupt(
-                                path,
-                                here,
-                                Corruption::BadField(
-                                    "entry (key of another shard than its block's)",
-                                ),
-                            ));
-                        }
+                        let hash = hash_in(path, here, b, &id, partition)?;
                         Ok((hash, id, partition, head, act, (len, partition)))
                     }
                     Some(Err(kind)) => Err(Error::corrupt(path, here, kind)),

@@ -328,62 +328,80 @@ impl State {
         keys: Vec<(u64, ProducerId, i32)>,
         removed: bool,
     ) -> u64 {
-        let before = self.log.buffered();
-        let (first, counts) = self.log.push_op(|b| {
-            let c = op::encode_removes(b, reason, keys.iter().map(|(_, id, p)| (id, *p)));
-            (c.len() as u64, c)
-        });
-        self.counted(before, counts.len() as u64);
-        let group = self.log.group();
-        let mut keys = keys.into_iter();
-        let mut pos = first;
-        for (i, n) in counts.iter().enumerate() {
-            pos = first + i as u64;
-            let chunk: Vec<_> = keys.by_ref().take(*n).collect();
-            if self.life.always {
+        let encode = |b: &mut Vec<u8>, keys: &[(u64, ProducerId, i32)]| {
+            op::encode_removes(b, reason, keys.iter().map(|(_, id, p)| (id, *p)))
+        };
+        self.log_chunks(keys, encode, |st, chunk, pos, group| {
+            if st.life.always {
                 for (hash, id, p) in &chunk {
                     let removed_as = (!reason.in_group()).then_some(reason);
-                    self.keys
+                    st.keys
                         .set_spec((*hash, id, *p), None, removed_as, (pos, group));
                 }
-                self.spec_len -= chunk.len();
-                self.log.queue(Queued::Remove {
+                st.spec_len -= chunk.len();
+                st.log.queue(Queued::Remove {
                     reason,
                     keys: chunk,
                     pos,
                 });
-            } else {
-                // The filter first, in a loop of its own: its blocks' cache
-                // misses overlap, where between two table removals they
-                // would not.
-                if remembered(reason) {
-                    self.keys
-                        .meta
-                        .filter
-                        .insert_all(chunk.iter().map(|(hash, _, _)| *hash));
+                return;
+            }
+            // The filter first, in a loop of its own: its blocks' cache
+            // misses overlap, where between two table removals they would
+            // not.
+            if remembered(reason) {
+                st.keys
+                    .meta
+                    .filter
+                    .insert_all(chunk.iter().map(|(hash, _, _)| *hash));
+            }
+            if removed {
+                st.spec_len -= chunk.len();
+                return;
+            }
+            let mut hashes = [0u64; WARM_CHUNK];
+            for part in chunk.chunks(WARM_CHUNK) {
+                // Bring their slots in first: their cache misses overlap
+                // (see `Shards::warm_hashes`).
+                for (h, (hash, _, _)) in hashes.iter_mut().zip(part) {
+                    *h = *hash;
                 }
-                if removed {
-                    self.spec_len -= chunk.len();
-                    continue;
-                }
-                let mut hashes = [0u64; WARM_CHUNK];
-                for part in chunk.chunks(WARM_CHUNK) {
-                    // Bring their slots in first: their cache misses
-                    // overlap (see `Shards::warm_hashes`).
-                    for (h, (hash, _, _)) in hashes.iter_mut().zip(part) {
-                        *h = *hash;
-                    }
-                    self.keys
-                        .shards
-                        .warm_hashes(hashes.get(..part.len()).unwrap_or_default());
-                    for (hash, id, p) in part {
-                        self.keys.save_pre_image(*hash, id, *p, pos);
-                        if self.keys.forget(*hash, id, *p) {
-                            self.spec_len -= 1;
-                        }
+                st.keys
+                    .shards
+                    .warm_hashes(hashes.get(..part.len()).unwrap_or_default());
+                for (hash, id, p) in part {
+                    st.keys.save_pre_image(*hash, id, *p, pos);
+                    if st.keys.forget(*hash, id, *p) {
+                        st.spec_len -= 1;
                     }
                 }
             }
+        })
+    }
+
+    /// Logs `items` as the records `encode` writes (it says how many items
+    /// each record holds), then hands each record's items to `each` with
+    /// the record's position and group; returns the last record's
+    /// position.
+    fn log_chunks<T>(
+        &mut self,
+        items: Vec<T>,
+        encode: impl FnOnce(&mut Vec<u8>, &[T]) -> Vec<usize>,
+        mut each: impl FnMut(&mut State, Vec<T>, u64, u64),
+    ) -> u64 {
+        let before = self.log.buffered();
+        let (first, counts) = self.log.push_op(|b| {
+            let c = encode(b, &items);
+            (c.len() as u64, c)
+        });
+        self.counted(before, counts.len() as u64);
+        let group = self.log.group();
+        let mut items = items.into_iter();
+        let mut pos = first;
+        for (i, n) in counts.iter().enumerate() {
+            pos = first + i as u64;
+            let chunk: Vec<T> = items.by_ref().take(*n).collect();
+            each(self, chunk, pos, group);
         }
         pos
     }
@@ -391,50 +409,41 @@ impl State {
     /// Logs key states (a record per 64 KiB) and applies them, like
     /// [`State::log_removal`].
     pub(super) fn log_sets(&mut self, entries: Vec<(u64, ProducerInfo)>) -> u64 {
-        let before = self.log.buffered();
-        let (first, counts) = self.log.push_op(|b| {
-            let c = op::encode_sets(b, entries.iter().map(|(_, i)| i));
-            (c.len() as u64, c)
-        });
-        self.counted(before, counts.len() as u64);
-        let group = self.log.group();
-        let mut entries = entries.into_iter();
-        let mut pos = first;
-        for (i, n) in counts.iter().enumerate() {
-            pos = first + i as u64;
-            let chunk: Vec<_> = entries.by_ref().take(*n).collect();
-            if self.life.always {
+        let encode = |b: &mut Vec<u8>, entries: &[(u64, ProducerInfo)]| {
+            op::encode_sets(b, entries.iter().map(|(_, i)| i))
+        };
+        self.log_chunks(entries, encode, |st, chunk, pos, group| {
+            if st.life.always {
                 for (hash, info) in &chunk {
-                    let (was, _) = self.keys.spec(*hash, &info.producer_id, info.partition);
-                    self.spec_len += usize::from(was.is_none());
+                    let (was, _) = st.keys.spec(*hash, &info.producer_id, info.partition);
+                    st.spec_len += usize::from(was.is_none());
                     let state = Some((info.entry, info.last_activity));
-                    self.keys.set_spec(
+                    st.keys.set_spec(
                         (*hash, &info.producer_id, info.partition),
                         state,
                         None,
                         (pos, group),
                     );
                 }
-                self.log.queue(Queued::Set {
+                st.log.queue(Queued::Set {
                     entries: chunk,
                     pos,
                 });
-            } else {
-                for (hash, info) in &chunk {
-                    self.keys
-                        .save_pre_image(*hash, &info.producer_id, info.partition, pos);
-                    let new = self.keys.install(
-                        *hash,
-                        &info.producer_id,
-                        info.partition,
-                        &info.entry,
-                        info.last_activity,
-                    );
-                    self.spec_len += usize::from(new);
-                }
+                return;
             }
-        }
-        pos
+            for (hash, info) in &chunk {
+                st.keys
+                    .save_pre_image(*hash, &info.producer_id, info.partition, pos);
+                let new = st.keys.install(
+                    *hash,
+                    &info.producer_id,
+                    info.partition,
+                    &info.entry,
+                    info.last_activity,
+                );
+                st.spec_len += usize::from(new);
+            }
+        })
     }
 
     /// Logs an atomic group: the group record, then what `members` logs

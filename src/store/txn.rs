@@ -122,6 +122,11 @@ enum Logged {
     },
 }
 
+/// The Kafka-mode engine a Kafka-mode store's state holds.
+fn engine_of(kafka: &mut Option<Box<ProducerStateManager>>) -> Result<&mut ProducerStateManager> {
+    kafka.as_deref_mut().ok_or_else(engine_lost)
+}
+
 fn engine_lost() -> Error {
     Error::Internal("a Kafka-mode store has no Kafka-mode state")
 }
@@ -142,12 +147,7 @@ impl State {
         }
         let before = self.log.buffered();
         let mut records = 1;
-        let engine = self
-            .keys
-            .meta
-            .kafka
-            .as_deref_mut()
-            .ok_or_else(engine_lost)?;
+        let engine = engine_of(&mut self.keys.meta.kafka)?;
         let (answer, high) = match op {
             KafkaOp::Batch(r) => {
                 let o = engine.kafka_append_request(r);
@@ -235,12 +235,7 @@ impl State {
     /// not one with a record in flight), removed and logged as one
     /// removal record each 64 KiB.
     fn kafka_expire(&mut self, now_ms: i64, expiration_ms: i64) -> Result<Logged> {
-        let engine = self
-            .keys
-            .meta
-            .kafka
-            .as_deref_mut()
-            .ok_or_else(engine_lost)?;
+        let engine = engine_of(&mut self.keys.meta.kafka)?;
         let in_flight = &self.keys.kafka_in_flight;
         let mut gone = engine.kafka_expired_keys(now_ms, expiration_ms);
         // As in strict mode: a key whose record is not yet durable
@@ -273,12 +268,7 @@ impl State {
     /// A Kafka-mode partition removal: its producers, open transactions
     /// and aborted list dropped, logged as one group.
     fn kafka_remove_partition(&mut self, partition: i32) -> Result<Logged> {
-        let engine = self
-            .keys
-            .meta
-            .kafka
-            .as_deref_mut()
-            .ok_or_else(engine_lost)?;
+        let engine = engine_of(&mut self.keys.meta.kafka)?;
         let ids = engine.kafka_keys_of(partition);
         let aborted = !engine.aborted_transactions(partition).is_empty();
         if ids.is_empty() && !aborted {

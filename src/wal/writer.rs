@@ -338,19 +338,30 @@ impl LogWriter {
     /// Makes the prepared file `prep` the segment starting at `pos`, the
     /// active one.
     fn install(&mut self, pos: u64, prep: (PathBuf, Box<dyn WriteFile>)) -> Result<()> {
+        self.start_segment(pos, Some(prep))?;
+        self.alloc = self.layout.segment_size.max(segment::HEADER_LEN as u64);
+        Ok(())
+    }
+
+    /// Makes a new segment starting at `pos` the active one: `prep` if
+    /// given, else a new file.
+    fn start_segment(
+        &mut self,
+        pos: u64,
+        prep: Option<(PathBuf, Box<dyn WriteFile>)>,
+    ) -> Result<()> {
         let (file, path, seed) = new_segment(
             self.fs.as_ref(),
             &self.dir,
             pos,
             self.store,
             self.layout.ids,
-            Some(prep),
+            prep,
             self.layout.kafka,
         )?;
         self.file = file;
         self.path = path;
         self.seed = seed;
-        self.alloc = self.layout.segment_size.max(segment::HEADER_LEN as u64);
         Ok(())
     }
 
@@ -490,18 +501,7 @@ impl LogWriter {
             let prep = self.take_next()?;
             self.install(pos, prep)?;
         } else {
-            let (file, path, seed) = new_segment(
-                self.fs.as_ref(),
-                &self.dir,
-                pos,
-                self.store,
-                self.layout.ids,
-                None,
-                self.layout.kafka,
-            )?;
-            self.file = file;
-            self.path = path;
-            self.seed = seed;
+            self.start_segment(pos, None)?;
             self.alloc = segment::HEADER_LEN as u64;
         }
         self.first_position = pos;

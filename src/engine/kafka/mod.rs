@@ -65,12 +65,7 @@ impl ProducerStateManager {
         options: AppendOptions,
     ) -> Result<BatchOutcome> {
         let (k, map) = self.kafka_mut("an append with an origin or transactional flags")?;
-        let ask = Ask {
-            epoch,
-            first: batch.first_sequence,
-            last: batch.last_sequence,
-            meta: Some(batch.metadata()),
-        };
+        let ask = Ask::batch(epoch, &batch);
         Ok(k.append(map, &producer_id.into(), partition, ask, options))
     }
 
