@@ -17,6 +17,33 @@ use crate::outcome::BatchOutcome;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in the durable store and its file formats.
+///
+/// Match the variants that call for an action and report the rest; every
+/// message says what happened and, where there is one, what to do.
+///
+/// ```
+/// use producer_state::{Corruption, Error, ProducerStateStore};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = ProducerStateStore::open(dir.path())?;
+/// match ProducerStateStore::open(dir.path()) {
+///     // Another process (or this one) has the store open.
+///     Err(Error::Locked { path }) => assert_eq!(path, dir.path()),
+///     other => panic!("{other:?}"),
+/// }
+/// drop(store);
+///
+/// // Damage names the file, the byte and what is wrong with it.
+/// let snapshot = producer_state::ProducerStateManager::new().encode_snapshot(0)?;
+/// let mut bytes = snapshot.clone();
+/// bytes[20] ^= 1;
+/// let err = producer_state::ProducerStateManager::decode_snapshot("copy", &bytes).unwrap_err();
+/// assert!(err.is_corruption());
+/// if let Error::Corrupt { kind, .. } = &err {
+///     assert!(matches!(kind, Corruption::ChecksumMismatch { .. }));
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

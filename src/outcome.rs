@@ -81,6 +81,20 @@ impl FromStr for AppendOutcome {
 
 /// The classification of a batch-level append, with the details a broker
 /// needs to answer the client.
+///
+/// ```
+/// use producer_state::{Batch, BatchOutcome, KafkaError, OutOfOrderReason, ProducerStateManager};
+///
+/// let mut mgr = ProducerStateManager::new();
+/// assert_eq!(mgr.append_batch(9u64, 0, 1, Batch::new(0, 4, 10, 1)), BatchOutcome::Accepted);
+/// // A gap: records 5..=9 never arrived.
+/// let gap = mgr.append_batch(9u64, 0, 1, Batch::new(10, 14, 20, 2));
+/// assert!(matches!(gap, BatchOutcome::OutOfOrder { reason: OutOfOrderReason::Gap { .. } }));
+/// assert_eq!(gap.kafka_error(), Some(KafkaError::OutOfOrderSequenceNumber));
+/// // A zombie of the older session 0.
+/// let zombie = mgr.append_batch(9u64, 0, 0, Batch::new(5, 9, 15, 3));
+/// assert_eq!(zombie, BatchOutcome::FencedEpoch { current_epoch: 1 });
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BatchOutcome {

@@ -30,6 +30,20 @@ use crate::id::ProducerId;
 /// part of the new one under the final name (a stale `<path>.tmp` may be
 /// left; the next export replaces it).
 ///
+/// ```
+/// use producer_state::{kafka, Batch, ProducerStateStore};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = ProducerStateStore::open(dir.path().join("store"))?;
+/// store.append_batch(7u64, 0, 2, Batch::new(0, 3, 100, 55))?;
+/// store.append("named", 0, 0, 0)?; // Kafka's producer ids are numbers
+/// let path = dir.path().join(kafka::file_name(104));
+/// assert_eq!(kafka::export(store.iter(), 0, &path)?, (1, 1)); // written, left out
+/// let entries = kafka::decode(&path, &std::fs::read(&path)?)?;
+/// assert_eq!((entries[0].producer_id, entries[0].last_offset), (7, 103));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
 /// # Errors
 ///
 /// [`Error::Io`] naming the operation and path that failed.

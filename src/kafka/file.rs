@@ -100,6 +100,23 @@ fn parse_entry(b: &[u8]) -> KafkaProducerEntry {
 /// sparse file, a hole of zeros) repeats one entry and stops at the second.
 /// Memory: the read buffer, plus 8 bytes per distinct producer id.
 ///
+/// ```
+/// use std::path::Path;
+/// use producer_state::kafka;
+///
+/// let path = Path::new("tests/fixtures/kafka/00000000000000000035.snapshot");
+/// let file = std::fs::File::open(path)?;
+/// let len = file.metadata()?.len();
+/// let mut ids = Vec::new();
+/// let n = kafka::read(path, std::io::BufReader::new(file), len, |e| {
+///     ids.push(e.producer_id); // not to be trusted until `read` returns Ok
+///     Ok(())
+/// })?;
+/// assert_eq!(n, 5);
+/// assert!(ids.contains(&1017));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
 /// # Errors
 ///
 /// [`Error::Corrupt`] with the file, byte offset and kind for damaged or

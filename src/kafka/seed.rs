@@ -49,6 +49,20 @@ pub struct SeedReport {
 /// (reported in [`SeedReport::skipped`]). A store that must keep those,
 /// and give Kafka's verdicts, is seeded by [`seed_kafka_store`].
 ///
+/// ```
+/// use producer_state::{kafka, AppendOutcome, ProducerStateStore};
+///
+/// let dir = tempfile::tempdir()?;
+/// // The producer snapshot Kafka left in partition 3's directory.
+/// let file = "tests/fixtures/kafka/00000000000000000035.snapshot";
+/// let report = kafka::seed_store(&dir.path().join("store"), &[(file.into(), 3)])?;
+/// assert_eq!((report.imported, report.skipped.len()), (5, 0));
+/// let store = ProducerStateStore::open(dir.path().join("store"))?;
+/// // Producer 1017 was at epoch 1: a zombie of epoch 0 is fenced.
+/// assert_eq!(store.append(1017u64, 3, 0, 0)?, AppendOutcome::FencedEpoch);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
 /// # Errors
 ///
 /// [`Error::SeedTargetNotEmpty`] if `dir` already holds store files;

@@ -232,6 +232,23 @@ impl fmt::Display for Repair {
 }
 
 /// What recovery found and did.
+///
+/// ```
+/// use producer_state::ProducerStateStore;
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = ProducerStateStore::open(dir.path())?;
+/// store.append("p1", 0, 0, 0)?;
+/// store.append("p1", 0, 0, 1)?;
+/// store.close()?;
+///
+/// let store = ProducerStateStore::open(dir.path())?;
+/// let report = store.recovery_report();
+/// assert_eq!((report.records_replayed, report.keys), (2, 1));
+/// assert!(report.torn_tail.is_none() && report.skipped_snapshots.is_empty());
+/// assert_eq!(report.clean_shutdown, Some(true));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryReport {

@@ -54,6 +54,7 @@
 //! saves the key's entry as it was at P (a pre-image), and the encoder uses
 //! those. Appenders wait at most for one shard's encoding.
 
+mod append_all;
 mod background;
 mod commit;
 mod keys;
@@ -75,7 +76,7 @@ use std::thread::JoinHandle;
 use crate::batch::{AppendRequest, Batch};
 use crate::engine::entry::ProducerEntry;
 use crate::engine::map::hash_key;
-use crate::engine::shards::{SHARDS, warm};
+use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
 use crate::fs::LockGuard;
 use crate::id::ProducerId;
@@ -156,6 +157,20 @@ impl fmt::Debug for ProducerStateStore {
 impl ProducerStateStore {
     /// Opens the store in `dir` with default options: creates the directory
     /// if missing, otherwise recovers it.
+    ///
+    /// ```
+    /// use producer_state::{AppendOutcome, Error, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = ProducerStateStore::open(dir.path())?;
+    /// assert_eq!(store.append(7u64, 0, 0, 0)?, AppendOutcome::Accepted);
+    /// // One store per directory: a second open is refused while it is open.
+    /// assert!(matches!(ProducerStateStore::open(dir.path()), Err(Error::Locked { .. })));
+    /// drop(store);
+    /// let again = ProducerStateStore::open(dir.path())?;
+    /// assert_eq!(again.recovery_report().records_replayed, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -276,6 +291,21 @@ impl ProducerStateStore {
     /// Classifies a batch and, if accepted, makes it durable before
     /// returning.
     ///
+    /// ```
+    /// use producer_state::{Batch, BatchMetadata, BatchOutcome, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = ProducerStateStore::open(dir.path())?;
+    /// // Records 0..=4 of producer 42 on partition 3, written at offset 100.
+    /// let batch = Batch::new(0, 4, 100, 1_700_000_000_000);
+    /// assert_eq!(store.append_batch(42u64, 3, 0, batch)?, BatchOutcome::Accepted);
+    /// // The client did not hear back and retries: the answer names where
+    /// // the original was written, so the broker can acknowledge it again.
+    /// let original = Some(BatchMetadata { offset: 100, timestamp: 1_700_000_000_000 });
+    /// assert_eq!(store.append_batch(42u64, 3, 0, batch)?, BatchOutcome::Duplicate { original });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`ProducerStateStore::append`].
@@ -347,71 +377,27 @@ impl ProducerStateStore {
     /// and one fsync (unless a request retries an earlier one of the same
     /// call, which then waits for it to be durable). Outcomes are in input
     /// order.
+    ///
+    /// ```
+    /// use producer_state::{AppendRequest, Batch, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = ProducerStateStore::open(dir.path())?;
+    /// // One produce request with batches for two partitions, and a retry.
+    /// let requests = [
+    ///     AppendRequest::batch(7u64, 0, 0, Batch::new(0, 9, 500, 1)),
+    ///     AppendRequest::batch(7u64, 1, 0, Batch::new(0, 4, 80, 1)),
+    ///     AppendRequest::batch(7u64, 0, 0, Batch::new(0, 9, 500, 1)),
+    /// ];
+    /// let outcomes: Vec<_> = store.append_all(&requests).into_iter().collect::<Result<_, _>>()?;
+    /// assert!(outcomes[0].is_accepted() && outcomes[1].is_accepted());
+    /// assert!(!outcomes[2].is_accepted()); // a duplicate of the first
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn append_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
         let answers = self.decide_all(requests);
         self.shared.log.telemetry().answered_all(&answers);
         answers
-    }
-
-    /// [`ProducerStateStore::append_all`], before its answers are counted.
-    fn decide_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
-        let shared = &*self.shared;
-        if shared.kafka {
-            return shared.kafka_all(requests);
-        }
-        let now = shared.now_for(requests);
-        let mut st = shared.lock_state();
-        if !shared.is_always() {
-            st = shared.room(st);
-            return shared.append_all_buffered(st, requests, now);
-        }
-        let mut out: Vec<Result<BatchOutcome>> = Vec::with_capacity(requests.len());
-        // Accepted: (index, group, position), to settle once durable.
-        let mut queued: Vec<(usize, u64, u64)> = Vec::new();
-        for (i, r) in requests.iter().enumerate() {
-            if let Err(e) = check_seed(r) {
-                out.push(Err(e));
-                continue;
-            }
-            let hash = hash_key(&r.producer_id, r.partition);
-            out.push(loop {
-                if let Some(f) = st.log.failed() {
-                    break Err(f.error_for(None));
-                }
-                match st.submit_durable(hash, r, now) {
-                    Submit::Done(o) => break Ok(o),
-                    Submit::Refused(e) => break Err(e),
-                    Submit::Queued { group, pos } => {
-                        queued.push((i, group, pos));
-                        break Ok(BatchOutcome::Accepted);
-                    }
-                    Submit::Wait { group, pos } => {
-                        // Our own queued records may be what it waits for:
-                        // make sure somebody commits them.
-                        shared.commit(st);
-                        let waited = shared.await_durable(group, pos);
-                        st = shared.lock_state();
-                        if let Err(e) = waited {
-                            break Err(e);
-                        }
-                    }
-                }
-            });
-        }
-        if let Some(&(_, group, pos)) = queued.last() {
-            shared.commit(st);
-            if shared.await_durable(group, pos).is_err() {
-                let st = shared.lock_state();
-                for &(i, _, pos) in &queued {
-                    if let Some(f) = st.log.failed()
-                        && st.log.durable() <= pos
-                    {
-                        out[i] = Err(f.error_for(Some(pos)));
-                    }
-                }
-            }
-        }
-        out
     }
 
     /// The entry of one key, if it has state. Under `Always` that is the
@@ -713,45 +699,6 @@ impl Shared {
         if due {
             self.snapshot_due();
         }
-    }
-
-    /// [`ProducerStateStore::append_all`] under a buffered policy: classify,
-    /// apply and encode every request under one lock.
-    fn append_all_buffered(
-        &self,
-        mut st: MutexGuard<'_, State>,
-        requests: &[AppendRequest],
-        now: i64,
-    ) -> Vec<Result<BatchOutcome>> {
-        if let Some(f) = st.log.failed() {
-            return requests
-                .iter()
-                .map(|r| check_seed(r).and(Err(f.error_for(None))))
-                .collect();
-        }
-        let mut accepted = false;
-        let mut out = Vec::with_capacity(requests.len());
-        let mut hashes = [0u64; WARM];
-        for chunk in requests.chunks(WARM) {
-            for (h, r) in hashes.iter_mut().zip(chunk) {
-                *h = hash_key(&r.producer_id, r.partition);
-            }
-            let shards = &st.keys.shards;
-            warm(hashes.iter().copied().zip(chunk), |hash, r| {
-                shards.contains(hash, &r.producer_id, r.partition)
-            });
-            for (&hash, r) in hashes.iter().zip(chunk) {
-                out.push(check_seed(r).and_then(|()| {
-                    let o = st.submit_buffered(hash, r, now)?;
-                    accepted |= o.is_accepted();
-                    Ok(o)
-                }));
-            }
-        }
-        if accepted {
-            self.after_buffered(st);
-        }
-        out
     }
 }
 

@@ -30,6 +30,21 @@ pub enum AtCapacity {
 }
 
 /// When the log is fsync'ed. The default is [`FsyncPolicy::Always`].
+///
+/// ```
+/// use producer_state::{FsyncPolicy, ProducerStateStore, StoreOptions};
+///
+/// let dir = tempfile::tempdir()?;
+/// // A bulk load: nothing is fsync'ed until `sync` (or `close`) says so.
+/// let opts = StoreOptions::default().fsync(FsyncPolicy::Never);
+/// let store = ProducerStateStore::open_with(dir.path(), opts)?;
+/// for id in 0..1000u64 {
+///     store.append(id, 0, 0, 0)?;
+/// }
+/// store.sync()?; // every append above is durable from here on
+/// assert_eq!(store.stats().log_fsyncs, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FsyncPolicy {
@@ -58,6 +73,22 @@ pub enum FsyncPolicy {
 
 /// How a [`ProducerStateStore`] is opened. Every setter documents its
 /// default.
+///
+/// ```
+/// use std::time::Duration;
+/// use producer_state::{FsyncPolicy, ProducerStateStore, StoreOptions};
+///
+/// let dir = tempfile::tempdir()?;
+/// let opts = StoreOptions::default()
+///     .fsync(FsyncPolicy::Interval(Duration::from_millis(5)))
+///     .snapshot_every_records(Some(100_000))
+///     .producer_expiration(Some(Duration::from_secs(7 * 24 * 3600)))
+///     .max_producers(Some(1_000_000));
+/// let store = ProducerStateStore::open_with(dir.path(), opts)?;
+/// store.append(1u64, 0, 0, 0)?;
+/// store.close()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// The setters take and return the options by value, so a setter whose
 /// result is dropped changes nothing: the type is `#[must_use]`.

@@ -39,6 +39,21 @@ impl ProducerStateStore {
     /// Appenders wait while it runs: it reads the base snapshot and the
     /// log after it, about what recovery reads.
     ///
+    /// ```
+    /// use producer_state::{Batch, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = ProducerStateStore::open(dir.path())?;
+    /// store.append_batch(1u64, 0, 0, Batch::new(0, 4, 100, 1))?; // offsets 100..=104
+    /// store.append_batch(1u64, 0, 0, Batch::new(5, 9, 105, 2))?; // 105..=109
+    /// // The partition's log is cut back to offset 105 (a leader change):
+    /// // the second batch never happened, and may come again.
+    /// store.truncate_to(105)?;
+    /// assert_eq!(store.get(1u64, 0).map(|e| e.last_sequence()), Some(4));
+    /// assert!(store.append_batch(1u64, 0, 0, Batch::new(5, 9, 105, 3))?.is_accepted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// Nothing is changed on an error.
