@@ -176,6 +176,9 @@
 #![warn(clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+#[macro_use]
+mod macros;
+
 mod batch;
 mod clock;
 mod codec;

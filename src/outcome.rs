@@ -50,11 +50,7 @@ impl AppendOutcome {
     }
 }
 
-impl fmt::Display for AppendOutcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(AppendOutcome);
 
 /// The text was not one of the four outcome words.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -57,11 +57,7 @@ impl Semantics {
     }
 }
 
-impl std::fmt::Display for Semantics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(Semantics);
 
 #[cfg(test)]
 mod tests {

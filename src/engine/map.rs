@@ -514,15 +514,6 @@ impl<X: Extra> StateMap<X> {
 mod tests {
     use super::*;
 
-    /// What an append of `first..=last` asks.
-    fn ask(epoch: i16, first: i32, last: i32, meta: Option<BatchMetadata>) -> Ask {
-        Ask {
-            epoch,
-            first,
-            last,
-            meta,
-        }
-    }
     use crate::batch::BatchMetadata;
     use crate::outcome::AppendOutcome;
 
@@ -629,7 +620,7 @@ mod tests {
         assert_eq!(e.last_sequence(), 4);
         assert_eq!(e.retained_batches().len(), 1);
         assert_eq!(
-            m.append(&id, 3, ask(0, 1, 4, None), Apply::default()),
+            m.append(&id, 3, Ask::new(0, 1, 4, None), Apply::default()),
             BatchOutcome::Duplicate { original: meta }
         );
         // A single append on a windowed key is retained without metadata.

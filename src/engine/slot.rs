@@ -249,6 +249,17 @@ impl Ask {
         }
     }
 
+    /// An append of `first..=last` (tests build every shape with it).
+    #[cfg(test)]
+    pub(crate) fn new(epoch: i16, first: i32, last: i32, meta: Option<BatchMetadata>) -> Ask {
+        Ask {
+            epoch,
+            first,
+            last,
+            meta,
+        }
+    }
+
     /// What `r` asks.
     #[inline(always)]
     pub(crate) fn of(r: &AppendRequest) -> Ask {

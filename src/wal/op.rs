@@ -14,8 +14,6 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use std::fmt;
-
 use super::frame::{AT_KIND, AT_LEN, HEADER};
 use crate::batch::AppendRequest;
 use crate::codec::{Dec, Put, decode_id, put_id, set_u32};
@@ -96,11 +94,7 @@ impl RemoveReason {
     }
 }
 
-impl fmt::Display for RemoveReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(RemoveReason);
 
 /// What an atomic group of records does (kind 8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -144,11 +138,7 @@ impl GroupKind {
     }
 }
 
-impl fmt::Display for GroupKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(GroupKind);
 
 /// One operation of the log, as a record holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]

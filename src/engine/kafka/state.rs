@@ -534,16 +534,6 @@ impl KafkaState {
 mod tests {
     use super::*;
 
-    /// What an append of `first..=last` asks.
-    fn ask(epoch: i16, first: i32, last: i32, meta: Option<BatchMetadata>) -> Ask {
-        Ask {
-            epoch,
-            first,
-            last,
-            meta,
-        }
-    }
-
     fn meta(offset: i64) -> Option<BatchMetadata> {
         Some(BatchMetadata {
             offset,
@@ -558,17 +548,17 @@ mod tests {
         let id = ProducerId::from(1u64);
         let c = AppendOptions::client();
         assert!(
-            k.append(&mut map, &id, 0, ask(0, 5, 6, meta(0)), c)
+            k.append(&mut map, &id, 0, Ask::new(0, 5, 6, meta(0)), c)
                 .is_accepted()
         );
         assert!(
-            k.append(&mut map, &id, 0, ask(0, 7, 7, meta(2)), c)
+            k.append(&mut map, &id, 0, Ask::new(0, 7, 7, meta(2)), c)
                 .is_accepted()
         );
         assert_eq!((map.len(), k.len()), (1, 0));
         let t = c.transactional().verified();
         assert!(
-            k.append(&mut map, &id, 0, ask(0, 8, 8, meta(3)), t)
+            k.append(&mut map, &id, 0, Ask::new(0, 8, 8, meta(3)), t)
                 .is_accepted()
         );
         assert_eq!((map.len(), k.len()), (0, 1));
@@ -586,17 +576,17 @@ mod tests {
         let r = AppendOptions::replication();
         for (f, off) in [(0, 72), (5, 73), (5, 74)] {
             assert!(
-                k.append(&mut map, &id, 0, ask(0, f, f, meta(off)), r)
+                k.append(&mut map, &id, 0, Ask::new(0, f, f, meta(off)), r)
                     .is_accepted()
             );
         }
         let c = AppendOptions::client();
         assert!(
-            k.append(&mut map, &id, 0, ask(0, 6, 6, meta(75)), c)
+            k.append(&mut map, &id, 0, Ask::new(0, 6, 6, meta(75)), c)
                 .is_accepted()
         );
         assert_eq!(
-            k.append(&mut map, &id, 0, ask(0, 5, 5, meta(99)), c),
+            k.append(&mut map, &id, 0, Ask::new(0, 5, 5, meta(99)), c),
             BatchOutcome::Duplicate { original: meta(73) }
         );
         let seqs: Vec<_> = k
@@ -616,8 +606,8 @@ mod tests {
         let c = AppendOptions::client();
         let t = c.transactional().verified();
         let (a, b) = (ProducerId::from(1u64), ProducerId::from(2u64));
-        k.append(&mut map, &a, 4, ask(0, 0, 3, meta(0)), c);
-        k.append(&mut map, &b, 4, ask(2, 0, 0, meta(4)), t);
+        k.append(&mut map, &a, 4, Ask::new(0, 0, 3, meta(0)), c);
+        k.append(&mut map, &b, 4, Ask::new(2, 0, 0, meta(4)), t);
         let mut entries = k.snapshot_entries(&map, 4);
         entries.sort();
         let (mut map2, mut k2) = (StateMap::default(), KafkaState::default());
