@@ -1,7 +1,8 @@
 //! Engine throughput against a bare map doing the same four rules.
 //!
 //! Every workload runs twice in the same process: through
-//! `ProducerStateManager` and through the baseline the issue names, a bare
+//! `ProducerStateManager` and through the baseline the engine's goals are
+//! stated against, a bare
 //! `HashMap<(u64, u32), (u16, u32)>` with FxHash applying the four rules and
 //! nothing else (no retry window). String-id workloads also run against the
 //! same bare map keyed by `(String, u32)`, looked up by `&str` without
