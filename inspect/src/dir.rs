@@ -9,7 +9,7 @@ use producer_state::inspect::{
     self, Contents, DirectoryReport, DryRun, Effect, FileReport, Problem, Role, Verdict,
 };
 
-use crate::filter::Filter;
+use crate::filter::Show;
 use crate::progress::Progress;
 use crate::state::{aborted_of, entries_of};
 use crate::view::*;
@@ -91,13 +91,8 @@ pub(crate) fn recovery_view(report: &RecoveryReport) -> RecoveryView {
     }
 }
 
-pub(crate) fn inspect(
-    dir: &Path,
-    out: &mut Output,
-    f: &Filter,
-    list: bool,
-    quiet: bool,
-) -> Result<(), Unreadable> {
+pub(crate) fn inspect(dir: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
+    let (f, list, quiet) = (show.filter, show.list, show.quiet);
     *out = Output::new(dir, "store", "producer-state store directory");
     let mut p = Progress::new("checking files", quiet);
     let report: DirectoryReport =

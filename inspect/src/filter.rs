@@ -1,4 +1,5 @@
-//! `--producer` and `--partition`: which keys and records are shown.
+//! `--producer` and `--partition`: which keys and records are shown, and
+//! the other options that say what a view shows.
 
 use producer_state::ProducerId;
 
@@ -23,4 +24,13 @@ impl Filter {
     pub(crate) fn keeps_kafka(&self, id: i64, partition: Option<i32>) -> bool {
         self.kafka_producer.is_none_or(|p| p == Some(id)) && self.keeps_partition(partition)
     }
+}
+
+/// What to show: the keys and records the filter keeps, whether to list
+/// them at all (`--verify` lists nothing), and whether to keep stderr
+/// quiet (`--json`: no progress bar).
+pub(crate) struct Show<'a> {
+    pub(crate) filter: &'a Filter,
+    pub(crate) list: bool,
+    pub(crate) quiet: bool,
 }

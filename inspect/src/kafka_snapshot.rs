@@ -6,7 +6,7 @@ use producer_state::fs::{ReadOnlyFs, StdFs};
 use producer_state::inspect::{self};
 use producer_state::kafka::{self, KafkaProducerEntry};
 
-use crate::filter::Filter;
+use crate::filter::Show;
 use crate::progress::Progress;
 use crate::view::*;
 
@@ -42,13 +42,8 @@ pub(crate) fn kafka_partition(path: &Path) -> Option<i32> {
     dir.rsplit_once('-')?.1.parse().ok()
 }
 
-pub(crate) fn inspect(
-    path: &Path,
-    out: &mut Output,
-    f: &Filter,
-    list: bool,
-    quiet: bool,
-) -> Result<(), Unreadable> {
+pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
+    let (f, list, quiet) = (show.filter, show.list, show.quiet);
     *out = Output::new(path, "kafka_snapshot", "Apache Kafka producer snapshot");
     out.version = Some(1);
     out.position = path

@@ -34,7 +34,7 @@ mod snapshot;
 mod state;
 mod view;
 
-use filter::Filter;
+use filter::{Filter, Show};
 use view::{Damage, Output, Unreadable, code_of, verdict_word};
 
 /// Inspect a producer-state snapshot, log segment or store directory, or an
@@ -83,8 +83,11 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
         kafka_producer: args.producer.as_ref().map(|p| p.parse::<i64>().ok()),
         partition: args.partition,
     };
-    let list = !args.verify;
-    let quiet = args.json;
+    let show = Show {
+        filter: &f,
+        list: !args.verify,
+        quiet: args.json,
+    };
     let path = &args.path;
     let mut out = Output::new(path, "unknown", "");
     let meta = std::fs::metadata(path).map_err(|e| {
@@ -95,14 +98,12 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
         })
     })?;
     if meta.is_dir() {
-        dir::inspect(path, &mut out, &f, list, quiet)?;
+        dir::inspect(path, &mut out, &show)?;
     } else {
         match inspect::detect(&ReadOnlyFs(StdFs), path) {
-            Ok(Some(FileKind::Snapshot)) => snapshot::inspect(path, &mut out, &f, list, quiet)?,
-            Ok(Some(FileKind::Segment)) => segment::inspect(path, &mut out, &f, list, quiet)?,
-            Ok(Some(FileKind::KafkaSnapshot)) => {
-                kafka_snapshot::inspect(path, &mut out, &f, list, quiet)?
-            }
+            Ok(Some(FileKind::Snapshot)) => snapshot::inspect(path, &mut out, &show)?,
+            Ok(Some(FileKind::Segment)) => segment::inspect(path, &mut out, &show)?,
+            Ok(Some(FileKind::KafkaSnapshot)) => kafka_snapshot::inspect(path, &mut out, &show)?,
             // A kind this tool does not know yet (the library's list can grow).
             Ok(_) => {
                 out.format = format!(

@@ -7,7 +7,7 @@ use producer_state::fs::{ReadOnlyFs, StdFs};
 use producer_state::inspect::{self, GroupKind, LogOp, RemoveReason, SegmentEnd, Verdict};
 use producer_state::{AppendRequest, MarkerKind};
 
-use crate::filter::Filter;
+use crate::filter::{Filter, Show};
 use crate::progress::Progress;
 use crate::view::*;
 
@@ -235,13 +235,8 @@ pub(crate) fn partition_records(
     }
 }
 
-pub(crate) fn inspect(
-    path: &Path,
-    out: &mut Output,
-    f: &Filter,
-    list: bool,
-    quiet: bool,
-) -> Result<(), Unreadable> {
+pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
+    let (f, list, quiet) = (show.filter, show.list, show.quiet);
     *out = Output::new(path, "segment", "producer-state log segment");
     let mut p = Progress::new("scanning segment: byte", quiet);
     let mut records = Vec::new();

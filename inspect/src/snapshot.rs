@@ -5,18 +5,13 @@ use std::path::Path;
 use producer_state::fs::{ReadOnlyFs, StdFs};
 use producer_state::inspect::{self};
 
-use crate::filter::Filter;
+use crate::filter::Show;
 use crate::progress::Progress;
 use crate::state::{aborted_of, entries_of};
 use crate::view::*;
 
-pub(crate) fn inspect(
-    path: &Path,
-    out: &mut Output,
-    f: &Filter,
-    list: bool,
-    quiet: bool,
-) -> Result<(), Unreadable> {
+pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
+    let (f, list, quiet) = (show.filter, show.list, show.quiet);
     *out = Output::new(path, "snapshot", "producer-state snapshot");
     let mut p = Progress::new("verifying snapshot: entries", quiet);
     let result = inspect::snapshot(&ReadOnlyFs(StdFs), path, &mut |n| p.tick(n));
