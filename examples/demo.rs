@@ -1,6 +1,6 @@
 //! The main job: append, crash, recover, print the outcomes.
 //!
-//! 1. The task's example, through the durable store.
+//! 1. The four rules, one example of each, through the durable store.
 //! 2. A child process (this program again) appends to the same directory
 //!    and prints every acknowledged append; after a while it is killed with
 //!    SIGKILL, mid-append.
@@ -46,7 +46,7 @@ fn main() -> Result<()> {
     let dir = keep.clone().unwrap_or_else(|| tmp.path().join("store"));
     println!("store directory: {}\n", dir.display());
 
-    println!("== the task's example, through the durable store");
+    println!("== the four rules, through the durable store");
     {
         let store = ProducerStateStore::open(&dir)?;
         let steps: [(i16, i32, &str); 6] = [

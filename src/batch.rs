@@ -102,7 +102,7 @@ impl AppendRequest {
     /// The same request with an origin and transactional flags, for
     /// [`ProducerStateStore::append_all`](crate::ProducerStateStore::append_all)
     /// under [`Semantics::Kafka`](crate::Semantics::Kafka) (the default is
-    /// [`AppendOptions::client`]). A seed-mode store answers a request
+    /// [`AppendOptions::client`]). A strict-mode store answers a request
     /// with other options [`Error::Unsupported`](crate::Error::Unsupported).
     pub fn with_options(mut self, options: AppendOptions) -> Self {
         self.options = options;
@@ -150,7 +150,7 @@ impl AppendRequest {
 
 /// Who sends an append, as Kafka's `AppendOrigin` names it: the checks run
 /// depend on it (only under [`Semantics::Kafka`](crate::Semantics::Kafka);
-/// the seed rules know only clients).
+/// the strict rules know only clients).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Origin {

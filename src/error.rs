@@ -8,7 +8,7 @@
 
 use std::fmt;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
@@ -17,6 +17,33 @@ use crate::outcome::BatchOutcome;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in the durable store and its file formats.
+///
+/// Match the variants that call for an action and report the rest; every
+/// message says what happened and, where there is one, what to do.
+///
+/// ```
+/// use producer_state::{Corruption, Error, ProducerStateStore};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = ProducerStateStore::open(dir.path())?;
+/// match ProducerStateStore::open(dir.path()) {
+///     // Another process (or this one) has the store open.
+///     Err(Error::Locked { path }) => assert_eq!(path, dir.path()),
+///     other => panic!("{other:?}"),
+/// }
+/// drop(store);
+///
+/// // Damage names the file, the byte and what is wrong with it.
+/// let snapshot = producer_state::ProducerStateManager::new().encode_snapshot(0)?;
+/// let mut bytes = snapshot.clone();
+/// bytes[20] ^= 1;
+/// let err = producer_state::ProducerStateManager::decode_snapshot("copy", &bytes).unwrap_err();
+/// assert!(err.is_corruption());
+/// if let Error::Corrupt { kind, .. } = &err {
+///     assert!(matches!(kind, Corruption::ChecksumMismatch { .. }));
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -114,27 +141,27 @@ pub enum Error {
     /// The engine's semantics have no such operation: transactions,
     /// markers, the replication origin and Kafka's snapshot view exist
     /// only under [`Semantics::Kafka`](crate::Semantics::Kafka), and the
-    /// crate's own snapshot format only holds a seed engine.
+    /// crate's own snapshot format only holds a strict engine.
     #[error("{what} is not supported under the {semantics} semantics; {}", semantics_hint(*semantics))]
     Unsupported {
         /// What was asked.
         what: &'static str,
         /// The engine's semantics.
-        semantics: crate::Semantics,
+        semantics: crate::semantics::Semantics,
     },
 
     /// The directory was written under other semantics than the store was
-    /// opened with: replaying a Kafka-mode log under the seed rules (or
+    /// opened with: replaying a Kafka-mode log under the strict rules (or
     /// the reverse) would give other verdicts than the ones it recorded.
     /// Nothing was changed; open it with the semantics it has.
-    #[error("{} holds a {stored}-semantics store, and it was opened with Semantics::{}; nothing was changed: open it with the semantics it was written with", path.display(), if *requested == crate::Semantics::Kafka { "Kafka" } else { "Seed" })]
+    #[error("{} holds a {stored}-semantics store, and it was opened with Semantics::{}; nothing was changed: open it with the semantics it was written with", path.display(), if *requested == crate::semantics::Semantics::Kafka { "Kafka" } else { "Strict" })]
     SemanticsMismatch {
         /// The file that says so (a segment or snapshot).
         path: PathBuf,
         /// The semantics the directory records.
-        stored: crate::Semantics,
+        stored: crate::semantics::Semantics,
         /// The semantics asked for.
-        requested: crate::Semantics,
+        requested: crate::semantics::Semantics,
     },
 
     /// A named producer id is longer than the log format can hold.
@@ -190,8 +217,8 @@ pub enum Error {
         partition: i32,
     },
     /// `import_partition` was given an export taken under the other
-    /// semantics: a seed store has no place for a Kafka partition's
-    /// transactions and aborted list, and a seed export has none of what a
+    /// semantics: a strict store has no place for a Kafka partition's
+    /// transactions and aborted list, and a strict export has none of what a
     /// Kafka-mode store answers from. Nothing was imported.
     #[error(
         "cannot import partition {partition}: the export was taken under the {exported} semantics and this store has the {store} semantics; nothing was imported (a partition moves only between stores of the same semantics)"
@@ -200,9 +227,9 @@ pub enum Error {
         /// The exported partition.
         partition: i32,
         /// The semantics of the store the export was taken from.
-        exported: crate::Semantics,
+        exported: crate::semantics::Semantics,
         /// This store's.
-        store: crate::Semantics,
+        store: crate::semantics::Semantics,
     },
     /// Kafka mode: `import_partition` found the partition with state here
     /// and no key to name (its aborted transactions are still listed).
@@ -214,6 +241,29 @@ pub enum Error {
         /// The partition.
         partition: i32,
     },
+    /// Seeding from Kafka's files was pointed at a directory that already
+    /// holds store files: a seed starts a new store and never merges into
+    /// one. Nothing was written.
+    #[error(
+        "{} already holds a store; nothing was written (seed only a new or empty directory)",
+        path.display()
+    )]
+    SeedTargetNotEmpty {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Seeding from Kafka's files found one producer twice for one
+    /// partition (in two files given for the same partition): which of the
+    /// two states is the producer's cannot be told. No store was written.
+    #[error(
+        "producer {producer_id} appears twice for partition {partition} in the files given; no store was written (give each partition's newest snapshot once)"
+    )]
+    SeedDuplicateProducer {
+        /// Kafka's producer id.
+        producer_id: i64,
+        /// The partition both files were given for.
+        partition: i32,
+    },
 }
 
 impl Error {
@@ -223,6 +273,11 @@ impl Error {
             path: path.into(),
             source,
         }
+    }
+
+    /// `map_err`'s argument for an IO call on `path`: `f().map_err(Error::at("open", path))`.
+    pub(crate) fn at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Error + 'a {
+        move |e| Error::io(op, path, e)
     }
 
     pub(crate) fn corrupt(file: impl Into<PathBuf>, offset: u64, kind: Corruption) -> Error {
@@ -417,9 +472,9 @@ impl fmt::Display for Corruption {
 }
 
 /// What [`Error::Unsupported`] advises: the other semantics.
-fn semantics_hint(semantics: crate::Semantics) -> &'static str {
+fn semantics_hint(semantics: crate::semantics::Semantics) -> &'static str {
     match semantics {
-        crate::Semantics::Seed => "create the engine with Semantics::Kafka to use it",
-        _ => "it needs an engine with Semantics::Seed",
+        crate::semantics::Semantics::Strict => "create the engine with Semantics::Kafka to use it",
+        _ => "it needs an engine with Semantics::Strict",
     }
 }

@@ -1,7 +1,7 @@
 //! Producer identities.
 //!
 //! Real Kafka brokers identify producers by a 64-bit number the broker hands
-//! out; the task's own example uses short strings ("p1"). Both are supported,
+//! out; tests and examples often use short names ("p1"). Both are supported,
 //! and both are cheap on the hot path: a numeric id is a `u64` and never
 //! touches the heap, and a name of up to [`INLINE_NAME_LEN`] bytes is stored
 //! inline, so `mgr.append("p1", ..)` allocates nothing either. Longer names

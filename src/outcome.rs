@@ -2,7 +2,7 @@
 //!
 //! Outcomes are values, not errors: a duplicate is the normal answer to a
 //! retry, and a fenced zombie is the normal answer to an old session. The
-//! four words of the task are [`AppendOutcome`]; the batch-level append
+//! four outcomes of the four rules are [`AppendOutcome`]; the batch-level append
 //! answers with a [`BatchOutcome`], which carries what a broker sends back:
 //! the original batch's metadata for a duplicate, the reason for a rejection.
 
@@ -11,7 +11,7 @@ use std::str::FromStr;
 
 use crate::batch::BatchMetadata;
 
-/// The classification of one append, in the task's four words.
+/// The classification of one append: one of the four rules' four outcomes.
 ///
 /// ```
 /// use producer_state::AppendOutcome;
@@ -50,11 +50,7 @@ impl AppendOutcome {
     }
 }
 
-impl fmt::Display for AppendOutcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(AppendOutcome);
 
 /// The text was not one of the four outcome words.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -81,6 +77,20 @@ impl FromStr for AppendOutcome {
 
 /// The classification of a batch-level append, with the details a broker
 /// needs to answer the client.
+///
+/// ```
+/// use producer_state::{Batch, BatchOutcome, KafkaError, OutOfOrderReason, ProducerStateManager};
+///
+/// let mut mgr = ProducerStateManager::new();
+/// assert_eq!(mgr.append_batch(9u64, 0, 1, Batch::new(0, 4, 10, 1)), BatchOutcome::Accepted);
+/// // A gap: records 5..=9 never arrived.
+/// let gap = mgr.append_batch(9u64, 0, 1, Batch::new(10, 14, 20, 2));
+/// assert!(matches!(gap, BatchOutcome::OutOfOrder { reason: OutOfOrderReason::Gap { .. } }));
+/// assert_eq!(gap.kafka_error(), Some(KafkaError::OutOfOrderSequenceNumber));
+/// // A zombie of the older session 0.
+/// let zombie = mgr.append_batch(9u64, 0, 0, Batch::new(5, 9, 15, 3));
+/// assert_eq!(zombie, BatchOutcome::FencedEpoch { current_epoch: 1 });
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BatchOutcome {
@@ -116,14 +126,14 @@ pub enum BatchOutcome {
 }
 
 impl BatchOutcome {
-    /// The task's four-word classification of this outcome.
+    /// The four-outcome classification of this outcome.
     pub const fn outcome(&self) -> AppendOutcome {
         match self {
             BatchOutcome::Accepted => AppendOutcome::Accepted,
             BatchOutcome::Duplicate { .. } => AppendOutcome::Duplicate,
             BatchOutcome::OutOfOrder { .. } => AppendOutcome::OutOfOrder,
             BatchOutcome::FencedEpoch { .. } => AppendOutcome::FencedEpoch,
-            // Not one of the task's words: a batch that is not valid here.
+            // Not one of the four outcomes: a batch that is not valid here.
             BatchOutcome::InvalidTxnState { .. } => AppendOutcome::OutOfOrder,
         }
     }

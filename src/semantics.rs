@@ -1,6 +1,6 @@
-//! Which verdicts the engine gives: the crate's seed rules or Kafka's.
+//! Which verdicts the engine gives: the crate's strict rules or Kafka's.
 //!
-//! The seed rules (the four rules in the crate docs) are this crate's own
+//! The strict rules (the four rules in the crate docs) are this crate's own
 //! answer to idempotent produce: strict where Kafka is lenient (an unknown
 //! producer must start at sequence 0), forgiving where Kafka forgets (a
 //! retry older than the window is still a duplicate). A broker that must
@@ -16,18 +16,23 @@
 /// use producer_state::{AppendOutcome, ProducerStateManager, Semantics};
 ///
 /// // An unknown producer whose first batch does not start at 0:
-/// let mut seed = ProducerStateManager::new();
-/// assert_eq!(seed.append(1u64, 0, 0, 5), AppendOutcome::OutOfOrder);
+/// let mut strict = ProducerStateManager::new();
+/// assert_eq!(strict.semantics(), Semantics::Strict);
+/// assert_eq!(strict.append(1u64, 0, 0, 5), AppendOutcome::OutOfOrder);
 /// let mut kafka = ProducerStateManager::with_semantics(Semantics::Kafka);
 /// assert_eq!(kafka.append(1u64, 0, 0, 5), AppendOutcome::Accepted); // KIP-360
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Semantics {
-    /// The crate's four rules (the default). No transactions, markers or
-    /// replication origin: those calls return [`Error::Unsupported`](crate::Error::Unsupported).
+    /// The crate's four rules, strict about what they accept (the
+    /// default): every append is ACCEPTED, DUPLICATE, OUT_OF_ORDER or
+    /// FENCED_EPOCH by the four rules of the crate docs. No transactions,
+    /// markers or replication origin: those calls return
+    /// [`Error::Unsupported`](crate::Error::Unsupported). Called `Seed`
+    /// before; [`Semantics::Seed`] is kept as a deprecated alias.
     #[default]
-    Seed,
+    Strict,
     /// Apache Kafka's broker, verdict for verdict (trunk 1eb7644349cb,
     /// proved against verdicts Kafka's own code gave): KIP-360 for unknown
     /// producers, the 5-batch window as the only duplicate memory,
@@ -37,17 +42,34 @@ pub enum Semantics {
 }
 
 impl Semantics {
-    /// `seed` or `kafka`.
+    /// The old name of [`Semantics::Strict`], kept for one release so that
+    /// code written against it still builds (in expressions and patterns).
+    #[deprecated(note = "renamed to `Semantics::Strict`: the strict four-outcome rules")]
+    #[allow(non_upper_case_globals)]
+    pub const Seed: Semantics = Semantics::Strict;
+
+    /// `strict` or `kafka`.
     pub const fn as_str(self) -> &'static str {
         match self {
-            Semantics::Seed => "seed",
+            Semantics::Strict => "strict",
             Semantics::Kafka => "kafka",
         }
     }
 }
 
-impl std::fmt::Display for Semantics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+display_as_str!(Semantics);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_name_is_the_strict_rules_in_expressions_and_patterns() {
+        assert_eq!(Semantics::Seed, Semantics::Strict);
+        assert_eq!(Semantics::default(), Semantics::Strict);
+        assert!(matches!(Semantics::Strict, Semantics::Seed));
+        assert!(!matches!(Semantics::Kafka, Semantics::Seed));
+        assert_eq!(Semantics::Strict.to_string(), "strict");
     }
 }

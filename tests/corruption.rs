@@ -714,7 +714,7 @@ fn one_each(keys: std::ops::Range<u64>) -> Vec<AppendRequest> {
     keys.map(|k| AppendRequest::single(k, 0, 0, 0)).collect()
 }
 
-/// Issue 11: records carried no position, so removing one from the middle
+/// Before format version 3 records carried no position, so removing one from the middle
 /// of a segment (every checksum still valid) opened to a state that was
 /// never acknowledged. Each record states its offset: what follows the
 /// hole is not where it was written.

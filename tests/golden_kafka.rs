@@ -1,7 +1,7 @@
 //! Committed files pin the on-disk format of a `Semantics::Kafka` store
 //! (docs/format.md): `tests/golden/store-kafka-v5` holds the segments and
 //! the snapshot a fixed history writes, as tests/golden.rs does for the
-//! seed rules.
+//! strict rules.
 //!
 //! The history has every transaction record (kinds 16 to 20: a
 //! transactional batch with a numeric and a named id, a COMMIT and an ABORT

@@ -2,7 +2,7 @@
 //! file written by Kafka's own ProducerStateManager (tests/fixtures/kafka),
 //! committed golden files written by this crate, every truncation and bit
 //! flip, seeding a store from Kafka's files and exporting back: under the
-//! seed rules (one compact entry per producer) and losslessly under
+//! strict rules (one compact entry per producer) and losslessly under
 //! `Semantics::Kafka`, byte for byte in Kafka's own entry order.
 
 use std::path::{Path, PathBuf};
@@ -168,7 +168,10 @@ fn a_store_seeded_from_kafka_answers_retries_and_fences_zombies() {
     );
     // Seeding refuses a directory that already holds a store.
     drop(s);
-    assert!(kafka::seed_store(&store_dir, &[(PathBuf::from(FIXTURE), 3)]).is_err());
+    assert!(matches!(
+        kafka::seed_store(&store_dir, &[(PathBuf::from(FIXTURE), 3)]),
+        Err(producer_state::Error::SeedTargetNotEmpty { .. })
+    ));
 }
 
 #[test]
@@ -439,7 +442,7 @@ fn a_kafka_mode_seed_keeps_transactions_coordinator_epochs_and_marker_only_produ
     assert_eq!(store.last_stable_offset(0, 41), 17);
     assert!(store.aborted_transactions(0).is_empty());
     drop(store);
-    // The directory is a Kafka-mode store: the seed rules refuse it.
+    // The directory is a Kafka-mode store: the strict rules refuse it.
     let err = ProducerStateStore::open(&store_dir).unwrap_err();
     assert!(
         matches!(err, producer_state::Error::SemanticsMismatch { .. }),
@@ -583,17 +586,26 @@ fn a_kafka_mode_seed_skips_negative_ids_and_refuses_a_producer_twice() {
     .unwrap();
     assert_eq!(report.imported, 7);
     assert_eq!(report.skipped.len(), 1);
-    assert_eq!((&report.skipped[0].0, report.skipped[0].1), (&file, -1));
+    let skipped = &report.skipped[0];
+    assert_eq!((&skipped.file, skipped.producer_id), (&file, -1));
+    assert_eq!(skipped.reason, kafka::Unrepresentable::NegativeProducerId);
     let twice = kafka::seed_kafka_store(
         &dir.path().join("b"),
         &[(PathBuf::from(SMALL), 1), (PathBuf::from(SMALL), 1)],
     );
     assert!(
-        matches!(twice, Err(producer_state::Error::InvalidOptions(_))),
+        matches!(
+            twice,
+            Err(producer_state::Error::SeedDuplicateProducer { partition: 1, .. })
+        ),
         "{twice:?}"
     );
     // A directory that holds a store is refused.
-    assert!(kafka::seed_kafka_store(&dir.path().join("a"), &[]).is_err());
+    let again = kafka::seed_kafka_store(&dir.path().join("a"), &[]);
+    assert!(
+        matches!(&again, Err(producer_state::Error::SeedTargetNotEmpty { path }) if *path == dir.path().join("a")),
+        "{again:?}"
+    );
 }
 
 #[test]
@@ -764,7 +776,9 @@ fn kafka_mode_seed_and_export_edge_cases_are_clear() {
     let report = kafka::seed_kafka_store(&target, &[(neg.clone(), 0)]).unwrap();
     assert_eq!(report.imported, 0);
     assert_eq!(report.skipped.len(), 1);
-    assert_eq!((&report.skipped[0].0, report.skipped[0].1), (&neg, -7));
+    let skipped = &report.skipped[0];
+    assert_eq!((&skipped.file, skipped.producer_id), (&neg, -7));
+    assert_eq!(skipped.reason, kafka::Unrepresentable::NegativeProducerId);
     let s = ProducerStateStore::open_with(&target, kafka_opts()).unwrap();
     assert!(s.kafka_producers(0).is_empty());
     drop(s);

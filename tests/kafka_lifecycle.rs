@@ -1,4 +1,4 @@
-//! Issue 13's lifecycle in a `Semantics::Kafka` store (issue 15): Kafka's
+//! The producer lifecycle in a `Semantics::Kafka` store: Kafka's
 //! expiration (never a producer with an open transaction), partition
 //! removal with its transactions, the DescribeProducers view, each logged
 //! and replayed exactly (a reopen with the clock far ahead decides

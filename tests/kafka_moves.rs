@@ -1,4 +1,4 @@
-//! Partition moves between `Semantics::Kafka` stores (issues 13 and 15):
+//! Partition moves between `Semantics::Kafka` stores:
 //! an export carries the producers' retry windows, coordinator epochs and
 //! open transactions and the partition's aborted list, so the new home
 //! answers as the old one would; the import is one atomic group, durable
@@ -239,7 +239,7 @@ fn an_import_is_refused_into_a_partition_with_state_or_a_store_of_the_other_sema
         (1, pos)
     );
 
-    // A seed store refuses a Kafka export, and a Kafka store a seed one.
+    // A strict store refuses a Kafka export, and a Kafka store a seed one.
     let fs = SimFs::new();
     let seed = ProducerStateStore::open_with("/s", sim_opts(&fs)).unwrap();
     let e = seed.import_partition(&moved).unwrap_err();
@@ -249,7 +249,7 @@ fn an_import_is_refused_into_a_partition_with_state_or_a_store_of_the_other_sema
             Error::ImportSemanticsMismatch {
                 partition: P,
                 exported: Semantics::Kafka,
-                store: Semantics::Seed
+                store: Semantics::Strict
             }
         ),
         "{e}"
@@ -258,8 +258,12 @@ fn an_import_is_refused_into_a_partition_with_state_or_a_store_of_the_other_sema
     seed.append_batch(1u64, P, 0, Batch::new(0, 0, 0, 1))
         .unwrap();
     let seed_export = seed.export_partition(P).unwrap();
-    assert_eq!(seed_export.semantics(), Semantics::Seed);
-    assert_eq!(seed_export.to_bytes()[8], 1, "seed exports stay version 1");
+    assert_eq!(seed_export.semantics(), Semantics::Strict);
+    assert_eq!(
+        seed_export.to_bytes()[8],
+        1,
+        "strict exports stay version 1"
+    );
     let fe = SimFs::new();
     let e_store = ProducerStateStore::open_with("/e", opts(&fe)).unwrap();
     let e = e_store.import_partition(&seed_export).unwrap_err();

@@ -6,7 +6,7 @@
 //!   offsets, the duplicate's original batch and timestamp, the exception
 //!   class (not its message), and every `dump` line (the whole state of
 //!   every producer, its five cached batches included). Zero differences.
-//! - Under `Semantics::Seed` the verdicts may differ only where the
+//! - Under `Semantics::Strict` the verdicts may differ only where the
 //!   differences table of the crate docs says so: every difference is
 //!   matched to a named reason, and the list of (line, reason) is pinned.
 //!
@@ -207,7 +207,7 @@ impl Driver {
                         options = options.verified();
                     }
                 }
-                let out = if self.semantics == Semantics::Seed && !repl && !txn {
+                let out = if self.semantics == Semantics::Strict && !repl && !txn {
                     Ok(self.mgr.append_batch(pid as u64, PARTITION, epoch, batch))
                 } else {
                     self.mgr
@@ -335,7 +335,7 @@ impl Driver {
                         mgr.expire_producers(self.now, EXPIRATION_MS).unwrap();
                         self.mgr = mgr;
                     }
-                    // The seed store's snapshots keep every retained batch
+                    // The strict store's snapshots keep every retained batch
                     // (proved by the store's own tests): its restart is the
                     // state as it was.
                     _ => self.mgr = seed_copy,
@@ -359,7 +359,7 @@ impl Driver {
     /// Kafka's `dump`: every producer, sorted by id, then the map end.
     fn dump(&self) -> Vec<String> {
         if self.semantics != Semantics::Kafka {
-            // The seed engine has no Kafka view; its state is not compared.
+            // The strict engine has no Kafka view; its state is not compared.
             return vec!["DUMP (not compared)".to_string()];
         }
         let mut pids: Vec<u64> = self
@@ -630,7 +630,7 @@ fn the_small_snapshot_is_what_kafka_wrote() {
     assert_eq!(mgr.first_unstable_offset(PARTITION), Some(17));
 }
 
-/// Why a Seed-mode verdict differs from Kafka's: one per row of the
+/// Why a Strict-mode verdict differs from Kafka's: one per row of the
 /// differences table in the crate docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reason {
@@ -642,7 +642,7 @@ enum Reason {
     RetryOlderThanWindow,
     /// A batch whose sequences wrap inside it.
     WrapInsideBatch,
-    /// After a restart Kafka's window is one batch; the seed store keeps all.
+    /// After a restart Kafka's window is one batch; the strict store keeps all.
     WindowAfterRestart,
     /// Transactions and markers are Kafka mode's.
     NoTransactions,
@@ -653,7 +653,7 @@ enum Reason {
     Consequence,
 }
 
-/// What the seed engine knew of a command's producer just before it.
+/// What the strict engine knew of a command's producer just before it.
 struct Before {
     /// The key had state.
     known: bool,
@@ -702,9 +702,9 @@ fn seed_mode_differs_only_where_the_differences_table_says() {
     let mut found = Vec::new();
     for (commands, verdicts) in FILES {
         // Replay again step by step to know, before each command, what the
-        // seed engine held for the command's producer.
-        let (steps, _) = replay(commands, verdicts, Semantics::Seed);
-        let mut d = Driver::new(Semantics::Seed);
+        // strict engine held for the command's producer.
+        let (steps, _) = replay(commands, verdicts, Semantics::Strict);
+        let mut d = Driver::new(Semantics::Strict);
         let mut differed: Vec<i64> = Vec::new();
         let mut after_reload = false;
         for s in &steps {
@@ -733,7 +733,7 @@ fn seed_mode_differs_only_where_the_differences_table_says() {
             follow_kafkas_log(&mut d, &s.cmd, &s.kafka[0], saved);
             after_reload |= matches!(s.cmd, Command::Reload);
             // Dumps, snapshots and reloads show state, not verdicts; the
-            // seed engine's state differs by design (the rows below).
+            // strict engine's state differs by design (the rows below).
             if !matches!(
                 s.cmd,
                 Command::Data { .. } | Command::Marker { .. } | Command::Expire
@@ -761,7 +761,7 @@ fn seed_mode_differs_only_where_the_differences_table_says() {
 }
 
 use Reason::*;
-/// Every Seed-mode difference, with its reason (file, line of the command).
+/// Every Strict-mode difference, with its reason (file, line of the command).
 const PINNED: &[(&str, usize, Reason)] = &[
     ("edge-cases.in", 21, RetryOlderThanWindow),
     ("edge-cases.in", 22, RetryOlderThanWindow),

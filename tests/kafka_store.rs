@@ -349,8 +349,8 @@ fn files(fs: &SimFs) -> Vec<(std::path::PathBuf, Vec<u8>)> {
 #[test]
 fn a_directory_is_never_opened_under_the_other_semantics() {
     for (written, other) in [
-        (Semantics::Seed, Semantics::Kafka),
-        (Semantics::Kafka, Semantics::Seed),
+        (Semantics::Strict, Semantics::Kafka),
+        (Semantics::Kafka, Semantics::Strict),
     ] {
         let fs = SimFs::new();
         let opts = |s: Semantics| sim_opts(&fs).semantics(s);
@@ -404,7 +404,7 @@ fn seed_mode_refuses_kafka_calls_and_kafka_mode_refuses_the_moves_it_lacks() {
     let fs = SimFs::new();
     let k = ProducerStateStore::open_with(dir(), kafka_opts(&fs)).unwrap();
     // Truncation, expiration, removal and partition moves work in Kafka
-    // mode (tests/kafka_lifecycle.rs); a seed export is refused.
+    // mode (tests/kafka_lifecycle.rs); a strict export is refused.
     assert!(k.truncate_to(0).is_ok() && k.expire_now().is_ok());
     let mut seed_engine = producer_state::ProducerStateManager::new();
     seed_engine.append(1u64, 0, 0, 0);
@@ -415,7 +415,7 @@ fn seed_mode_refuses_kafka_calls_and_kafka_mode_refuses_the_moves_it_lacks() {
         matches!(
             e,
             Some(Error::ImportSemanticsMismatch {
-                exported: Semantics::Seed,
+                exported: Semantics::Strict,
                 store: Semantics::Kafka,
                 ..
             })

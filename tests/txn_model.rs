@@ -152,18 +152,13 @@ impl Model {
             .min()
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// A data batch: its sequences and timestamp, and whether it is
+    /// transactional, verified and replicated.
     fn data(
         &mut self,
-        pid: u64,
-        p: i32,
-        epoch: i16,
-        first: i32,
-        last: i32,
-        ts: i64,
-        txn: bool,
-        verified: bool,
-        repl: bool,
+        (pid, p, epoch): (u64, i32, i16),
+        (first, last, ts): (i32, i32, i64),
+        (txn, verified, repl): (bool, bool, bool),
     ) -> Verdict {
         let offset = self.end[p as usize];
         let known = self.keys.contains_key(&(pid, p));
@@ -211,15 +206,12 @@ impl Model {
         Verdict::Accepted
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// A COMMIT or ABORT marker of a coordinator epoch, and whether it is
+    /// replicated.
     fn marker(
         &mut self,
-        pid: u64,
-        p: i32,
-        epoch: i16,
-        commit: bool,
-        coord: i32,
-        ts: i64,
+        (pid, p, epoch): (u64, i32, i16),
+        (commit, coord, ts): (bool, i32, i64),
         repl: bool,
     ) -> Verdict {
         let offset = self.end[p as usize];
@@ -315,7 +307,8 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 let out = mgr
                     .append_with(pid, p, epoch, Batch::new(first, last, offset, ts), options)
                     .unwrap();
-                let expected = model.data(pid, p, epoch, first, last, ts, txn, verified, repl);
+                let expected =
+                    model.data((pid, p, epoch), (first, last, ts), (txn, verified, repl));
                 prop_assert_eq!(verdict_of(out), expected, "step {} {:?}", step, op);
                 Some((pid, p))
             }
@@ -341,7 +334,8 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                         AppendOptions::client(),
                     )
                     .unwrap();
-                let expected = model.data(pid, p, epoch, first, last, ts, false, false, false);
+                let expected =
+                    model.data((pid, p, epoch), (first, last, ts), (false, false, false));
                 prop_assert_eq!(verdict_of(out), expected, "step {} {:?}", step, op);
                 Some((pid, p))
             }
@@ -381,7 +375,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                     MarkerOutcome::CoordinatorFenced { .. } => Verdict::CoordinatorFenced,
                     other => panic!("unexpected {other:?}"),
                 };
-                let expected = model.marker(pid, p, epoch, commit, coordinator_epoch, ts, repl);
+                let expected = model.marker((pid, p, epoch), (commit, coordinator_epoch, ts), repl);
                 if let Verdict::AcceptedMarker(Some((first, last, true, _))) = expected {
                     // Invariant: an aborted transaction is always listed.
                     let listed = mgr.aborted_transactions(p).iter().any(|a| {

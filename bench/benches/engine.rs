@@ -1,7 +1,8 @@
 //! Engine throughput against a bare map doing the same four rules.
 //!
 //! Every workload runs twice in the same process: through
-//! `ProducerStateManager` and through the baseline the issue names, a bare
+//! `ProducerStateManager` and through the baseline the engine's goals are
+//! stated against, a bare
 //! `HashMap<(u64, u32), (u16, u32)>` with FxHash applying the four rules and
 //! nothing else (no retry window). String-id workloads also run against the
 //! same bare map keyed by `(String, u32)`, looked up by `&str` without
@@ -382,7 +383,7 @@ fn contenders(w: &Workload) -> Vec<Contender> {
     });
     // Kafka's verdicts over the same stream: plain producers stay in the
     // compact map, but each append reads the entry and installs the next
-    // (two probes where the seed path needs one).
+    // (two probes where the strict path needs one).
     let o = ops.clone();
     let kafka_c = contender("engine_kafka_batch", engine_kafka, move |m| {
         let mut n = 0;

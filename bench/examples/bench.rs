@@ -140,52 +140,15 @@ fn main() -> Result<()> {
         let step = arg("--clock-step-ms").map(|c| c.parse()).transpose()?;
         return lifecycle::churn_child(&dir, keys, cap, step);
     }
+    if args.iter().any(|a| a == "--replot") {
+        return replot();
+    }
     let quick = args.iter().any(|a| a == "--quick");
     // `--only snapshot|recovery|never|threads|lifecycle|expiration`: run one
     // section (the files in docs/ are only written by a full run).
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .map(|i| args[i + 1].clone());
-    let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
-    if args.iter().any(|a| a == "--replot") {
-        // Redraw docs/throughput.svg from the last full run's report.
-        let report: Value =
-            serde_json::from_str(&std::fs::read_to_string(docs("bench-report.json"))?)?;
-        let series = |key: &str, n: &str| -> Vec<(usize, Stat)> {
-            report[key]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|row| {
-                    let st = &row["stat"];
-                    let f = |k: &str| st[k].as_f64().unwrap_or(0.0);
-                    let stat = Stat {
-                        ops_per_s: f("ops_per_s"),
-                        p50_us: f("p50_us"),
-                        p99_us: f("p99_us"),
-                        max_us: f("max_us"),
-                    };
-                    (row[n].as_u64().unwrap_or(1) as usize, stat)
-                })
-                .collect()
-        };
-        let svg_text = svg(
-            &series("disk", "records_per_fsync"),
-            &series("store_always", "threads"),
-            &series("sqlite", "threads"),
-            &series("bare_group_commit", "threads"),
-        );
-        std::fs::write(docs("throughput.svg"), svg_text)?;
-        println!("redrew docs/throughput.svg from docs/bench-report.json");
-        return Ok(());
-    }
+    let only = arg("--only");
     let tmp = tempfile::tempdir()?;
-    let dir = args
-        .iter()
-        .position(|a| a == "--dir")
-        .map(|i| PathBuf::from(&args[i + 1]))
-        .unwrap_or_else(|| tmp.path().to_path_buf());
+    let dir = arg("--dir").map_or_else(|| tmp.path().to_path_buf(), PathBuf::from);
     std::fs::create_dir_all(&dir)?;
     let cfg = Cfg {
         run: Duration::from_millis(if quick { 300 } else { 2000 }),
@@ -196,76 +159,170 @@ fn main() -> Result<()> {
         if quick { "quick" } else { "full" },
         cfg.dir.display()
     );
+    match only.as_deref() {
+        None | Some("threads") => full_run(&cfg, quick, only.is_none()),
+        Some(section) => one_section(&cfg, quick, section),
+    }
+}
 
-    if !run("threads") {
-        if run("never") {
-            never_table(&cfg, quick)?;
+/// Redraws docs/throughput.svg from the last full run's report.
+fn replot() -> Result<()> {
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(docs("bench-report.json"))?)?;
+    let series = |key: &str, n: &str| -> Vec<(usize, Stat)> {
+        report[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|row| {
+                let st = &row["stat"];
+                let f = |k: &str| st[k].as_f64().unwrap_or(0.0);
+                let stat = Stat {
+                    ops_per_s: f("ops_per_s"),
+                    p50_us: f("p50_us"),
+                    p99_us: f("p99_us"),
+                    max_us: f("max_us"),
+                };
+                (row[n].as_u64().unwrap_or(1) as usize, stat)
+            })
+            .collect()
+    };
+    let svg_text = svg(
+        &series("disk", "records_per_fsync"),
+        &series("store_always", "threads"),
+        &series("sqlite", "threads"),
+        &series("bare_group_commit", "threads"),
+    );
+    std::fs::write(docs("throughput.svg"), svg_text)?;
+    println!("redrew docs/throughput.svg from docs/bench-report.json");
+    Ok(())
+}
+
+/// `--only SECTION` (other than `threads`): that section alone, its rows
+/// as JSON; nothing is written to docs/.
+fn one_section(cfg: &Cfg, quick: bool, section: &str) -> Result<()> {
+    let show = |v: Value| -> Result<()> {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        Ok(())
+    };
+    match section {
+        "never" => {
+            never_table(cfg, quick)?;
         }
-        if run("snapshot") {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&snapshot_pause(&cfg, 1_000_000)?)?
-            );
-        }
-        if run("recovery") {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&recovery(&cfg, 1_000_000, 10_000_000)?)?
-            );
-        }
-        if only.as_deref() == Some("expiration") {
-            // The expiration sweeps alone (part of the lifecycle rows).
+        "snapshot" => show(snapshot_pause(cfg, 1_000_000)?)?,
+        "recovery" => show(recovery(cfg, 1_000_000, 10_000_000)?)?,
+        // The expiration sweeps alone (part of the lifecycle rows).
+        "expiration" => {
             let keys = if quick { 100_000 } else { 1_000_000 };
             for policy in [FsyncPolicy::Never, FsyncPolicy::Always] {
-                let row = lifecycle::expiration_pause(&cfg.dir, keys, policy)?;
-                println!("{}", serde_json::to_string_pretty(&row)?);
+                show(lifecycle::expiration_pause(&cfg.dir, keys, policy)?)?;
             }
         }
-        if run("lifecycle") {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&lifecycle_rows(&cfg, quick)?)?
-            );
-        }
+        "lifecycle" => show(lifecycle_rows(cfg, quick)?)?,
+        other => return Err(format!("--only {other}: not a section").into()),
+    }
+    Ok(())
+}
+
+/// The store against the disk, SQLite and a bare group commit at each
+/// thread count, with the ratios; then (unless `--only threads`) every
+/// other section, and a full run's report in docs/.
+fn full_run(cfg: &Cfg, quick: bool, all: bool) -> Result<()> {
+    let (limit, overwrite) = disk_limit(cfg)?;
+    let rows = thread_rows(cfg)?;
+    let engine = engine_alone(cfg);
+    println!(
+        "\nthe engine alone (no disk) on the same workload, one thread: {:.1} million appends/s",
+        engine / 1e6
+    );
+    let ratios = ratios_table(&limit, overwrite, &rows);
+    if !all {
         return Ok(());
     }
+    let never_rows = never_table(cfg, quick)?;
+    let snap = snapshot_section(cfg, quick)?;
+    let rec = recovery_section(cfg, quick)?;
+    let life = lifecycle_section(cfg, quick)?;
+    let report = json!({
+        "quick": quick,
+        "disk": limit.iter().map(|(n, s)| json!({"records_per_fsync": n, "stat": s.json()})).collect::<Vec<_>>(),
+        "disk_overwrite_preallocated": overwrite.json(),
+        "store_always": rows.store.iter().map(|(t, s)| json!({"threads": t, "stat": s.json()})).collect::<Vec<_>>(),
+        "sqlite": rows.sqlite.iter().map(|(t, s)| json!({"threads": t, "stat": s.json()})).collect::<Vec<_>>(),
+        "bare_group_commit": rows.bare.iter().map(|(t, s)| json!({"threads": t, "stat": s.json()})).collect::<Vec<_>>(),
+        "engine_ops_per_s": engine,
+        "ratios": ratios,
+        "never_vs_engine": never_rows,
+        "snapshot": snap,
+        "recovery": rec,
+        "lifecycle": life,
+    });
+    if !quick {
+        std::fs::write(
+            docs("bench-report.json"),
+            serde_json::to_string_pretty(&report)? + "\n",
+        )?;
+        std::fs::write(
+            docs("throughput.svg"),
+            svg(&limit, &rows.store, &rows.sqlite, &rows.bare),
+        )?;
+        println!("\nwrote docs/bench-report.json and docs/throughput.svg");
+    }
+    Ok(())
+}
 
-    // 1. The physical limit.
+/// The physical limit: 64-byte records N per fdatasync at each thread
+/// count's N, and the floor for one appender (overwriting a preallocated
+/// file).
+fn disk_limit(cfg: &Cfg) -> Result<(Vec<(usize, Stat)>, Stat)> {
     println!("## The disk: 64-byte records, N per fdatasync\n");
     println!("| records per fdatasync | records/s | fdatasync p50 (us) | p99 (us) |");
     println!("|---:|---:|---:|---:|");
     let mut limit = Vec::new();
     for n in THREADS {
-        let s = Stat::median(&rounds(ROUNDS, || bare_fsync_loop(&cfg, n))?);
+        let s = Stat::median(&rounds(ROUNDS, || bare_fsync_loop(cfg, n))?);
         println!(
             "| {n} | {:.0} | {:.0} | {:.0} |",
             s.ops_per_s, s.p50_us, s.p99_us
         );
         limit.push((n, s));
     }
-    let overwrite = Stat::median(&rounds(ROUNDS, || bare_overwrite_loop(&cfg))?);
+    let overwrite = Stat::median(&rounds(ROUNDS, || bare_overwrite_loop(cfg))?);
     println!(
         "\nthe floor for one appender, 64-byte writes over a preallocated file + fdatasync: {:.0} records/s (p50 {:.0} us, p99 {:.0} us)",
         overwrite.ops_per_s, overwrite.p50_us, overwrite.p99_us
     );
+    Ok((limit, overwrite))
+}
 
-    // 2-4. The store, SQLite and the engine at each thread count.
+/// The store, SQLite (at its better way of connecting) and the bare group
+/// commit, by thread count.
+struct ThreadRows {
+    store: Vec<(usize, Stat)>,
+    sqlite: Vec<(usize, Stat)>,
+    bare: Vec<(usize, Stat)>,
+}
+
+/// The store, SQLite and a bare group commit at each thread count, the
+/// same workload on the same disk, their rounds interleaved.
+fn thread_rows(cfg: &Cfg) -> Result<ThreadRows> {
     println!("\n## Durable appends by thread count (same workload, same disk)\n");
     println!(
         "| threads | store appends/s | p50 (us) | p99 (us) | SQLite appends/s (better of shared, per-thread connections) | p50 (us) | p99 (us) | SQLite shared / per-thread appends/s | store / SQLite | bare group commit appends/s | p50 (us) | p99 (us) |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let mut store_rows = Vec::new();
-    let mut sqlite_rows = Vec::new();
-    let mut bare_rows = Vec::new();
+    let mut rows = ThreadRows {
+        store: Vec::new(),
+        sqlite: Vec::new(),
+        bare: Vec::new(),
+    };
     for t in THREADS {
         // Rounds interleave the three, so drift hits them alike.
         let (mut ss, mut qs, mut qp, mut bs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
-            ss.push(store_threads(&cfg, t)?);
-            qs.push(sqlite_threads(&cfg, t, Sharing::OneConnection)?);
-            qp.push(sqlite_threads(&cfg, t, Sharing::PerThread)?);
-            bs.push(bare_group_commit(&cfg, t)?);
+            ss.push(store_threads(cfg, t)?);
+            qs.push(sqlite_threads(cfg, t, Sharing::OneConnection)?);
+            qp.push(sqlite_threads(cfg, t, Sharing::PerThread)?);
+            bs.push(bare_group_commit(cfg, t)?);
         }
         let (s, b) = (Stat::median(&ss), Stat::median(&bs));
         // SQLite at its best: whichever way of connecting went faster.
@@ -290,22 +347,19 @@ fn main() -> Result<()> {
             b.p50_us,
             b.p99_us
         );
-        store_rows.push((t, s));
-        sqlite_rows.push((t, q));
-        bare_rows.push((t, b));
+        rows.store.push((t, s));
+        rows.sqlite.push((t, q));
+        rows.bare.push((t, b));
     }
-    let engine = engine_alone(&cfg);
-    println!(
-        "\nthe engine alone (no disk) on the same workload, one thread: {:.1} million appends/s",
-        engine / 1e6
-    );
+    Ok(rows)
+}
 
+/// The goals' ratios of this run, printed and returned for the report.
+fn ratios_table(limit: &[(usize, Stat)], overwrite: Stat, rows: &ThreadRows) -> Value {
     let one_fsync = limit[0].1;
-    let s1 = store_rows[0].1;
-    let s64 = store_rows[3].1;
-    let q64 = sqlite_rows[3].1;
-    let b64 = bare_rows[3].1;
-    let q1 = sqlite_rows[0].1;
+    let (s1, s64) = (rows.store[0].1, rows.store[3].1);
+    let (q1, q64) = (rows.sqlite[0].1, rows.sqlite[3].1);
+    let b64 = rows.bare[3].1;
     println!("\n## Ratios (this run)\n");
     println!("| measure | value | goal |");
     println!("|---|---:|---:|");
@@ -341,37 +395,53 @@ fn main() -> Result<()> {
         "| store p99 / bare group commit p99, 64 threads | {:.2}x | (what the store adds) |",
         s64.p99_us / b64.p99_us
     );
+    json!({
+        "store1_over_bare_fsync": s1.ops_per_s / one_fsync.ops_per_s,
+        "store1_over_bare_overwrite": s1.ops_per_s / overwrite.ops_per_s,
+        "store1_over_sqlite1": s1.ops_per_s / q1.ops_per_s,
+        "store64_over_store1": s64.ops_per_s / s1.ops_per_s,
+        "store64_over_sqlite64": s64.ops_per_s / q64.ops_per_s,
+        "store64_p99_over_fsync_p50": s64.p99_us / one_fsync.p50_us,
+        "bare_group_commit64_p99_over_fsync_p50": b64.p99_us / one_fsync.p50_us,
+        "store64_p99_over_bare_group_commit64_p99": s64.p99_us / b64.p99_us,
+    })
+}
 
-    // 5. Never against the engine.
-    let never_rows = never_table(&cfg, quick)?;
-
-    // 6. Snapshot of 1M keys and the pause appenders see.
-    let keys = if quick { 200_000 } else { 1_000_000 };
-    println!("\n## Snapshot of {keys} keys\n");
-    let snap = snapshot_pause(&cfg, keys)?;
+/// Prints a section's rows as a two-column table.
+fn print_rows(rows: &Value) {
     println!("| measure | value |");
     println!("|---|---:|");
-    for (k, v) in snap.as_object().into_iter().flatten() {
+    for (k, v) in rows.as_object().into_iter().flatten() {
         println!("| {k} | {v} |");
     }
+}
 
-    // 7. Recovery of 1M keys and 10M records.
+/// A snapshot of 1M keys and the pause appenders see.
+fn snapshot_section(cfg: &Cfg, quick: bool) -> Result<Value> {
+    let keys = if quick { 200_000 } else { 1_000_000 };
+    println!("\n## Snapshot of {keys} keys\n");
+    let snap = snapshot_pause(cfg, keys)?;
+    print_rows(&snap);
+    Ok(snap)
+}
+
+/// Recovery of 1M keys and 10M records.
+fn recovery_section(cfg: &Cfg, quick: bool) -> Result<Value> {
     let (keys, records) = if quick {
         (100_000, 1_000_000)
     } else {
         (1_000_000, 10_000_000)
     };
     println!("\n## Recovery of {keys} keys and {records} log records\n");
-    let rec = recovery(&cfg, keys, records)?;
-    println!("| measure | value |");
-    println!("|---|---:|");
-    for (k, v) in rec.as_object().into_iter().flatten() {
-        println!("| {k} | {v} |");
-    }
+    let rec = recovery(cfg, keys, records)?;
+    print_rows(&rec);
+    Ok(rec)
+}
 
-    // 8. The producer lifecycle.
+/// The producer lifecycle's rows.
+fn lifecycle_section(cfg: &Cfg, quick: bool) -> Result<Value> {
     println!("\n## The producer lifecycle\n");
-    let life = lifecycle_rows(&cfg, quick)?;
+    let life = lifecycle_rows(cfg, quick)?;
     println!("| measure | value |");
     println!("|---|---:|");
     for (section, rows) in life.as_object().into_iter().flatten() {
@@ -379,42 +449,7 @@ fn main() -> Result<()> {
             println!("| {section}: {k} | {v} |");
         }
     }
-
-    let report = json!({
-        "quick": quick,
-        "disk": limit.iter().map(|(n, s)| json!({"records_per_fsync": n, "stat": s.json()})).collect::<Vec<_>>(),
-        "disk_overwrite_preallocated": overwrite.json(),
-        "store_always": store_rows.iter().map(|(t, s)| json!({"threads": t, "stat": s.json()})).collect::<Vec<_>>(),
-        "sqlite": sqlite_rows.iter().map(|(t, s)| json!({"threads": t, "stat": s.json()})).collect::<Vec<_>>(),
-        "bare_group_commit": bare_rows.iter().map(|(t, s)| json!({"threads": t, "stat": s.json()})).collect::<Vec<_>>(),
-        "engine_ops_per_s": engine,
-        "ratios": {
-            "store1_over_bare_fsync": s1.ops_per_s / one_fsync.ops_per_s,
-            "store1_over_bare_overwrite": s1.ops_per_s / overwrite.ops_per_s,
-            "store1_over_sqlite1": s1.ops_per_s / q1.ops_per_s,
-            "store64_over_store1": s64.ops_per_s / s1.ops_per_s,
-            "store64_over_sqlite64": s64.ops_per_s / q64.ops_per_s,
-            "store64_p99_over_fsync_p50": s64.p99_us / one_fsync.p50_us,
-            "bare_group_commit64_p99_over_fsync_p50": b64.p99_us / one_fsync.p50_us,
-            "store64_p99_over_bare_group_commit64_p99": s64.p99_us / b64.p99_us,
-        },
-        "never_vs_engine": never_rows,
-        "snapshot": snap,
-        "recovery": rec,
-        "lifecycle": life,
-    });
-    if !quick {
-        std::fs::write(
-            docs("bench-report.json"),
-            serde_json::to_string_pretty(&report)? + "\n",
-        )?;
-        std::fs::write(
-            docs("throughput.svg"),
-            svg(&limit, &store_rows, &sqlite_rows, &bare_rows),
-        )?;
-        println!("\nwrote docs/bench-report.json and docs/throughput.svg");
-    }
-    Ok(())
+    Ok(life)
 }
 
 /// 64-byte appends to a file, `n` per `fdatasync`.

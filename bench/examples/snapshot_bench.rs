@@ -1,5 +1,5 @@
 //! Snapshots of 1M keys with 1 and with 5 retained batches each: the rows
-//! of issue 17's goals, as ratios measured in one run.
+//! of the snapshot goals (docs/performance.md), as ratios measured in one run.
 //!
 //! `cargo run --release -p producer-state-bench --example snapshot_bench`
 //! (under a minute). `--keys N` changes the key count, `--rounds N` the
@@ -24,7 +24,7 @@
 //! - reopen: `open_with` timed. The log holds no record after the
 //!   snapshot, and segments are 1 MiB so that retention leaves at most one
 //!   segment of records the snapshot covers: the reopen is the snapshot's
-//!   load (reading covered segments is issue 17's first part, not this).
+//!   load (reading the segments a snapshot covers is measured elsewhere).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! A transactional workload against the same batches without transactions:
-//! issue 15's goal (transactions at >= 0.5x the non-transactional store).
+//! the goal of transactions at >= 0.5x the non-transactional store.
 //!
 //! `cargo run --release -p producer-state-bench --example txn_bench`
 //! (about a minute). `--batches N` batches per round (default 2,000,000; a hundredth under `Always`),
@@ -12,7 +12,7 @@
 //! The data: producers `0..P` (P = 64), producer `p` writing partition `p`
 //! at epoch 0, each batch 1 to 4 records, offsets counted per partition,
 //! timestamps from 1.7e12. Three sides replay exactly these batches:
-//! - `seed`: the default store (`Semantics::Seed`), `append_batch`;
+//! - `seed`: the default store (`Semantics::Strict`), `append_batch`;
 //! - `kafka plain`: a `Semantics::Kafka` store, the same calls (Kafka's
 //!   rules, no transactions);
 //! - `kafka txn`: the Kafka store, every batch transactional

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The end-to-end proof: librdkafka (confluent-kafka, from PyPI)
+# The end-to-end proofs: librdkafka (confluent-kafka, from PyPI)
 # with enable.idempotence=true against producer-state-broker, through a
 # fault-injecting proxy, with the broker killed (SIGKILL) and restarted.
 #

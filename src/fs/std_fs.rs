@@ -5,7 +5,7 @@ use std::io::{self, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::{DirEntry, EntryKind, FileSystem, LockGuard, ReadFile, WriteFile};
+use super::file_system::{DirEntry, EntryKind, FileSystem, LockGuard, ReadFile, WriteFile};
 
 /// The operating system's file system.
 #[derive(Clone, Copy, Debug, Default)]

@@ -2,7 +2,7 @@
 //! the inspector's policy, so that the tool only renders it.
 //!
 //! Files are classified by the store's own naming rule
-//! ([`classify`](crate::files::classify), which recovery uses): a file
+//! ([`classify`](crate::directory::names::classify), which recovery uses): a file
 //! recovery does not read never decides the verdict, whatever its
 //! extension or bytes. Each store file is verified on its own, recovery is
 //! run as a dry run, and each finding gets the [`Effect`] it has on
@@ -15,14 +15,14 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::{
+use super::file::{
     RecoveredState, SegmentEnd, Ticker, Verdict, dry_run, kafka_snapshot, segment, snapshot,
 };
+use crate::directory::names::{StoreFile, classify};
 use crate::error::{Corruption, Error, Result};
-use crate::files::{StoreFile, classify};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
 use crate::kafka;
-use crate::recovery::RecoveryReport;
+use crate::recovery::report::RecoveryReport;
 
 /// What a file in the directory is, by its name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -333,7 +333,7 @@ fn check(fs: &dyn FileSystem, dir: &Path, entry: &DirEntry) -> Result<FileReport
             StoreFile::Snapshot(_) => Role::Snapshot,
             _ => Role::SnapshotTemp,
         };
-        r.problem = Some(Problem::Invalid(crate::files::not_a_file(
+        r.problem = Some(Problem::Invalid(crate::directory::not_a_file(
             fs,
             r.path.clone(),
             entry.kind,
@@ -368,41 +368,7 @@ fn check(fs: &dyn FileSystem, dir: &Path, entry: &DirEntry) -> Result<FileReport
                 Err(e) => r.problem = damage(e)?,
             }
         }
-        Some(StoreFile::Segment(named)) => {
-            r.role = Role::Segment;
-            r.position = Some(named);
-            match segment(fs, &r.path, |_, _, _| {}, quiet) {
-                Ok(s) => {
-                    r.end_position = Some(s.first_position + s.records);
-                    r.entries = Some(s.records);
-                    r.position = Some(s.first_position);
-                    r.problem = match s.end {
-                        _ if s.first_position != named => Some(Problem::Invalid(Error::corrupt(
-                            &r.path,
-                            12,
-                            Corruption::NameMismatch {
-                                named,
-                                header: s.first_position,
-                            },
-                        ))),
-                        SegmentEnd::Clean => None,
-                        SegmentEnd::TornTail { offset, kind } => {
-                            Some(Problem::TornTail { offset, kind })
-                        }
-                        SegmentEnd::Damaged {
-                            offset,
-                            kind,
-                            later_write,
-                        } => Some(Problem::DamagedMidLog {
-                            offset,
-                            kind,
-                            later_write,
-                        }),
-                    };
-                }
-                Err(e) => r.problem = damage(e)?,
-            }
-        }
+        Some(StoreFile::Segment(named)) => check_segment(fs, &mut r, named)?,
         None => {
             if let Some(offset) = kafka::parse_file_name(name) {
                 r.role = Role::KafkaSnapshot;
@@ -416,6 +382,44 @@ fn check(fs: &dyn FileSystem, dir: &Path, entry: &DirEntry) -> Result<FileReport
         }
     }
     Ok(r)
+}
+
+/// [`check`] of a segment: scanned as recovery scans it, its positions and
+/// how its records end.
+fn check_segment(fs: &dyn FileSystem, r: &mut FileReport, named: u64) -> Result<()> {
+    r.role = Role::Segment;
+    r.position = Some(named);
+    match segment(fs, &r.path, |_, _, _| {}, &mut |_| {}) {
+        Ok(s) => {
+            r.end_position = Some(s.first_position + s.records);
+            r.entries = Some(s.records);
+            r.position = Some(s.first_position);
+            r.problem = match s.end {
+                _ if s.first_position != named => Some(Problem::Invalid(Error::corrupt(
+                    &r.path,
+                    12,
+                    Corruption::NameMismatch {
+                        named,
+                        header: s.first_position,
+                    },
+                ))),
+                SegmentEnd::Clean => None,
+                SegmentEnd::TornTail { offset, kind } => Some(Problem::TornTail { offset, kind }),
+                SegmentEnd::Damaged {
+                    offset,
+                    kind,
+                    later_write,
+                } => Some(Problem::DamagedMidLog {
+                    offset,
+                    kind,
+                    later_write,
+                }),
+            };
+        }
+        Err(e @ Error::Io { .. }) => return Err(e),
+        Err(e) => r.problem = Some(Problem::Invalid(e)),
+    }
+    Ok(())
 }
 
 /// Marks a segment that does not start where the clean segment before it
@@ -503,6 +507,7 @@ fn effect(f: &mut FileReport, contents: Contents, recovery: &DryRun, last_segmen
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::directory::names;
     use crate::fs::{ReadOnlyFs, SimFs};
     use crate::{ProducerStateStore, StoreOptions};
     use std::sync::Arc;
@@ -570,11 +575,7 @@ mod tests {
     #[test]
     fn a_leftover_is_repaired_and_a_hole_a_fallback_needs_is_not_ok() {
         let (fs, dir) = store();
-        let tmp = format!(
-            "{}{}",
-            crate::snapshot::file_name(3),
-            crate::snapshot::TMP_SUFFIX
-        );
+        let tmp = format!("{}{}", names::snapshot_name(3), names::SNAPSHOT_TMP_SUFFIX);
         fs.overwrite(&dir.join(&tmp), b"half");
         let r = inspect(&fs, &dir);
         assert_eq!(r.verdict, Verdict::Repairable);

@@ -44,13 +44,26 @@
 //!
 //! Recovery never panics on any bytes and never invents state: whatever it
 //! returns is the state after some prefix of the logged history.
+//!
+//! The folder holds everything recovery runs: `plan.rs` (the history and
+//! its repairs, decided by reading), `replay.rs` (what each log record
+//! does, in log order: recovery and truncation share it), `apply.rs`
+//! (applying replayed appends on one or two threads), `loader.rs` (a
+//! snapshot into a fresh state), `truncate.rs` (the state a truncation
+//! computes, through the same replay), `semantics.rs` (which semantics
+//! wrote the files) and `report.rs` (what recovery found and did, as
+//! values).
 
+pub(crate) mod apply;
+pub(crate) mod loader;
 mod plan;
-mod report;
+pub(crate) mod replay;
+pub(crate) mod report;
 pub(crate) mod semantics;
+pub(crate) mod truncate;
 
 pub use report::{
-    Damage, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
+    Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
 };
 
 use std::collections::BTreeSet;
@@ -58,33 +71,18 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::apply::{Failed, Parallel, Sequential, Sink};
+use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
-use crate::loader::Loaded;
-use crate::meta::Meta;
-use crate::replay::Replayer;
-use crate::shards::Shards;
+use crate::recovery::apply::{Failed, Parallel, Sequential, Sink};
+use crate::recovery::replay::Replayer;
+use crate::snapshot::meta::Meta;
 use crate::wal::segment::{self, End, HEADER_LEN, HeaderError};
 use crate::wal::writer::SegmentInfo;
 use plan::{Cut, Kept, LogEnd, Plan, Tail};
 
 /// Bytes of log to replay from which a second thread helps apply them.
 const PARALLEL_FROM: u64 = 8 << 20;
-
-/// What recovery does with damage other than a torn tail.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RecoveryMode {
-    /// Refuse: damage anywhere but a torn tail is [`Error::Corrupt`]. The default.
-    #[default]
-    Strict,
-    /// Keep the longest valid prefix of the history; move what is discarded
-    /// aside (`<file>.discarded`, or `<file>.discarded.<n>` if an earlier
-    /// salvage left that name taken) and report it. For an operator who has
-    /// decided that losing the damaged suffix is better than not starting.
-    Salvage,
-}
 
 /// The state and the log as recovery leaves them.
 pub(crate) struct Recovered {
@@ -120,17 +118,6 @@ enum Stop {
     DoesNotApply(Option<Box<Cut>>),
 }
 
-fn io_at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
-    move |e| Error::io(op, path, e)
-}
-
-/// Loads and verifies a snapshot into a fresh state.
-pub(crate) fn load_snapshot(fs: &dyn FileSystem, path: &Path) -> Result<Loaded> {
-    let file = fs.open_read(path).map_err(io_at("open", path))?;
-    let len = file.len().map_err(io_at("stat", path))?;
-    crate::loader::load(path, file, len)
-}
-
 /// Recovers the store in `dir`: the plan, replayed, then repaired.
 pub(crate) fn recover(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<Recovered> {
     let started = Instant::now();
@@ -161,12 +148,14 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
     // snapshot's or from an empty one (docs/transactions.md).
     let kafka = matches!(
         semantics::stored(fs, dir)?,
-        Some((crate::Semantics::Kafka, _))
+        Some((crate::semantics::Semantics::Kafka, _))
     );
     let kafka_base = |meta: &mut Meta| {
         if kafka && meta.kafka.is_none() {
             meta.kafka = Some(Box::new(
-                crate::manager::ProducerStateManager::with_semantics(crate::Semantics::Kafka),
+                crate::engine::ProducerStateManager::with_semantics(
+                    crate::semantics::Semantics::Kafka,
+                ),
             ));
         }
     };
@@ -395,6 +384,27 @@ impl Reading {
     }
 }
 
+/// Refuses a segment whose header disagrees with its name (it is not the
+/// log's) or names another store, before any of its records is applied
+/// (salvage moves it aside whole).
+fn check_belongs(path: &Path, at: &Reading, h: &segment::Header) -> Result<()> {
+    let named = at.named;
+    match (at.store_id, h.store) {
+        _ if h.first_position != named => {
+            let kind = Corruption::NameMismatch {
+                named,
+                header: h.first_position,
+            };
+            Err(Error::corrupt(path, segment::POSITION_AT, kind))
+        }
+        (Some(expected), Some(found)) if expected != found => {
+            let kind = Corruption::ForeignSegment { expected, found };
+            Err(Error::corrupt(path, 20, kind))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Scans one segment into `sink`, applying its records from the plan's
 /// start on: how its records end, or where replay stops in it (a record
 /// that does not apply, the plan's end, a header that is not this
@@ -409,25 +419,9 @@ fn read_segment(
     progress: &mut Progress,
 ) -> Result<ControlFlow<Stop, segment::Scan>> {
     let (path, named) = (&at.path, at.named);
-    let file = fs.open_read(path).map_err(io_at("open", path))?;
-    let len = file.len().map_err(io_at("stat", path))?;
-    // A segment whose header disagrees with its name is not the log's, nor
-    // is one of another store: refuse it before any of its records is
-    // applied (salvage moves it aside whole).
-    let foreign = |h: &segment::Header| match (at.store_id, h.store) {
-        _ if h.first_position != named => {
-            let kind = Corruption::NameMismatch {
-                named,
-                header: h.first_position,
-            };
-            Err(Error::corrupt(path, segment::POSITION_AT, kind))
-        }
-        (Some(expected), Some(found)) if expected != found => {
-            let kind = Corruption::ForeignSegment { expected, found };
-            Err(Error::corrupt(path, 20, kind))
-        }
-        _ => Ok(()),
-    };
+    let file = fs.open_read(path).map_err(Error::at("open", path))?;
+    let len = file.len().map_err(Error::at("stat", path))?;
+    let foreign = |h: &segment::Header| check_belongs(path, at, h);
     let mut reached = false;
     let reader = std::io::BufReader::with_capacity(1 << 20, file);
     let mut scanned = segment::scan(path, reader, len, foreign, |pos, offset, nth, op| {
@@ -502,378 +496,4 @@ fn read_segment(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::batch::AppendRequest;
-    use crate::fs::SimFs;
-    use crate::map::hash_key;
-    use crate::snapshot;
-    use crate::wal::record::{encode, seal};
-    use std::path::PathBuf;
-
-    /// A store directory holding one segment of `n` single-sequence appends
-    /// over 1,000 keys, key `i % 1000` at sequence `i / 1000`, except that
-    /// append `bad` (if any) skips a sequence: it does not apply. Written
-    /// in 64 KiB groups, `packed` as the store writes them (many appends
-    /// per record), else one append per record. Returns the offset and the
-    /// first position of the record holding `bad`.
-    fn log(n: u64, bad: Option<u64>, packed: bool) -> (SimFs, PathBuf, u64, u64) {
-        let fs = SimFs::new();
-        let dir = PathBuf::from("/s");
-        fs.create_dir_all(&dir).unwrap();
-        let mut bytes = segment::header(
-            0,
-            segment::Ids { store: 1, salt: 2 },
-            segment::APPENDED_VERSION,
-        );
-        let seed = crate::wal::record::seed(&bytes[12..36]);
-        let (mut bad_offset, mut bad_record) = (0, 0);
-        let mut group = Vec::new();
-        let mut open = usize::MAX;
-        let mut record_start = 0;
-        for i in 0..n {
-            let seq = (i / 1000) as i32 + i32::from(Some(i) == bad);
-            if !packed {
-                open = usize::MAX;
-            }
-            let before = open;
-            encode(
-                &mut group,
-                &mut open,
-                &AppendRequest::single(i % 1000, 0, 0, seq),
-            );
-            if open != before || !packed {
-                record_start = i;
-            }
-            if Some(i) == bad {
-                bad_offset = (bytes.len() + open) as u64;
-                bad_record = record_start;
-            }
-            if group.len() >= 64 << 10 || i + 1 == n {
-                seal(&mut group, seed, bytes.len() as u64, 0);
-                bytes.append(&mut group);
-                // As `RecordBuf::take`: the next group starts a record.
-                open = usize::MAX;
-            }
-        }
-        let path = dir.join(segment::file_name(0));
-        let mut f = fs.create_new(&path).unwrap();
-        f.write_all(&bytes).unwrap();
-        f.sync_data().unwrap();
-        fs.sync_dir(&dir).unwrap();
-        (fs, dir, bad_offset, bad_record)
-    }
-
-    /// `log(10)` with record 3 damaged, in a segment that is not the last
-    /// (a segment at 10 follows, with no record yet), and a leftover
-    /// temporary snapshot. Returns the two segments, the damaged record's
-    /// offset and the temporary file.
-    /// The header of a segment at 10 of `log`'s store.
-    fn header_at_10() -> Vec<u8> {
-        segment::header(
-            10,
-            segment::Ids { store: 1, salt: 3 },
-            segment::APPENDED_VERSION,
-        )
-    }
-
-    fn damaged_before_the_last_segment() -> (SimFs, PathBuf, [PathBuf; 2], u64, PathBuf) {
-        let (fs, dir, _, _) = log(10, None, false);
-        let seg = dir.join(segment::file_name(0));
-        let mut bytes = fs.read_file(&seg).unwrap();
-        let mut offsets = Vec::new();
-        let len = bytes.len() as u64;
-        let scan = segment::scan(
-            &seg,
-            &bytes[..],
-            len,
-            |_| Ok(()),
-            |_, at, _, _| {
-                offsets.push(at);
-                Ok(())
-            },
-        );
-        assert!(scan.is_ok_and(|s| s.records == 10));
-        // A byte in the middle of record 3.
-        let bad = offsets[3];
-        bytes[(bad + offsets[4]) as usize / 2] ^= 1;
-        fs.overwrite(&seg, &bytes);
-        let next = dir.join(segment::file_name(10));
-        fs.overwrite(&next, &header_at_10());
-        let tmp = dir.join(format!(
-            "{}{}",
-            snapshot::file_name(4),
-            snapshot::TMP_SUFFIX
-        ));
-        fs.overwrite(&tmp, b"cut off");
-        (fs, dir, [seg, next], bad, tmp)
-    }
-
-    #[test]
-    fn a_refused_open_writes_nothing() {
-        let (fs, dir, [seg, _], bad, tmp) = damaged_before_the_last_segment();
-        let before = fs.files();
-        let ops = fs.ops();
-        match recover(&fs, &dir, RecoveryMode::Strict) {
-            Err(Error::Corrupt { file, offset, .. }) => assert_eq!((file, offset), (seg, bad)),
-            other => panic!("{:?}", other.map(|r| r.report)),
-        }
-        // Not even the leftover temporary snapshot is removed: recovery
-        // repairs only what it has decided to open.
-        assert_eq!(fs.ops(), ops, "nothing was written");
-        assert_eq!(fs.files(), before);
-        assert!(fs.read_file(&tmp).is_some());
-    }
-
-    #[test]
-    fn a_dry_run_is_the_plan_an_open_then_makes() {
-        let (fs, dir, [seg, next], bad, tmp) = damaged_before_the_last_segment();
-        let Err(Error::Corrupt { kind, .. }) = recover_dry(&fs, &dir, RecoveryMode::Strict) else {
-            panic!("strict refuses")
-        };
-        let len = fs.read_file(&seg).unwrap().len() as u64;
-        let ops = fs.ops();
-        let dry = recover_dry(&fs, &dir, RecoveryMode::Salvage).unwrap();
-        assert_eq!(fs.ops(), ops, "a dry run writes nothing");
-        assert!(fs.read_file(&tmp).is_some());
-        let aside = |p: &Path| PathBuf::from(format!("{}.discarded", p.display()));
-        let plan = vec![
-            Repair::RemoveTemp { file: tmp.clone() },
-            Repair::MoveAside {
-                file: seg.clone(),
-                from: bad,
-                to: aside(&seg),
-                bytes: len - bad,
-            },
-            Repair::MoveAside {
-                file: next.clone(),
-                from: 0,
-                to: aside(&next),
-                bytes: HEADER_LEN as u64,
-            },
-        ];
-        assert_eq!(dry.report.repairs, plan);
-        assert!(dry.report.dry_run);
-        let salvage = dry.report.salvage.clone().expect("a salvage");
-        assert_eq!(salvage.cause, Damage::new(&seg, bad, kind));
-        assert_eq!(salvage.discarded, vec![aside(&seg), aside(&next)]);
-        assert_eq!(salvage.bytes, len - bad + HEADER_LEN as u64);
-        assert_eq!((dry.next_position, dry.active), (3, Some((bad, 3))));
-
-        // The open makes exactly those repairs, and reports what the dry
-        // run did.
-        let done = recover(&fs, &dir, RecoveryMode::Salvage).unwrap();
-        let mut same = done.report.clone();
-        (same.dry_run, same.duration) = (true, dry.report.duration);
-        assert_eq!(same, dry.report);
-        assert_eq!(
-            (done.next_position, done.active),
-            (dry.next_position, dry.active)
-        );
-        assert!(fs.read_file(&tmp).is_none());
-        assert!(fs.read_file(&next).is_none());
-        assert_eq!(fs.read_file(&seg).unwrap().len() as u64, bad);
-        assert_eq!(fs.read_file(&aside(&seg)).unwrap().len() as u64, len - bad);
-        assert_eq!(fs.read_file(&aside(&next)), Some(header_at_10()));
-        // Nothing is left to repair.
-        let again = recover_dry(&fs, &dir, RecoveryMode::Strict).unwrap();
-        assert_eq!(again.report.repairs, vec![]);
-        assert_eq!(again.next_position, 3);
-    }
-
-    #[test]
-    fn a_skipped_snapshot_says_where_and_what_as_values() {
-        use crate::{ProducerStateStore, StoreOptions};
-        let fs = SimFs::new();
-        let dir = PathBuf::from("/s");
-        let opts = StoreOptions::default()
-            .file_system(std::sync::Arc::new(fs.clone()))
-            .background_snapshots(false);
-        let s = ProducerStateStore::open_with(&dir, opts).unwrap();
-        for k in 0..5u64 {
-            s.append(k, 0, 0, 0).unwrap();
-        }
-        s.snapshot().unwrap();
-        s.close().unwrap();
-        // A copy under a newer name: its header still says 5.
-        let five = fs.read_file(&dir.join(snapshot::file_name(5))).unwrap();
-        let seven = dir.join(snapshot::file_name(7));
-        fs.overwrite(&seven, &five);
-        let r = recover_dry(&fs, &dir, RecoveryMode::Strict).unwrap().report;
-        let kind = Corruption::NameMismatch {
-            named: 7,
-            header: 5,
-        };
-        assert_eq!(
-            r.skipped_snapshots,
-            vec![SkippedSnapshot {
-                file: seven.clone(),
-                offset: 16,
-                kind: kind.clone(),
-            }]
-        );
-        assert_eq!(
-            r.skipped_snapshots[0].to_string(),
-            Error::corrupt(&seven, 16, kind).to_string()
-        );
-        assert_eq!(r.snapshot.map(|u| u.position), Some(5));
-    }
-
-    #[test]
-    fn segments_wholly_below_the_snapshot_are_not_read() {
-        use crate::inspect::{Effect, Role};
-        use crate::{ProducerStateStore, StoreOptions};
-        // Small segments and one snapshot at 120: several segments end
-        // below it.
-        let fs = SimFs::new();
-        let dir = PathBuf::from("/s");
-        let opts = StoreOptions::default()
-            .file_system(std::sync::Arc::new(fs.clone()))
-            .segment_size(1024)
-            .snapshot_every_records(None)
-            .background_snapshots(false);
-        let st = ProducerStateStore::open_with(&dir, opts).unwrap();
-        for i in 0..150u64 {
-            if i == 120 {
-                st.snapshot().unwrap();
-            }
-            st.append(i % 7, 0, 0, (i / 7) as i32).unwrap();
-        }
-        st.close().unwrap();
-        let clean = recover_dry(&fs, &dir, RecoveryMode::Strict).unwrap();
-        let plan = Plan::read(&fs, &dir, RecoveryMode::Strict).unwrap().0;
-        assert_eq!(plan.start, 120);
-        let below = plan.segments.iter().filter(|&&l| l <= 120).count() - 1;
-        assert!(below >= 2, "{:?}", plan.segments);
-        assert_eq!(clean.report.segments_skipped, below);
-        assert_eq!(
-            clean.report.segments_read,
-            plan.segments.len() - below,
-            "the segment holding the start and those after it"
-        );
-        assert!(
-            clean
-                .report
-                .to_string()
-                .contains(&format!("not read: {below} segment(s)"))
-        );
-
-        // Damage in the body of a segment wholly below the snapshot, and
-        // the same segment's first record: recovery never reads it, so the
-        // store opens strictly, to the same state.
-        let seg = plan.segment_path(0);
-        let mut bytes = fs.read_file(&seg).unwrap();
-        for b in bytes.iter_mut().skip(HEADER_LEN) {
-            *b ^= 0x5a;
-        }
-        fs.overwrite(&seg, &bytes);
-        let r = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
-        assert_eq!(r.report.segments_skipped, below);
-        assert_eq!((r.next_position, r.report.keys), (150, 7));
-        for k in 0..7u64 {
-            let id = crate::ProducerId::from(k);
-            let want = clean.shards.get(hash_key(&id, 0), &id, 0).unwrap();
-            let got = r.shards.get(hash_key(&id, 0), &id, 0).unwrap();
-            assert_eq!(got.last_sequence(), want.last_sequence(), "key {k}");
-        }
-        // The inspector still reads it, and flags it as what a fallback
-        // to an older snapshot (or to none) would need.
-        let report =
-            crate::inspect::directory(&crate::fs::ReadOnlyFs(fs.clone()), &dir, &mut |_| {})
-                .unwrap();
-        let f = report.files.iter().find(|f| f.path == seg).unwrap();
-        assert_eq!(f.role, Role::Segment);
-        assert!(f.problem.is_some(), "{f:?}");
-        assert_eq!(f.effect, Effect::NeededByFallback);
-    }
-
-    #[test]
-    fn a_directory_named_like_a_store_file_is_refused_in_every_mode() {
-        for name in ["00000000000000000001.wal", "00000000000000000001.snap"] {
-            let (fs, dir, _, _) = log(10, None, false);
-            fs.create_dir_all(&dir.join(name)).unwrap();
-            for mode in [RecoveryMode::Strict, RecoveryMode::Salvage] {
-                match recover(&fs, &dir, mode) {
-                    Err(Error::NotAFile { path, what }) => {
-                        assert_eq!(path, dir.join(name));
-                        assert_eq!(what, "a directory");
-                    }
-                    other => panic!("{name} {mode:?}: {:?}", other.map(|r| r.report)),
-                }
-            }
-            // Other names are left alone.
-            let (fs, dir, _, _) = log(10, None, false);
-            fs.create_dir_all(&dir.join(format!("{name}.old"))).unwrap();
-            assert_eq!(
-                recover(&fs, &dir, RecoveryMode::Strict)
-                    .unwrap()
-                    .next_position,
-                10
-            );
-        }
-    }
-
-    #[test]
-    fn a_long_log_replays_on_two_threads_to_the_same_state() {
-        // 500k appends in records of about 3,600: 9 MB, above the parallel
-        // threshold.
-        let (fs, dir, _, _) = log(500_000, None, true);
-        let r = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert_eq!(r.report.replay_threads, cores.min(2));
-        assert_eq!(r.report.records_replayed, 500_000);
-        assert_eq!(r.next_position, 500_000);
-        assert_eq!(r.shards.len(), 1000);
-        for k in [0u64, 1, 500, 999] {
-            let id = crate::ProducerId::from(k);
-            let e = r.shards.get(hash_key(&id, 0), &id, 0).unwrap();
-            assert_eq!(e.last_sequence(), 499);
-        }
-    }
-
-    #[test]
-    fn a_record_that_does_not_apply_is_found_exactly_after_a_parallel_replay() {
-        // The parallel replay applies records past the bad one on other
-        // shards; recovery must still name the bad record and salvage
-        // exactly the history before it. Packed, the bad append is in the
-        // middle of a record, which salvage drops whole: the state never
-        // holds part of a record the log no longer has.
-        let bad = 300_123;
-        for packed in [false, true] {
-            let (fs, dir, offset, record) =
-                log(if packed { 500_000 } else { 320_000 }, Some(bad), packed);
-            assert_eq!(record == bad, !packed);
-            match recover(&fs, &dir, RecoveryMode::Strict) {
-                Err(Error::Corrupt {
-                    offset: o, kind, ..
-                }) => {
-                    assert_eq!(o, offset);
-                    assert!(
-                        matches!(kind, Corruption::RecordDoesNotApply { position, .. } if position == bad),
-                        "{kind:?}"
-                    );
-                }
-                other => panic!("{:?}", other.map(|r| r.report)),
-            }
-            let r = recover(&fs, &dir, RecoveryMode::Salvage).unwrap();
-            assert_eq!(r.report.replay_threads, 1, "found by the sequential replay");
-            assert_eq!(r.next_position, record);
-            assert_eq!(r.report.records_replayed, record);
-            assert_eq!(r.active.map(|(len, _)| len), Some(offset));
-            for k in 0..1000u64 {
-                let id = crate::ProducerId::from(k);
-                let last = r
-                    .shards
-                    .get(hash_key(&id, 0), &id, 0)
-                    .unwrap()
-                    .last_sequence();
-                // Key k's last append before `record` is the largest i < record with i % 1000 == k.
-                let want = ((record - 1 - (record - 1 + 1000 - k) % 1000) / 1000) as i32;
-                assert_eq!(last, want, "key {k}");
-            }
-            // Opening the salvaged log again agrees.
-            let again = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
-            assert_eq!(again.next_position, record);
-        }
-    }
-}
+mod tests;

@@ -15,15 +15,14 @@ use std::collections::BTreeSet;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
-use super::report::{Damage, RecoveryReport, Repair, SkippedSnapshot, SnapshotUsed};
-use super::{RecoveryMode, io_at, load_snapshot};
+use super::report::{Damage, RecoveryMode, RecoveryReport, Repair, SkippedSnapshot, SnapshotUsed};
+use crate::directory::names::{self, StoreFile, classify, discarded_name, discarded_number};
+use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
-use crate::files::{StoreFile, classify};
 use crate::fs::{DirEntry, EntryKind, FileSystem};
-use crate::loader::Loaded;
-use crate::meta::Meta;
-use crate::shards::Shards;
+use crate::recovery::loader::{Loaded, load_file};
 use crate::snapshot;
+use crate::snapshot::meta::Meta;
 use crate::wal::segment;
 use crate::wal::writer::SegmentInfo;
 
@@ -125,7 +124,7 @@ impl Plan {
         dir: &Path,
         mode: RecoveryMode,
     ) -> Result<(Plan, (Shards, Meta))> {
-        let listing = fs.list(dir).map_err(io_at("list", dir))?;
+        let listing = fs.list(dir).map_err(Error::at("list", dir))?;
         refuse_what_is_not_a_file(fs, dir, &listing)?;
         let mut plan = Plan {
             dir: dir.to_path_buf(),
@@ -164,7 +163,7 @@ impl Plan {
         plan.log_bytes = listing
             .iter()
             .filter(|e| {
-                segment::parse_name(&e.name).is_some_and(|l| first.is_some_and(|&f| l >= f))
+                names::parse_segment_name(&e.name).is_some_and(|l| first.is_some_and(|&f| l >= f))
             })
             .map(|e| e.len)
             .sum();
@@ -174,8 +173,8 @@ impl Plan {
     /// Loads the newest snapshot that verifies, noting those that do not.
     fn pick_base(&mut self, fs: &dyn FileSystem) -> Result<(Shards, Meta)> {
         for &pos in self.snapshot_files.iter().rev() {
-            let path = self.dir.join(snapshot::file_name(pos));
-            let loaded = load_snapshot(fs, &path).and_then(|l| {
+            let path = self.dir.join(names::snapshot_name(pos));
+            let loaded = load_file(fs, &path).and_then(|l| {
                 let h = l.header;
                 if h.position == pos {
                     Ok((h, l.shards, l.meta))
@@ -218,7 +217,7 @@ impl Plan {
     pub(crate) fn base_state(&self, fs: &dyn FileSystem) -> Result<(Shards, Meta)> {
         Ok(match &self.base {
             Some(s) => {
-                let Loaded { shards, meta, .. } = load_snapshot(fs, &s.file)?;
+                let Loaded { shards, meta, .. } = load_file(fs, &s.file)?;
                 (shards, meta)
             }
             None => (Shards::default(), Meta::default()),
@@ -227,7 +226,7 @@ impl Plan {
 
     pub(crate) fn segment_path(&self, seg: usize) -> PathBuf {
         let pos = self.segments.get(seg).copied().unwrap_or_default();
-        self.dir.join(segment::file_name(pos))
+        self.dir.join(names::segment_name(pos))
     }
 
     /// The log replay needs is gone: no segment starts at or before the
@@ -322,12 +321,12 @@ impl Plan {
         let mut active = cut.prev;
         for idx in cut.seg..self.segments.len() {
             let file = self.segment_path(idx);
-            let name = segment::file_name(self.segments.get(idx).copied().unwrap_or_default());
+            let name = names::segment_name(self.segments.get(idx).copied().unwrap_or_default());
             let to = aside_path(fs, &self.dir, &name, &mut self.names)?;
             let len = fs
                 .open_read(&file)
                 .and_then(|f| f.len())
-                .map_err(io_at("stat", &file))?;
+                .map_err(Error::at("stat", &file))?;
             let from = match cut.keep.filter(|_| idx == cut.seg) {
                 Some(keep) => {
                     active = Some(keep);
@@ -431,12 +430,12 @@ impl Plan {
     /// under the next name).
     pub(crate) fn repair(&self, fs: &dyn FileSystem) -> Result<()> {
         let dir = &self.dir;
-        let sync_dir = || fs.sync_dir(dir).map_err(io_at("fsync directory", dir));
+        let sync_dir = || fs.sync_dir(dir).map_err(Error::at("fsync directory", dir));
         let mut unsynced = false;
         for r in &self.repairs {
             match r {
                 Repair::RemoveTemp { file } | Repair::RemoveEmptySegment { file } => {
-                    fs.remove_file(file).map_err(io_at("remove", file))?;
+                    fs.remove_file(file).map_err(Error::at("remove", file))?;
                     unsynced = true;
                 }
                 Repair::Truncate { file, len, .. } => {
@@ -448,10 +447,10 @@ impl Plan {
                 Repair::MoveAside {
                     file, from: 0, to, ..
                 } => {
-                    if fs.kind(to).map_err(io_at("stat", to))?.is_some() {
+                    if fs.kind(to).map_err(Error::at("stat", to))?.is_some() {
                         return Err(taken(to));
                     }
-                    fs.rename(file, to).map_err(io_at("rename", file))?;
+                    fs.rename(file, to).map_err(Error::at("rename", file))?;
                     unsynced = true;
                 }
                 Repair::MoveAside { file, from, to, .. } => {
@@ -471,9 +470,9 @@ impl Plan {
 }
 
 fn truncate(fs: &dyn FileSystem, file: &Path, len: u64) -> Result<()> {
-    let mut f = fs.open_append(file).map_err(io_at("open", file))?;
-    f.set_len(len).map_err(io_at("truncate", file))?;
-    f.sync_data().map_err(io_at("fsync", file))
+    let mut f = fs.open_append(file).map_err(Error::at("open", file))?;
+    f.set_len(len).map_err(Error::at("truncate", file))?;
+    f.sync_data().map_err(Error::at("fsync", file))
 }
 
 fn taken(path: &Path) -> Error {
@@ -498,25 +497,7 @@ fn refuse_what_is_not_a_file(fs: &dyn FileSystem, dir: &Path, listing: &[DirEntr
     else {
         return Ok(());
     };
-    Err(crate::files::not_a_file(fs, dir.join(&e.name), e.kind))
-}
-
-/// What salvage appends to the name of a file it moves aside.
-pub(crate) const DISCARDED: &str = ".discarded";
-
-/// The number of a name salvage gave a piece of `file`:
-/// `<file>.discarded` is 0, `<file>.discarded.<n>` is n; `None` for any
-/// other name.
-pub(crate) fn discarded_number(file: &str, name: &str) -> Option<u64> {
-    let rest = name.strip_prefix(file)?.strip_prefix(DISCARDED)?;
-    if rest.is_empty() {
-        return Some(0);
-    }
-    let digits = rest.strip_prefix('.')?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    Err(crate::directory::not_a_file(fs, dir.join(&e.name), e.kind))
 }
 
 /// A name for what salvage moves aside from `file` that no file has:
@@ -537,26 +518,22 @@ pub(crate) fn aside_path(
         .max();
     let mut n = highest.map_or(Some(0), |h| h.checked_add(1));
     while let Some(k) = n {
-        let name = if k == 0 {
-            format!("{file}{DISCARDED}")
-        } else {
-            format!("{file}{DISCARDED}.{k}")
-        };
+        let name = discarded_name(file, k);
         let path = dir.join(&name);
-        if !in_use.contains(&name) && fs.kind(&path).map_err(io_at("stat", &path))?.is_none() {
+        if !in_use.contains(&name) && fs.kind(&path).map_err(Error::at("stat", &path))?.is_none() {
             in_use.insert(name);
             return Ok(path);
         }
         n = k.checked_add(1);
     }
-    Err(taken(&dir.join(format!("{file}{DISCARDED}"))))
+    Err(taken(&dir.join(discarded_name(file, 0))))
 }
 
 /// Copies `from` on of `src` into the new file `dst` and makes it durable.
 fn copy_tail(fs: &dyn FileSystem, src: &Path, from: u64, dst: &Path) -> Result<()> {
-    let mut f = fs.open_read(src).map_err(io_at("open", src))?;
+    let mut f = fs.open_read(src).map_err(Error::at("open", src))?;
     let skipped = std::io::copy(&mut (&mut f).take(from), &mut std::io::sink())
-        .map_err(io_at("read", src))?;
+        .map_err(Error::at("read", src))?;
     if skipped != from {
         return Err(Error::io(
             "read",
@@ -567,21 +544,22 @@ fn copy_tail(fs: &dyn FileSystem, src: &Path, from: u64, dst: &Path) -> Result<(
             ),
         ));
     }
-    let mut out = fs.create_new(dst).map_err(io_at("create", dst))?;
+    let mut out = fs.create_new(dst).map_err(Error::at("create", dst))?;
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f.read(&mut buf).map_err(io_at("read", src))?;
+        let n = f.read(&mut buf).map_err(Error::at("read", src))?;
         let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else {
             break;
         };
-        out.write_all(chunk).map_err(io_at("write", dst))?;
+        out.write_all(chunk).map_err(Error::at("write", dst))?;
     }
-    out.sync_data().map_err(io_at("fsync", dst))
+    out.sync_data().map_err(Error::at("fsync", dst))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::directory::names::DISCARDED;
     use crate::fs::SimFs;
 
     #[test]
@@ -589,12 +567,12 @@ mod tests {
         let fs = SimFs::new();
         let dir = PathBuf::from("/s");
         fs.create_dir_all(&dir).unwrap();
-        let seg = segment::file_name(66);
+        let seg = names::segment_name(66);
         let mut in_use: BTreeSet<String> = [
             seg.clone(),
             format!("{seg}.discarded.2"),
             format!("{seg}.discarded.x"),
-            format!("{}.discarded.7", segment::file_name(6)),
+            format!("{}.discarded.7", names::segment_name(6)),
         ]
         .into_iter()
         .collect();
@@ -614,10 +592,10 @@ mod tests {
         fs.overwrite(&dir.join(format!("{seg}.discarded.5")), b"x");
         assert_eq!(next(&mut in_use), format!("{seg}.discarded.6"));
         let mut empty = BTreeSet::new();
-        let first = aside_path(&fs, &dir, &segment::file_name(9), &mut empty).unwrap();
+        let first = aside_path(&fs, &dir, &names::segment_name(9), &mut empty).unwrap();
         assert_eq!(
             first,
-            dir.join(format!("{}.discarded", segment::file_name(9)))
+            dir.join(format!("{}.discarded", names::segment_name(9)))
         );
         // A number that cannot grow is an error, not a replaced file.
         let mut full: BTreeSet<String> = [format!("{seg}.discarded.{}", u64::MAX)].into();
@@ -629,9 +607,9 @@ mod tests {
             .chain(&empty)
             .filter(|n| n.contains(DISCARDED))
         {
-            assert_eq!(segment::parse_name(name), None, "{name}");
-            assert_eq!(snapshot::parse_name(name), None, "{name}");
-            assert!(!name.ends_with(snapshot::TMP_SUFFIX), "{name}");
+            assert_eq!(names::parse_segment_name(name), None, "{name}");
+            assert_eq!(names::parse_snapshot_name(name), None, "{name}");
+            assert!(!name.ends_with(names::SNAPSHOT_TMP_SUFFIX), "{name}");
         }
         assert_eq!(discarded_number(&seg, &format!("{seg}.discarded")), Some(0));
         assert_eq!(discarded_number(&seg, &format!("{seg}.discarded.")), None);

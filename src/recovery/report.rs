@@ -16,6 +16,20 @@ use std::time::Duration;
 
 use crate::error::{Corruption, Error};
 
+/// What recovery does with damage other than a torn tail.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecoveryMode {
+    /// Refuse: damage anywhere but a torn tail is [`Error::Corrupt`]. The default.
+    #[default]
+    Strict,
+    /// Keep the longest valid prefix of the history; move what is discarded
+    /// aside (`<file>.discarded`, or `<file>.discarded.<n>` if an earlier
+    /// salvage left that name taken) and report it. For an operator who has
+    /// decided that losing the damaged suffix is better than not starting.
+    Salvage,
+}
+
 /// The snapshot recovery started from.
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -218,6 +232,23 @@ impl fmt::Display for Repair {
 }
 
 /// What recovery found and did.
+///
+/// ```
+/// use producer_state::ProducerStateStore;
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = ProducerStateStore::open(dir.path())?;
+/// store.append("p1", 0, 0, 0)?;
+/// store.append("p1", 0, 0, 1)?;
+/// store.close()?;
+///
+/// let store = ProducerStateStore::open(dir.path())?;
+/// let report = store.recovery_report();
+/// assert_eq!((report.records_replayed, report.keys), (2, 1));
+/// assert!(report.torn_tail.is_none() && report.skipped_snapshots.is_empty());
+/// assert_eq!(report.clean_shutdown, Some(true));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryReport {

@@ -3,7 +3,7 @@
 //!
 //! A `Semantics::Kafka` store flags every segment it creates (segment
 //! header flag [`FLAG_KAFKA`](crate::wal::segment::FLAG_KAFKA)) and every
-//! snapshot it writes (snapshot header flag bit 0); a seed store flags
+//! snapshot it writes (snapshot header flag bit 0); a strict store flags
 //! none, so its files are what they were before Kafka mode existed. The
 //! store compares this with the semantics it was opened with and refuses a
 //! mismatch before recovery reads or writes anything: replaying a log
@@ -15,8 +15,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::directory::names::{StoreFile, classify};
 use crate::error::{Error, Result};
-use crate::files::{StoreFile, classify};
 use crate::fs::FileSystem;
 use crate::semantics::Semantics;
 use crate::snapshot;
@@ -57,7 +57,7 @@ pub(crate) fn stored(fs: &dyn FileSystem, dir: &Path) -> Result<Option<(Semantic
         let s = if kafka {
             Semantics::Kafka
         } else {
-            Semantics::Seed
+            Semantics::Strict
         };
         match &found {
             None => found = Some((s, path)),
@@ -81,7 +81,7 @@ pub(crate) fn stored(fs: &dyn FileSystem, dir: &Path) -> Result<Option<(Semantic
 fn head(fs: &dyn FileSystem, path: &Path) -> Option<Vec<u8>> {
     let mut f = fs.open_read(path).ok()?;
     let mut buf = vec![0u8; HEADER_LEN.max(snapshot::HEADER_LEN)];
-    let n = segment::read_full(&mut f, &mut buf).ok()?;
+    let n = crate::fs::read_full(&mut f, &mut buf).ok()?;
     buf.truncate(n);
     Some(buf)
 }

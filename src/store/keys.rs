@@ -1,7 +1,7 @@
-//! What the store's one lock guards: the keys the rules see (the committed
-//! state, the keys with operations in flight, the pre-images a running
-//! snapshot needs), the store-level state beside them, and the log queue
-//! that orders their records.
+//! The keys behind the store's one lock: the committed state the rules
+//! see, the keys with operations in flight, the pre-images a running
+//! snapshot needs, and the store-level state beside them. How a change is
+//! decided and queued against them is `state.rs`.
 //!
 //! One lock for all of it, because the order in which operations are
 //! decided must be the order of their records in the log.
@@ -20,38 +20,36 @@ use std::collections::HashMap;
 
 use hashbrown::HashTable;
 
-use super::commit::{Host, LogQueue};
 use super::order::Order;
 use crate::batch::AppendRequest;
-use crate::entry::ProducerEntry;
-use crate::error::Error;
+use crate::engine::entry::ProducerEntry;
+use crate::engine::info::ProducerInfo;
+use crate::engine::map::{Activity, Apply};
+use crate::engine::rules::{self, UnknownProducer};
+use crate::engine::shards::{SHARDS, Shards, shard_of};
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
-use crate::map::{Activity, Apply};
-use crate::meta::Meta;
 use crate::outcome::BatchOutcome;
-use crate::replay::append_offset;
-use crate::rules::{self, UnknownProducer};
-use crate::shards::{SHARDS, Shards, WARM_CHUNK, shard_of};
-use crate::wal::op::{self, GroupKind, RemoveReason};
+use crate::recovery::replay::append_offset;
+use crate::snapshot::meta::Meta;
+use crate::wal::op::{GroupKind, RemoveReason};
 
 /// A key's state as the log will say once everything in flight is
 /// durable: its entry and last activity, or `None` (no state).
 pub(super) type Spec = Option<(ProducerEntry, i64)>;
 
 /// A key with records in flight (queued or written, not yet durable).
-struct Pending {
-    hash: u64,
-    id: ProducerId,
-    partition: i32,
+pub(super) struct Pending {
+    pub(super) hash: u64,
+    pub(super) id: ProducerId,
+    pub(super) partition: i32,
     /// The key's state once everything in flight is applied.
-    state: Spec,
+    pub(super) state: Spec,
     /// Why it has none, if it was removed by an expiration or eviction in
     /// flight (the filter learns it when that is durable).
-    removed_as: Option<RemoveReason>,
+    pub(super) removed_as: Option<RemoveReason>,
     /// Position and group of the key's last record in flight.
-    pos: u64,
-    group: u64,
+    pub(super) pos: u64,
+    pub(super) group: u64,
 }
 
 /// A queued change waiting to be applied once durable (`Always`), in log
@@ -111,61 +109,6 @@ impl Capture {
     }
 }
 
-/// What submitting one request came to.
-pub(super) enum Submit {
-    Done(BatchOutcome),
-    /// `Always`: accepted and queued at this position, in this group: wait
-    /// for it.
-    Queued {
-        group: u64,
-        pos: u64,
-    },
-    /// `Always`: the key has records in flight up to this position (in
-    /// this group) and the request is not their continuation, or a full
-    /// table has no key to evict but keys in flight: wait, then submit
-    /// again.
-    Wait {
-        group: u64,
-        pos: u64,
-    },
-    /// Refused before anything was written.
-    Refused(Error),
-}
-
-/// Whether a removal for this reason is remembered by the removed-key
-/// filter (the store forgot the key by its own choice).
-fn remembered(reason: RemoveReason) -> bool {
-    matches!(reason, RemoveReason::Expired | RemoveReason::Evicted)
-}
-
-/// What the lifecycle options say, as the lock's holder needs them.
-pub(super) struct Life {
-    pub(super) always: bool,
-    pub(super) unknown: UnknownProducer,
-    pub(super) cap: Option<usize>,
-    /// At the cap: refuse new keys instead of evicting.
-    pub(super) refuse: bool,
-}
-
-impl Life {
-    /// Keys one eviction pass removes at a cap of `cap`: a 256th of the
-    /// cap, at least one (docs/lifecycle.md).
-    pub(super) fn evict_batch(cap: usize) -> usize {
-        (cap / SHARDS).max(1)
-    }
-}
-
-/// Counters of the lifecycle operations since the store was opened.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct LifeStats {
-    pub(super) expired: u64,
-    pub(super) evicted: u64,
-    pub(super) partition_removed: u64,
-    pub(super) truncations: u64,
-    pub(super) truncated_keys: u64,
-    pub(super) imported: u64,
-}
-
 /// The keys the rules see.
 pub(super) struct Keys {
     /// Under `Always`, the state of the durable records; under the
@@ -174,7 +117,7 @@ pub(super) struct Keys {
     /// The store-level state, on the same terms.
     pub(super) meta: Meta,
     /// `Always`: the keys with records in flight.
-    overlay: HashTable<Pending>,
+    pub(super) overlay: HashTable<Pending>,
     pub(super) capture: Option<Capture>,
     /// Eviction order, when a cap is set.
     pub(super) order: Option<Order>,
@@ -196,7 +139,12 @@ impl Keys {
         }
     }
 
-    fn overlay_find(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<&Pending> {
+    pub(super) fn overlay_find(
+        &self,
+        hash: u64,
+        id: &ProducerId,
+        partition: i32,
+    ) -> Option<&Pending> {
         self.overlay
             .find(hash, |p| p.partition == partition && p.id == *id)
     }
@@ -245,7 +193,7 @@ impl Keys {
                 if p != partition {
                     continue;
                 }
-                let h = crate::map::hash_key(&id, p);
+                let h = crate::engine::map::hash_key(&id, p);
                 match self.overlay_find(h, &id, p) {
                     Some(pending) if pending.state.is_none() => {}
                     _ => out.push((h, id, p)),
@@ -264,16 +212,14 @@ impl Keys {
     }
 
     /// Notes a key's speculative state after a record at `pos` in `group`.
-    #[allow(clippy::too_many_arguments)]
-    fn set_spec(
+    /// `key` is the key's hash, id and partition; `at` the record's
+    /// position and group.
+    pub(super) fn set_spec(
         &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
+        (hash, id, partition): (u64, &ProducerId, i32),
         state: Spec,
         removed_as: Option<RemoveReason>,
-        pos: u64,
-        group: u64,
+        (pos, group): (u64, u64),
     ) {
         match self
             .overlay
@@ -305,7 +251,7 @@ impl Keys {
 
     /// Forgets a key's in-flight state once its record at `pos` is applied
     /// (unless a later record of it is in flight).
-    fn settle(&mut self, hash: u64, id: &ProducerId, partition: i32, pos: u64) {
+    pub(super) fn settle(&mut self, hash: u64, id: &ProducerId, partition: i32, pos: u64) {
         if let Ok(entry) = self
             .overlay
             .find_entry(hash, |p| p.partition == partition && p.id == *id)
@@ -363,14 +309,14 @@ impl Keys {
     /// Removes a key from the committed state, the filter left to the
     /// caller. The eviction order finds out at its next eviction (no key
     /// has the rank it listed).
-    fn forget(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+    pub(super) fn forget(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
         self.shards.remove(hash, id, partition)
     }
 
     /// Buffered policies: classifies and applies an append at once; also
     /// says whether it created the key.
     #[inline]
-    fn append_now(
+    pub(super) fn append_now(
         &mut self,
         hash: u64,
         r: &AppendRequest,
@@ -386,7 +332,7 @@ impl Keys {
     }
 
     /// What a group's completion does to the store-level state.
-    fn group_done(&mut self, kind: GroupKind, arg: i64) {
+    pub(super) fn group_done(&mut self, kind: GroupKind, arg: i64) {
         match kind {
             GroupKind::Truncate => self.meta.high = arg.saturating_sub(1),
             GroupKind::Import => self.meta.high = self.meta.high.max(arg),
@@ -400,7 +346,7 @@ impl Keys {
     /// committed state has become once every record before it is applied:
     /// a request that does not continue a key's records in flight waits
     /// until they are durable.
-    fn apply_durable(&mut self, group: Vec<Queued>) {
+    pub(super) fn apply_durable(&mut self, group: Vec<Queued>) {
         for q in group {
             match q {
                 Queued::Append {
@@ -473,469 +419,8 @@ pub(super) fn next_entry(
     })
 }
 
-/// Everything behind the store's lock.
-pub(super) struct State {
-    pub(super) keys: Keys,
-    pub(super) log: LogQueue<Queued>,
-    /// Positions and bytes of log since the last snapshot.
-    pub(super) since_snapshot: (u64, u64),
-    /// The automatic snapshot thresholds (positions, bytes).
-    pub(super) snapshot_every: (Option<u64>, Option<u64>),
-    /// A threshold was crossed and the snapshot has not started yet.
-    pub(super) snapshot_requested: bool,
-    pub(super) snapshots_written: u64,
-    /// The log clock once every record queued is applied.
-    pub(super) spec_clock: i64,
-    /// Keys with state once every record queued is applied.
-    pub(super) spec_len: usize,
-    pub(super) life: Life,
-    pub(super) life_stats: LifeStats,
-    /// Appends answered accepted, duplicate, out of order, fenced (in
-    /// [`AppendOutcome`](crate::AppendOutcome) order), counted where they
-    /// are decided: under this lock, for nothing. Under `Always` an
-    /// accepted append is counted when its record is durable (it is
-    /// answered `ACCEPTED` exactly then).
-    pub(super) answered: [u64; 4],
-}
-
-impl State {
-    pub(super) fn new(keys: Keys, log: LogQueue<Queued>, life: Life) -> State {
-        State {
-            spec_clock: keys.meta.clock,
-            spec_len: keys.shards.len(),
-            keys,
-            log,
-            since_snapshot: (0, 0),
-            snapshot_every: (None, None),
-            snapshot_requested: false,
-            snapshots_written: 0,
-            life,
-            life_stats: LifeStats::default(),
-            answered: [0; 4],
-        }
-    }
-
-    /// Counts what was just queued toward the snapshot thresholds.
-    pub(super) fn counted(&mut self, bytes_before: usize, positions: u64) {
-        self.since_snapshot.0 += positions;
-        self.since_snapshot.1 += (self.log.buffered() - bytes_before) as u64;
-    }
-
-    fn enqueue_record(&mut self, r: &AppendRequest) -> u64 {
-        let before = self.log.buffered();
-        let pos = self.log.push(r);
-        self.counted(before, 1);
-        pos
-    }
-
-    /// The time an append takes as its key's activity: its batch's
-    /// timestamp, or the log clock, which a reading `now` moves forward.
-    #[inline]
-    fn activity(&self, r: &AppendRequest, now: i64) -> i64 {
-        r.metadata.map_or(self.spec_clock.max(now), |m| m.timestamp)
-    }
-
-    /// Logs the clock before an accepted single-sequence append at `act`
-    /// if it moved.
-    #[inline]
-    fn log_clock(&mut self, r: &AppendRequest, act: i64) {
-        if r.metadata.is_some() || act == self.spec_clock {
-            return;
-        }
-        let before = self.log.buffered();
-        self.log.push_op(|b| {
-            op::encode_clock(b, act);
-            (0, ())
-        });
-        self.counted(before, 0);
-        self.spec_clock = act;
-        if self.life.always {
-            self.log.queue(Queued::Clock(act));
-        } else {
-            self.keys.meta.clock = act;
-        }
-    }
-
-    /// Logs the marker that lets replay accept an append for a key without
-    /// state at a sequence other than 0.
-    fn log_accepted_unknown(&mut self) {
-        let before = self.log.buffered();
-        self.log.push_op(|b| {
-            op::encode_accepted_unknown(b);
-            (0, ())
-        });
-        self.counted(before, 0);
-    }
-
-    /// `Always`: classifies against the in-flight state if the key has one,
-    /// else the committed state; makes room for a new key at the cap;
-    /// queues an accepted request (after its clock record, if the clock
-    /// moved).
-    pub(super) fn submit_durable(&mut self, hash: u64, r: &AppendRequest, now: i64) -> Submit {
-        let (base, in_flight) = self.keys.spec(hash, &r.producer_id, r.partition);
-        let entry = match next_entry(base.map(|(e, _)| e), r, self.life.unknown) {
-            Ok(e) => e,
-            Err(outcome) => {
-                return match in_flight {
-                    Some((group, pos)) => Submit::Wait { group, pos },
-                    None => {
-                        self.answered[outcome.outcome() as usize] += 1;
-                        Submit::Done(outcome)
-                    }
-                };
-            }
-        };
-        let new_key = base.is_none();
-        if new_key && let Err(s) = self.make_room(hash, r) {
-            return s;
-        }
-        let act = self.activity(r, now);
-        self.log_clock(r, act);
-        if new_key && r.first != 0 {
-            self.log_accepted_unknown();
-        }
-        let pos = self.enqueue_record(r);
-        let group = self.log.group();
-        self.log.queue(Queued::Append {
-            hash,
-            request: r.clone(),
-            entry,
-            act,
-            pos,
-        });
-        self.keys.set_spec(
-            hash,
-            &r.producer_id,
-            r.partition,
-            Some((entry, act)),
-            None,
-            pos,
-            group,
-        );
-        self.spec_len += usize::from(new_key);
-        Submit::Queued { group, pos }
-    }
-
-    /// Buffered policies: classify, apply and queue the record at once.
-    #[inline]
-    pub(super) fn submit_buffered(
-        &mut self,
-        hash: u64,
-        r: &AppendRequest,
-        now: i64,
-    ) -> Result<BatchOutcome, Error> {
-        if self.life.cap.is_some_and(|cap| self.spec_len >= cap)
-            && !self.keys.shards.contains(hash, &r.producer_id, r.partition)
-        {
-            // A new key in a full table: rule 1 alone decides.
-            if let Err(outcome) = next_entry(None, r, self.life.unknown) {
-                return Ok(outcome);
-            }
-            if let Err(s) = self.make_room(hash, r) {
-                return match s {
-                    Submit::Refused(e) => Err(e),
-                    _ => Err(Error::Internal("a buffered append waited for room")),
-                };
-            }
-        }
-        let pos = self.log.next_position();
-        if self.keys.capture.is_some() {
-            // If the append is rejected, the pre-image equals the current
-            // entry, which is harmless.
-            self.keys
-                .save_pre_image(hash, &r.producer_id, r.partition, pos);
-        }
-        let act = self.activity(r, now);
-        let how = Apply {
-            unknown: self.life.unknown,
-            x: Activity::new(act),
-        };
-        let (outcome, new_key) = self.keys.append_now(hash, r, how);
-        self.answered[outcome.outcome() as usize] += 1;
-        if outcome.is_accepted() {
-            self.log_clock(r, act);
-            if new_key && r.first != 0 {
-                self.log_accepted_unknown();
-            }
-            let pos = self.enqueue_record(r);
-            self.keys.meta.high = self.keys.meta.high.max(append_offset(r, pos));
-            self.spec_len += usize::from(new_key);
-        }
-        Ok(outcome)
-    }
-
-    /// Before a new key is added: at the cap, evicts the least recently
-    /// active keys (none of them `r`'s, none with records in flight) or
-    /// refuses. `Err` is what the submit comes to instead.
-    fn make_room(&mut self, hash: u64, r: &AppendRequest) -> Result<(), Submit> {
-        let Some(cap) = self.life.cap else {
-            return Ok(());
-        };
-        if self.spec_len < cap {
-            return Ok(());
-        }
-        if self.life.refuse {
-            return Err(Submit::Refused(Error::TooManyProducers { max: cap }));
-        }
-        // A pass evicts a batch; more if the cap was lowered since the
-        // table filled.
-        let n = Life::evict_batch(cap).max(self.spec_len + 1 - cap);
-        let mut order = self.keys.order.take().unwrap_or_default();
-        // Buffered, and no snapshot needing the victims' states as they
-        // were: removed from the table as they are found (their records
-        // and the filter follow in `log_removal`).
-        let at_once = !self.life.always && self.keys.capture.is_none();
-        let Keys {
-            shards, overlay, ..
-        } = &mut self.keys;
-        let excluded = |h: u64, id: &ProducerId, p: i32| {
-            (h == hash && *id == r.producer_id && p == r.partition)
-                || (!overlay.is_empty()
-                    && overlay
-                        .find(h, |q| q.partition == p && q.id == *id)
-                        .is_some())
-        };
-        let victims = if at_once {
-            order.remove_victims(shards, n, excluded)
-        } else {
-            order.victims(shards, n, excluded)
-        };
-        self.keys.order = Some(order);
-        if victims.is_empty() {
-            // Every key is in flight: wait for them.
-            return Err(match self.log.last_queued() {
-                Some((group, pos)) => Submit::Wait { group, pos },
-                None => Submit::Refused(Error::Internal(
-                    "a full table has no key to evict and none in flight",
-                )),
-            });
-        }
-        self.life_stats.evicted += victims.len() as u64;
-        self.log_removal_of(RemoveReason::Evicted, victims, at_once);
-        Ok(())
-    }
-
-    /// Logs the removal of `keys` (a record per 64 KiB of keys) and
-    /// applies it: at once (buffered policies) or once durable (`Always`,
-    /// the keys' speculative states removed meanwhile). Returns the last
-    /// record's position.
-    pub(super) fn log_removal(
-        &mut self,
-        reason: RemoveReason,
-        keys: Vec<(u64, ProducerId, i32)>,
-    ) -> u64 {
-        self.log_removal_of(reason, keys, false)
-    }
-
-    /// [`State::log_removal`]; `removed`: the buffered policies only, the
-    /// keys are already gone from the table (`Order::remove_victims`), and
-    /// no snapshot is capturing.
-    fn log_removal_of(
-        &mut self,
-        reason: RemoveReason,
-        keys: Vec<(u64, ProducerId, i32)>,
-        removed: bool,
-    ) -> u64 {
-        let before = self.log.buffered();
-        let (first, counts) = self.log.push_op(|b| {
-            let c = op::encode_removes(b, reason, keys.iter().map(|(_, id, p)| (id, *p)));
-            (c.len() as u64, c)
-        });
-        self.counted(before, counts.len() as u64);
-        let group = self.log.group();
-        let mut keys = keys.into_iter();
-        let mut pos = first;
-        for (i, n) in counts.iter().enumerate() {
-            pos = first + i as u64;
-            let chunk: Vec<_> = keys.by_ref().take(*n).collect();
-            if self.life.always {
-                for (hash, id, p) in &chunk {
-                    let removed_as = (!reason.in_group()).then_some(reason);
-                    self.keys
-                        .set_spec(*hash, id, *p, None, removed_as, pos, group);
-                }
-                self.spec_len -= chunk.len();
-                self.log.queue(Queued::Remove {
-                    reason,
-                    keys: chunk,
-                    pos,
-                });
-            } else {
-                // The filter first, in a loop of its own: its blocks' cache
-                // misses overlap, where between two table removals they
-                // would not.
-                if remembered(reason) {
-                    self.keys
-                        .meta
-                        .filter
-                        .insert_all(chunk.iter().map(|(hash, _, _)| *hash));
-                }
-                if removed {
-                    self.spec_len -= chunk.len();
-                    continue;
-                }
-                let mut hashes = [0u64; WARM_CHUNK];
-                for part in chunk.chunks(WARM_CHUNK) {
-                    // Bring their slots in first: their cache misses
-                    // overlap (see `Shards::warm_hashes`).
-                    for (h, (hash, _, _)) in hashes.iter_mut().zip(part) {
-                        *h = *hash;
-                    }
-                    self.keys
-                        .shards
-                        .warm_hashes(hashes.get(..part.len()).unwrap_or_default());
-                    for (hash, id, p) in part {
-                        self.keys.save_pre_image(*hash, id, *p, pos);
-                        if self.keys.forget(*hash, id, *p) {
-                            self.spec_len -= 1;
-                        }
-                    }
-                }
-            }
-        }
-        pos
-    }
-
-    /// Logs key states (a record per 64 KiB) and applies them, like
-    /// [`State::log_removal`].
-    pub(super) fn log_sets(&mut self, entries: Vec<(u64, ProducerInfo)>) -> u64 {
-        let before = self.log.buffered();
-        let (first, counts) = self.log.push_op(|b| {
-            let c = op::encode_sets(b, entries.iter().map(|(_, i)| i));
-            (c.len() as u64, c)
-        });
-        self.counted(before, counts.len() as u64);
-        let group = self.log.group();
-        let mut entries = entries.into_iter();
-        let mut pos = first;
-        for (i, n) in counts.iter().enumerate() {
-            pos = first + i as u64;
-            let chunk: Vec<_> = entries.by_ref().take(*n).collect();
-            if self.life.always {
-                for (hash, info) in &chunk {
-                    let (was, _) = self.keys.spec(*hash, &info.producer_id, info.partition);
-                    self.spec_len += usize::from(was.is_none());
-                    let state = Some((info.entry, info.last_activity));
-                    self.keys.set_spec(
-                        *hash,
-                        &info.producer_id,
-                        info.partition,
-                        state,
-                        None,
-                        pos,
-                        group,
-                    );
-                }
-                self.log.queue(Queued::Set {
-                    entries: chunk,
-                    pos,
-                });
-            } else {
-                for (hash, info) in &chunk {
-                    self.keys
-                        .save_pre_image(*hash, &info.producer_id, info.partition, pos);
-                    let new = self.keys.install(
-                        *hash,
-                        &info.producer_id,
-                        info.partition,
-                        &info.entry,
-                        info.last_activity,
-                    );
-                    self.spec_len += usize::from(new);
-                }
-            }
-        }
-        pos
-    }
-
-    /// Logs an atomic group: the group record, then what `members` logs
-    /// (removals and key states, `count` records of them), then the
-    /// group's own effect. All of it is queued under this one lock hold,
-    /// so it is written in one write. Returns the last position.
-    pub(super) fn log_group(
-        &mut self,
-        kind: GroupKind,
-        arg: i64,
-        removals: (RemoveReason, Vec<(u64, ProducerId, i32)>),
-        sets: Vec<(u64, ProducerInfo)>,
-    ) -> u64 {
-        // How many records the members take: encode them once to count.
-        let mut scratch = Vec::new();
-        let (reason, removed) = removals;
-        let members = op::encode_removes(
-            &mut scratch,
-            reason,
-            removed.iter().map(|(_, id, p)| (id, *p)),
-        )
-        .len()
-            + op::encode_sets(&mut scratch, sets.iter().map(|(_, i)| i)).len();
-        let before = self.log.buffered();
-        let (mut last, ()) = self.log.push_op(|b| {
-            op::encode_group(b, kind, members as u32, arg);
-            (1, ())
-        });
-        self.counted(before, 1);
-        if !removed.is_empty() {
-            last = self.log_removal(reason, removed);
-        }
-        if !sets.is_empty() {
-            last = self.log_sets(sets);
-        }
-        if self.life.always {
-            self.log.queue(Queued::GroupDone { kind, arg });
-        } else {
-            self.keys.group_done(kind, arg);
-        }
-        last
-    }
-
-    /// True (once) when an automatic snapshot threshold has been crossed.
-    pub(super) fn note_snapshot_due(&mut self) -> bool {
-        let (records, bytes) = self.since_snapshot;
-        let (every_records, every_bytes) = self.snapshot_every;
-        let due =
-            every_records.is_some_and(|n| records >= n) || every_bytes.is_some_and(|n| bytes >= n);
-        if due && !self.snapshot_requested && self.log.failed().is_none() {
-            self.snapshot_requested = true;
-            return true;
-        }
-        false
-    }
-}
-
-impl Host for State {
-    type Item = Queued;
-
-    #[inline]
-    fn log(&mut self) -> &mut LogQueue<Queued> {
-        &mut self.log
-    }
-
-    fn apply_durable(&mut self, items: Vec<Queued>) {
-        let appends = items
-            .iter()
-            .filter(|q| matches!(q, Queued::Append { .. }))
-            .count();
-        self.answered[0] += appends as u64;
-        self.keys.apply_durable(items);
-    }
-
-    fn discard_in_flight(&mut self) {
-        self.keys.overlay.clear();
-        self.keys.kafka_in_flight.clear();
-        self.spec_len = self.keys.shards.len();
-        self.spec_clock = self.keys.meta.clock;
-    }
-
-    fn after_group(&mut self) -> bool {
-        self.note_snapshot_due()
-    }
-
-    fn removed_keys(&self) -> (u64, u64) {
-        (self.life_stats.expired, self.life_stats.evicted)
-    }
-
-    fn live_keys(&self) -> usize {
-        self.keys.shards.len()
-    }
+/// Whether a removal for this reason is remembered by the removed-key
+/// filter (the store forgot the key by its own choice).
+pub(super) fn remembered(reason: RemoveReason) -> bool {
+    matches!(reason, RemoveReason::Expired | RemoveReason::Evicted)
 }

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use super::txn::{KafkaAnswer, KafkaOp};
 use super::{ProducerStateStore, Shared};
+use crate::engine::info::ProducerInfo;
+use crate::engine::map::hash_key;
+use crate::engine::shards::SHARDS;
 use crate::error::Result;
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
-use crate::map::hash_key;
-use crate::shards::SHARDS;
 use crate::wal::op::{GroupKind, RemoveReason};
 
 impl Shared {

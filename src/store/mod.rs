@@ -54,6 +54,8 @@
 //! saves the key's entry as it was at P (a pre-image), and the encoder uses
 //! those. Appenders wait at most for one shard's encoding.
 
+mod append_all;
+mod background;
 mod commit;
 mod keys;
 mod lifecycle;
@@ -62,84 +64,39 @@ mod options;
 mod order;
 mod rewind;
 mod snapshots;
+mod state;
+mod stats;
 mod txn;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use crate::batch::{AppendRequest, Batch};
-use crate::entry::ProducerEntry;
+use crate::engine::entry::ProducerEntry;
+use crate::engine::map::hash_key;
+use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
 use crate::fs::LockGuard;
 use crate::id::ProducerId;
-use crate::map::hash_key;
 use crate::outcome::{AppendOutcome, BatchOutcome};
-use crate::recovery::{self, RecoveryReport};
-use crate::shards::{SHARDS, warm};
+use crate::recovery::{self, report::RecoveryReport};
 use crate::telemetry::Telemetry;
-use crate::wal::record::MAX_NAME;
+use crate::wal::frame::MAX_NAME;
 use crate::wal::writer::LogWriter;
 
 use commit::{FLUSH_BYTES, GroupCommit, LogQueue, lock};
-use keys::{Keys, Life, State, Submit};
+use keys::Keys;
 pub use options::{AtCapacity, FsyncPolicy, StoreOptions};
 use snapshots::{Book, Snapshots};
+use state::{Life, State, Submit};
+pub use stats::StoreStats;
 
 /// Requests [`ProducerStateStore::append_all`] looks up ahead of applying
 /// them under a buffered policy (see [`warm`]): few enough that their slots
 /// stay in the first-level cache.
 const WARM: usize = 32;
-
-/// Counters of the store's answers and IO since it was opened, for
-/// callers without a metrics recorder (the same events reach one as the
-/// metrics of docs/metrics.md).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StoreStats {
-    /// Appends answered `ACCEPTED` (every append call and every request of
-    /// an `append_all` counts once, whichever method made it).
-    pub accepted: u64,
-    /// Appends answered `DUPLICATE`.
-    pub duplicates: u64,
-    /// Appends answered `OUT_OF_ORDER`.
-    pub out_of_order: u64,
-    /// Appends answered `FENCED_EPOCH`.
-    pub fenced: u64,
-    /// Appends answered with an error (IO, poisoned, name too long).
-    pub errors: u64,
-    /// Records written to the log, counted in positions: accepted appends
-    /// and lifecycle records (removals, key states, groups); clock records
-    /// and markers take none.
-    pub records_written: u64,
-    /// Bytes of those records.
-    pub bytes_written: u64,
-    /// Writes of record groups (one per group commit).
-    pub groups_written: u64,
-    /// fsyncs of the log (by group commits and `sync`).
-    pub log_fsyncs: u64,
-    /// Time spent in those fsyncs.
-    pub log_fsync_time: Duration,
-    /// Snapshots written.
-    pub snapshots_written: u64,
-    /// The most bytes of records held in memory, not yet handed to the OS
-    /// (buffered policies: bounded near 1 MiB plus one `append_all` call).
-    pub peak_buffered_bytes: u64,
-    /// Keys removed by expiration sweeps.
-    pub expired: u64,
-    /// Keys evicted at `max_producers`.
-    pub evicted: u64,
-    /// Keys removed by `remove_partition`.
-    pub partition_removed: u64,
-    /// `truncate_to` calls that completed.
-    pub truncations: u64,
-    /// Keys a truncation set back or removed.
-    pub truncated_keys: u64,
-    /// Keys added by `import_partition`.
-    pub imported: u64,
-}
 
 struct Bg {
     stop: bool,
@@ -201,6 +158,20 @@ impl ProducerStateStore {
     /// Opens the store in `dir` with default options: creates the directory
     /// if missing, otherwise recovers it.
     ///
+    /// ```
+    /// use producer_state::{AppendOutcome, Error, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = ProducerStateStore::open(dir.path())?;
+    /// assert_eq!(store.append(7u64, 0, 0, 0)?, AppendOutcome::Accepted);
+    /// // One store per directory: a second open is refused while it is open.
+    /// assert!(matches!(ProducerStateStore::open(dir.path()), Err(Error::Locked { .. })));
+    /// drop(store);
+    /// let again = ProducerStateStore::open(dir.path())?;
+    /// assert_eq!(again.recovery_report().records_replayed, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Locked`] if another open store holds the directory (the
@@ -230,31 +201,24 @@ impl ProducerStateStore {
         // replayed under the other semantics.
         recovery::semantics::check(fs.as_ref(), &dir, opts.semantics)?;
         let mut rec = recovery::recover(fs.as_ref(), &dir, opts.recovery)?;
-        let kafka = opts.semantics == crate::Semantics::Kafka;
+        let kafka = opts.semantics == crate::semantics::Semantics::Kafka;
         if kafka && rec.meta.kafka.is_none() {
-            rec.meta.kafka = Some(Box::new(crate::ProducerStateManager::with_semantics(
-                crate::Semantics::Kafka,
-            )));
+            rec.meta.kafka = Some(Box::new(
+                crate::engine::ProducerStateManager::with_semantics(
+                    crate::semantics::Semantics::Kafka,
+                ),
+            ));
         }
         let writer = match rec.active {
-            Some((len, records)) => LogWriter::resume(
-                fs.clone(),
-                &dir,
-                rec.segments,
-                len,
-                records,
-                opts.segment_size,
-                opts.ids,
-                opts.layout(),
-            )?,
+            Some(active) => {
+                LogWriter::resume(fs.clone(), &dir, rec.segments, active, opts.layout())?
+            }
             None => LogWriter::create(
                 fs.clone(),
                 &dir,
                 rec.next_position,
-                opts.segment_size,
                 rec.segments,
                 rec.store_id,
-                opts.ids,
                 opts.layout(),
             )?,
         };
@@ -288,36 +252,7 @@ impl ProducerStateStore {
             opts,
             kafka,
         });
-        // Snapshots and the interval's fsyncs run on threads of their own:
-        // a snapshot of a large state on a slow disk takes seconds, and the
-        // interval's loss window must not grow by that much.
-        let mut background = Vec::new();
-        let spawn = |name: &str, f: fn(&Shared)| {
-            let s = shared.clone();
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(move || f(&s))
-                .map_err(|e| Error::io("spawn background thread", &shared.dir, e))
-        };
-        if shared.opts.background_snapshots {
-            background.push(spawn("producer-state-snap", Shared::background)?);
-        }
-        if matches!(shared.opts.fsync, FsyncPolicy::Interval(_)) {
-            background.push(spawn("producer-state-tick", Shared::tick)?);
-        }
-        if shared.opts.expiration.is_some() && shared.opts.expiration_interval.is_some() {
-            background.push(spawn("producer-state-expire", Shared::expirer)?);
-        }
-        let s = shared.clone();
-        let flusher = std::thread::Builder::new()
-            .name("producer-state-flush".into())
-            .spawn(move || s.log.flush_loop(|| s.snapshot_due()))
-            .map_err(|e| Error::io("spawn flusher thread", &shared.dir, e))?;
-        shared
-            .log
-            .lock_state()
-            .log
-            .set_flusher(flusher.thread().clone());
+        let (background, flusher) = shared.start_threads()?;
         shared.log.telemetry().recovered(&rec.report);
         Ok(ProducerStateStore {
             shared,
@@ -356,6 +291,21 @@ impl ProducerStateStore {
     /// Classifies a batch and, if accepted, makes it durable before
     /// returning.
     ///
+    /// ```
+    /// use producer_state::{Batch, BatchMetadata, BatchOutcome, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = ProducerStateStore::open(dir.path())?;
+    /// // Records 0..=4 of producer 42 on partition 3, written at offset 100.
+    /// let batch = Batch::new(0, 4, 100, 1_700_000_000_000);
+    /// assert_eq!(store.append_batch(42u64, 3, 0, batch)?, BatchOutcome::Accepted);
+    /// // The client did not hear back and retries: the answer names where
+    /// // the original was written, so the broker can acknowledge it again.
+    /// let original = Some(BatchMetadata { offset: 100, timestamp: 1_700_000_000_000 });
+    /// assert_eq!(store.append_batch(42u64, 3, 0, batch)?, BatchOutcome::Duplicate { original });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`ProducerStateStore::append`].
@@ -379,20 +329,6 @@ impl ProducerStateStore {
         let answer = self.decide(request);
         self.shared.log.telemetry().answered(&answer);
         answer
-    }
-
-    /// A plain append in Kafka mode (its options in the request).
-    #[cold]
-    #[inline(never)]
-    fn kafka_decide(&self, request: &AppendRequest) -> Result<BatchOutcome> {
-        check_name(request)?;
-        txn::check_kafka(request)?;
-        self.shared
-            .kafka_run(txn::KafkaOp::Batch(request))
-            .map(|a| match a {
-                txn::KafkaAnswer::Batch(o) => o,
-                _ => BatchOutcome::Accepted,
-            })
     }
 
     /// [`ProducerStateStore::append_request`], before its answer is counted.
@@ -441,71 +377,27 @@ impl ProducerStateStore {
     /// and one fsync (unless a request retries an earlier one of the same
     /// call, which then waits for it to be durable). Outcomes are in input
     /// order.
+    ///
+    /// ```
+    /// use producer_state::{AppendRequest, Batch, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = ProducerStateStore::open(dir.path())?;
+    /// // One produce request with batches for two partitions, and a retry.
+    /// let requests = [
+    ///     AppendRequest::batch(7u64, 0, 0, Batch::new(0, 9, 500, 1)),
+    ///     AppendRequest::batch(7u64, 1, 0, Batch::new(0, 4, 80, 1)),
+    ///     AppendRequest::batch(7u64, 0, 0, Batch::new(0, 9, 500, 1)),
+    /// ];
+    /// let outcomes: Vec<_> = store.append_all(&requests).into_iter().collect::<Result<_, _>>()?;
+    /// assert!(outcomes[0].is_accepted() && outcomes[1].is_accepted());
+    /// assert!(!outcomes[2].is_accepted()); // a duplicate of the first
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn append_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
         let answers = self.decide_all(requests);
         self.shared.log.telemetry().answered_all(&answers);
         answers
-    }
-
-    /// [`ProducerStateStore::append_all`], before its answers are counted.
-    fn decide_all(&self, requests: &[AppendRequest]) -> Vec<Result<BatchOutcome>> {
-        let shared = &*self.shared;
-        if shared.kafka {
-            return shared.kafka_all(requests);
-        }
-        let now = shared.now_for(requests);
-        let mut st = shared.lock_state();
-        if !shared.is_always() {
-            st = shared.room(st);
-            return shared.append_all_buffered(st, requests, now);
-        }
-        let mut out: Vec<Result<BatchOutcome>> = Vec::with_capacity(requests.len());
-        // Accepted: (index, group, position), to settle once durable.
-        let mut queued: Vec<(usize, u64, u64)> = Vec::new();
-        for (i, r) in requests.iter().enumerate() {
-            if let Err(e) = check_seed(r) {
-                out.push(Err(e));
-                continue;
-            }
-            let hash = hash_key(&r.producer_id, r.partition);
-            out.push(loop {
-                if let Some(f) = st.log.failed() {
-                    break Err(f.error_for(None));
-                }
-                match st.submit_durable(hash, r, now) {
-                    Submit::Done(o) => break Ok(o),
-                    Submit::Refused(e) => break Err(e),
-                    Submit::Queued { group, pos } => {
-                        queued.push((i, group, pos));
-                        break Ok(BatchOutcome::Accepted);
-                    }
-                    Submit::Wait { group, pos } => {
-                        // Our own queued records may be what it waits for:
-                        // make sure somebody commits them.
-                        shared.commit(st);
-                        let waited = shared.await_durable(group, pos);
-                        st = shared.lock_state();
-                        if let Err(e) = waited {
-                            break Err(e);
-                        }
-                    }
-                }
-            });
-        }
-        if let Some(&(_, group, pos)) = queued.last() {
-            shared.commit(st);
-            if shared.await_durable(group, pos).is_err() {
-                let st = shared.lock_state();
-                for &(i, _, pos) in &queued {
-                    if let Some(f) = st.log.failed()
-                        && st.log.durable() <= pos
-                    {
-                        out[i] = Err(f.error_for(Some(pos)));
-                    }
-                }
-            }
-        }
-        out
     }
 
     /// The entry of one key, if it has state. Under `Always` that is the
@@ -702,14 +594,14 @@ impl Drop for ProducerStateStore {
     }
 }
 
-/// Seed mode: refuses what the seed rules have no meaning for (an origin
+/// Strict mode: refuses what the strict rules have no meaning for (an origin
 /// or transactional flags), and a name the log cannot hold.
 #[inline]
 fn check_seed(r: &AppendRequest) -> Result<()> {
     if r.options != crate::batch::AppendOptions::client() {
         return Err(Error::Unsupported {
             what: "an append with an origin or transactional flags",
-            semantics: crate::Semantics::Seed,
+            semantics: crate::semantics::Semantics::Strict,
         });
     }
     check_name(r)
@@ -806,127 +698,6 @@ impl Shared {
         drop(st);
         if due {
             self.snapshot_due();
-        }
-    }
-
-    /// [`ProducerStateStore::append_all`] under a buffered policy: classify,
-    /// apply and encode every request under one lock.
-    fn append_all_buffered(
-        &self,
-        mut st: MutexGuard<'_, State>,
-        requests: &[AppendRequest],
-        now: i64,
-    ) -> Vec<Result<BatchOutcome>> {
-        if let Some(f) = st.log.failed() {
-            return requests
-                .iter()
-                .map(|r| check_seed(r).and(Err(f.error_for(None))))
-                .collect();
-        }
-        let mut accepted = false;
-        let mut out = Vec::with_capacity(requests.len());
-        let mut hashes = [0u64; WARM];
-        for chunk in requests.chunks(WARM) {
-            for (h, r) in hashes.iter_mut().zip(chunk) {
-                *h = hash_key(&r.producer_id, r.partition);
-            }
-            let shards = &st.keys.shards;
-            warm(hashes.iter().copied().zip(chunk), |hash, r| {
-                shards.contains(hash, &r.producer_id, r.partition)
-            });
-            for (&hash, r) in hashes.iter().zip(chunk) {
-                out.push(check_seed(r).and_then(|()| {
-                    let o = st.submit_buffered(hash, r, now)?;
-                    accepted |= o.is_accepted();
-                    Ok(o)
-                }));
-            }
-        }
-        if accepted {
-            self.after_buffered(st);
-        }
-        out
-    }
-
-    /// Starts (or, without a background thread, takes) a due snapshot.
-    fn snapshot_due(&self) {
-        if self.opts.background_snapshots {
-            let mut bg = lock(&self.bg);
-            bg.snapshot_wanted = true;
-            self.bg_cv.notify_all();
-        } else {
-            self.auto_snapshot();
-        }
-    }
-
-    /// Takes the snapshot a threshold asked for; nobody waits for its
-    /// error, so it is kept and reported.
-    fn auto_snapshot(&self) {
-        if let Err(e) = self.take_snapshot() {
-            self.log.telemetry().snapshot_failed(&e, true);
-            self.snapshots.set_error(e);
-        }
-    }
-
-    /// The snapshot thread: takes the snapshots a threshold asked for.
-    fn background(&self) {
-        loop {
-            let mut bg = lock(&self.bg);
-            while !bg.stop && !bg.snapshot_wanted {
-                bg = self.bg_cv.wait(bg).unwrap_or_else(|e| e.into_inner());
-            }
-            if bg.stop {
-                return;
-            }
-            bg.snapshot_wanted = false;
-            drop(bg);
-            self.auto_snapshot();
-        }
-    }
-
-    /// Sweeps for expired keys every `expiration_interval` (its errors
-    /// poison the store, and appends report them; a sweep that found the
-    /// store poisoned stops).
-    fn expirer(&self) {
-        let (Some(exp), Some(every)) = (self.opts.expiration, self.opts.expiration_interval) else {
-            return;
-        };
-        while self.sleep(every) {
-            if self.expire(exp).is_err() {
-                return;
-            }
-        }
-    }
-
-    /// Sleeps `d` (the store's background threads); false once the store
-    /// is closing.
-    fn sleep(&self, d: std::time::Duration) -> bool {
-        let next = Instant::now() + d;
-        let mut bg = lock(&self.bg);
-        loop {
-            if bg.stop {
-                return false;
-            }
-            let now = Instant::now();
-            if now >= next {
-                return true;
-            }
-            bg = self
-                .bg_cv
-                .wait_timeout(bg, next - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    /// `Interval(d)`: writes and fsyncs the buffered records every `d`.
-    fn tick(&self) {
-        let FsyncPolicy::Interval(every) = self.opts.fsync else {
-            return;
-        };
-        while self.sleep(every) {
-            // A failure poisons the store; appends report it.
-            let _ = self.sync();
         }
     }
 }

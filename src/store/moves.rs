@@ -19,12 +19,12 @@
 //! of the other semantics before anything is written.
 
 use super::ProducerStateStore;
+use crate::engine::ProducerStateManager;
+use crate::engine::map::hash_key;
+use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
-use crate::export::PartitionExport;
-use crate::manager::ProducerStateManager;
-use crate::map::hash_key;
 use crate::semantics::Semantics;
-use crate::shards::SHARDS;
+use crate::snapshot::export::PartitionExport;
 use crate::wal::op::{GroupKind, RemoveReason};
 
 impl ProducerStateStore {
@@ -41,6 +41,23 @@ impl ProducerStateStore {
     /// keeps it: every producer's coordinator epoch and open transaction
     /// too, and the partition's aborted transactions (a version-2 export,
     /// docs/format.md); only a Kafka-mode store imports it.
+    ///
+    /// ```
+    /// use producer_state::{Batch, BatchOutcome, PartitionExport, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let old = ProducerStateStore::open(dir.path().join("old"))?;
+    /// let new = ProducerStateStore::open(dir.path().join("new"))?;
+    /// let batch = Batch::new(0, 9, 1000, 1_700_000_000_000);
+    /// old.append_batch(42u64, 3, 0, batch)?;
+    /// // Partition 3 moves: its state travels as bytes to its new home...
+    /// let bytes = old.export_partition(3)?.to_bytes();
+    /// assert_eq!(new.import_partition(&PartitionExport::from_bytes(&bytes)?)?, 1);
+    /// old.remove_partition(3)?;
+    /// // ...where a producer's retry is still recognised.
+    /// assert!(matches!(new.append_batch(42u64, 3, 0, batch)?, BatchOutcome::Duplicate { .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -70,6 +87,22 @@ impl ProducerStateStore {
     /// here (a marker completes them), their coordinator epochs fence as
     /// they did, and the aborted list and last stable offset are the
     /// export's.
+    ///
+    /// ```
+    /// use producer_state::{Error, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let a = ProducerStateStore::open(dir.path().join("a"))?;
+    /// let b = ProducerStateStore::open(dir.path().join("b"))?;
+    /// a.append(1u64, 5, 0, 0)?;
+    /// b.append(1u64, 5, 0, 0)?;
+    /// // A key the importing store already has is a conflict: nothing is imported.
+    /// let export = a.export_partition(5)?;
+    /// assert!(matches!(b.import_partition(&export), Err(Error::ImportConflict { .. })));
+    /// b.remove_partition(5)?;
+    /// assert_eq!(b.import_partition(&export)?, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -167,7 +200,7 @@ impl ProducerStateStore {
         let partition = export.partition();
         let mut moved = ProducerStateManager::with_semantics(Semantics::Kafka);
         let n = moved.import_partition(export)?;
-        let ops = moved.kafka_partition_ops(partition)?;
+        let ops = crate::wal::txn_op::kafka_partition_ops(&moved, partition)?;
         let high = export.high_offset();
         let pos = st.log_kafka_group(GroupKind::Import, high, &ops)?;
         st.keys.meta.high = st.keys.meta.high.max(high);

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
+use crate::engine::rules::UnknownProducer;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, StdFs};
-use crate::recovery::RecoveryMode;
-use crate::rules::UnknownProducer;
+use crate::recovery::report::RecoveryMode;
 use crate::semantics::Semantics;
 use crate::wal::writer::IdSource;
 
@@ -30,6 +30,21 @@ pub enum AtCapacity {
 }
 
 /// When the log is fsync'ed. The default is [`FsyncPolicy::Always`].
+///
+/// ```
+/// use producer_state::{FsyncPolicy, ProducerStateStore, StoreOptions};
+///
+/// let dir = tempfile::tempdir()?;
+/// // A bulk load: nothing is fsync'ed until `sync` (or `close`) says so.
+/// let opts = StoreOptions::default().fsync(FsyncPolicy::Never);
+/// let store = ProducerStateStore::open_with(dir.path(), opts)?;
+/// for id in 0..1000u64 {
+///     store.append(id, 0, 0, 0)?;
+/// }
+/// store.sync()?; // every append above is durable from here on
+/// assert_eq!(store.stats().log_fsyncs, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FsyncPolicy {
@@ -58,6 +73,22 @@ pub enum FsyncPolicy {
 
 /// How a [`ProducerStateStore`] is opened. Every setter documents its
 /// default.
+///
+/// ```
+/// use std::time::Duration;
+/// use producer_state::{FsyncPolicy, ProducerStateStore, StoreOptions};
+///
+/// let dir = tempfile::tempdir()?;
+/// let opts = StoreOptions::default()
+///     .fsync(FsyncPolicy::Interval(Duration::from_millis(5)))
+///     .snapshot_every_records(Some(100_000))
+///     .producer_expiration(Some(Duration::from_secs(7 * 24 * 3600)))
+///     .max_producers(Some(1_000_000));
+/// let store = ProducerStateStore::open_with(dir.path(), opts)?;
+/// store.append(1u64, 0, 0, 0)?;
+/// store.close()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// The setters take and return the options by value, so a setter whose
 /// result is dropped changes nothing: the type is `#[must_use]`.
@@ -111,7 +142,7 @@ impl Default for StoreOptions {
             unknown: UnknownProducer::default(),
             clock: Arc::new(SystemClock),
             metric_labels: Vec::new(),
-            semantics: Semantics::Seed,
+            semantics: Semantics::Strict,
         }
     }
 }
@@ -235,6 +266,8 @@ impl StoreOptions {
 
     pub(super) fn layout(&self) -> crate::wal::writer::Layout {
         crate::wal::writer::Layout {
+            segment_size: self.segment_size,
+            ids: self.ids,
             preallocate: self.preallocate,
             background: self.background_snapshots,
             kafka: self.semantics == Semantics::Kafka,
@@ -326,7 +359,7 @@ impl StoreOptions {
         self
     }
 
-    /// The verdicts the store gives (default [`Semantics::Seed`]).
+    /// The verdicts the store gives (default [`Semantics::Strict`]).
     /// [`Semantics::Kafka`] gives Kafka's, with transactions, markers and
     /// the replication origin (`append_with`, `append_marker`, ...). The
     /// choice is recorded in the directory (docs/format.md): opening it
@@ -436,7 +469,7 @@ mod tests {
                 .validate()
                 .is_ok()
         );
-        // Kafka mode expires (issue 15), off unless set after the choice.
+        // Kafka mode expires too, off unless set after the choice.
         let kafka = StoreOptions::default().semantics(Semantics::Kafka);
         assert_eq!(kafka.expiration, None);
         assert!(

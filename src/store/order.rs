@@ -52,8 +52,8 @@
 //! id and partition order, so an eviction may take more keys than asked
 //! when such keys come last: never otherwise.
 
+use crate::engine::shards::{Map, SHARDS, Shards, WARM_CHUNK, shard_of};
 use crate::id::ProducerId;
-use crate::shards::{Map, SHARDS, Shards, WARM_CHUNK, shard_of};
 
 /// Ranks a shard's list holds at most: 16 KiB a shard, 4 MiB for all.
 const CANDIDATES: usize = 1024;
@@ -101,7 +101,7 @@ fn fill(
     scratch: &mut Vec<Rank>,
     map: &Map,
     floor: Rank,
-    keep: impl Fn(crate::map::Activity) -> bool,
+    keep: impl Fn(crate::engine::map::Activity) -> bool,
 ) {
     scratch.clear();
     scratch.reserve(map.len());
@@ -460,8 +460,8 @@ fn take(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::ProducerEntry;
-    use crate::map::hash_key;
+    use crate::engine::entry::ProducerEntry;
+    use crate::engine::map::hash_key;
 
     fn install(s: &mut Shards, order: &mut Order, id: &ProducerId, p: i32, act: i64) {
         let e = ProducerEntry::start(0, 0, 0, None);

@@ -3,7 +3,7 @@
 //!
 //! Computed, then logged as its difference: the truncated state is rebuilt
 //! from a retained snapshot whose appends all lie below the offset and the
-//! log replayed without what is cut ([`crate::truncate`]); the keys whose
+//! log replayed without what is cut ([`crate::recovery::truncate`]); the keys whose
 //! state differs from the live state are then set or removed by one atomic
 //! group, whose group record carries the offset (recovery replays the
 //! group as it is; a later truncation reaching below it passes over it).
@@ -17,11 +17,11 @@
 //! produce requests).
 
 use super::ProducerStateStore;
+use crate::engine::info::ProducerInfo;
+use crate::engine::map::hash_key;
+use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
-use crate::info::ProducerInfo;
-use crate::map::hash_key;
-use crate::shards::SHARDS;
-use crate::truncate;
+use crate::recovery::truncate;
 use crate::wal::op::{GroupKind, RemoveReason};
 
 impl ProducerStateStore {
@@ -38,6 +38,21 @@ impl ProducerStateStore {
     ///
     /// Appenders wait while it runs: it reads the base snapshot and the
     /// log after it, about what recovery reads.
+    ///
+    /// ```
+    /// use producer_state::{Batch, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = ProducerStateStore::open(dir.path())?;
+    /// store.append_batch(1u64, 0, 0, Batch::new(0, 4, 100, 1))?; // offsets 100..=104
+    /// store.append_batch(1u64, 0, 0, Batch::new(5, 9, 105, 2))?; // 105..=109
+    /// // The partition's log is cut back to offset 105 (a leader change):
+    /// // the second batch never happened, and may come again.
+    /// store.truncate_to(105)?;
+    /// assert_eq!(store.get(1u64, 0).map(|e| e.last_sequence()), Some(4));
+    /// assert!(store.append_batch(1u64, 0, 0, Batch::new(5, 9, 105, 3))?.is_accepted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///

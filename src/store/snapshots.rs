@@ -17,10 +17,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::commit::{GroupCommit, lock};
-use super::keys::{Capture, State};
+use super::keys::{Capture, Keys};
+use super::state::State;
+use crate::directory::names;
+use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, remove_gradually};
-use crate::shards::SHARDS;
 use crate::snapshot;
 
 /// A snapshot of at least this many keys (a few MiB: 37 bytes a key or
@@ -123,8 +125,8 @@ impl Snapshots {
             Err(e) => {
                 let tmp = self.dir.join(format!(
                     "{}{}",
-                    snapshot::file_name(position),
-                    snapshot::TMP_SUFFIX
+                    names::snapshot_name(position),
+                    names::SNAPSHOT_TMP_SUFFIX
                 ));
                 let _ = fs.remove_file(&tmp);
                 return Err(e);
@@ -195,49 +197,9 @@ impl Snapshots {
         // One block per shard (or more, for a shard of over 1 MiB).
         let mut blocks = snapshot::Blocks::default();
         for i in 0..SHARDS {
-            let shard = i as u16;
             {
                 let mut st = log.lock_state_quietly();
-                let keys = &mut st.keys;
-                let Some(c) = &mut keys.capture else {
-                    return Err(Error::Internal(
-                        "a snapshot's capture of the state was lost",
-                    ));
-                };
-                let pre = std::mem::take(&mut c.pre[i]);
-                // Keys removed since the position are in `pre` and no
-                // longer in the shard: encoded from their pre-images.
-                if pre.is_empty() {
-                    // No key of the shard changed since the position (the
-                    // usual case): each is encoded from its slot and
-                    // window where they lie.
-                    keys.shards
-                        .shard(i)
-                        .for_each_raw(|id, partition, head, window, act| {
-                            blocks.push_parts(shard, id, partition, head, window, act.ms());
-                        });
-                } else {
-                    for (id, partition, entry, act) in keys.shards.shard(i).iter_full() {
-                        let (e, a) = match pre.get(&(id.clone(), partition)) {
-                            Some(Some(old)) => *old,
-                            Some(None) => continue,
-                            None => (entry, act.ms()),
-                        };
-                        blocks.push(shard, &id, partition, &e, a);
-                    }
-                }
-                for ((id, partition), old) in &pre {
-                    if let Some((e, a)) = old
-                        && !keys.shards.shard(i).contains_hashed(
-                            crate::map::hash_key(id, *partition),
-                            id,
-                            *partition,
-                        )
-                    {
-                        blocks.push(shard, id, *partition, e, *a);
-                    }
-                }
-                c.done[i] = true;
+                encode_shard(&mut st.keys, i, &mut blocks)?;
             }
             log.let_waiters_in();
             // Write in pieces of about 1 MiB: few IO calls, bounded memory.
@@ -276,7 +238,7 @@ impl Snapshots {
             _ => Ok(()),
         };
         for p in &doomed {
-            remove(&self.dir.join(snapshot::file_name(*p)))?;
+            remove(&self.dir.join(names::snapshot_name(*p)))?;
             book.files.remove(p);
         }
         book.valid.retain(|&p| p >= oldest_kept);
@@ -293,4 +255,51 @@ impl Snapshots {
         fs.sync_dir(&self.dir)
             .map_err(|e| Error::io("fsync directory", &self.dir, e))
     }
+}
+
+/// Encodes shard `i` as it was at the snapshot's position: its keys from
+/// their slots where none changed since, else with the pre-images of the
+/// keys that did (and of those removed since).
+fn encode_shard(keys: &mut Keys, i: usize, blocks: &mut snapshot::Blocks) -> Result<()> {
+    let shard = i as u16;
+    let Some(c) = &mut keys.capture else {
+        return Err(Error::Internal(
+            "a snapshot's capture of the state was lost",
+        ));
+    };
+    let pre = std::mem::take(&mut c.pre[i]);
+    // Keys removed since the position are in `pre` and no
+    // longer in the shard: encoded from their pre-images.
+    if pre.is_empty() {
+        // No key of the shard changed since the position (the
+        // usual case): each is encoded from its slot and
+        // window where they lie.
+        keys.shards
+            .shard(i)
+            .for_each_raw(|id, partition, head, window, act| {
+                blocks.push_parts(shard, id, partition, head, window, act.ms());
+            });
+    } else {
+        for (id, partition, entry, act) in keys.shards.shard(i).iter_full() {
+            let (e, a) = match pre.get(&(id.clone(), partition)) {
+                Some(Some(old)) => *old,
+                Some(None) => continue,
+                None => (entry, act.ms()),
+            };
+            blocks.push(shard, &id, partition, &e, a);
+        }
+    }
+    for ((id, partition), old) in &pre {
+        if let Some((e, a)) = old
+            && !keys.shards.shard(i).contains_hashed(
+                crate::engine::map::hash_key(id, *partition),
+                id,
+                *partition,
+            )
+        {
+            blocks.push(shard, id, *partition, e, *a);
+        }
+    }
+    c.done[i] = true;
+    Ok(())
 }

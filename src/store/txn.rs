@@ -9,32 +9,33 @@
 //! queued under that lock, so the engine is always the state of every
 //! record queued, in log order. Replay applies the same records without
 //! classifying them (`replay.rs`), and a snapshot captures the engine with
-//! the store-level state at a position (docs/transactions.md, "Phase 2").
+//! the store-level state at a position (docs/transactions.md, "The durable store").
 //!
 //! Under `FsyncPolicy::Always` an answer waits until its record is
 //! durable, and an operation on a key with a record in flight waits for
 //! that record first: a retry that races its original is answered
 //! `DUPLICATE` only once the original is durable, never before. (This
 //! serializes one producer's pipelined batches on a partition to one per
-//! group commit; different keys share group commits as in seed mode.)
+//! group commit; different keys share group commits as in strict mode.)
 //! Reads (`kafka_state`, the last stable offset, the aborted list) see
 //! accepted operations once queued, as Kafka's producer state sees an
 //! append once it is in the log, before it is replicated. A failed write
-//! poisons the store as in seed mode: reopen to see what survived.
+//! poisons the store as in strict mode: reopen to see what survived.
 
 use std::sync::MutexGuard;
 
-use super::keys::{Queued, State};
+use super::keys::Queued;
+use super::state::State;
 use super::{ProducerStateStore, Shared, check_name};
 use crate::batch::{AppendOptions, AppendRequest, Batch};
+use crate::engine::ProducerStateManager;
+use crate::engine::kafka::side::KafkaProducerState;
+use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerOutcome};
+use crate::engine::map::hash_key;
 use crate::error::{Error, Result};
 use crate::id::ProducerId;
-use crate::kafka_state::KafkaProducerState;
-use crate::manager::ProducerStateManager;
-use crate::map::hash_key;
 use crate::outcome::BatchOutcome;
 use crate::semantics::Semantics;
-use crate::txn::{AbortedTxn, Marker, MarkerOutcome};
 use crate::wal::op::{self, GroupKind, LogOp, RemoveReason};
 use crate::wal::txn_op;
 
@@ -109,6 +110,23 @@ pub(super) enum KafkaSubmit {
     Wait { group: u64, pos: u64 },
 }
 
+/// What a Kafka-mode operation came to before its answer is queued:
+/// nothing to log (answered at once), or `n` records logged, the last at
+/// `pos`.
+enum Logged {
+    No(KafkaAnswer),
+    Yes {
+        answer: KafkaAnswer,
+        pos: u64,
+        n: u64,
+    },
+}
+
+/// The Kafka-mode engine a Kafka-mode store's state holds.
+fn engine_of(kafka: &mut Option<Box<ProducerStateManager>>) -> Result<&mut ProducerStateManager> {
+    kafka.as_deref_mut().ok_or_else(engine_lost)
+}
+
 fn engine_lost() -> Error {
     Error::Internal("a Kafka-mode store has no Kafka-mode state")
 }
@@ -129,12 +147,7 @@ impl State {
         }
         let before = self.log.buffered();
         let mut records = 1;
-        let engine = self
-            .keys
-            .meta
-            .kafka
-            .as_deref_mut()
-            .ok_or_else(engine_lost)?;
+        let engine = engine_of(&mut self.keys.meta.kafka)?;
         let (answer, high) = match op {
             KafkaOp::Batch(r) => {
                 let o = engine.kafka_append_request(r);
@@ -186,70 +199,21 @@ impl State {
             KafkaOp::Expire {
                 now_ms,
                 expiration_ms,
-            } => {
-                let in_flight = &self.keys.kafka_in_flight;
-                let mut gone = engine.kafka_expired_keys(*now_ms, *expiration_ms);
-                // As in seed mode: a key whose record is not yet durable
-                // is left for the next sweep.
-                gone.retain(|k| !in_flight.contains_key(k));
-                if gone.is_empty() {
-                    return Ok(KafkaSubmit::Done(KafkaAnswer::Removed(0)));
+            } => match self.kafka_expire(*now_ms, *expiration_ms)? {
+                Logged::No(answer) => return Ok(KafkaSubmit::Done(answer)),
+                Logged::Yes { answer, pos, n } => {
+                    records = n;
+                    ((answer, pos), None)
                 }
-                gone.sort();
-                for (id, p) in &gone {
-                    engine.remove_kafka_key(id, *p);
-                    self.keys.meta.filter.insert(hash_key(id, *p));
-                }
-                self.life_stats.expired += gone.len() as u64;
-                let (first, n) = self.log.push_op(|b| {
-                    let c = op::encode_removes(
-                        b,
-                        RemoveReason::Expired,
-                        gone.iter().map(|(id, p)| (id, *p)),
-                    );
-                    (c.len() as u64, c.len() as u64)
-                });
-                records = n;
-                let pos = first + n - 1;
-                ((KafkaAnswer::Removed(gone.len()), pos), None)
-            }
+            },
             KafkaOp::RemovePartition { partition } => {
-                let ids = engine.kafka_keys_of(*partition);
-                let aborted = !engine.aborted_transactions(*partition).is_empty();
-                if ids.is_empty() && !aborted {
-                    return Ok(KafkaSubmit::Done(KafkaAnswer::Removed(0)));
+                match self.kafka_remove_partition(*partition)? {
+                    Logged::No(answer) => return Ok(KafkaSubmit::Done(answer)),
+                    Logged::Yes { answer, pos, n } => {
+                        records = n;
+                        ((answer, pos), None)
+                    }
                 }
-                engine.remove_partition(*partition);
-                self.life_stats.partition_removed += ids.len() as u64;
-                // One group: the group record and the keys' removals (none
-                // when only aborted transactions were left). Replay drops
-                // the whole partition at the group record, which the log
-                // hands over only once every member is read.
-                let (first, n) = self.log.push_op(|b| {
-                    let mut scratch = Vec::new();
-                    let members = if ids.is_empty() {
-                        0
-                    } else {
-                        op::encode_removes(
-                            &mut scratch,
-                            RemoveReason::PartitionRemoved,
-                            ids.iter().map(|id| (id, *partition)),
-                        )
-                        .len()
-                    };
-                    op::encode_group(
-                        b,
-                        GroupKind::RemovePartition,
-                        members as u32,
-                        i64::from(*partition),
-                    );
-                    b.extend_from_slice(&scratch);
-                    let n = 1 + members as u64;
-                    (n, n)
-                });
-                records = n;
-                let pos = first + n - 1;
-                ((KafkaAnswer::Removed(ids.len()), pos), None)
             }
         };
         let (answer, pos) = answer;
@@ -265,6 +229,84 @@ impl State {
             self.log.queue(Queued::KafkaSettle { key, pos });
         }
         Ok(KafkaSubmit::Queued { answer, group, pos })
+    }
+
+    /// A Kafka-mode expiration sweep: the keys Kafka's rule expires (but
+    /// not one with a record in flight), removed and logged as one
+    /// removal record each 64 KiB.
+    fn kafka_expire(&mut self, now_ms: i64, expiration_ms: i64) -> Result<Logged> {
+        let engine = engine_of(&mut self.keys.meta.kafka)?;
+        let in_flight = &self.keys.kafka_in_flight;
+        let mut gone = engine.kafka_expired_keys(now_ms, expiration_ms);
+        // As in strict mode: a key whose record is not yet durable
+        // is left for the next sweep.
+        gone.retain(|k| !in_flight.contains_key(k));
+        if gone.is_empty() {
+            return Ok(Logged::No(KafkaAnswer::Removed(0)));
+        }
+        gone.sort();
+        for (id, p) in &gone {
+            engine.remove_kafka_key(id, *p);
+            self.keys.meta.filter.insert(hash_key(id, *p));
+        }
+        self.life_stats.expired += gone.len() as u64;
+        let (first, n) = self.log.push_op(|b| {
+            let c = op::encode_removes(
+                b,
+                RemoveReason::Expired,
+                gone.iter().map(|(id, p)| (id, *p)),
+            );
+            (c.len() as u64, c.len() as u64)
+        });
+        Ok(Logged::Yes {
+            answer: KafkaAnswer::Removed(gone.len()),
+            pos: first + n - 1,
+            n,
+        })
+    }
+
+    /// A Kafka-mode partition removal: its producers, open transactions
+    /// and aborted list dropped, logged as one group.
+    fn kafka_remove_partition(&mut self, partition: i32) -> Result<Logged> {
+        let engine = engine_of(&mut self.keys.meta.kafka)?;
+        let ids = engine.kafka_keys_of(partition);
+        let aborted = !engine.aborted_transactions(partition).is_empty();
+        if ids.is_empty() && !aborted {
+            return Ok(Logged::No(KafkaAnswer::Removed(0)));
+        }
+        engine.remove_partition(partition);
+        self.life_stats.partition_removed += ids.len() as u64;
+        // One group: the group record and the keys' removals (none
+        // when only aborted transactions were left). Replay drops
+        // the whole partition at the group record, which the log
+        // hands over only once every member is read.
+        let (first, n) = self.log.push_op(|b| {
+            let mut scratch = Vec::new();
+            let members = if ids.is_empty() {
+                0
+            } else {
+                op::encode_removes(
+                    &mut scratch,
+                    RemoveReason::PartitionRemoved,
+                    ids.iter().map(|id| (id, partition)),
+                )
+                .len()
+            };
+            op::encode_group(
+                b,
+                GroupKind::RemovePartition,
+                members as u32,
+                i64::from(partition),
+            );
+            b.extend_from_slice(&scratch);
+            let n = 1 + members as u64;
+            (n, n)
+        });
+        Ok(Logged::Yes {
+            answer: KafkaAnswer::Removed(ids.len()),
+            pos: first + n - 1,
+            n,
+        })
     }
 }
 
@@ -286,7 +328,7 @@ impl State {
         let mut changed = 0u64;
         for p in partitions {
             if engine.kafka_partition_view(p) != cut.kafka_partition_view(p) {
-                ops.extend(cut.kafka_partition_ops(p)?);
+                ops.extend(txn_op::kafka_partition_ops(cut, p)?);
                 changed += 1;
             }
         }
@@ -338,9 +380,9 @@ impl State {
         self.counted(before, 1 + members as u64);
         // The live engine takes exactly what replay will.
         let meta = &mut self.keys.meta;
-        crate::replay::apply_kafka(meta, &group)?;
+        crate::recovery::replay::apply_kafka(meta, &group)?;
         for o in ops {
-            crate::replay::apply_kafka(meta, o)?;
+            crate::recovery::replay::apply_kafka(meta, o)?;
         }
         Ok(first + members as u64)
     }
@@ -350,7 +392,7 @@ impl Shared {
     fn kafka_refused(&self) -> Error {
         Error::Unsupported {
             what: "transactions, markers and origins",
-            semantics: Semantics::Seed,
+            semantics: Semantics::Strict,
         }
     }
 
@@ -475,6 +517,23 @@ pub(super) fn check_kafka(r: &AppendRequest) -> Result<()> {
 }
 
 impl ProducerStateStore {
+    /// A plain append in Kafka mode (its options in the request): what
+    /// [`ProducerStateStore::append_request`] runs under
+    /// [`Semantics::Kafka`]. Out of line and cold, so the strict path that
+    /// branches around it is laid out as if it did not exist.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn kafka_decide(&self, request: &AppendRequest) -> Result<BatchOutcome> {
+        check_name(request)?;
+        check_kafka(request)?;
+        self.shared
+            .kafka_run(KafkaOp::Batch(request))
+            .map(|a| match a {
+                KafkaAnswer::Batch(o) => o,
+                _ => BatchOutcome::Accepted,
+            })
+    }
+
     /// The verdicts this store gives (chosen at open, recorded in the
     /// directory).
     pub fn semantics(&self) -> Semantics {
@@ -509,7 +568,7 @@ impl ProducerStateStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`]; otherwise as
+    /// [`Error::Unsupported`] under [`Semantics::Strict`]; otherwise as
     /// [`ProducerStateStore::append`].
     pub fn append_with(
         &self,
@@ -535,7 +594,7 @@ impl ProducerStateStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`];
+    /// [`Error::Unsupported`] under [`Semantics::Strict`];
     /// [`Error::ProducerIdTooLong`], [`Error::Io`], [`Error::Poisoned`] as
     /// for appends.
     pub fn append_marker(
@@ -566,7 +625,7 @@ impl ProducerStateStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`]; [`Error::Io`] or
+    /// [`Error::Unsupported`] under [`Semantics::Strict`]; [`Error::Io`] or
     /// [`Error::Poisoned`] as for appends.
     pub fn forget_aborted_before(&self, partition: i32, offset: i64) -> Result<()> {
         self.shared
@@ -581,7 +640,7 @@ impl ProducerStateStore {
 
     /// The state of one key as Kafka holds it (see
     /// [`ProducerStateManager::kafka_state`]); `None` without state and
-    /// under [`Semantics::Seed`].
+    /// under [`Semantics::Strict`].
     pub fn kafka_state(
         &self,
         producer_id: impl Into<ProducerId>,
@@ -597,7 +656,7 @@ impl ProducerStateStore {
     /// offset of its open transaction (`current_txn_first_offset`, Kafka's
     /// `currentTransactionStartOffset`). Reads the state of every
     /// operation queued, as [`ProducerStateStore::kafka_state`]. Empty
-    /// under [`Semantics::Seed`] (use [`ProducerStateStore::producers`]).
+    /// under [`Semantics::Strict`] (use [`ProducerStateStore::producers`]).
     pub fn kafka_producers(&self, partition: i32) -> Vec<(ProducerId, KafkaProducerState)> {
         self.engine(|k| {
             k.kafka_keys_of(partition)
@@ -612,7 +671,7 @@ impl ProducerStateStore {
     }
 
     /// The first offset of the oldest transaction open on the partition;
-    /// `None` when none is (and under [`Semantics::Seed`]).
+    /// `None` when none is (and under [`Semantics::Strict`]).
     pub fn first_unstable_offset(&self, partition: i32) -> Option<i64> {
         self.engine(|k| k.first_unstable_offset(partition))
             .flatten()
@@ -627,7 +686,7 @@ impl ProducerStateStore {
     }
 
     /// The partition's aborted transactions, in the order their markers
-    /// came (empty under [`Semantics::Seed`]).
+    /// came (empty under [`Semantics::Strict`]).
     pub fn aborted_transactions(&self, partition: i32) -> Vec<AbortedTxn> {
         self.engine(|k| k.aborted_transactions(partition).to_vec())
             .unwrap_or_default()
@@ -641,16 +700,16 @@ impl ProducerStateStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] under [`Semantics::Seed`] (export its
+    /// [`Error::Unsupported`] under [`Semantics::Strict`] (export its
     /// entries with [`kafka::export`](crate::kafka::export)).
     pub fn kafka_snapshot_entries(
         &self,
         partition: i32,
-    ) -> Result<Vec<crate::kafka::KafkaProducerEntry>> {
+    ) -> Result<Vec<crate::engine::kafka::entry::KafkaProducerEntry>> {
         self.engine(|k| k.kafka_snapshot_entries(partition))
             .unwrap_or(Err(Error::Unsupported {
                 what: "Kafka's snapshot view",
-                semantics: Semantics::Seed,
+                semantics: Semantics::Strict,
             }))
     }
 }

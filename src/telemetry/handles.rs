@@ -3,9 +3,8 @@
 //! without it.
 
 #[cfg(feature = "metrics")]
-use super::TARGET;
 #[cfg(feature = "metrics")]
-use super::names::{APPENDS, METRICS, MetricKind, OUTCOME};
+use super::names::{APPENDS, METRICS, MetricKind, OUTCOME, TARGET};
 
 #[cfg(feature = "metrics")]
 pub(super) use metrics::{Counter, Gauge, Histogram};

@@ -59,15 +59,11 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::outcome::{AppendOutcome, BatchOutcome};
-use crate::recovery::RecoveryReport;
+use crate::recovery::report::RecoveryReport;
 use handles::{Counter, Gauge, Histogram, appends, counter, describe, gauge, histogram, labels};
 pub(crate) use names::check_labels;
 use names::*;
-pub use names::{METRICS, Metric, MetricKind};
-
-/// The `target` of every event the store logs: `RUST_LOG=producer_state=debug`
-/// (with `tracing-subscriber`'s env filter) shows them all.
-pub const TARGET: &str = "producer_state";
+pub use names::{METRICS, Metric, MetricKind, TARGET};
 
 /// How often, at most, a group commit refreshes the live-producers gauge
 /// (counting the keys takes the store's lock for a pass over its 256

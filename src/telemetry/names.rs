@@ -1,6 +1,11 @@
-//! The names of the store's metrics, listed once: what dashboards and
+//! The names of the store's metrics and of its events' target, listed
+//! once: what dashboards and
 //! alerts are written against, what the store describes to the recorder,
 //! and what docs/metrics.md documents (a test holds the two together).
+
+/// The `target` of every event the store logs: `RUST_LOG=producer_state=debug`
+/// (with `tracing-subscriber`'s env filter) shows them all.
+pub const TARGET: &str = "producer_state";
 
 /// What a metric measures over time.
 #[non_exhaustive]

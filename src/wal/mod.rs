@@ -20,6 +20,7 @@
 //! which the OS persisted some); damage followed by a record written after
 //! it was durable is damage in the middle of the log. See docs/format.md.
 
+pub(crate) mod frame;
 pub(crate) mod op;
 mod prefix_crc;
 pub(crate) mod record;

@@ -14,15 +14,13 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use std::fmt;
-
-use super::record::{AT_KIND, AT_LEN, HEADER};
+use super::frame::{AT_KIND, AT_LEN, HEADER};
 use crate::batch::AppendRequest;
-use crate::codec::{Dec, Put, set_u32};
-use crate::entry_codec::{self, MAX_ENTRY};
+use crate::codec::{Dec, Put, decode_id, put_id, set_u32};
+use crate::engine::info::ProducerInfo;
 use crate::error::Corruption;
 use crate::id::ProducerId;
-use crate::info::ProducerInfo;
+use crate::snapshot::entry::{self as entry_codec, MAX_ENTRY};
 
 pub(super) const KIND_CLOCK: u8 = 6;
 pub(super) const KIND_REMOVE: u8 = 7;
@@ -96,11 +94,7 @@ impl RemoveReason {
     }
 }
 
-impl fmt::Display for RemoveReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(RemoveReason);
 
 /// What an atomic group of records does (kind 8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -144,11 +138,7 @@ impl GroupKind {
     }
 }
 
-impl fmt::Display for GroupKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(GroupKind);
 
 /// One operation of the log, as a record holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -203,7 +193,7 @@ pub enum LogOp {
         /// The producer epoch the marker was written at.
         epoch: i16,
         /// The marker.
-        marker: crate::txn::Marker,
+        marker: crate::engine::kafka::txn::Marker,
     },
     /// The partition's aborted transactions whose marker is below
     /// `offset` were forgotten (kind 20).
@@ -292,23 +282,6 @@ fn put_key(buf: &mut Vec<u8>, id: &ProducerId, partition: i32) {
     }
     put_id(buf, id);
     buf.put_i32(partition);
-}
-
-/// A producer id as removal records and the snapshot's Kafka section hold
-/// it: `u8` 0 and `u64`, or `u8` 1, `u16` length and UTF-8.
-pub(crate) fn put_id(buf: &mut Vec<u8>, id: &ProducerId) {
-    match id.as_numeric() {
-        Some(n) => {
-            buf.put_u8(0);
-            buf.put_u64(n);
-        }
-        None => {
-            let name = id.name_bytes().unwrap_or_default();
-            buf.put_u8(1);
-            buf.put_u16(name.len() as u16);
-            buf.extend_from_slice(name);
-        }
-    }
 }
 
 /// Appends removal records for `keys` (as many as their bytes need, each
@@ -451,23 +424,6 @@ fn decode_key(d: &mut Dec<'_>) -> Result<(ProducerId, i32), Corruption> {
     let id = decode_id(d)?;
     let short = Corruption::BadField("removed key (too short)");
     Ok((id, d.i32().ok_or(short)?))
-}
-
-/// Reads what [`put_id`] wrote.
-pub(crate) fn decode_id(d: &mut Dec<'_>) -> Result<ProducerId, Corruption> {
-    let short = Corruption::BadField("producer id (too short)");
-    let id = match d.u8().ok_or(short.clone())? {
-        0 => ProducerId::numeric(d.u64().ok_or(short.clone())?),
-        1 => {
-            let n = d.u16().ok_or(short.clone())? as usize;
-            let name = d.bytes(n).ok_or(short.clone())?;
-            let name = std::str::from_utf8(name)
-                .map_err(|_| Corruption::BadField("producer name (not UTF-8)"))?;
-            ProducerId::named(name)
-        }
-        _ => return Err(Corruption::BadField("producer id kind")),
-    };
-    Ok(id)
 }
 
 #[cfg(test)]

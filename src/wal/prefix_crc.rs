@@ -14,7 +14,7 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use crate::crc::{TABLE, multmodp, zeros_table};
+use crate::codec::crc::{TABLE, multmodp, zeros_table};
 
 /// Offsets of prefixes kept: more than the longest range asked for.
 const RING: usize = 1 << 17;
@@ -116,7 +116,7 @@ impl PrefixCrc {
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::crc::tests::bytes;
+    use crate::codec::crc::tests::bytes;
 
     #[test]
     fn every_range_has_the_crc_of_its_bytes() {

@@ -1,9 +1,12 @@
-//! One log record: its framing (checksum, length, offset, kind) and the
-//! append records (kinds 1 to 4) and close marker (kind 5); the
-//! lifecycle records of version 5 are in [`super::op`].
+//! One log record: decoding any record by its kind, the append records
+//! (kinds 1 to 4) and the close marker (kind 5). The framing every record
+//! shares (header, CRC, seal) is in [`super::frame`]; the lifecycle
+//! records of version 5 are in [`super::op`], the transaction records in
+//! [`super::txn_op`].
 
 #![deny(clippy::indexing_slicing)]
 
+use super::frame::{AT_KIND, AT_LEN, HEADER, MAX_NAME, crc, put};
 use super::op::{self, LogOp};
 use super::txn_op;
 use crate::batch::{AppendRequest, BatchMetadata};
@@ -11,14 +14,6 @@ use crate::codec::{Dec, Put, set_u32, u32_at};
 use crate::error::Corruption;
 use crate::id::ProducerId;
 
-/// Record header of the version this crate writes (3): CRC, length,
-/// offset in the segment, distance from the durable end, kind.
-pub(crate) const HEADER: usize = 17;
-/// Where the fields of a version-3 header are.
-pub(super) const AT_LEN: usize = 4;
-const AT_OFFSET: usize = 8;
-const AT_UNSYNCED: usize = 12;
-pub(super) const AT_KIND: usize = 16;
 const KIND_NUMERIC_SINGLE: u8 = 1;
 const KIND_NUMERIC_BATCH: u8 = 2;
 const KIND_NAMED_SINGLE: u8 = 3;
@@ -29,12 +24,9 @@ const KIND_CLOSE: u8 = 5;
 const SINGLE_TAIL: usize = 4 + 2 + 4;
 /// ... or partition, epoch, first, last, offset, timestamp (batch).
 const BATCH_TAIL: usize = 4 + 2 + 4 + 4 + 8 + 8;
-/// The longest name a record holds.
-pub(crate) const MAX_NAME: usize = u16::MAX as usize;
-/// The shortest record of any version (a version-3 close marker) and the
-/// longest (a version-5 key-state record of one entry with the longest
-/// name); versions 1 to 4 end at a named batch append (65,584 bytes).
-pub(crate) const MIN_LEN: usize = HEADER;
+/// The longest record of any version (a version-5 key-state record of one
+/// entry with the longest name); versions 1 to 4 end at a named batch
+/// append (65,584 bytes). The shortest is [`MIN_LEN`].
 pub(crate) const MAX_LEN: usize = op::MAX_LEN;
 const MAX_APPEND_LEN: usize = HEADER + 2 + MAX_NAME + BATCH_TAIL;
 const _: () = assert!(MAX_APPEND_LEN <= MAX_LEN);
@@ -248,53 +240,6 @@ pub(crate) const MAX_PACKED: usize = 3640;
 const MAX_PACKED_LEN: usize = HEADER + MAX_PACKED * PACKED_ENTRY;
 const _: () = assert!(MAX_PACKED_LEN <= MAX_LEN);
 
-/// Writes `v` at `at` in a fixed-size record (constant offsets: no checks
-/// remain after inlining).
-#[inline(always)]
-pub(super) fn put<const N: usize>(rec: &mut [u8], at: usize, v: [u8; N]) {
-    if let Some(d) = rec.get_mut(at..at + N) {
-        d.copy_from_slice(&v);
-    }
-}
-
-/// The CRC seed of a segment: the CRC-32C of its salt bytes (version 3:
-/// its first position, store id and segment salt, header bytes 12..36;
-/// before: its first position).
-pub(crate) fn seed(salt: &[u8]) -> u32 {
-    crc32c::crc32c(salt)
-}
-
-/// The CRC of a record: CRC-32C continued from the segment's seed over
-/// everything after the CRC field (length, offset, distance, kind, payload).
-fn crc(seed: u32, record: &[u8]) -> u32 {
-    crc32c::crc32c_append(seed, record.get(CRC_FROM..).unwrap_or_default())
-}
-
-/// Fills in the offset, the distance from the durable end and the CRC of
-/// every record in `buf`, one write's worth of records encoded by
-/// [`encode`], for a segment whose CRC seed is `seed`, written at offset
-/// `base` of the segment. `unsynced` is how many bytes of the segment
-/// before `buf` were not known to be durable when the write was issued: a
-/// record at `at` in `buf` is `unsynced + at` bytes past the durable end.
-/// The caller keeps `base + buf.len()` below `u32::MAX` (segments are
-/// smaller).
-pub(crate) fn seal(buf: &mut [u8], seed: u32, base: u64, unsynced: u32) {
-    let mut at = 0;
-    while let Some(len) = u32_at(buf, at + AT_LEN) {
-        let len = len as usize;
-        // `encode` never writes a shorter record; stop rather than loop.
-        debug_assert!(len >= MIN_LEN, "record of {len} bytes at {at}");
-        if len < MIN_LEN {
-            break;
-        }
-        set_u32(buf, at + AT_OFFSET, (base + at as u64) as u32);
-        set_u32(buf, at + AT_UNSYNCED, unsynced.saturating_add(at as u32));
-        let c = buf.get(at..at + len).map(|r| crc(seed, r)).unwrap_or(0);
-        set_u32(buf, at, c);
-        at += len;
-    }
-}
-
 /// Why a record could not be read at some offset.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Bad {
@@ -501,15 +446,6 @@ pub(crate) fn claimed_len(bytes: &[u8], layout: Layout) -> Option<usize> {
     (plausible(bytes, layout) && len <= bytes.len()).then_some(len)
 }
 
-/// Where the bytes a record's CRC covers begin: everything after the CRC
-/// field, up to the record's length (see [`crc`]).
-pub(crate) const CRC_FROM: usize = 4;
-
-/// The CRC stored at the start of a record.
-pub(crate) fn stored_crc(bytes: &[u8]) -> Option<u32> {
-    u32_at(bytes, 0)
-}
-
 /// The record's unsynced offset: bytes from the segment's durable end,
 /// when the record was written, to the record (the field just before the
 /// kind byte, in every layout).
@@ -532,6 +468,7 @@ pub(crate) fn stated_offset(bytes: &[u8], layout: Layout) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::batch::Batch;
+    use crate::wal::frame::{MIN_LEN, seal, seed};
 
     const V3: fn() -> Layout = || Layout::of(3);
 

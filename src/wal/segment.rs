@@ -6,11 +6,13 @@
 use std::io::Read;
 use std::path::Path;
 
+use super::frame;
 use super::op::{GroupKind, LogOp};
 use super::prefix_crc::PrefixCrc;
 use super::record::{self, Bad, Decoded};
 use crate::codec::{Dec, Put};
 use crate::error::{Corruption, Error, Result};
+use crate::fs::read_full;
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATWAL";
 /// The version this crate writes (the newest; it reads [`OLDEST_VERSION`]
@@ -22,8 +24,8 @@ pub(crate) const VERSION: u16 = 5;
 pub(crate) const FLAG_PREALLOCATED: u16 = 1;
 /// Header flag of version 5: the store runs `Semantics::Kafka`; the
 /// segment may hold the transaction records (kinds 16 to 20), and a store
-/// opened under the seed rules refuses it (`Error::SemanticsMismatch`). A
-/// seed store's segments have it clear: their bytes are what they were.
+/// opened under the strict rules refuses it (`Error::SemanticsMismatch`). A
+/// strict store's segments have it clear: their bytes are what they were.
 pub(crate) const FLAG_KAFKA: u16 = 2;
 /// Version 3's bytes in a preallocated file (read, no longer written).
 pub(crate) const PREALLOCATED_V4: u16 = 4;
@@ -39,7 +41,6 @@ pub(crate) const HEADER_LEN: usize = 40;
 const OLD_HEADER_LEN: usize = 24;
 /// Where the header stores the segment's first position (every version).
 pub(crate) const POSITION_AT: u64 = 12;
-pub(crate) const EXTENSION: &str = "wal";
 
 /// What makes a segment's checksums its own: the store it belongs to and
 /// a value drawn for this segment alone (version 3).
@@ -61,31 +62,12 @@ pub(crate) struct Header {
     pub preallocated: bool,
     /// The store id (version 3 on).
     pub store: Option<u64>,
-    /// The CRC seed of its records (see [`record::seed`]).
+    /// The CRC seed of its records (see [`frame::seed`]).
     pub seed: u32,
     /// Header bytes: where the records start.
     pub len: usize,
     /// [`FLAG_KAFKA`] (version 5).
     pub kafka: bool,
-}
-
-/// The file name of the segment whose first record has position `pos`.
-pub(crate) fn file_name(pos: u64) -> String {
-    format!("{pos:020}.{EXTENSION}")
-}
-
-/// The position in a segment's file name, if it is one (`<20 digits>.wal`).
-pub(crate) fn parse_name(name: &str) -> Option<u64> {
-    parse_numbered(name, EXTENSION)
-}
-
-/// `<20 digits>.<ext>` -> the number.
-pub(crate) fn parse_numbered(name: &str, ext: &str) -> Option<u64> {
-    let (digits, e) = name.split_once('.')?;
-    if e != ext || digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
 }
 
 /// The header of a segment with first position `pos`, not preallocated
@@ -195,9 +177,9 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
         return Err(bad(10, Corruption::BadField("segment flags")));
     }
     let (store, seed) = if version >= 3 {
-        (d.u64(), record::seed(bytes.get(12..36).unwrap_or_default()))
+        (d.u64(), frame::seed(bytes.get(12..36).unwrap_or_default()))
     } else {
-        (None, record::seed(&pos.to_le_bytes()))
+        (None, frame::seed(&pos.to_le_bytes()))
     };
     Ok(Header {
         first_position: pos,
@@ -286,20 +268,6 @@ impl<R: Read> Window<R> {
     }
 }
 
-/// Reads until `buf` is full or the reader ends; returns the bytes read.
-pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(buf.get_mut(n..).unwrap_or_default()) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
 /// An atomic group being read: where it starts and what of it was read.
 struct OpenGroup {
     /// The group record's offset and the positions before it.
@@ -363,6 +331,13 @@ fn alone_ok(op: &LogOp) -> bool {
 /// durable bytes were damaged: damage in the middle of the log. A valid
 /// record found at another offset than the one it states (version 3) is
 /// damage too, wherever it is: a crash never moves bytes.
+// Over 100 lines on purpose: one loop over the segment's records keeps the
+// reading window, the open atomic group and the switch from reading to
+// searching for valid records in its own locals; the decisions it makes
+// from them (torn tail or damage mid-log) read best where they are made.
+// The parts that stand alone (the header, `parse_header`; the search for
+// a later valid record, `later_write`; the zeros of a preallocated end,
+// `first_nonzero_from`) are functions of their own.
 pub(crate) fn scan(
     path: &Path,
     reader: impl Read,
@@ -568,7 +543,7 @@ fn later_write<R: Read>(
     let mut at = from;
     loop {
         let bytes = w.at(at, record::MAX_LEN)?;
-        if bytes.len() < record::MIN_LEN {
+        if bytes.len() < frame::MIN_LEN {
             return Ok(None);
         }
         // Zeros hold no candidate (a record's length, bytes 4..8, is never
@@ -580,13 +555,13 @@ fn later_write<R: Read>(
             continue;
         }
         if let Some(len) = record::claimed_len(bytes, layout)
-            && let Some(stored) = record::stored_crc(bytes)
+            && let Some(stored) = frame::stored_crc(bytes)
             && let Some(computed) = prefixes.crc(
                 seed,
                 bytes,
                 at,
-                at + record::CRC_FROM as u64,
-                len - record::CRC_FROM,
+                at + frame::CRC_FROM as u64,
+                len - frame::CRC_FROM,
             )
             && stored == computed
         {
@@ -609,442 +584,5 @@ fn later_write<R: Read>(
 }
 
 #[cfg(test)]
-#[allow(clippy::indexing_slicing)]
-mod tests {
-    use super::*;
-    use crate::batch::AppendRequest;
-    use crate::wal::record::{encode, seal};
-    use std::io::Cursor;
-
-    const IDS: Ids = Ids { store: 1, salt: 2 };
-    /// One record of one append.
-    const REC: usize = 35;
-
-    fn seed() -> u32 {
-        record::seed(&header(10, IDS, APPENDED_VERSION)[12..36])
-    }
-
-    /// Appends one write of one record per request (no packing: the tests
-    /// count 35-byte records) to the segment `f`, sealed `unsynced` bytes
-    /// past the durable end; returns its length.
-    fn write_at(f: &mut Vec<u8>, reqs: &[AppendRequest], unsynced: u32) -> usize {
-        let mut b = Vec::new();
-        for r in reqs {
-            let mut no_open_record = usize::MAX;
-            encode(&mut b, &mut no_open_record, r);
-        }
-        seal(&mut b, seed(), f.len() as u64, unsynced);
-        f.extend_from_slice(&b);
-        b.len()
-    }
-
-    fn segment(writes: &[Vec<AppendRequest>]) -> Vec<u8> {
-        let mut f = header(10, IDS, APPENDED_VERSION);
-        for w in writes {
-            write_at(&mut f, w, 0);
-        }
-        f
-    }
-
-    fn reqs(n: i32) -> Vec<AppendRequest> {
-        (0..n)
-            .map(|i| AppendRequest::single(1u64, 0, 0, i))
-            .collect()
-    }
-
-    fn run(bytes: &[u8]) -> (Vec<u64>, End) {
-        let s = scanned(bytes);
-        (s.1, s.0.end)
-    }
-
-    fn scanned(bytes: &[u8]) -> (Scan, Vec<u64>) {
-        let mut seen = Vec::new();
-        let s = scan(
-            Path::new("x.wal"),
-            Cursor::new(bytes),
-            bytes.len() as u64,
-            |_| Ok(()),
-            |pos, _, _, _| {
-                seen.push(pos);
-                Ok(())
-            },
-        )
-        .ok()
-        .expect("header is fine");
-        (s, seen)
-    }
-
-    #[test]
-    fn names_parse_back() {
-        assert_eq!(file_name(42), "00000000000000000042.wal");
-        assert_eq!(parse_name(&file_name(u64::MAX)), Some(u64::MAX));
-        assert_eq!(parse_name("0000000000000000042.wal"), None);
-        assert_eq!(parse_name("00000000000000000042.snap"), None);
-        assert_eq!(parse_name("0000000000000000004x.wal"), None);
-    }
-
-    #[test]
-    fn a_clean_segment_numbers_its_records_from_the_header() {
-        let f = segment(&[reqs(3), reqs(2)]);
-        let (s, seen) = scanned(&f);
-        assert_eq!(seen, vec![10, 11, 12, 13, 14]);
-        assert_eq!(s.end, End::Clean);
-        assert_eq!(s.store, Some(1));
-        assert!(!s.closed);
-    }
-
-    #[test]
-    fn a_close_marker_at_the_end_says_the_segment_was_closed() {
-        let mut f = segment(&[reqs(3)]);
-        let mut m = Vec::new();
-        record::encode_close(&mut m);
-        seal(&mut m, seed(), f.len() as u64, 0);
-        f.extend_from_slice(&m);
-        let (s, seen) = scanned(&f);
-        assert!(s.closed && s.end == End::Clean && seen.len() == 3);
-        // Records after it: closed once, but not at the end.
-        write_at(&mut f, &reqs(1), 0);
-        assert!(!scanned(&f).0.closed);
-    }
-
-    #[test]
-    fn a_record_missing_moved_or_repeated_is_damage_where_it_happened() {
-        let f = segment(&[reqs(2), reqs(3)]);
-        let second = HEADER_LEN + REC;
-        // Removed: what follows is not where it was written.
-        let mut gone = f.clone();
-        gone.drain(second..second + REC);
-        let (seen, end) = run(&gone);
-        assert_eq!(seen.len(), 1);
-        assert_eq!(
-            end,
-            End::MidLog {
-                offset: second as u64,
-                kind: Corruption::MisplacedRecord {
-                    written_at: (second + REC) as u64
-                },
-                later: second as u64,
-            }
-        );
-        // Repeated.
-        let mut twice = f.clone();
-        let copy = f[second..second + REC].to_vec();
-        twice.splice(second + REC..second + REC, copy);
-        let (seen, end) = run(&twice);
-        assert_eq!(seen.len(), 2);
-        assert!(
-            matches!(end, End::MidLog { offset, kind: Corruption::MisplacedRecord { written_at }, .. }
-                if offset as usize == second + REC && written_at as usize == second),
-            "{end:?}"
-        );
-        // A damaged record followed by one that moved: mid-log, even
-        // though the moved one was written before the damage was durable.
-        let mut both = gone.clone();
-        both[HEADER_LEN + 20] ^= 1;
-        let (seen, end) = run(&both);
-        assert!(seen.is_empty());
-        assert!(matches!(end, End::MidLog { offset, .. } if offset as usize == HEADER_LEN));
-    }
-
-    #[test]
-    fn a_record_of_another_segment_does_not_verify() {
-        let f = segment(&[reqs(3)]);
-        let mut other = header(10, Ids { store: 1, salt: 3 }, APPENDED_VERSION);
-        other.extend_from_slice(&f[HEADER_LEN..]);
-        let (seen, end) = run(&other);
-        assert!(seen.is_empty());
-        assert!(matches!(end, End::Torn { offset, .. } if offset as usize == HEADER_LEN));
-    }
-
-    #[test]
-    fn a_cut_anywhere_in_the_last_write_is_a_torn_tail() {
-        let f = segment(&[reqs(3), reqs(4)]);
-        let last_write = f.len() - 4 * REC;
-        for cut in last_write + 1..f.len() {
-            let (seen, end) = run(&f[..cut]);
-            // At a record boundary only whole records remain: a clean end.
-            let boundary = (cut - last_write).is_multiple_of(REC);
-            assert_eq!(matches!(end, End::Clean), boundary, "cut {cut}: {end:?}");
-            assert!(
-                boundary || matches!(end, End::Torn { .. }),
-                "cut {cut}: {end:?}"
-            );
-            assert_eq!(seen.len(), 3 + (cut - last_write) / REC);
-        }
-    }
-
-    #[test]
-    fn damage_followed_by_a_later_write_is_mid_log() {
-        let f = segment(&[reqs(3), reqs(2)]);
-        let mut bad = f.clone();
-        bad[HEADER_LEN + REC + 20] ^= 1; // second record of the first write
-        let (seen, end) = run(&bad);
-        assert_eq!(seen, vec![10]);
-        assert!(matches!(end, End::MidLog { offset, later, .. }
-                if offset as usize == HEADER_LEN + REC && later as usize == HEADER_LEN + 3 * REC));
-    }
-
-    #[test]
-    fn sectors_lost_out_of_order_inside_the_last_write_are_torn() {
-        // One big last write: zero its first half, keep the second.
-        let f = segment(&[reqs(2), reqs(40)]);
-        let start = HEADER_LEN + 2 * REC;
-        let mut bad = f.clone();
-        for b in &mut bad[start + 10..start + 600] {
-            *b = 0;
-        }
-        let (seen, end) = run(&bad);
-        assert_eq!(seen.len(), 2);
-        assert!(matches!(end, End::Torn { offset, .. } if offset as usize == start));
-    }
-
-    #[test]
-    fn a_hole_in_several_unsynced_writes_is_torn_but_in_synced_bytes_is_mid_log() {
-        // Three writes; only the first was fsync'ed: the second and third
-        // were issued before anything after the first was durable (their
-        // records count their distance from the end of the first write).
-        let mut f = header(10, IDS, APPENDED_VERSION);
-        let mut unsynced = 0u32;
-        for (n, fsynced) in [(2, true), (3, false), (3, false)] {
-            let len = write_at(&mut f, &reqs(n), unsynced);
-            unsynced = if fsynced { 0 } else { unsynced + len as u32 };
-        }
-        // Lose a sector of the second write while the third survives: the
-        // crash left a hole in bytes never fsync'ed. Torn, cut at the hole.
-        let hole = HEADER_LEN + 2 * REC + 40;
-        let mut bad = f.clone();
-        bad[hole] ^= 0xff;
-        let (seen, end) = run(&bad);
-        assert_eq!(seen.len(), 3);
-        assert!(matches!(end, End::Torn { offset, .. } if offset as usize == HEADER_LEN + 3 * REC));
-        // The same hole in the first write, which the second was written
-        // after it was durable: damage in the middle of the log.
-        let mut bad = f.clone();
-        bad[HEADER_LEN + 40] ^= 0xff;
-        let (seen, end) = run(&bad);
-        assert_eq!(seen.len(), 1);
-        assert!(matches!(end, End::MidLog { offset, .. } if offset as usize == HEADER_LEN + REC));
-    }
-
-    #[test]
-    fn a_packed_record_counts_every_append_and_tears_whole() {
-        // Two writes, each one kind-1 record of several appends.
-        let packed = |f: &mut Vec<u8>, n: i32| {
-            let mut b = Vec::new();
-            let mut open = 0;
-            for r in reqs(n) {
-                encode(&mut b, &mut open, &r);
-            }
-            seal(&mut b, seed(), f.len() as u64, 0);
-            f.extend_from_slice(&b);
-        };
-        let mut f = header(10, IDS, APPENDED_VERSION);
-        packed(&mut f, 3);
-        let last = f.len();
-        packed(&mut f, 5);
-        assert_eq!(f.len(), last + REC + 4 * 18);
-        let mut at = Vec::new();
-        let s = scan(
-            Path::new("x"),
-            Cursor::new(&f),
-            f.len() as u64,
-            |_| Ok(()),
-            |pos, off, nth, _| {
-                at.push((pos, off, nth));
-                Ok(())
-            },
-        )
-        .ok()
-        .unwrap();
-        assert_eq!(s.records, 8);
-        assert_eq!(s.version, APPENDED_VERSION);
-        assert_eq!(at[2], (12, HEADER_LEN as u64, 2));
-        assert_eq!(at[3], (13, last as u64, 0));
-        // A cut anywhere in the last record loses all of its appends.
-        for cut in last + 1..f.len() {
-            let (seen, end) = run(&f[..cut]);
-            assert_eq!(seen.len(), 3, "cut {cut}");
-            assert!(matches!(end, End::Torn { offset, .. } if offset as usize == last));
-        }
-    }
-
-    #[test]
-    fn a_version_2_segment_is_read_in_its_layout() {
-        // Header: magic, version 2, flags, first position, CRC of 0..20.
-        let mut f = MAGIC.to_vec();
-        f.extend_from_slice(&2u16.to_le_bytes());
-        f.extend_from_slice(&0u16.to_le_bytes());
-        f.extend_from_slice(&10u64.to_le_bytes());
-        let c = crc32c::crc32c(&f);
-        f.extend_from_slice(&c.to_le_bytes());
-        // A kind-1 record of two appends: CRC, length 49, unsynced 0, kind.
-        let mut r = Vec::new();
-        r.extend_from_slice(&49u32.to_le_bytes());
-        r.extend_from_slice(&0u32.to_le_bytes());
-        r.push(1);
-        for seq in 0..2i32 {
-            r.extend_from_slice(&1u64.to_le_bytes());
-            r.extend_from_slice(&[0; 6]);
-            r.extend_from_slice(&seq.to_le_bytes());
-        }
-        let c = crc32c::crc32c_append(crc32c::crc32c(&10u64.to_le_bytes()), &r);
-        f.extend_from_slice(&c.to_le_bytes());
-        f.extend_from_slice(&r);
-        let (s, seen) = scanned(&f);
-        assert_eq!((s.version, s.store, s.end), (2, None, End::Clean));
-        assert_eq!(seen, vec![10, 11]);
-    }
-
-    /// The search after damage as it was first written: every plausible
-    /// offset decoded in full, its checksum computed over its bytes.
-    fn reference_later_write(f: &[u8], damage: usize, seed: u32) -> Option<u64> {
-        let layout = record::Layout::of(VERSION);
-        let mut at = damage + 1;
-        while f.len() - at >= record::MIN_LEN {
-            let b = &f[at..];
-            if record::plausible(b, layout) {
-                match record::decode(b, seed, layout, at as u64) {
-                    Ok(d) => {
-                        let since = record::unsynced_offset(b, layout).unwrap() as usize;
-                        if at.saturating_sub(since) > damage {
-                            return Some(at as u64);
-                        }
-                        at += d.len;
-                        continue;
-                    }
-                    Err(Bad::Misplaced(_)) => return Some(at as u64),
-                    Err(_) => {}
-                }
-            }
-            at += 1;
-        }
-        None
-    }
-
-    /// The end the reference search gives `f`: where the first bad record
-    /// is and how it ends.
-    fn reference_end(f: &[u8]) -> Option<(u64, Option<u64>)> {
-        let layout = record::Layout::of(VERSION);
-        let seed = seed();
-        let mut at = HEADER_LEN;
-        while at < f.len() {
-            match record::decode(&f[at..], seed, layout, at as u64) {
-                Ok(d) => at += d.len,
-                Err(Bad::Misplaced(_)) => return Some((at as u64, Some(at as u64))),
-                Err(_) => return Some((at as u64, reference_later_write(f, at, seed))),
-            }
-        }
-        None
-    }
-
-    #[test]
-    fn the_search_after_damage_agrees_with_decoding_every_candidate() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        let mut kinds = [0usize; 3];
-        for case in 0..300 {
-            // Writes of one to twenty records, fsync'ed or not.
-            let mut f = header(10, IDS, APPENDED_VERSION);
-            let mut unsynced = 0u32;
-            for _ in 0..1 + next() % 12 {
-                let n = 1 + (next() % 20) as i32;
-                let len = write_at(&mut f, &reqs(n), unsynced);
-                unsynced = if next().is_multiple_of(2) {
-                    0
-                } else {
-                    unsynced + len as u32
-                };
-            }
-            // Damage: a flipped byte, a zeroed run, or crafted bytes
-            // (plausible lengths and kinds every four bytes), somewhere.
-            let at = HEADER_LEN + (next() as usize) % (f.len() - HEADER_LEN);
-            let n = 1 + (next() as usize) % 400;
-            let end = (at + n).min(f.len());
-            match next() % 3 {
-                0 => f[at] ^= 1 + (next() % 255) as u8,
-                1 => f[at..end].fill(0),
-                _ => {
-                    for (i, b) in f[at..end].iter_mut().enumerate() {
-                        *b = [0x03, 0x40, 0, 0][i % 4];
-                    }
-                }
-            }
-            let (_, got) = run(&f);
-            let want = reference_end(&f);
-            let got = match got {
-                End::Clean => None,
-                End::Torn { offset, .. } => Some((offset, None)),
-                End::MidLog { offset, later, .. } => Some((offset, Some(later))),
-            };
-            assert_eq!(got, want, "case {case}");
-            kinds[match want {
-                None => 0,
-                Some((_, None)) => 1,
-                Some((_, Some(_))) => 2,
-            }] += 1;
-        }
-        // Each outcome was met often enough to mean something.
-        assert!(
-            kinds[0] >= 3 && kinds[1] >= 30 && kinds[2] >= 30,
-            "{kinds:?}"
-        );
-    }
-
-    #[test]
-    fn crafted_bytes_after_damage_cost_what_zeros_cost() {
-        // A header, then `03 ff 00 00` over 2 MiB: every fourth offset
-        // claims a 65,283-byte named record. The checksums come from
-        // prefixes, each byte fed once.
-        let mut f = header(10, IDS, APPENDED_VERSION);
-        f.extend([0x03u8, 0xff, 0, 0].repeat(1 << 19));
-        let mut w = Window {
-            r: Cursor::new(&f),
-            buf: Vec::new(),
-            base: 0,
-            eof: false,
-        };
-        w.at(0, HEADER_LEN).unwrap();
-        let mut p = PrefixCrc::new(record::MAX_LEN);
-        let layout = record::Layout::of(VERSION);
-        let found = later_write(
-            &mut w,
-            HEADER_LEN as u64,
-            HEADER_LEN as u64 + 1,
-            seed(),
-            layout,
-            &mut p,
-        );
-        assert_eq!(found.unwrap(), None);
-        assert!(p.fed > 0);
-        assert!(p.fed <= f.len() as u64, "{} bytes checksummed", p.fed);
-        let (seen, end) = run(&f);
-        assert!(seen.is_empty());
-        assert!(
-            matches!(end, End::Torn { offset, .. } if offset == HEADER_LEN as u64),
-            "{end:?}"
-        );
-    }
-
-    #[test]
-    fn bad_headers_are_reported() {
-        let f = segment(&[reqs(1)]);
-        for cut in 0..HEADER_LEN {
-            assert!(
-                matches!(parse_header(Path::new("x"), &f[..cut]), Err(HeaderError::Short(n)) if n == cut)
-            );
-        }
-        for byte in 0..HEADER_LEN {
-            let mut b = f.clone();
-            b[byte] ^= 0x40;
-            assert!(
-                matches!(parse_header(Path::new("x"), &b), Err(HeaderError::Bad(_))),
-                "byte {byte}"
-            );
-        }
-    }
-}
+#[path = "segment_tests.rs"]
+mod tests;

@@ -3,7 +3,7 @@
 //! transactions forgotten below an offset.
 //!
 //! They exist only in segments whose header has the Kafka flag (version
-//! 5); a seed store's segment reads any of these kinds as damage, as
+//! 5); a strict store's segment reads any of these kinds as damage, as
 //! before. Plain Kafka-mode batches keep using kinds 1 to 4: replay applies
 //! them the same way. The origin of a batch (client, coordinator,
 //! replication) is not stored: it changed only which checks ran, and
@@ -11,13 +11,17 @@
 
 #![deny(clippy::indexing_slicing)]
 
+use super::frame::{AT_KIND, AT_LEN, HEADER, put};
 use super::op::{LogOp, begin, end};
-use super::record::{AT_KIND, AT_LEN, HEADER, put};
 use crate::batch::{AppendRequest, BatchMetadata};
 use crate::codec::{Dec, Put};
-use crate::error::Corruption;
+use crate::engine::ProducerStateManager;
+use crate::engine::info::ProducerInfo;
+use crate::engine::kafka::state::KafkaState;
+use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerKind};
+use crate::error::{Corruption, Error, Result};
 use crate::id::ProducerId;
-use crate::txn::{Marker, MarkerKind};
+use crate::semantics::Semantics;
 
 const KIND_BATCH_NUMERIC: u8 = 16;
 const KIND_BATCH_NAMED: u8 = 17;
@@ -44,7 +48,7 @@ pub(crate) const MAX_SECTION: usize = super::op::MAX_LEN - (HEADER + 4 + 1);
 const NAMED_BASE: usize = HEADER + 2;
 /// The batch flag: the batch is transactional.
 const TRANSACTIONAL: u8 = 1;
-const _: () = assert!(NAMED_BASE + crate::wal::record::MAX_NAME + BATCH_TAIL <= super::op::MAX_LEN);
+const _: () = assert!(NAMED_BASE + super::frame::MAX_NAME + BATCH_TAIL <= super::op::MAX_LEN);
 
 /// Puts the id (numeric: `u64`; named: `u16` length and UTF-8) and
 /// returns the record kind to use, numeric or named.
@@ -296,7 +300,7 @@ pub(super) fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<LogOp, Corrupt
             };
             let section = d.bytes(d.remaining()).ok_or_else(short)?.to_vec();
             // Valid, and of this partition only, or damage.
-            let state = crate::kafka_snapshot::decode_state(&section).map_err(|(_, k)| k)?;
+            let state = crate::snapshot::kafka::decode_state(&section).map_err(|(_, k)| k)?;
             if !state.only_partition(partition) {
                 return Err(Corruption::BadField("partition state of another partition"));
             }
@@ -314,11 +318,97 @@ pub(super) fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<LogOp, Corrupt
     Ok(op)
 }
 
+/// The log operations that set `partition` to `engine`'s state of it (members of a Kafka-mode truncation group): partition-state
+/// records (the first resets) for the side table and the aborted
+/// list, then key-state records for the compact keys.
+///
+/// # Errors
+///
+/// [`Error::Unsupported`] if one side-table key alone does not fit a
+/// record (a producer name of over about 65,000 bytes).
+pub(crate) fn kafka_partition_ops(
+    engine: &ProducerStateManager,
+    partition: i32,
+) -> Result<Vec<LogOp>> {
+    /// A record's worth, by estimate (a record holds up to 64 KiB).
+    const CHUNK: usize = 48 << 10;
+    let k = engine.kafka_side().ok_or(Error::Unsupported {
+        what: "a Kafka-mode truncation",
+        semantics: Semantics::Strict,
+    })?;
+    let (side, aborted) = k.partition_side(partition);
+    let id_len = |id: &ProducerId| id.name_bytes().map_or(8, |n| 2 + n.len());
+    let mut chunks: Vec<KafkaState> = vec![KafkaState::default()];
+    let mut size = 0;
+    for (id, e) in side {
+        let est = id_len(&id) + 40 + 25 * e.batches.len();
+        if size + est > CHUNK && size > 0 {
+            chunks.push(KafkaState::default());
+            size = 0;
+        }
+        size += est;
+        if let Some(c) = chunks.last_mut() {
+            c.insert_side(id, partition, e);
+        }
+    }
+    let mut list: Vec<AbortedTxn> = Vec::new();
+    for t in aborted {
+        let est = id_len(&t.producer_id) + 25;
+        if size + est > CHUNK && size > 0 {
+            if let Some(c) = chunks.last_mut() {
+                c.txns_mut()
+                    .set_aborted(partition, std::mem::take(&mut list));
+            }
+            chunks.push(KafkaState::default());
+            size = 0;
+        }
+        size += est;
+        list.push(t);
+    }
+    if let Some(c) = chunks.last_mut()
+        && !list.is_empty()
+    {
+        c.txns_mut().set_aborted(partition, list);
+    }
+    let mut ops = Vec::with_capacity(chunks.len() + 1);
+    for (i, c) in chunks.iter().enumerate() {
+        let section = crate::snapshot::kafka::encode_body(c);
+        if section.len() > MAX_SECTION {
+            return Err(Error::Unsupported {
+                what: "truncating a Kafka-mode partition with a producer name this long",
+                semantics: Semantics::Kafka,
+            });
+        }
+        ops.push(LogOp::KafkaPartition {
+            partition,
+            reset: i == 0,
+            section,
+        });
+    }
+    let compact: Vec<ProducerInfo> = engine
+        .compact_entries()
+        .filter(|(_, p, _, _)| *p == partition)
+        .map(|(producer_id, partition, entry, _)| ProducerInfo {
+            producer_id,
+            partition,
+            entry,
+            last_activity: 0,
+        })
+        .collect();
+    for part in compact.chunks(256) {
+        ops.push(LogOp::Set {
+            entries: part.to_vec(),
+        });
+    }
+    Ok(ops)
+}
+
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::wal::record::{Layout, decode, seal, seed};
+    use crate::wal::frame::{seal, seed};
+    use crate::wal::record::{Layout, decode};
 
     #[test]
     fn a_numeric_batch_built_in_place_has_the_bytes_of_the_field_by_field_record() {
@@ -452,7 +542,7 @@ mod tests {
             let d = decode(&buf, sd, kafka, 0).unwrap();
             assert_eq!(d.len, buf.len());
             assert_eq!(d.ops.collect::<Vec<_>>(), vec![op.clone()]);
-            // A seed store's segment (or an older version) reads it as damage.
+            // A strict store's segment (or an older version) reads it as damage.
             for layout in [
                 Layout::of(5),
                 Layout::of(5).with_kafka(false),
@@ -479,8 +569,9 @@ mod tests {
     /// batch, and an aborted list of one.
     fn body(partition: i32) -> Vec<u8> {
         use crate::batch::RetainedBatch;
-        use crate::kafka_state::{FullEntry, KafkaState};
-        use crate::txn::AbortedTxn;
+        use crate::engine::kafka::side::FullEntry;
+        use crate::engine::kafka::state::KafkaState;
+        use crate::engine::kafka::txn::AbortedTxn;
         let batch = |f, l, offset| RetainedBatch {
             first_sequence: f,
             last_sequence: l,
@@ -517,7 +608,7 @@ mod tests {
                 last_stable_offset: 10,
             }],
         );
-        crate::kafka_snapshot::encode_body(&k)
+        crate::snapshot::kafka::encode_body(&k)
     }
 
     fn partition_record(partition: i32, section: &[u8]) -> Vec<u8> {
@@ -536,7 +627,7 @@ mod tests {
     }
 
     fn corrupt(bytes: &[u8]) -> Corruption {
-        crate::kafka_snapshot::decode_state(bytes)
+        crate::snapshot::kafka::decode_state(bytes)
             .map(|_| ())
             .expect_err("damage decoded")
             .1
@@ -545,7 +636,7 @@ mod tests {
     #[test]
     fn hand_made_damage_in_a_partition_state_is_corruption() {
         let good = body(4);
-        assert!(crate::kafka_snapshot::decode_state(&good).is_ok());
+        assert!(crate::snapshot::kafka::decode_state(&good).is_ok());
         assert_eq!(decode_record(&partition_record(4, &good)).unwrap().len(), 1);
         let short = Corruption::BadField("Kafka section (too short)");
         // A key count far beyond the bytes.
@@ -615,7 +706,7 @@ mod tests {
             for kind in KIND_BATCH_NUMERIC..=KIND_KAFKA_PARTITION + 1 {
                 let _ = decode_payload(kind, &mut Dec::new(&random));
             }
-            let _ = crate::kafka_snapshot::decode_state(&random);
+            let _ = crate::snapshot::kafka::decode_state(&random);
             let mut b = body(1);
             for &(at, v) in &edits {
                 let n = b.len();
@@ -623,10 +714,10 @@ mod tests {
             }
             b.truncate(cut.max(1));
             b.extend_from_slice(&extra);
-            if let Ok(k) = crate::kafka_snapshot::decode_state(&b) {
-                let again = crate::kafka_snapshot::encode_body(&k);
-                let k2 = crate::kafka_snapshot::decode_state(&again).unwrap();
-                proptest::prop_assert_eq!(crate::kafka_snapshot::encode_body(&k2), again);
+            if let Ok(k) = crate::snapshot::kafka::decode_state(&b) {
+                let again = crate::snapshot::kafka::encode_body(&k);
+                let k2 = crate::snapshot::kafka::decode_state(&again).unwrap();
+                proptest::prop_assert_eq!(crate::snapshot::kafka::encode_body(&k2), again);
             }
             if b.len() <= MAX_SECTION {
                 let _ = decode_record(&partition_record(1, &b));

@@ -39,8 +39,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::frame;
 use super::record;
 use super::segment::{self, Ids};
+use crate::directory::names;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, WriteFile};
 
@@ -129,6 +131,10 @@ fn mix(seed: u64, i: u64) -> u64 {
 /// How the writer lays out new segments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {
+    /// The size a segment is rolled at (and preallocated to).
+    pub segment_size: u64,
+    /// Where the store id and the segment salts come from.
+    pub ids: IdSource,
     /// Preallocate each segment to `segment_size` (version 5 with the
     /// preallocated flag), or let it grow by appends (the flag clear).
     pub preallocate: bool,
@@ -162,12 +168,10 @@ struct Fresh {
     size: u64,
 }
 
-/// What the temporary name of a prepared segment ends with: the segment
-/// prepared while the one starting at P is written is `<P>.wal.prep`.
-pub(crate) const PREP_SUFFIX: &str = ".prep";
-
+/// The temporary name of the segment prepared while the one starting at
+/// `active` is written.
 fn prep_path(dir: &Path, active: u64) -> PathBuf {
-    dir.join(format!("{}{PREP_SUFFIX}", segment::file_name(active)))
+    dir.join(names::segment_prep_name(active))
 }
 
 /// Creates `path` and fills it with `len` zeros, fsync'ed (none: empty).
@@ -196,14 +200,12 @@ pub(crate) struct LogWriter {
     seed: u32,
     /// The store id every new segment gets.
     store: u64,
-    ids: IdSource,
     len: u64,
     /// Bytes of the active segment known to be durable (fsync'ed). Every
     /// record states how far past this it was written; see
-    /// [`record::seal`].
+    /// [`frame::seal`].
     synced: u64,
     records: u64,
-    segment_size: u64,
     /// Every live segment, oldest first; the last is the active one.
     segments: Vec<SegmentInfo>,
     /// A write failed (its operation and kind): the file's end is
@@ -227,17 +229,17 @@ impl LogWriter {
     /// Starts a new segment whose first record will have position `pos`.
     /// `store` is the store id of the log so far (`None`: a new store, or
     /// a log of versions before 3: a new id is drawn).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn create(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
         pos: u64,
-        segment_size: u64,
         mut segments: Vec<SegmentInfo>,
         store: Option<u64>,
-        ids: IdSource,
         layout: Layout,
     ) -> Result<LogWriter> {
+        let Layout {
+            segment_size, ids, ..
+        } = layout;
         let store = store.unwrap_or_else(|| ids.store());
         // The first segment is prepared here, at open, like any other: the
         // first append must not pay for allocating blocks.
@@ -260,11 +262,9 @@ impl LogWriter {
             first_position: pos,
             seed,
             store,
-            ids,
             len: segment::HEADER_LEN as u64,
             synced: segment::HEADER_LEN as u64,
             records: 0,
-            segment_size,
             segments: Vec::new(),
             broken: None,
             roll_first: false,
@@ -294,22 +294,19 @@ impl LogWriter {
     /// saying so. A segment of a format version before 5 is not written
     /// to: the next group starts a new segment (or, if it holds no record,
     /// it is replaced by a new one).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn resume(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
         mut segments: Vec<SegmentInfo>,
-        len: u64,
-        records: u64,
-        segment_size: u64,
-        ids: IdSource,
+        (len, records): (u64, u64),
         layout: Layout,
     ) -> Result<LogWriter> {
+        let ids = layout.ids;
         let last = segments
             .last()
             .copied()
             .ok_or_else(|| Error::InvalidOptions("no segment to resume".into()))?;
-        let path = dir.join(segment::file_name(last.first_position));
+        let path = dir.join(names::segment_name(last.first_position));
         let (head, alloc) = read_header(fs.as_ref(), &path)?;
         let version = head.version;
         // Only a segment of the current version may take lifecycle
@@ -319,16 +316,7 @@ impl LogWriter {
             fs.remove_file(&path)
                 .map_err(|e| Error::io("remove", &path, e))?;
             segments.pop();
-            return LogWriter::create(
-                fs,
-                dir,
-                last.first_position,
-                segment_size,
-                segments,
-                None,
-                ids,
-                layout,
-            );
+            return LogWriter::create(fs, dir, last.first_position, segments, None, layout);
         }
         let mut file = fs
             .open_append(&path)
@@ -342,19 +330,17 @@ impl LogWriter {
             first_position: last.first_position,
             seed: head.seed,
             store: head.store.unwrap_or_else(|| ids.store()),
-            ids,
             len,
             synced: len,
             records,
-            segment_size,
             segments,
             broken: None,
             roll_first: !writable,
             alloc: alloc.max(len),
             active_size: if layout.preallocate {
-                segment_size.min(alloc.max(len).max(FIRST_SEGMENT))
+                layout.segment_size.min(alloc.max(len).max(FIRST_SEGMENT))
             } else {
-                segment_size
+                layout.segment_size
             },
             layout,
             next: None,
@@ -379,9 +365,10 @@ impl LogWriter {
     /// preallocation.
     fn next_size(&self) -> u64 {
         if self.layout.preallocate {
-            self.segment_size
+            self.layout
+                .segment_size
                 .min(self.active_size.saturating_mul(GROWTH))
-                .max(FIRST_SEGMENT.min(self.segment_size))
+                .max(FIRST_SEGMENT.min(self.layout.segment_size))
         } else {
             0
         }
@@ -498,7 +485,7 @@ impl LogWriter {
         }
         // Below MAX_SEGMENT_BYTES, so every distance fits a u32.
         let unsynced = u32::try_from(self.len - self.synced).unwrap_or(u32::MAX);
-        record::seal(buf, self.seed, self.len, unsynced);
+        frame::seal(buf, self.seed, self.len, unsynced);
         // At its offset: into the zeros of a preallocated segment.
         self.file
             .write_all_at(self.len, buf)
@@ -555,14 +542,14 @@ impl LogWriter {
         if self.roll_first || self.broken.is_some() {
             return Ok(());
         }
-        let mut buf = Vec::with_capacity(record::HEADER);
+        let mut buf = Vec::with_capacity(frame::HEADER);
         record::encode_close(&mut buf);
         if self.len + buf.len() as u64 > MAX_SEGMENT_BYTES {
             return Ok(());
         }
         // Never a roll for it: a segment of nothing but a marker is no use.
         let unsynced = u32::try_from(self.len - self.synced).unwrap_or(u32::MAX);
-        record::seal(&mut buf, self.seed, self.len, unsynced);
+        frame::seal(&mut buf, self.seed, self.len, unsynced);
         if let Err(e) = self.file.write_all_at(self.len, &buf) {
             self.broken = Some(("write", e.kind()));
             return Err(Error::io("write", &self.path, e));
@@ -597,7 +584,7 @@ impl LogWriter {
             &self.dir,
             pos,
             self.store,
-            self.ids,
+            self.layout.ids,
             &mut fresh,
             self.layout.kafka,
         ) {
@@ -608,7 +595,7 @@ impl LogWriter {
                 // empty, the last segment: what a finished roll leaves) and
                 // keep its file for the next try.
                 if e.renamed {
-                    let at = self.dir.join(segment::file_name(pos));
+                    let at = self.dir.join(names::segment_name(pos));
                     self.fs
                         .rename(&at, &fresh.tmp)
                         .map_err(|err| Error::io("rename", &at, err))?;
@@ -626,7 +613,7 @@ impl LogWriter {
         self.active_size = if self.layout.preallocate {
             self.alloc
         } else {
-            self.segment_size
+            self.layout.segment_size
         };
         self.first_position = pos;
         self.len = segment::HEADER_LEN as u64;
@@ -652,7 +639,7 @@ impl LogWriter {
                 .is_some_and(|s| s.first_position <= position)
         {
             let s = self.segments.remove(0);
-            gone.push(self.dir.join(segment::file_name(s.first_position)));
+            gone.push(self.dir.join(names::segment_name(s.first_position)));
         }
         gone
     }
@@ -682,7 +669,7 @@ fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<(segment::Header, u64
     let mut head = [0u8; segment::HEADER_LEN];
     let mut f = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
     let len = f.len().map_err(|e| Error::io("stat", path, e))?;
-    let n = segment::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
+    let n = crate::fs::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
     match segment::parse_header(path, head.get(..n).unwrap_or_default()) {
         Ok(h) => Ok((h, len)),
         Err(segment::HeaderError::Bad(e)) => Err(e),
@@ -714,7 +701,7 @@ fn new_segment(
     fresh: &mut Fresh,
     kafka: bool,
 ) -> std::result::Result<(PathBuf, u32), InstallError> {
-    let path = dir.join(segment::file_name(pos));
+    let path = dir.join(names::segment_name(pos));
     let header = segment::header_with(
         pos,
         Ids {
@@ -725,7 +712,7 @@ fn new_segment(
         fresh.size > 0,
         kafka,
     );
-    let seed = record::seed(header.get(12..36).unwrap_or_default());
+    let seed = frame::seed(header.get(12..36).unwrap_or_default());
     let before = |error| InstallError {
         error,
         renamed: false,

@@ -1,5 +1,5 @@
 //! A deliberately simple reference model of the rules, written from the
-//! issue text, not from the engine: a map of keys to (epoch, last sequence,
+//! four rules as the crate docs state them, not from the engine: a map of keys to (epoch, last sequence,
 //! a list of retained batches, last activity), searched linearly; and the
 //! lifecycle as the documentation states it (docs/lifecycle.md): the log
 //! clock, expiration, eviction of the least recently active keys, the

@@ -1,4 +1,4 @@
-//! The producer lifecycle's rows of the `bench` example (issue 13):
+//! The producer lifecycle's rows of the `bench` example:
 //!
 //! - churn: 10M distinct producer ids through a store capped at 1M keys,
 //!   against the same store holding 1M keys (resident memory) and an

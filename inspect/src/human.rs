@@ -1,0 +1,366 @@
+//! The tables and lines printed without `--json`.
+
+use std::io::{self, Write};
+
+use producer_state::inspect::Verdict;
+
+use crate::view::*;
+
+/// Prints rows as aligned columns.
+pub(crate) fn table(w: &mut dyn Write, header: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
+    let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if let Some(x) = width.get_mut(i) {
+                *x = (*x).max(c.len());
+            }
+        }
+    }
+    let mut line = |cells: &[String]| -> io::Result<()> {
+        let s: Vec<String> = cells
+            .iter()
+            .zip(&width)
+            .map(|(c, n)| format!("{c:<n$}"))
+            .collect();
+        writeln!(w, "{}", s.join("  ").trim_end())
+    };
+    line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>())?;
+    for r in rows {
+        line(r)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn batches_text(b: &[BatchView]) -> String {
+    if b.is_empty() {
+        return "-".into();
+    }
+    b.iter()
+        .map(|b| match (b.offset, &b.time_utc, b.timestamp) {
+            (Some(o), Some(t), _) => format!("{}..{} @{o} {t}", b.first_sequence, b.last_sequence),
+            (Some(o), None, Some(ts)) => {
+                format!("{}..{} @{o} ts {ts}", b.first_sequence, b.last_sequence)
+            }
+            _ => format!("{}..{}", b.first_sequence, b.last_sequence),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+pub(crate) fn print_recovery(w: &mut dyn Write, r: &RecoveryView) -> io::Result<()> {
+    writeln!(w, "\nrecovery (dry run: nothing written, no lock taken):")?;
+    match r {
+        RecoveryView::Opens {
+            snapshot,
+            skipped_snapshots,
+            records_replayed,
+            segments_read,
+            segments_skipped,
+            repairs,
+            keys,
+            next_position,
+            ..
+        } => {
+            match snapshot {
+                Some(s) => writeln!(w, "  would start from {} (position {})", s.file, s.position)?,
+                None => writeln!(w, "  would start from an empty state at position 0")?,
+            }
+            for s in skipped_snapshots {
+                writeln!(w, "  would skip {} ({})", s.file, s.reason)?;
+            }
+            writeln!(
+                w,
+                "  would replay {records_replayed} records from {segments_read} segment(s)"
+            )?;
+            if *segments_skipped > 0 {
+                writeln!(
+                    w,
+                    "  would not read {segments_skipped} segment(s) wholly below the snapshot's position"
+                )?;
+            }
+            for r in repairs {
+                print_repair(w, r)?;
+            }
+            writeln!(w, "  -> {keys} keys, next position {next_position}")
+        }
+        RecoveryView::Refuses { refusal, .. } => {
+            writeln!(w, "  would REFUSE to open: {refusal}")
+        }
+    }
+}
+
+/// One step of recovery's plan, as the dry run would take it.
+pub(crate) fn print_repair(w: &mut dyn Write, r: &RepairView) -> io::Result<()> {
+    match r {
+        RepairView::RemoveTemp { file } => {
+            writeln!(w, "  would remove {file} (a leftover temporary snapshot)")
+        }
+        RepairView::RemoveEmptySegment { file } => writeln!(
+            w,
+            "  would remove {file} (a segment cut off at its creation: no record)"
+        ),
+        RepairView::Truncate { file, len, bytes } => writeln!(
+            w,
+            "  would truncate {bytes} bytes of torn tail from {file} at byte {len}"
+        ),
+        RepairView::MoveAside {
+            file,
+            from: 0,
+            to,
+            bytes,
+        } => writeln!(w, "  would move {file} ({bytes} bytes) aside to {to}"),
+        RepairView::MoveAside {
+            file,
+            from,
+            to,
+            bytes,
+        } => writeln!(
+            w,
+            "  would move {bytes} bytes of {file} from byte {from} on aside to {to}, and cut it there"
+        ),
+        RepairView::Other { text } => writeln!(w, "  would {text}"),
+    }
+}
+
+/// Everything printed without `--json`, in order: the file or
+/// directory and its verdict, then each part the output has.
+pub(crate) fn print(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+    print_header(w, out)?;
+    print_files(w, out)?;
+    if let Some(r) = &out.recovery {
+        print_recovery(w, r)?;
+    }
+    print_entries(w, out)?;
+    print_aborted(w, out)?;
+    print_records(w, out)
+}
+
+/// What was inspected, its format and position, and the verdict with
+/// every damage found.
+fn print_header(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+    writeln!(w, "path:      {}", out.path)?;
+    writeln!(
+        w,
+        "format:    {}{}",
+        out.format,
+        out.version
+            .map_or(String::new(), |v| format!(", version {v}"))
+    )?;
+    if out.semantics == Some("kafka") {
+        writeln!(w, "semantics: kafka (Semantics::Kafka store)")?;
+    }
+    match (out.kind, out.position, out.entry_count) {
+        ("snapshot", Some(p), _) => {
+            writeln!(w, "position:  {p} (covers log records before position {p})")?
+        }
+        ("segment", Some(p), Some(n)) => {
+            writeln!(w, "positions: {p}..{} ({n} valid records)", p + n)?
+        }
+        ("kafka_snapshot", Some(p), _) => {
+            writeln!(w, "offset:    {p} (covers log offsets before {p})")?
+        }
+        _ => {}
+    }
+    if out.kind != "store"
+        && out.kind != "segment"
+        && let Some(n) = out.entry_count
+    {
+        match out.kafka_section_keys {
+            Some(k) => writeln!(w, "entries:   {n} (and {k} keys in the Kafka section)")?,
+            None => writeln!(w, "entries:   {n}")?,
+        }
+    }
+    let verdict = match out.code {
+        Verdict::Ok => "OK, every checksum verifies",
+        Verdict::Repairable => {
+            "repairable damage (recovery still opens: it repairs or does without what is damaged)"
+        }
+        Verdict::Refused => {
+            "DAMAGED (or of a format version this build cannot read): recovery would refuse it"
+        }
+    };
+    writeln!(w, "verdict:   {verdict}")?;
+    for d in &out.damage {
+        writeln!(
+            w,
+            "  {}{}: {}",
+            d.file,
+            d.offset.map_or(String::new(), |o| format!(" at byte {o}")),
+            d.kind
+        )?;
+    }
+    Ok(())
+}
+
+/// A directory's files, one row each.
+fn print_files(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+    if out.files.is_empty() {
+        return Ok(());
+    }
+    writeln!(w, "\nfiles:")?;
+    let rows: Vec<Vec<String>> = out
+        .files
+        .iter()
+        .map(|f| {
+            let range = match (f.kind, f.position, f.end_position) {
+                ("segment", Some(a), Some(b)) => format!("positions {a}..{b}"),
+                ("snapshot", Some(a), _) => format!("position {a}"),
+                ("kafka_snapshot", Some(a), _) => format!("offset {a}"),
+                _ => "-".into(),
+            };
+            let verdict = match &f.problem {
+                Some(p) => format!("{p}; {}", f.effect),
+                None => f.effect.to_string(),
+            };
+            vec![
+                f.kind.to_string(),
+                f.name.clone(),
+                range,
+                f.entries.map_or("-".into(), |n| n.to_string()),
+                f.bytes.to_string(),
+                verdict,
+            ]
+        })
+        .collect();
+    table(
+        w,
+        &["KIND", "FILE", "RANGE", "ENTRIES", "BYTES", "VERDICT"],
+        &rows,
+    )?;
+    Ok(())
+}
+
+/// The keys, one row each (Kafka's columns for Kafka's files and Kafka-mode
+/// states).
+fn print_entries(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+    if out.entries.is_empty() {
+        return Ok(());
+    }
+    writeln!(w)?;
+    let kafka = out.entries.iter().any(|e| e.kafka.is_some());
+    let rows: Vec<Vec<String>> = out
+        .entries
+        .iter()
+        .map(|e| {
+            let mut row = vec![
+                e.producer_id.clone(),
+                e.partition.map_or("-".into(), |p| p.to_string()),
+                e.epoch.to_string(),
+                e.last_sequence.to_string(),
+            ];
+            if !kafka {
+                row.push(
+                    e.last_activity
+                        .map_or("-".into(), |t| utc(t).unwrap_or_else(|| t.to_string())),
+                );
+            }
+            row.push(batches_text(&e.retained_batches));
+            if let Some(k) = &e.kafka {
+                row.push(k.coordinator_epoch.to_string());
+                row.push(k.current_txn_first_offset.to_string());
+            }
+            row
+        })
+        .collect();
+    let mut header = vec!["PRODUCER", "PARTITION", "EPOCH", "LAST SEQ"];
+    if !kafka {
+        header.push("LAST ACTIVITY");
+    }
+    if kafka {
+        // Kafka's file keeps one batch; a Kafka-mode store, its window.
+        header.push(if out.kind == "kafka_snapshot" {
+            "LAST BATCH (first..last @offset time)"
+        } else {
+            "BATCHES (first..last @offset time)"
+        });
+        header.extend(["COORD EPOCH", "TXN FIRST OFFSET"]);
+    } else {
+        header.push("RETAINED BATCHES (first..last @offset time)");
+    }
+    table(w, &header, &rows)?;
+    Ok(())
+}
+
+/// A Kafka-mode state's aborted transactions.
+fn print_aborted(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+    if out.aborted_transactions.is_empty() {
+        return Ok(());
+    }
+    writeln!(w)?;
+    writeln!(w, "aborted transactions (in marker order):")?;
+    let rows: Vec<Vec<String>> = out
+        .aborted_transactions
+        .iter()
+        .map(|t| {
+            vec![
+                t.partition.to_string(),
+                t.producer_id.clone(),
+                t.first_offset.to_string(),
+                t.last_offset.to_string(),
+                t.last_stable_offset.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        w,
+        &[
+            "PARTITION",
+            "PRODUCER",
+            "FIRST OFFSET",
+            "LAST OFFSET",
+            "LAST STABLE OFFSET",
+        ],
+        &rows,
+    )?;
+    Ok(())
+}
+
+/// A segment's records, one row per key each concerns.
+fn print_records(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+    if out.records.is_empty() {
+        return Ok(());
+    }
+    writeln!(w)?;
+    let rows: Vec<Vec<String>> = out
+        .records
+        .iter()
+        .map(|r| {
+            let dash = || "-".to_string();
+            let sequences = match (r.first_sequence, r.last_sequence) {
+                (Some(a), Some(b)) => format!("{a}..{b}"),
+                (None, Some(b)) => format!("..{b}"),
+                _ => dash(),
+            };
+            vec![
+                r.position.to_string(),
+                r.byte_offset.to_string(),
+                r.op.to_string(),
+                r.producer_id.clone().unwrap_or_else(dash),
+                r.partition.map_or_else(dash, |p| p.to_string()),
+                r.epoch.map_or_else(dash, |e| e.to_string()),
+                sequences,
+                r.offset.map_or_else(dash, |o| o.to_string()),
+                r.timestamp
+                    .map_or_else(dash, |t| utc(t).unwrap_or_else(|| t.to_string())),
+                r.detail.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(
+        w,
+        &[
+            "POSITION",
+            "BYTE",
+            "OP",
+            "PRODUCER",
+            "PARTITION",
+            "EPOCH",
+            "SEQUENCES",
+            "OFFSET",
+            "TIME",
+            "DETAIL",
+        ],
+        &rows,
+    )?;
+    Ok(())
+}

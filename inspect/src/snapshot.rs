@@ -1,0 +1,29 @@
+//! A snapshot file: verified, its header and its keys.
+
+use std::path::Path;
+
+use producer_state::fs::{ReadOnlyFs, StdFs};
+use producer_state::inspect::{self};
+
+use crate::filter::Show;
+use crate::progress::Progress;
+use crate::state::{aborted_of, entries_of};
+use crate::view::*;
+
+pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
+    let (f, list, quiet) = (show.filter, show.list, show.quiet);
+    *out = Output::new(path, "snapshot", "producer-state snapshot");
+    let mut p = Progress::new("verifying snapshot: entries", quiet);
+    let result = inspect::snapshot(&ReadOnlyFs(StdFs), path, &mut |n| p.tick(n));
+    settle(out, result, |out, (s, state)| {
+        out.version = Some(s.version);
+        out.semantics = Some(semantics_name(s.semantics));
+        out.position = Some(s.position);
+        out.entry_count = Some(s.entries);
+        if state.semantics() == producer_state::Semantics::Kafka {
+            out.kafka_section_keys = Some((state.len() as u64).saturating_sub(s.entries));
+        }
+        out.entries = entries_of(&state, f, list);
+        out.aborted_transactions = aborted_of(&state, f, list);
+    })
+}

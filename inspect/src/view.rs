@@ -1,0 +1,449 @@
+//! What the tool prints, as typed values: one view struct per thing it
+//! shows, serialized as JSON or rendered as tables by `human.rs`, and the
+//! small conversions from the library's values (ids, batches, times,
+//! damage) every view shares.
+
+use std::path::Path;
+
+use producer_state::inspect::Verdict;
+use producer_state::{Error, ProducerEntry, ProducerId, Repair};
+use serde::Serialize;
+
+/// The exit code of a verdict.
+pub(crate) fn code_of(v: Verdict) -> u8 {
+    match v {
+        Verdict::Ok => 0,
+        Verdict::Repairable => 4,
+        Verdict::Refused => 1,
+    }
+}
+
+/// The JSON `verdict` word (kept from earlier versions: `damaged` for refused).
+pub(crate) fn verdict_word(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Ok => "ok",
+        Verdict::Repairable => "repairable",
+        Verdict::Refused => "damaged",
+    }
+}
+
+pub(crate) fn severity_serde<S: serde::Serializer>(v: &Verdict, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.as_str())
+}
+
+/// The `semantics` field's value: `seed` or `kafka`. The strict rules were
+/// called the seed rules when the field was introduced, and scripts read
+/// it: the name stays.
+pub(crate) fn semantics_name(s: producer_state::Semantics) -> &'static str {
+    match s {
+        producer_state::Semantics::Kafka => "kafka",
+        _ => "seed",
+    }
+}
+
+/// A problem found, for stderr and the JSON `damage` list.
+#[derive(Serialize, Debug)]
+pub(crate) struct Damage {
+    pub(crate) file: String,
+    pub(crate) offset: Option<u64>,
+    pub(crate) kind: String,
+    /// `refused` (recovery would not open) or `repairable` (it opens).
+    #[serde(serialize_with = "severity_serde")]
+    pub(crate) severity: Verdict,
+}
+
+#[derive(Serialize)]
+pub(crate) struct BatchView {
+    pub(crate) first_sequence: i32,
+    pub(crate) last_sequence: i32,
+    pub(crate) offset: Option<i64>,
+    pub(crate) timestamp: Option<i64>,
+    pub(crate) time_utc: Option<String>,
+}
+
+/// How entries sort: numeric ids (Kafka's may be negative) before names,
+/// then by partition.
+pub(crate) type SortKey = (bool, i128, String, Option<i32>);
+
+#[derive(Serialize)]
+pub(crate) struct EntryView {
+    pub(crate) producer_id: String,
+    pub(crate) producer_id_kind: &'static str,
+    pub(crate) partition: Option<i32>,
+    pub(crate) epoch: i16,
+    pub(crate) last_sequence: i32,
+    /// This crate's files: the key's last activity (milliseconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) last_activity: Option<i64>,
+    pub(crate) retained_batches: Vec<BatchView>,
+    /// Kafka only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) kafka: Option<KafkaFields>,
+    #[serde(skip)]
+    pub(crate) key: SortKey,
+}
+
+#[derive(Serialize)]
+pub(crate) struct KafkaFields {
+    pub(crate) last_offset: i64,
+    pub(crate) offset_delta: i32,
+    pub(crate) timestamp: i64,
+    pub(crate) coordinator_epoch: i32,
+    pub(crate) current_txn_first_offset: i64,
+}
+
+#[derive(Serialize)]
+pub(crate) struct RecordView {
+    pub(crate) position: u64,
+    pub(crate) byte_offset: u64,
+    /// What the record does: `append`, `clock`, `accepted-unknown`,
+    /// `expired`, `evicted`, `partition-removed`, `truncated` (a key
+    /// removed), `group` (an atomic group), `key-state` (a key set),
+    /// `kafka-batch`, `txn-marker`, `forget-aborted`, and a Kafka-mode
+    /// partition state: `partition-state` then its `kafka-key-state` and
+    /// `aborted-txn` records.
+    pub(crate) op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) producer_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) partition: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) epoch: Option<i16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) first_sequence: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) last_sequence: Option<i32>,
+    pub(crate) offset: Option<i64>,
+    pub(crate) timestamp: Option<i64>,
+    /// Groups: what the group does; clock records: the time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) detail: Option<String>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct FileView {
+    pub(crate) name: String,
+    pub(crate) kind: &'static str,
+    pub(crate) bytes: u64,
+    /// Snapshots: the position covered; segments: the first position.
+    pub(crate) position: Option<u64>,
+    /// Segments: one past the last valid record's position.
+    pub(crate) end_position: Option<u64>,
+    pub(crate) entries: Option<u64>,
+    /// `ok`, `repairable` or `refused`: what the file means to recovery.
+    #[serde(serialize_with = "severity_serde")]
+    pub(crate) verdict: Verdict,
+    /// What is wrong with it (null: nothing).
+    pub(crate) problem: Option<String>,
+    /// What recovery does about it.
+    pub(crate) effect: &'static str,
+    #[serde(skip)]
+    pub(crate) problem_offset: Option<u64>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct SnapshotView {
+    pub(crate) file: String,
+    pub(crate) position: u64,
+    pub(crate) entries: u64,
+}
+
+#[derive(Serialize)]
+pub(crate) struct SkippedView {
+    pub(crate) file: String,
+    /// The byte and the kind of the damage.
+    pub(crate) offset: u64,
+    pub(crate) kind: String,
+    /// Both, as the error says it.
+    pub(crate) reason: String,
+}
+
+/// One change recovery would make, in the order it would make them: the
+/// library's plan (`RecoveryReport::repairs`).
+#[derive(Serialize)]
+#[serde(tag = "repair", rename_all = "snake_case")]
+pub(crate) enum RepairView {
+    RemoveTemp {
+        file: String,
+    },
+    RemoveEmptySegment {
+        file: String,
+    },
+    Truncate {
+        file: String,
+        len: u64,
+        bytes: u64,
+    },
+    MoveAside {
+        file: String,
+        from: u64,
+        to: String,
+        bytes: u64,
+    },
+    /// A repair this build of the tool has no view of.
+    Other {
+        text: String,
+    },
+}
+
+impl From<&Repair> for RepairView {
+    fn from(r: &Repair) -> RepairView {
+        let path = |p: &Path| p.display().to_string();
+        match r {
+            Repair::RemoveTemp { file } => RepairView::RemoveTemp { file: path(file) },
+            Repair::RemoveEmptySegment { file } => {
+                RepairView::RemoveEmptySegment { file: path(file) }
+            }
+            Repair::Truncate { file, len, bytes } => RepairView::Truncate {
+                file: path(file),
+                len: *len,
+                bytes: *bytes,
+            },
+            Repair::MoveAside {
+                file,
+                from,
+                to,
+                bytes,
+            } => RepairView::MoveAside {
+                file: path(file),
+                from: *from,
+                to: path(to),
+                bytes: *bytes,
+            },
+            other => RepairView::Other {
+                text: other.to_string(),
+            },
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub(crate) struct TornView {
+    pub(crate) file: String,
+    pub(crate) offset: u64,
+    pub(crate) bytes: u64,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(crate) enum RecoveryView {
+    Opens {
+        would_open: bool,
+        snapshot: Option<SnapshotView>,
+        skipped_snapshots: Vec<SkippedView>,
+        records_replayed: u64,
+        segments_read: usize,
+        /// Segments wholly below the snapshot's position, not read.
+        segments_skipped: usize,
+        torn_tail: Option<TornView>,
+        would_remove: Vec<String>,
+        /// Everything recovery would change, in order.
+        repairs: Vec<RepairView>,
+        keys: usize,
+        next_position: u64,
+    },
+    Refuses {
+        would_open: bool,
+        refusal: String,
+    },
+}
+
+#[derive(Serialize)]
+pub(crate) struct Output {
+    pub(crate) path: String,
+    pub(crate) kind: &'static str,
+    pub(crate) format: String,
+    pub(crate) version: Option<u16>,
+    /// `seed` or `kafka`: the semantics of the store that wrote the file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) semantics: Option<&'static str>,
+    pub(crate) position: Option<u64>,
+    pub(crate) entry_count: Option<u64>,
+    pub(crate) verdict: &'static str,
+    pub(crate) damage: Vec<Damage>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) files: Vec<FileView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) recovery: Option<RecoveryView>,
+    /// A Kafka-mode snapshot: keys its Kafka section holds (beyond the
+    /// `entry_count` compact entries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) kafka_section_keys: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) entries: Vec<EntryView>,
+    /// A Kafka-mode state's aborted transactions.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) aborted_transactions: Vec<AbortedView>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) records: Vec<RecordView>,
+    #[serde(skip)]
+    pub(crate) code: Verdict,
+}
+
+#[derive(Serialize)]
+pub(crate) struct AbortedView {
+    pub(crate) partition: i32,
+    pub(crate) producer_id: String,
+    pub(crate) first_offset: i64,
+    pub(crate) last_offset: i64,
+    pub(crate) last_stable_offset: i64,
+}
+
+impl Output {
+    pub(crate) fn new(path: &Path, kind: &'static str, format: &str) -> Output {
+        Output {
+            path: path.display().to_string(),
+            kind,
+            format: format.into(),
+            version: None,
+            semantics: None,
+            position: None,
+            entry_count: None,
+            verdict: "ok",
+            damage: Vec::new(),
+            files: Vec::new(),
+            recovery: None,
+            kafka_section_keys: None,
+            entries: Vec::new(),
+            aborted_transactions: Vec::new(),
+            records: Vec::new(),
+            code: Verdict::Ok,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS.mmm UTC`
+/// (proleptic Gregorian); `None` outside years 1..=9999, where the four
+/// digits of the year no longer say it.
+pub(crate) fn utc(ms: i64) -> Option<String> {
+    const MIN: i64 = -62_135_596_800_000; // 0001-01-01
+    const MAX: i64 = 253_402_300_799_999; // 9999-12-31
+    if !(MIN..=MAX).contains(&ms) {
+        return None;
+    }
+    let format = time::macros::format_description!(
+        "[year]-[month]-[day] [hour]:[minute]:[second].[subsecond digits:3] UTC"
+    );
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()?
+        .format(&format)
+        .ok()
+}
+
+pub(crate) fn id_view(id: &ProducerId) -> (String, &'static str, SortKey) {
+    match id.as_numeric() {
+        Some(n) => (
+            n.to_string(),
+            "numeric",
+            (false, i128::from(n), String::new(), None),
+        ),
+        None => {
+            let s = id.to_string();
+            (s.clone(), "name", (true, 0, s, None))
+        }
+    }
+}
+
+pub(crate) fn batch_view(b: &producer_state::RetainedBatch) -> BatchView {
+    BatchView {
+        first_sequence: b.first_sequence,
+        last_sequence: b.last_sequence,
+        offset: b.metadata.map(|m| m.offset),
+        timestamp: b.metadata.map(|m| m.timestamp),
+        time_utc: b.metadata.and_then(|m| utc(m.timestamp)),
+    }
+}
+
+pub(crate) fn entry_of(id: &ProducerId, partition: Option<i32>, e: &ProducerEntry) -> EntryView {
+    let (producer_id, producer_id_kind, mut key) = id_view(id);
+    key.3 = partition;
+    EntryView {
+        producer_id,
+        producer_id_kind,
+        partition,
+        epoch: e.epoch(),
+        last_sequence: e.last_sequence(),
+        last_activity: None,
+        retained_batches: e.retained_batches().map(|b| batch_view(&b)).collect(),
+        kafka: None,
+        key,
+    }
+}
+
+/// A reader's IO error: not damage, its own exit code.
+pub(crate) struct Unreadable(pub(crate) Error);
+
+/// Damage found by reading a file on its own: it does not verify.
+pub(crate) fn damage_of(e: &Error) -> Damage {
+    match e {
+        Error::Corrupt { file, offset, kind } => Damage {
+            file: file.display().to_string(),
+            offset: Some(*offset),
+            kind: kind.to_string(),
+            severity: Verdict::Refused,
+        },
+        Error::UnsupportedVersion { file, .. } => Damage {
+            file: file.display().to_string(),
+            offset: Some(0),
+            kind: e.to_string(),
+            severity: Verdict::Refused,
+        },
+        other => Damage {
+            file: String::new(),
+            offset: None,
+            kind: other.to_string(),
+            severity: Verdict::Refused,
+        },
+    }
+}
+
+/// Takes a single file reader's result: an IO error stops the tool (exit
+/// 3), anything else that fails is damage (a file on its own that does not
+/// verify), success goes to `ok`.
+pub(crate) fn settle<T>(
+    out: &mut Output,
+    result: producer_state::Result<T>,
+    ok: impl FnOnce(&mut Output, T),
+) -> Result<(), Unreadable> {
+    match result {
+        Ok(v) => {
+            ok(out, v);
+            Ok(())
+        }
+        Err(e @ Error::Io { .. }) => Err(Unreadable(e)),
+        Err(e) => {
+            out.damage.push(damage_of(&e));
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_utc_with_milliseconds_within_years_1_to_9999() {
+        assert_eq!(utc(0).as_deref(), Some("1970-01-01 00:00:00.000 UTC"));
+        assert_eq!(utc(-1).as_deref(), Some("1969-12-31 23:59:59.999 UTC"));
+        assert_eq!(
+            utc(1_700_000_000_000).as_deref(),
+            Some("2023-11-14 22:13:20.000 UTC")
+        );
+        assert_eq!(
+            utc(951_782_400_123).as_deref(),
+            Some("2000-02-29 00:00:00.123 UTC")
+        );
+        assert_eq!(
+            utc(-62_135_596_800_000).as_deref(),
+            Some("0001-01-01 00:00:00.000 UTC")
+        );
+        assert_eq!(
+            utc(253_402_300_799_999).as_deref(),
+            Some("9999-12-31 23:59:59.999 UTC")
+        );
+        assert_eq!(utc(-62_135_596_800_001), None);
+        assert_eq!(utc(253_402_300_800_000), None);
+        assert_eq!(utc(i64::MIN), None);
+    }
+}

@@ -1,0 +1,243 @@
+//! Truncation's state: what the history is with every append at or above
+//! an offset removed, rebuilt from a retained snapshot and the log.
+//!
+//! The base is a snapshot whose store section says every append it holds
+//! lies below the offset (its `high` is below it), or the empty state if
+//! the log still starts at position 0. From there the log is replayed as
+//! [`crate::recovery::replay`] says for a target offset: appends at or above it, and
+//! earlier truncations and imports that reach at or above it, are passed
+//! over; an append that no longer applies is dropped. The store then logs
+//! the difference between that state and its own as one atomic group
+//! (`store::rewind`).
+//!
+//! This reads only what a durable, recovered log holds: the store calls it
+//! with every record durable and nothing in flight, so any damage found is
+//! an error, never a cut.
+
+use std::path::{Path, PathBuf};
+
+use crate::directory::names;
+use crate::engine::shards::Shards;
+use crate::error::{Corruption, Error, Result};
+use crate::fs::FileSystem;
+use crate::recovery::apply::{Parallel, Sequential, Sink};
+use crate::recovery::loader::load_file;
+use crate::recovery::replay::Replayer;
+use crate::snapshot;
+use crate::snapshot::meta::Meta;
+use crate::wal::segment::{self, End, HeaderError};
+
+/// Bytes of log from which two threads apply the replay (as recovery).
+const PARALLEL_FROM: u64 = 8 << 20;
+
+/// Where a truncation's replay starts.
+pub(crate) struct Base {
+    /// The snapshot, or `None`: the empty state at position 0.
+    pub snapshot: Option<PathBuf>,
+    pub position: u64,
+}
+
+/// The lowest offset a truncation from each possible base can reach, and
+/// the base to use for `offset`: the newest snapshot (of `snapshots`,
+/// positions) whose `high` is below `offset`, else position 0 if the log
+/// starts there. `Err(lowest)` when none can: the lowest offset any base
+/// can reach.
+pub(crate) fn pick_base(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    snapshots: &[u64],
+    log_from_zero: bool,
+    offset: i64,
+) -> Result<std::result::Result<Base, i64>> {
+    let mut lowest = i64::MAX;
+    for &pos in snapshots.iter().rev() {
+        let path = dir.join(names::snapshot_name(pos));
+        let high = snapshot::read_meta(fs, &path)?.high;
+        lowest = lowest.min(high.saturating_add(1));
+        if high < offset {
+            return Ok(Ok(Base {
+                snapshot: Some(path),
+                position: pos,
+            }));
+        }
+    }
+    if log_from_zero {
+        // The empty state holds no append: it reaches every offset above -1.
+        lowest = lowest.min(0);
+        if offset >= 0 {
+            return Ok(Ok(Base {
+                snapshot: None,
+                position: 0,
+            }));
+        }
+    }
+    Ok(Err(lowest))
+}
+
+/// The state of the history with every append at or above `offset`
+/// removed: the base replayed through `segments` (first positions,
+/// ascending: the live log) up to `end`.
+pub(crate) fn truncated_state(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    base: &Base,
+    segments: &[u64],
+    end: u64,
+    offset: i64,
+) -> Result<Shards> {
+    let (mut shards, meta) = match &base.snapshot {
+        Some(path) => {
+            let l = load_file(fs, path)?;
+            (l.shards, l.meta)
+        }
+        None => (Shards::default(), Meta::default()),
+    };
+    let start = base.position;
+    let segs = segments_from(dir, segments, start)?;
+    let bytes: u64 = segs
+        .iter()
+        .map(|&s| {
+            let p = dir.join(names::segment_name(s));
+            fs.open_read(&p).and_then(|f| f.len()).unwrap_or(0)
+        })
+        .sum();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut replayer = Replayer::new(meta, Some(offset));
+    if bytes >= PARALLEL_FROM && cores > 1 {
+        std::thread::scope(|scope| {
+            let mut sink = Parallel::new(scope, &mut shards, true);
+            replay(fs, dir, segs, start, end, &mut replayer, &mut sink)
+        })?;
+    } else {
+        let mut sink = Sequential::dropping(&mut shards);
+        replay(fs, dir, segs, start, end, &mut replayer, &mut sink)?;
+    }
+    Ok(shards)
+}
+
+/// The segments replay reads from `start`: from the last one that begins
+/// at or before it; the log is gone if none does.
+fn segments_from<'a>(dir: &Path, segments: &'a [u64], start: u64) -> Result<&'a [u64]> {
+    let first = segments.iter().rposition(|&s| s <= start).ok_or_else(|| {
+        let kind = Corruption::LogGone {
+            needed: start,
+            oldest: segments.first().copied(),
+        };
+        Error::corrupt(dir, 0, kind)
+    })?;
+    Ok(segments.get(first..).unwrap_or_default())
+}
+
+/// A Kafka-mode store's state with every batch and marker at or above
+/// `offset` removed (Kafka's `truncateAndReload`: the producers, their
+/// open transactions and the aborted list as of the log below it): the
+/// base's engine replayed as [`crate::recovery::replay`] says for a target offset.
+pub(crate) fn truncated_kafka(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    base: &Base,
+    segments: &[u64],
+    end: u64,
+    offset: i64,
+) -> Result<crate::engine::ProducerStateManager> {
+    let mut meta = match &base.snapshot {
+        Some(path) => load_file(fs, path)?.meta,
+        None => Meta::default(),
+    };
+    if meta.kafka.is_none() {
+        meta.kafka = Some(Box::new(
+            crate::engine::ProducerStateManager::with_semantics(crate::semantics::Semantics::Kafka),
+        ));
+    }
+    let start = base.position;
+    let segs = segments_from(dir, segments, start)?;
+    let mut replayer = Replayer::new(meta, Some(offset));
+    // Kafka-mode records go to the engine, never to the sink.
+    let mut shards = Shards::default();
+    let mut sink = Sequential::dropping(&mut shards);
+    replay(fs, dir, segs, start, end, &mut replayer, &mut sink)?;
+    replayer
+        .meta
+        .kafka
+        .map(|k| *k)
+        .ok_or(Error::Internal("a Kafka-mode replay lost its engine"))
+}
+
+/// Replays `segments` from position `start` to `end` into `sink`.
+fn replay(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    segments: &[u64],
+    start: u64,
+    end: u64,
+    replayer: &mut Replayer,
+    sink: &mut dyn Sink,
+) -> Result<()> {
+    let mut expected = segments.first().copied().unwrap_or(start);
+    for &named in segments {
+        let path = dir.join(names::segment_name(named));
+        if named != expected {
+            let kind = Corruption::MissingRecords {
+                expected,
+                found: named,
+            };
+            return Err(Error::corrupt(&path, 0, kind));
+        }
+        let file = fs
+            .open_read(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let len = file.len().map_err(|e| Error::io("stat", &path, e))?;
+        let reader = std::io::BufReader::with_capacity(1 << 20, file);
+        let scan = segment::scan(
+            &path,
+            reader,
+            len,
+            |h| {
+                if h.first_position == named {
+                    Ok(())
+                } else {
+                    let kind = Corruption::NameMismatch {
+                        named,
+                        header: h.first_position,
+                    };
+                    Err(Error::corrupt(&path, segment::POSITION_AT, kind))
+                }
+            },
+            |pos, at, nth, op| {
+                // Nothing lies at or past `end` but operations that take no
+                // position (a clock record after the last append).
+                if pos >= start && (pos < end || !op.takes_position()) {
+                    replayer.op(pos, at, nth, op, |rec| sink.push(rec, &path))?;
+                }
+                Ok(())
+            },
+        );
+        sink.drain(&path)?;
+        let scan = match scan {
+            Ok(s) => s,
+            Err(HeaderError::Bad(e)) => return Err(e),
+            Err(HeaderError::Short(n)) => {
+                return Err(Error::corrupt(
+                    &path,
+                    0,
+                    crate::codec::truncated(segment::HEADER_LEN, n),
+                ));
+            }
+        };
+        match scan.end {
+            End::Clean => {}
+            End::Torn { offset, kind } | End::MidLog { offset, kind, .. } => {
+                return Err(Error::corrupt(&path, offset, kind));
+            }
+        }
+        expected = named + scan.records;
+    }
+    if expected < end {
+        let kind = Corruption::MissingRecords {
+            expected: end,
+            found: expected,
+        };
+        return Err(Error::corrupt(dir, 0, kind));
+    }
+    Ok(())
+}
