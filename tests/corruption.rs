@@ -224,7 +224,7 @@ fn flipping_every_bit_of_a_snapshot_falls_back_and_loses_nothing() {
     assert_eq!(snaps.len(), 2);
     let newest = snaps.last().unwrap().clone();
     let bytes = fs.read_file(&newest).unwrap();
-    assert_eq!(&bytes[8..10], &[4, 0], "the current snapshot version");
+    assert_eq!(&bytes[8..10], &[5, 0], "the current snapshot version");
     // Windows of several batches, so flips land in spans and deltas too.
     assert!(
         bytes[48..].iter().any(|&shape| shape & 7 >= 3),
@@ -259,7 +259,7 @@ fn truncating_a_snapshot_anywhere_falls_back_and_loses_nothing() {
     let fs = build(&reqs, |f| opts(f).snapshot_every_records(Some(10)));
     let newest = files(&fs, ".snap").last().unwrap().clone();
     let bytes = fs.read_file(&newest).unwrap();
-    assert_eq!(&bytes[8..10], &[4, 0], "the current snapshot version");
+    assert_eq!(&bytes[8..10], &[5, 0], "the current snapshot version");
     for cut in 0..bytes.len() {
         let t = fs.crash_image(producer_state::fs::Unsynced::Drop);
         t.overwrite(&newest, &bytes[..cut]);
@@ -842,7 +842,7 @@ fn every_byte_of_a_preallocated_segment_is_its_records_or_room_that_must_be_zero
     let fs = build(&reqs, preallocated);
     let seg = files(&fs, ".wal").pop().unwrap();
     let bytes = fs.read_file(&seg).unwrap();
-    assert_eq!(&bytes[8..12], &[5, 0, 1, 0], "version 5, preallocated");
+    assert_eq!(&bytes[8..12], &[6, 0, 1, 0], "version 6, preallocated");
     assert_eq!(bytes.len(), 4096, "preallocated to the segment size");
     // The records end where a length of zero is read.
     let mut end = 40;

@@ -525,7 +525,7 @@ fn records_of_a_torn_group_never_verify_after_the_group_written_over_them() {
             .rfind(|p| p.to_string_lossy().ends_with(".wal"))
             .unwrap();
         let mut bytes = img.read_file(&seg).unwrap();
-        assert_eq!(&bytes[8..12], &[5, 0, 1, 0], "a preallocated segment");
+        assert_eq!(&bytes[8..12], &[6, 0, 1, 0], "a preallocated segment");
         let first_b = 40 + 4 * 31;
         bytes[first_b + damaged * 31 + 20] ^= 0x55;
         img.overwrite(&seg, &bytes);

@@ -2,7 +2,7 @@
 //! byte by byte): store directories written by a fixed history, each with
 //! three log segments and a snapshot.
 //!
-//! - `store-v5` is what this version writes with `preallocate(false)` (with
+//! - `store-v6` is what this version writes with `preallocate(false)` (with
 //!   it, the same records with the header's preallocated flag, padded with
 //!   zeros, checked below): the test checks that writing the history today
 //!   produces exactly those bytes, and that they decode to the expected
@@ -11,18 +11,22 @@
 //!   seed, and a manual clock, so that the bytes are fixed too. Its
 //!   history has every record kind of version 5 (clock records, an
 //!   expiration, an eviction, a marker of an append accepted for an
-//!   unknown producer at a sequence above 0).
+//!   unknown producer at a sequence above 0) and, of version 6, a
+//!   partition's truncation (kind 11).
+//! - `store-v5` was written by the fifth version (the same records but
+//!   kind 11, a version-4 snapshot): it must open to its history's state,
+//!   and the bytes docs/format.md walks through are its.
 //! - `store-v1` was written by the first format version (one append per
 //!   record), `store-v2` by the second (no store id, salt or record
 //!   offsets), `store-v3` by the third (no lifecycle records; a version-2
 //!   snapshot). They must still open to their state, and a store
 //!   continuing them writes new segments in the current version.
-//! - `snapshot-v1` to `snapshot-v4` hold one snapshot of the same history
+//! - `snapshot-v1` to `snapshot-v5` hold one snapshot of the same history
 //!   of windows of every shape, in each snapshot version: the current one
-//!   (4) must be written byte for byte, all must decode to the history's
-//!   state. (`store-v5`'s snapshots are of the current snapshot version,
-//!   regenerated when snapshot version 4 came, its segments unchanged; the
-//!   older stores keep the snapshots they were written with.)
+//!   (5) must be written byte for byte, all must decode to the history's
+//!   state. (`store-v5`'s snapshots are of snapshot version 4, regenerated
+//!   when that version came, its segments unchanged; the older stores keep
+//!   the snapshots they were written with.)
 //!
 //! Regenerate (only on a deliberate format change, with a new version):
 //! `GOLDEN_REGENERATE=1 cargo test --test golden`; keep the old
@@ -46,7 +50,8 @@ use producer_state::{
 const GOLDEN_V1: &str = "tests/golden/store-v1";
 const GOLDEN_V2: &str = "tests/golden/store-v2";
 const GOLDEN_V3: &str = "tests/golden/store-v3";
-const GOLDEN: &str = "tests/golden/store-v5";
+const GOLDEN_V5: &str = "tests/golden/store-v5";
+const GOLDEN: &str = "tests/golden/store-v6";
 /// The seed of the golden store's ids (see `fixed_ids_for_tests`).
 const IDS_SEED: u64 = 0x9013_de11;
 
@@ -65,6 +70,8 @@ enum Step {
     Move(i32),
     /// A truncation to this offset.
     Truncate(i64),
+    /// A partition's truncation to this offset.
+    TruncatePartition(i32, i64),
 }
 
 /// The history of version 1: every record kind, a new session, a zombie, a retry.
@@ -150,6 +157,21 @@ fn history_v5() -> Vec<Step> {
     h
 }
 
+/// The history of version 6: version 5's, then a partition's truncation:
+/// a batch of 50/3 at offset 10, and partition 3 cut back to 10: a group
+/// of kind 11 (partition 3, one member, offset 10) and a removal of 50/3
+/// (reason 4). (The store-wide offset is far above: 6,000 was appended to
+/// partition 5, and stays.)
+fn history_v6() -> Vec<Step> {
+    let mut h = history_v5();
+    h.push(Step::One(
+        AppendRequest::batch(50u64, 3, 0, Batch::new(0, 0, 10, 1_700_000_000_010)),
+        false,
+    ));
+    h.push(Step::TruncatePartition(3, 10));
+    h
+}
+
 /// The cap of the version-5 history.
 const CAP: usize = 7;
 
@@ -161,6 +183,8 @@ fn opts(fs: &SimFs) -> StoreOptions {
         .snapshot_every_records(None)
         .snapshot_every_bytes(None)
         .background_snapshots(false)
+        // Version 6's history takes three snapshots: its segments stay.
+        .keep_snapshots(3)
         .fixed_ids_for_tests(IDS_SEED)
         .clock(Arc::new(ManualClock::new(0)))
         .expiration_interval(None)
@@ -235,6 +259,10 @@ fn write_history_with(
                 model.truncate(*offset).unwrap();
                 store.truncate_to(*offset).unwrap();
             }
+            Step::TruncatePartition(p, offset) => {
+                model.truncate_partition(*p, *offset).unwrap();
+                store.truncate_partition_to(*p, *offset).unwrap();
+            }
         }
         model.next_pos = store.next_position();
     }
@@ -266,7 +294,7 @@ fn copy(files: &[(String, Vec<u8>)]) -> (SimFs, PathBuf) {
 fn the_committed_files_decode_and_the_encoder_still_writes_them() {
     let fs = SimFs::new();
     let dir = PathBuf::from("/golden");
-    let model = write_history(&fs, &dir, &history_v5());
+    let model = write_history(&fs, &dir, &history_v6());
     let fresh = store_files(&fs, &dir);
     assert_eq!(
         fresh.iter().filter(|(n, _)| n.ends_with(".wal")).count(),
@@ -274,10 +302,10 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
         "{:?}",
         fresh.iter().map(|f| &f.0).collect::<Vec<_>>()
     );
-    // The one taken at position 5, and the one the truncation asked for.
+    // The one taken at position 5, and the two the truncations asked for.
     assert_eq!(
         fresh.iter().filter(|(n, _)| n.ends_with(".snap")).count(),
-        2,
+        3,
         "{:?}",
         fresh.iter().map(|f| &f.0).collect::<Vec<_>>()
     );
@@ -316,9 +344,9 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
     let store = ProducerStateStore::open_with(&gdir, opts_v5(&golden_fs, &far)).unwrap();
     assert!(matches(&store, &model), "{}", diff(&store, &model));
     let report = store.recovery_report();
-    // The newest snapshot, the one after the truncation.
+    // The newest snapshot, the one after the partition's truncation.
     let newest = report.snapshot.as_ref().map(|s| s.position).unwrap();
-    assert_eq!(newest, 78);
+    assert_eq!(newest, 81);
     assert_eq!(report.records_replayed, report.next_position - newest);
     assert_eq!(report.torn_bytes_dropped(), 0);
     assert_eq!(
@@ -326,6 +354,56 @@ fn the_committed_files_decode_and_the_encoder_still_writes_them() {
         Some(true),
         "it ends with a close marker"
     );
+}
+
+/// The store of version 5 (written before the partition's truncation
+/// existed) opens to its history's state, with each partition's end
+/// derived from its version-4 snapshot and exact after replay; a store
+/// continuing it writes a version-6 segment, whose partition truncation
+/// the next open replays.
+#[test]
+fn a_version_5_store_opens_and_continues_in_the_current_version() {
+    let model = write_history(&SimFs::new(), Path::new("/model"), &history_v5());
+    let files = committed(GOLDEN_V5);
+    assert!(
+        files
+            .iter()
+            .all(|(n, b)| !n.ends_with(".wal") || b[8..10] == [5, 0])
+    );
+    let (fs, dir) = copy(&files);
+    let clock = ManualClock::new(1_700_000_000_000 + 24 * 60 * 60 * 1000);
+    let store = ProducerStateStore::open_with(&dir, opts_v5(&fs, &clock)).unwrap();
+    assert!(matches(&store, &model), "{}", diff(&store, &model));
+    assert_eq!(store.recovery_report().clean_shutdown, Some(true));
+    let mut model = model;
+    for (first, offset) in [(0, 7_000), (1, 7_010)] {
+        let now = clock.now_ms();
+        let r = AppendRequest::batch(60u64, 9, 0, Batch::new(first, first, offset, now));
+        let got = store.append_request(&r).unwrap();
+        assert!(got.is_accepted(), "{got:?}");
+        assert_eq!(got, model.append_at(&r, now));
+    }
+    assert_eq!(store.partition_end_offset(9), 7_011);
+    store.truncate_partition_to(9, 7_010).unwrap();
+    model.truncate_partition(9, 7_010).unwrap();
+    assert!(matches(&store, &model), "{}", diff(&store, &model));
+    store.close().unwrap();
+    let newest = fs
+        .list(&dir)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.name.ends_with(".wal"))
+        .map(|e| e.name)
+        .max()
+        .unwrap();
+    assert_eq!(
+        &fs.read_file(&dir.join(&newest)).unwrap()[8..10],
+        &[6, 0],
+        "{newest}"
+    );
+    let store = ProducerStateStore::open_with(&dir, opts_v5(&fs, &clock)).unwrap();
+    assert!(matches(&store, &model), "{}", diff(&store, &model));
+    assert_eq!(store.partition_end_offset(9), 7_010);
 }
 
 /// With preallocation the encoder writes the committed bytes with the
@@ -337,7 +415,7 @@ fn a_preallocated_store_holds_the_committed_records_and_zeros() {
     let fs = SimFs::new();
     let dir = PathBuf::from("/golden");
     let committed = committed(GOLDEN);
-    let model = write_history_with(&fs, &dir, &history_v5(), |f, c| {
+    let model = write_history_with(&fs, &dir, &history_v6(), |f, c| {
         opts_v5(f, c).preallocate(true)
     });
     let fresh = store_files(&fs, &dir);
@@ -440,7 +518,7 @@ fn an_older_store_opens_and_continues(
     assert_eq!(fs.read_file(&dir.join(&last_old.0)).unwrap(), last_old.1);
     let name = format!("{appends:020}.wal");
     let new = fs.read_file(&dir.join(&name)).unwrap();
-    assert_eq!(&new[8..10], &[5, 0]);
+    assert_eq!(&new[8..10], &[6, 0]);
     assert_eq!(
         new.len(),
         40 + 35 + 18 + 17,
@@ -466,7 +544,7 @@ fn an_older_store_opens_and_continues(
     store.append(9u64, 0, 0, 0).unwrap();
     store.close().unwrap();
     let new = fs.read_file(&dir.join(&name)).unwrap();
-    assert_eq!(&new[8..10], &[5, 0]);
+    assert_eq!(&new[8..10], &[6, 0]);
     assert_eq!(new.len(), 40 + 35 + 17);
     let store = ProducerStateStore::open_with(&dir, opts(&fs)).unwrap();
     assert_eq!(store.recovery_report().records_replayed, appends - 5 + 1);
@@ -491,7 +569,7 @@ fn a_version_3_store_opens_and_continues_in_the_current_version() {
 #[test]
 fn the_first_bytes_are_as_documented() {
     // docs/format.md walks through these bytes.
-    let seg = std::fs::read(Path::new(GOLDEN).join("00000000000000000000.wal")).unwrap();
+    let seg = std::fs::read(Path::new(GOLDEN_V5).join("00000000000000000000.wal")).unwrap();
     assert_eq!(&seg[..8], b"PSTATWAL");
     assert_eq!(&seg[8..12], &[5, 0, 0, 0]); // version 5, flags 0
     assert_eq!(&seg[12..20], &0u64.to_le_bytes()); // first position
@@ -510,7 +588,7 @@ fn the_first_bytes_are_as_documented() {
     assert_eq!(seg[56], 1);
     assert_eq!(&seg[57..65], &42u64.to_le_bytes());
     assert_eq!(&seg[65..75], &[0u8; 10]); // partition 0, epoch 0, sequence 0
-    let snap = std::fs::read(Path::new(GOLDEN).join("00000000000000000005.snap")).unwrap();
+    let snap = std::fs::read(Path::new(GOLDEN_V5).join("00000000000000000005.snap")).unwrap();
     assert_eq!(&snap[..8], b"PSTATSNP");
     assert_eq!(&snap[16..24], &5u64.to_le_bytes()); // position
     assert_eq!(&snap[24..32], &3u64.to_le_bytes()); // entries
@@ -532,7 +610,7 @@ fn the_first_bytes_are_as_documented() {
     // The segment at position 38: the same store id, another salt. At
     // offset 480 the four appends of one `append_all` call share a record:
     // 17 header bytes and 18 per append.
-    let seg = std::fs::read(Path::new(GOLDEN).join("00000000000000000038.wal")).unwrap();
+    let seg = std::fs::read(Path::new(GOLDEN_V5).join("00000000000000000038.wal")).unwrap();
     assert_eq!(&seg[12..20], &38u64.to_le_bytes());
     assert_eq!(&seg[20..28], store_id);
     let seed = crc32c::crc32c(&seg[12..36]);
@@ -581,7 +659,7 @@ fn the_first_bytes_are_as_documented() {
     // one record of key states (kind 9, version-3 entries); later the
     // truncation to 68: a group (kind 1, argument 68) and a removal
     // (reason 4) of 77/5; the close marker last.
-    let (name, seg) = committed(GOLDEN)
+    let (name, seg) = committed(GOLDEN_V5)
         .into_iter()
         .rfind(|(n, _)| n.ends_with(".wal"))
         .unwrap();
@@ -639,6 +717,7 @@ const SNAP_V1: &str = "tests/golden/snapshot-v1";
 const SNAP_V2: &str = "tests/golden/snapshot-v2";
 const SNAP_V3: &str = "tests/golden/snapshot-v3";
 const SNAP_V4: &str = "tests/golden/snapshot-v4";
+const SNAP_V5: &str = "tests/golden/snapshot-v5";
 
 /// A history whose snapshot holds windows of every shape the encoding
 /// distinguishes: full windows with small, large, negative and extreme
@@ -780,25 +859,31 @@ fn snapshots_of_full_windows_are_written_as_committed_and_every_version_decodes(
     let fresh = fs.read_file(&written).unwrap();
 
     if std::env::var("GOLDEN_REGENERATE").is_ok() {
-        let _ = std::fs::remove_dir_all(SNAP_V4);
-        std::fs::create_dir_all(SNAP_V4).unwrap();
-        std::fs::write(Path::new(SNAP_V4).join(&name), &fresh).unwrap();
+        let _ = std::fs::remove_dir_all(SNAP_V5);
+        std::fs::create_dir_all(SNAP_V5).unwrap();
+        std::fs::write(Path::new(SNAP_V5).join(&name), &fresh).unwrap();
     }
 
     // Byte for byte, entry order included: every key of this history lies
     // in a shard of its own, so the order is the shards' (fixed by the
     // hash), not the hash tables'.
-    let committed = std::fs::read(Path::new(SNAP_V4).join(&name)).unwrap();
+    let committed = std::fs::read(Path::new(SNAP_V5).join(&name)).unwrap();
     assert!(
         committed == fresh,
         "the encoder no longer writes the committed snapshot (format change? see docs/format.md)"
     );
-    assert_eq!(&committed[8..10], &[4, 0], "written as version 4");
+    assert_eq!(&committed[8..10], &[5, 0], "written as version 5");
 
     // The files of versions 1 to 3, written by older builds from the same
     // history, still decode to the same state; and every version's
     // entries split as docs/format.md says.
-    for (dir, version) in [(SNAP_V1, 1u8), (SNAP_V2, 2), (SNAP_V3, 3), (SNAP_V4, 4)] {
+    for (dir, version) in [
+        (SNAP_V1, 1u8),
+        (SNAP_V2, 2),
+        (SNAP_V3, 3),
+        (SNAP_V4, 4),
+        (SNAP_V5, 5),
+    ] {
         let path = Path::new(dir).join(&name);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[8..10], &[version, 0], "{dir}");

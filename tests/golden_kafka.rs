@@ -1,7 +1,9 @@
 //! Committed files pin the on-disk format of a `Semantics::Kafka` store
-//! (docs/format.md): `tests/golden/store-kafka-v5` holds the segments and
+//! (docs/format.md): `tests/golden/store-kafka-v6` holds the segments and
 //! the snapshot a fixed history writes, as tests/golden.rs does for the
-//! strict rules.
+//! strict rules. `store-kafka-v5` (segment version 5, snapshot version 4)
+//! and `store-kafka-v5-snap3` (snapshot version 3) hold the same history
+//! as older builds wrote it: still read.
 //!
 //! The history has every transaction record (kinds 16 to 20: a
 //! transactional batch with a numeric and a named id, a COMMIT and an ABORT
@@ -36,9 +38,12 @@ use producer_state::{
     ProducerId, ProducerStateManager, ProducerStateStore, Semantics, StoreOptions,
 };
 
-const GOLDEN: &str = "tests/golden/store-kafka-v5";
-/// The same history as committed when this build's snapshots were
-/// version 3 (its segments are `GOLDEN`'s, byte for byte): still read.
+const GOLDEN: &str = "tests/golden/store-kafka-v6";
+/// The same history as committed when segments were version 5 and
+/// snapshots version 4: still read.
+const GOLDEN_V5: &str = "tests/golden/store-kafka-v5";
+/// The same history as committed when snapshots were version 3 (its
+/// segments are `GOLDEN_V5`'s, byte for byte): still read.
 const GOLDEN_SNAP3: &str = "tests/golden/store-kafka-v5-snap3";
 /// The seed of the golden store's ids (see `fixed_ids_for_tests`).
 const IDS_SEED: u64 = 0x4b61_666b;
@@ -201,13 +206,13 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
-/// A snapshot (version 3 or 4) split by an independent reading of
+/// A snapshot (version 3, 4 or 5) split by an independent reading of
 /// docs/format.md: the header, the store section, the Kafka section (its
 /// length field included) and the bytes of the entries.
 fn split_snapshot(file: &[u8]) -> (&[u8], &[u8], &[u8], &[u8]) {
     assert_eq!(&file[..8], b"PSTATSNP");
     let version = u16::from_le_bytes([file[8], file[9]]);
-    assert!(version == 3 || version == 4, "version {version}");
+    assert!((3..=5).contains(&version), "version {version}");
     assert_eq!(
         u16::from_le_bytes([file[10], file[11]]),
         1,
@@ -282,9 +287,12 @@ fn the_committed_kafka_store_decodes_and_the_encoder_still_writes_it() {
 
     // The committed files open to the engine's state.
     opens_to_the_history(&committed, &engine);
-    // So do those of snapshot version 3, whose segments are the same.
+    // So do those of segment version 5, and of snapshot version 3, whose
+    // segments are version 5's.
+    let v5 = committed_in(GOLDEN_V5);
+    opens_to_the_history(&v5, &engine);
     let old = committed_in(GOLDEN_SNAP3);
-    for ((name, ob), (_, nb)) in old.iter().zip(&committed) {
+    for ((name, ob), (_, nb)) in old.iter().zip(&v5) {
         if name.ends_with(".wal") {
             assert!(ob == nb, "{name}: the segments did not change");
         } else {
@@ -364,7 +372,7 @@ fn the_committed_kafka_files_hold_the_documented_records() {
         let path = Path::new(GOLDEN).join(name);
         if name.ends_with(".wal") {
             assert_eq!(&bytes[..8], b"PSTATWAL");
-            assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 5, "version");
+            assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 6, "version");
             assert_eq!(
                 u16::from_le_bytes([bytes[10], bytes[11]]),
                 2,

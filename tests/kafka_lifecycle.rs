@@ -285,6 +285,96 @@ fn truncate_to_is_kafkas_truncate_and_reload_and_survives_reopen() {
     assert!(checked > 10);
 }
 
+/// `truncate_partition_to(p, x)` gives partition `p` the state of its
+/// history below `x` (Kafka's `truncateAndReload` of that partition), and
+/// leaves the other partition exactly as it was: the engine fed the
+/// other partition's whole stream and this one's below `x` agrees, before
+/// and after a reopen, after more appends, and after a second truncation
+/// (of this partition below the first, then of the store as a whole).
+#[test]
+fn truncate_partition_to_is_truncate_and_reload_of_that_partition_alone() {
+    let steps = stream(0x51_7cc1, 140);
+    let part = |st: &Step| (st.0 % 2) as i32;
+    let end_of = |p: i32| {
+        steps
+            .iter()
+            .filter(|st| part(st) == p)
+            .map(|s| s.4)
+            .max()
+            .map_or(0, |h| h + 1)
+    };
+    let mut checked = 0;
+    for p in 0..2 {
+        let end = end_of(p);
+        for x in (0..end).step_by(9).chain([end / 2 + 1, end]) {
+            let fs = SimFs::new();
+            let clock = Arc::new(ManualClock::new(0));
+            let o = opts(&fs, &clock)
+                .producer_expiration(None)
+                .snapshot_every_records(Some(25))
+                .keep_snapshots(64);
+            let s = ProducerStateStore::open_with(dir(), o.clone()).unwrap();
+            for st in &steps {
+                on_store(&s, st);
+            }
+            let other_end = s.partition_end_offset(1 - p);
+            assert_eq!(s.partition_end_offset(p), end);
+            assert!(matches!(
+                s.truncate_partition_to(p, end + 1),
+                Err(Error::TruncateAboveEnd { .. })
+            ));
+            s.truncate_partition_to(p, x).unwrap();
+            let kept = |st: &&Step| part(st) != p || st.4 < x;
+            let mut m = producer_state::ProducerStateManager::with_semantics(Semantics::Kafka);
+            for st in steps.iter().filter(kept) {
+                on_engine(&mut m, st);
+            }
+            assert!(same_as(&s, &m), "partition {p} truncated to {x}");
+            assert_eq!(s.partition_end_offset(p), x);
+            assert_eq!(s.partition_end_offset(1 - p), other_end);
+            drop(s);
+            let s = ProducerStateStore::open_with(dir(), o.clone()).unwrap();
+            assert!(same_as(&s, &m), "reopened: partition {p} truncated to {x}");
+            assert_eq!(s.partition_end_offset(p), x);
+            // The partition's log goes on from the offset.
+            for st in steps.iter().filter(|st| part(st) == p && st.4 >= x).take(5) {
+                on_store(&s, st);
+                on_engine(&mut m, st);
+            }
+            assert!(same_as(&s, &m), "appended after {x}");
+            if x >= 10 {
+                s.truncate_partition_to(p, x - 10).unwrap();
+                let mut m = producer_state::ProducerStateManager::with_semantics(Semantics::Kafka);
+                for st in steps.iter().filter(|st| part(st) != p || st.4 < x - 10) {
+                    on_engine(&mut m, st);
+                }
+                assert!(
+                    same_as(&s, &m),
+                    "partition {p} truncated again to {}",
+                    x - 10
+                );
+                // A store-wide truncation passes over the partition's
+                // groups that reach it, and applies those below it.
+                let all = x - 5;
+                s.truncate_to(all).unwrap();
+                let mut m = producer_state::ProducerStateManager::with_semantics(Semantics::Kafka);
+                for st in steps
+                    .iter()
+                    .filter(|st| st.4 < all && (part(st) != p || st.4 < x - 10))
+                {
+                    on_engine(&mut m, st);
+                }
+                assert!(same_as(&s, &m), "then the store truncated to {all}");
+                drop(s);
+                let s = ProducerStateStore::open_with(dir(), o).unwrap();
+                assert!(same_as(&s, &m), "reopened after both");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 10);
+}
+
 /// What a Kafka-mode store shows of partitions 0 and 1.
 type View = Vec<(
     Vec<(

@@ -57,6 +57,9 @@ enum Step {
     RemovePartition(u8),
     /// `truncate_to(high + 1 - back)` (255: one above the end).
     Truncate(u8),
+    /// `truncate_partition_to(partition, its end - back)` (255: one above
+    /// its end).
+    TruncatePartition(u8, u8),
     /// Export a partition, try to import it back (a conflict), remove it,
     /// import it back.
     Move(u8),
@@ -73,6 +76,8 @@ fn step() -> impl Strategy<Value = Step> {
         3 => Just(Step::Expire),
         1 => (0u8..3).prop_map(Step::RemovePartition),
         3 => prop_oneof![10 => 0u8..40, 1 => Just(255u8)].prop_map(Step::Truncate),
+        3 => (0u8..3, prop_oneof![10 => 0u8..40, 1 => Just(255u8)])
+            .prop_map(|(p, back)| Step::TruncatePartition(p, back)),
         1 => (0u8..3).prop_map(Step::Move),
     ]
 }
@@ -99,7 +104,10 @@ impl Possible {
 /// Whether the store is exactly at the model: its keys, and where its log
 /// ends (the model of an earlier prefix can hold the same keys).
 fn at(store: &ProducerStateStore, m: &Model) -> bool {
-    matches(store, m) && store.end_offset() == m.high + 1 && store.next_position() == m.next_pos
+    matches(store, m)
+        && store.end_offset() == m.high + 1
+        && store.next_position() == m.next_pos
+        && (0..3).all(|p| store.partition_end_offset(p) == m.partition_end(p))
 }
 
 /// The store's state as `before` less some of `removed`, if it is that.
@@ -459,6 +467,47 @@ impl Run {
                     Err(Error::TruncateBelowHistory { lowest, .. }) => {
                         // The model cannot say what snapshots are kept:
                         // nothing changed, and the store can reach `lowest`.
+                        prop_assert!(lowest > offset, "step {}", i);
+                        prop_assert!(matches(self.store(), &self.model), "step {}", i);
+                    }
+                    Err(_) if self.fs.crashed() => self.crashed(i, &[], None, Some(after))?,
+                    Err(e) => prop_assert!(false, "step {}: {}", i, e),
+                }
+            }
+            Step::TruncatePartition(p, back) => {
+                let p = i32::from(*p);
+                let end = self.model.partition_end(p);
+                let offset = if *back == 255 {
+                    end + 1
+                } else {
+                    end - i64::from(*back)
+                };
+                self.model.next_pos = self.store().next_position();
+                let mut after = self.model.clone();
+                let want = after.truncate_partition(p, offset);
+                match self.store().truncate_partition_to(p, offset) {
+                    Ok(()) => {
+                        prop_assert!(want.is_ok(), "step {}: {:?}", i, want);
+                        prop_assert!(
+                            at(self.store(), &after),
+                            "step {} truncate_partition_to({}, {}): {}",
+                            i,
+                            p,
+                            offset,
+                            diff(self.store(), &after)
+                        );
+                        self.model = after;
+                        self.synced();
+                    }
+                    Err(Error::TruncateAboveEnd { end: e, .. }) => {
+                        prop_assert_eq!(
+                            want,
+                            Err(TruncateError::AboveEnd { end: e }),
+                            "step {}",
+                            i
+                        );
+                    }
+                    Err(Error::TruncateBelowHistory { lowest, .. }) => {
                         prop_assert!(lowest > offset, "step {}", i);
                         prop_assert!(matches(self.store(), &self.model), "step {}", i);
                     }

@@ -103,6 +103,7 @@ pub fn seed_store_with(
                     // Kafka's lastTimestamp is the key's last activity;
                     // its offsets bound what truncation must undo.
                     meta.high = meta.high.max(k.last_offset);
+                    meta.ends.note(*partition, k.last_offset);
                     if !shards.insert_new(&id, *partition, &e, k.timestamp) {
                         return Err(twice(k.producer_id, *partition));
                     }
@@ -204,7 +205,9 @@ pub fn seed_kafka_store_with(
                 Ok(true) => {
                     // The offsets a truncation must undo: the newest batch,
                     // and an open transaction's start.
-                    meta.high = meta.high.max(k.last_offset).max(k.current_txn_first_offset);
+                    let high = k.last_offset.max(k.current_txn_first_offset);
+                    meta.high = meta.high.max(high);
+                    meta.ends.note(*partition, high);
                     report.imported += 1;
                 }
                 Ok(false) => return Err(twice(k.producer_id, *partition)),

@@ -130,7 +130,7 @@ fn load_with(path: &Path, file: impl Read, len: u64, two_from: u64) -> Result<Lo
     // than the buffer, go straight from the file into the block.
     let mut r = std::io::BufReader::with_capacity(64 << 10, file);
     let mut pre = snapshot::read_prelude(path, &mut r, len, &mut loader)?;
-    if pre.header.version >= snapshot::VERSION && !pre.header.kafka {
+    if pre.header.version >= snapshot::VERSION_4 && !pre.header.kafka {
         if len >= two_from {
             two_threads(path, &mut r, &mut pre, &mut loader.shards)?;
         } else {
@@ -140,11 +140,33 @@ fn load_with(path: &Path, file: impl Read, len: u64, two_from: u64) -> Result<Lo
         snapshot::read_rest(path, &mut r, &mut pre, &mut loader)?;
     }
     let header = pre.header;
+    let mut meta = loader.meta;
+    if header.version < snapshot::VERSION_5 {
+        meta.ends = held_ends(&loader.shards, meta.kafka.as_deref());
+    }
     Ok(Loaded {
         header,
-        meta: loader.meta,
+        meta,
         shards: loader.shards,
     })
+}
+
+/// A snapshot older than version 5 has no partition ends: lower bounds
+/// from the batch offsets its keys hold (`snapshot::ends`).
+fn held_ends(
+    shards: &Shards,
+    kafka: Option<&crate::engine::ProducerStateManager>,
+) -> crate::snapshot::ends::Ends {
+    let strict = (0..SHARDS).flat_map(|i| shards.shard(i).iter());
+    let kafka = kafka.into_iter().flat_map(|k| k.iter());
+    crate::snapshot::ends::Ends::derived(strict.chain(kafka).filter_map(|(_, p, e)| {
+        let newest = e
+            .retained_batches()
+            .filter_map(|b| b.metadata)
+            .map(|m| m.offset)
+            .max()?;
+        Some((p, newest))
+    }))
 }
 
 /// The version-4 blocks after the prelude, each decoded into its shard on

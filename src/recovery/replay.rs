@@ -41,17 +41,22 @@ pub(crate) fn append_offset(r: &crate::batch::AppendRequest, pos: u64) -> i64 {
 /// and applying each exactly as it was applied live gives the live state
 /// (open transactions, coordinator epochs, aborted lists, where each key
 /// lives). `high` follows the highest batch or marker offset.
-fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
+fn kafka_op(meta: &mut Meta, op: &LogOp, only: Option<i32>) -> Result<()> {
     let Some(k) = meta.kafka.as_deref_mut() else {
         return Ok(());
     };
-    let high = &mut meta.high;
+    if op_partition(op).is_some_and(|p| only.is_some_and(|o| o != p)) {
+        return Ok(());
+    }
+    let mine = |p: i32| only.is_none_or(|o| o == p);
+    let (high, ends) = (&mut meta.high, &mut meta.ends);
     match op {
         // A Kafka-mode store writes neither; harmless if present.
         LogOp::Clock(_) | LogOp::AcceptedUnknown => {}
         LogOp::Append(r) => {
             if let Some(m) = r.metadata {
                 *high = (*high).max(m.offset);
+                ends.note(r.partition, m.offset);
             }
             k.apply_kafka_batch(r, false);
         }
@@ -61,6 +66,7 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
         } => {
             if let Some(m) = request.metadata {
                 *high = (*high).max(m.offset);
+                ends.note(request.partition, m.offset);
             }
             k.apply_kafka_batch(request, *transactional);
         }
@@ -71,6 +77,7 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
             marker,
         } => {
             *high = (*high).max(marker.offset);
+            ends.note(*partition, marker.offset);
             k.apply_kafka_marker(producer_id, *partition, *epoch, marker);
         }
         LogOp::ForgetAborted { partition, offset } => k.forget_aborted_before(*partition, *offset),
@@ -79,7 +86,7 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
         // removal's members name keys its group record already dropped.
         LogOp::Remove { reason, keys } => {
             let remember = matches!(reason, RemoveReason::Expired | RemoveReason::Evicted);
-            for (id, p) in keys {
+            for (id, p) in keys.iter().filter(|(_, p)| mine(*p)) {
                 k.remove_kafka_key(id, *p);
                 if remember {
                     meta.filter.insert(hash_key(id, *p));
@@ -93,7 +100,9 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
             arg,
             ..
         } => {
-            if let Ok(p) = i32::try_from(*arg) {
+            if let Ok(p) = i32::try_from(*arg)
+                && mine(p)
+            {
                 k.remove_partition(p);
             }
         }
@@ -101,7 +110,7 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
         // partitions it changed (an import's one partition, which had no
         // state); the highest offset follows at its end (`finish`).
         LogOp::Group {
-            kind: GroupKind::Truncate | GroupKind::Import,
+            kind: GroupKind::Truncate | GroupKind::Import | GroupKind::TruncatePartition { .. },
             ..
         } => {}
         LogOp::KafkaPartition {
@@ -111,13 +120,16 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
         } => {
             // The record was checked when it was read (a valid section of
             // this partition only).
+            if !mine(*partition) {
+                return Ok(());
+            }
             let add = crate::snapshot::kafka::decode_state(section).map_err(|_| {
                 Error::Internal("a partition-state record that decoded once does not")
             })?;
             k.absorb_kafka_partition(*partition, *reset, add)?;
         }
         LogOp::Set { entries } => {
-            for e in entries {
+            for e in entries.iter().filter(|e| mine(e.partition)) {
                 k.set_kafka_compact(&e.producer_id, e.partition, &e.entry);
             }
         }
@@ -125,11 +137,36 @@ fn kafka_op(meta: &mut Meta, op: &LogOp) -> Result<()> {
     Ok(())
 }
 
+/// The one partition an operation is about, if it is about one: an
+/// append, a marker, forgetting aborted transactions. (Removals, key
+/// states and partition states are filtered key by key.)
+fn op_partition(op: &LogOp) -> Option<i32> {
+    match op {
+        LogOp::Append(r) => Some(r.partition),
+        LogOp::KafkaBatch { request, .. } => Some(request.partition),
+        LogOp::TxnMarker { partition, .. } | LogOp::ForgetAborted { partition, .. } => {
+            Some(*partition)
+        }
+        _ => None,
+    }
+}
+
+/// The partition a group member's keys belong to (an import's members are
+/// all of its one partition).
+fn member_partition(op: &LogOp) -> Option<i32> {
+    match op {
+        LogOp::Remove { keys, .. } => keys.first().map(|(_, p)| *p),
+        LogOp::Set { entries } => entries.first().map(|e| e.partition),
+        LogOp::KafkaPartition { partition, .. } => Some(*partition),
+        _ => None,
+    }
+}
+
 /// Applies one operation of a Kafka-mode log to `meta` as replay does:
 /// the live store runs a truncation's members through it, so the live
 /// state is what recovery will rebuild.
 pub(crate) fn apply_kafka(meta: &mut Meta, op: &LogOp) -> Result<()> {
-    kafka_op(meta, op)
+    kafka_op(meta, op, None)
 }
 
 /// The offset truncation compares a Kafka-mode operation with: a batch's
@@ -153,6 +190,11 @@ pub(crate) struct Replayer {
     accept_any_next: bool,
     /// Truncation's target: appends at or above it are passed over.
     skip_from: Option<i64>,
+    /// A partition's truncation: only this partition's state is rebuilt,
+    /// every operation on another is passed over.
+    only: Option<i32>,
+    /// The partition of the current group's members (an import's).
+    group_partition: Option<i32>,
     /// Member records of the current group still to pass over.
     skipping: u32,
     /// The current group being applied: its kind, argument and members to
@@ -170,10 +212,40 @@ impl Replayer {
             meta,
             accept_any_next: false,
             skip_from,
+            only: None,
+            group_partition: None,
             skipping: 0,
             group: None,
             positions: 0,
         }
+    }
+
+    /// A partition's truncation replay: as [`Replayer::new`] with
+    /// `skip_from`, for `partition` alone.
+    pub(crate) fn for_partition(meta: Meta, skip_from: i64, partition: i32) -> Replayer {
+        Replayer {
+            only: Some(partition),
+            ..Replayer::new(meta, Some(skip_from))
+        }
+    }
+
+    /// Whether a group of `kind` and `arg` is passed over whole: a
+    /// truncation or import that reaches the target offset, or a
+    /// partition's truncation of another partition than the one rebuilt.
+    fn undone(&self, kind: GroupKind, arg: i64) -> bool {
+        let reaches = self.skip_from.is_some_and(|x| arg >= x);
+        match kind {
+            GroupKind::Truncate | GroupKind::Import => reaches,
+            GroupKind::TruncatePartition { partition } => {
+                reaches || self.only.is_some_and(|o| o != partition)
+            }
+            GroupKind::RemovePartition => false,
+        }
+    }
+
+    /// Whether a key of `partition` is rebuilt.
+    fn mine(&self, partition: i32) -> bool {
+        self.only.is_none_or(|o| o == partition)
     }
 
     /// Handles the operation at position `pos` (its record at offset `at`,
@@ -214,10 +286,11 @@ impl Replayer {
                     UnknownProducer::RequireZero
                 };
                 let offset = append_offset(r, pos);
-                if self.skip_from.is_some_and(|x| offset >= x) {
+                if self.skip_from.is_some_and(|x| offset >= x) || !self.mine(r.partition) {
                     return Ok(());
                 }
                 self.meta.high = self.meta.high.max(offset);
+                self.meta.ends.note(r.partition, offset);
                 let act = r.metadata.map_or(self.meta.clock, |m| m.timestamp);
                 let how = Apply {
                     unknown,
@@ -226,13 +299,7 @@ impl Replayer {
                 push(rec(KeyOp::Append(r.clone(), how)))?;
             }
             LogOp::Group { kind, members, arg } => {
-                let undone = match kind {
-                    GroupKind::Truncate | GroupKind::Import => {
-                        self.skip_from.is_some_and(|x| *arg >= x)
-                    }
-                    GroupKind::RemovePartition => false,
-                };
-                if undone {
+                if self.undone(*kind, *arg) {
                     self.skipping = *members;
                 } else if *members == 0 {
                     self.finish(*kind, *arg);
@@ -244,9 +311,11 @@ impl Replayer {
                 if self.skip_member() {
                     return Ok(());
                 }
+                self.note_member(op);
                 let remember = matches!(reason, RemoveReason::Expired | RemoveReason::Evicted)
                     && self.skip_from.is_none();
-                for (id, p) in keys {
+                let only = self.only;
+                for (id, p) in keys.iter().filter(|(_, p)| only.is_none_or(|o| o == *p)) {
                     if remember {
                         self.meta.filter.insert(hash_key(id, *p));
                     }
@@ -258,7 +327,8 @@ impl Replayer {
                 if self.skip_member() {
                     return Ok(());
                 }
-                for e in entries {
+                self.note_member(op);
+                for e in entries.iter().filter(|e| self.mine(e.partition)) {
                     push(rec(KeyOp::Set(Box::new(e.clone()))))?;
                 }
                 self.end_of_member();
@@ -283,13 +353,11 @@ impl Replayer {
     /// that reach it), then [`kafka_op`].
     fn kafka(&mut self, pos: u64, op: &LogOp) -> Result<()> {
         if let LogOp::Group { kind, members, arg } = op {
-            let undone = matches!(kind, GroupKind::Truncate | GroupKind::Import)
-                && self.skip_from.is_some_and(|x| *arg >= x);
-            if undone {
+            if self.undone(*kind, *arg) {
                 self.skipping = *members;
                 return Ok(());
             }
-            kafka_op(&mut self.meta, op)?;
+            kafka_op(&mut self.meta, op, self.only)?;
             if *members == 0 {
                 self.finish(*kind, *arg);
             } else {
@@ -305,7 +373,8 @@ impl Replayer {
             if self.skip_member() {
                 return Ok(());
             }
-            kafka_op(&mut self.meta, op)?;
+            self.note_member(op);
+            kafka_op(&mut self.meta, op, self.only)?;
             self.end_of_member();
             return Ok(());
         }
@@ -314,7 +383,15 @@ impl Replayer {
         {
             return Ok(());
         }
-        kafka_op(&mut self.meta, op)
+        kafka_op(&mut self.meta, op, self.only)
+    }
+
+    /// A member of the current group is applied: its partition is the
+    /// group's (an import's members are of its one partition).
+    fn note_member(&mut self, op: &LogOp) {
+        if self.group.is_some() && self.group_partition.is_none() {
+            self.group_partition = member_partition(op);
+        }
     }
 
     /// True (and one fewer to go) if a member of a group being passed
@@ -343,10 +420,33 @@ impl Replayer {
 
     /// What a complete group does to the store-level state.
     fn finish(&mut self, kind: GroupKind, arg: i64) {
-        match kind {
-            GroupKind::Truncate => self.meta.high = arg.saturating_sub(1),
-            GroupKind::Import => self.meta.high = self.meta.high.max(arg),
-            GroupKind::RemovePartition => {}
+        let partition = self.group_partition.take();
+        group_done(&mut self.meta, kind, arg, partition);
+    }
+}
+
+/// What a complete group of `kind` and `arg` does to the store-level state
+/// (`partition`: an import's, from its members): the highest offset and the
+/// partitions' ends. The live store calls it too, so both agree.
+pub(crate) fn group_done(meta: &mut Meta, kind: GroupKind, arg: i64, partition: Option<i32>) {
+    match kind {
+        GroupKind::Truncate => {
+            meta.high = arg.saturating_sub(1);
+            meta.ends.cut_all(arg);
+        }
+        GroupKind::Import => {
+            meta.high = meta.high.max(arg);
+            if let Some(p) = partition
+                && arg >= 0
+            {
+                meta.ends.note(p, arg);
+            }
+        }
+        GroupKind::TruncatePartition { partition } => meta.ends.cut(partition, arg),
+        GroupKind::RemovePartition => {
+            if let Ok(p) = i32::try_from(arg) {
+                meta.ends.remove(p);
+            }
         }
     }
 }

@@ -39,20 +39,26 @@ pub(crate) struct Base {
 
 /// The lowest offset a truncation from each possible base can reach, and
 /// the base to use for `offset`: the newest snapshot (of `snapshots`,
-/// positions) whose `high` is below `offset`, else position 0 if the log
-/// starts there. `Err(lowest)` when none can: the lowest offset any base
-/// can reach.
+/// positions) whose `high` is below `offset` (with `partition`, that
+/// partition's end, if the snapshot records it exactly), else position 0
+/// if the log starts there. `Err(lowest)` when none can: the lowest offset
+/// any base can reach.
 pub(crate) fn pick_base(
     fs: &dyn FileSystem,
     dir: &Path,
     snapshots: &[u64],
     log_from_zero: bool,
     offset: i64,
+    partition: Option<i32>,
 ) -> Result<std::result::Result<Base, i64>> {
     let mut lowest = i64::MAX;
     for &pos in snapshots.iter().rev() {
         let path = dir.join(names::snapshot_name(pos));
-        let high = snapshot::read_meta(fs, &path)?.high;
+        let meta = snapshot::read_meta(fs, &path)?;
+        let high = match partition {
+            Some(p) if meta.ends.exact() => meta.ends.get(p),
+            _ => meta.high,
+        };
         lowest = lowest.min(high.saturating_add(1));
         if high < offset {
             return Ok(Ok(Base {
@@ -76,14 +82,15 @@ pub(crate) fn pick_base(
 
 /// The state of the history with every append at or above `offset`
 /// removed: the base replayed through `segments` (first positions,
-/// ascending: the live log) up to `end`.
+/// ascending: the live log) up to `end`. With `only`, that partition's
+/// keys alone are rebuilt (the others' are the base's).
 pub(crate) fn truncated_state(
     fs: &dyn FileSystem,
     dir: &Path,
     base: &Base,
-    segments: &[u64],
-    end: u64,
+    (segments, end): (&[u64], u64),
     offset: i64,
+    only: Option<i32>,
 ) -> Result<Shards> {
     let (mut shards, meta) = match &base.snapshot {
         Some(path) => {
@@ -102,7 +109,7 @@ pub(crate) fn truncated_state(
         })
         .sum();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut replayer = Replayer::new(meta, Some(offset));
+    let mut replayer = replayer(meta, offset, only);
     if bytes >= PARALLEL_FROM && cores > 1 {
         std::thread::scope(|scope| {
             let mut sink = Parallel::new(scope, &mut shards, true);
@@ -113,6 +120,14 @@ pub(crate) fn truncated_state(
         replay(fs, dir, segs, start, end, &mut replayer, &mut sink)?;
     }
     Ok(shards)
+}
+
+/// Truncation's replayer: of the whole store, or of partition `only`.
+fn replayer(meta: Meta, offset: i64, only: Option<i32>) -> Replayer {
+    match only {
+        Some(p) => Replayer::for_partition(meta, offset, p),
+        None => Replayer::new(meta, Some(offset)),
+    }
 }
 
 /// The segments replay reads from `start`: from the last one that begins
@@ -131,14 +146,15 @@ fn segments_from<'a>(dir: &Path, segments: &'a [u64], start: u64) -> Result<&'a 
 /// A Kafka-mode store's state with every batch and marker at or above
 /// `offset` removed (Kafka's `truncateAndReload`: the producers, their
 /// open transactions and the aborted list as of the log below it): the
-/// base's engine replayed as [`crate::recovery::replay`] says for a target offset.
+/// base's engine replayed as [`crate::recovery::replay`] says for a target
+/// offset. With `only`, that partition alone is rebuilt.
 pub(crate) fn truncated_kafka(
     fs: &dyn FileSystem,
     dir: &Path,
     base: &Base,
-    segments: &[u64],
-    end: u64,
+    (segments, end): (&[u64], u64),
     offset: i64,
+    only: Option<i32>,
 ) -> Result<crate::engine::ProducerStateManager> {
     let mut meta = match &base.snapshot {
         Some(path) => load_file(fs, path)?.meta,
@@ -151,7 +167,7 @@ pub(crate) fn truncated_kafka(
     }
     let start = base.position;
     let segs = segments_from(dir, segments, start)?;
-    let mut replayer = Replayer::new(meta, Some(offset));
+    let mut replayer = replayer(meta, offset, only);
     // Kafka-mode records go to the engine, never to the sink.
     let mut shards = Shards::default();
     let mut sink = Sequential::dropping(&mut shards);

@@ -10,11 +10,15 @@ use crate::codec::{Dec, Put, truncated};
 use crate::error::{Corruption, Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATSNP";
-/// The version this build writes: version 3's sections, then the entries
-/// in blocks of one shard each, each entry's activity dropped when it is
-/// its newest batch's timestamp. It reads this one, [`VERSION_3`],
+/// The version this build writes: version 4 with each partition's end in
+/// the store section. It reads this one, [`VERSION_4`], [`VERSION_3`],
 /// [`VERSION_2`] and [`VERSION_1`].
-pub(crate) const VERSION: u16 = 4;
+pub(crate) const VERSION: u16 = 5;
+/// Each partition's end in the store section.
+pub(crate) const VERSION_5: u16 = 5;
+/// Version 3's sections, then the entries in blocks of one shard each,
+/// each entry's activity dropped when it is its newest batch's timestamp.
+pub(crate) const VERSION_4: u16 = 4;
 /// A store section (the log clock, the highest offset, the removed-key
 /// filter) before the entries, and each entry's last activity.
 pub(crate) const VERSION_3: u16 = 3;

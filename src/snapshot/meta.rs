@@ -4,6 +4,7 @@
 
 #![deny(clippy::indexing_slicing)]
 
+use super::ends::Ends;
 use crate::codec::{Dec, Put};
 use crate::engine::filter::RemovedFilter;
 use crate::error::Corruption;
@@ -20,6 +21,9 @@ pub(crate) struct Meta {
     /// for truncation, and a snapshot whose `high` is below an offset can
     /// be a truncation's base.
     pub high: i64,
+    /// Each partition's highest offset (version 5; derived lower bounds
+    /// from an older snapshot's keys).
+    pub ends: Ends,
     /// Keys whose state expired or was evicted, remembered approximately.
     pub filter: RemovedFilter,
     /// Under [`Semantics::Kafka`](crate::Semantics::Kafka), the whole
@@ -34,7 +38,8 @@ impl PartialEq for Meta {
     /// The store-level fields (a Kafka-mode state is compared by the
     /// caller, through its views).
     fn eq(&self, other: &Meta) -> bool {
-        (self.clock, self.high, &self.filter) == (other.clock, other.high, &other.filter)
+        (self.clock, self.high, &self.ends, &self.filter)
+            == (other.clock, other.high, &other.ends, &other.filter)
             && self.kafka.is_some() == other.kafka.is_some()
     }
 }
@@ -44,6 +49,7 @@ impl Default for Meta {
         Meta {
             clock: 0,
             high: -1,
+            ends: Ends::default(),
             filter: RemovedFilter::default(),
             kafka: None,
         }
@@ -62,6 +68,7 @@ impl Meta {
     pub(crate) fn legacy() -> Meta {
         Meta {
             high: UNKNOWN_HIGH,
+            ends: Ends::derived([]),
             ..Meta::default()
         }
     }
@@ -74,23 +81,33 @@ impl Meta {
         buf.put_i64(self.clock);
         buf.put_i64(self.high);
         super::filter::encode(&self.filter, buf);
+        self.ends.encode(buf);
         let len = (buf.len() - start - 4) as u32;
         crate::codec::set_u32(buf, start, len);
     }
 
-    /// Decodes a store section (after its length field): exactly `bytes`.
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Meta, Corruption> {
+    /// Decodes a store section of a snapshot of `version` (after its
+    /// length field): exactly `bytes`. Before version 5 the partition ends
+    /// are not there: they are marked as lower bounds, to be derived from
+    /// the keys once they are loaded.
+    pub(crate) fn decode(bytes: &[u8], version: u16) -> Result<Meta, Corruption> {
         let mut d = Dec::new(bytes);
         let short = || Corruption::BadField("store section (too short)");
         let clock = d.i64().ok_or_else(short)?;
         let high = d.i64().ok_or_else(short)?;
         let filter = super::filter::decode(&mut d)?;
+        let ends = if version >= super::header::VERSION_5 {
+            Ends::decode(&mut d)?
+        } else {
+            Ends::derived([])
+        };
         if d.remaining() != 0 {
             return Err(Corruption::TrailingBytes(d.remaining() as u64));
         }
         Ok(Meta {
             clock,
             high,
+            ends,
             filter,
             kafka: None,
         })

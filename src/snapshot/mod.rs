@@ -23,6 +23,7 @@
 //! format sits above the engine: it encodes engine types, and the engine
 //! knows no bytes.
 
+pub(crate) mod ends;
 mod engine;
 pub(crate) mod entry;
 pub(crate) mod export;
@@ -35,7 +36,9 @@ mod read;
 mod tests;
 mod write;
 
-pub(crate) use header::{HEADER_LEN, Header, MAGIC, POSITION_AT, UNSHARDED, VERSION, parse_header};
+pub(crate) use header::{
+    HEADER_LEN, Header, MAGIC, POSITION_AT, UNSHARDED, VERSION_4, VERSION_5, parse_header,
+};
 pub(crate) use read::{
     Block, Prelude, Sink, load_block, read, read_blocks, read_kafka, read_meta, read_prelude,
     read_rest,

@@ -130,7 +130,8 @@ pub(crate) fn read_meta(fs: &dyn FileSystem, path: &Path) -> Result<Meta> {
             truncated(section.len(), got),
         ));
     }
-    Meta::decode(&section).map_err(|k| Error::corrupt(path, HEADER_LEN as u64 + 4, k))
+    Meta::decode(&section, header.version)
+        .map_err(|k| Error::corrupt(path, HEADER_LEN as u64 + 4, k))
 }
 
 /// What a snapshot's reader hands its entries to.
@@ -228,7 +229,7 @@ pub(crate) fn read_rest(
     pre: &mut Prelude,
     sink: &mut impl Sink,
 ) -> Result<()> {
-    if pre.header.version >= VERSION {
+    if pre.header.version >= VERSION_4 {
         read_blocks(path, r, pre, |b| {
             decode_block(path, b, |hash, id, p, e, act| {
                 sink.entry(hash, id, p, e, act)
@@ -318,7 +319,8 @@ pub(crate) fn read_prelude(
             return Err(Error::corrupt(path, offset, truncated(section.len(), got)));
         }
         crc = crc32c::crc32c_append(crc32c::crc32c_append(crc, &len), &section);
-        let meta = Meta::decode(&section).map_err(|k| Error::corrupt(path, offset + 4, k))?;
+        let meta = Meta::decode(&section, header.version)
+            .map_err(|k| Error::corrupt(path, offset + 4, k))?;
         sink.meta(meta);
         remaining -= 4 + n;
         offset += 4 + n;

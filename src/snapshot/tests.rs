@@ -49,6 +49,8 @@ fn sample_meta() -> Meta {
         high: 77,
         ..Meta::default()
     };
+    meta.ends.note(0, 77);
+    meta.ends.note(3, 12);
     for k in 0..20u64 {
         meta.filter
             .insert(crate::engine::map::hash_key(&ProducerId::numeric(k), 0));
@@ -189,7 +191,18 @@ fn every_truncation_and_bit_flip_is_an_error_never_a_panic() {
 fn old_file(m: &ProducerStateManager, position: u64, version: u16) -> Vec<u8> {
     let mut body = Vec::new();
     if version == VERSION_3 {
-        sample_meta().encode(&mut body);
+        // Version 3's store section: no partition ends.
+        let mut section = Vec::new();
+        sample_meta().encode(&mut section);
+        let ends = {
+            let mut e = Vec::new();
+            sample_meta().ends.encode(&mut e);
+            e.len()
+        };
+        section.truncate(section.len() - ends);
+        let len = (section.len() - 4) as u32;
+        crate::codec::set_u32(&mut section, 0, len);
+        body.extend_from_slice(&section);
     }
     for (id, p, e) in m.iter() {
         match version {
@@ -217,7 +230,11 @@ fn version_1_2_and_3_files_still_read_to_the_same_state() {
     let bytes = old_file(&m, 12, VERSION_3);
     let (h, meta, entries) = load(&bytes).unwrap();
     assert_eq!((h.version, h.position), (VERSION_3, 12));
-    assert_eq!(meta, sample_meta());
+    let v3 = Meta {
+        ends: crate::snapshot::ends::Ends::derived([]),
+        ..sample_meta()
+    };
+    assert_eq!(meta, v3, "no partition ends before version 5");
     assert_eq!(entries.len(), m.len());
     for (id, p, e, a) in entries {
         assert_eq!(a, act(&e, p));

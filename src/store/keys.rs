@@ -79,7 +79,11 @@ pub(super) enum Queued {
     },
     /// The last member of a group was applied: its effect on the
     /// store-level state.
-    GroupDone { kind: GroupKind, arg: i64 },
+    GroupDone {
+        kind: GroupKind,
+        arg: i64,
+        partition: Option<i32>,
+    },
     /// `Always`, Kafka mode: a key's record at `pos` is durable (the
     /// engine applied it when it was accepted; see `store/txn.rs`).
     KafkaSettle { key: (ProducerId, i32), pos: u64 },
@@ -331,13 +335,10 @@ impl Keys {
         (o, created)
     }
 
-    /// What a group's completion does to the store-level state.
-    pub(super) fn group_done(&mut self, kind: GroupKind, arg: i64) {
-        match kind {
-            GroupKind::Truncate => self.meta.high = arg.saturating_sub(1),
-            GroupKind::Import => self.meta.high = self.meta.high.max(arg),
-            GroupKind::RemovePartition => {}
-        }
+    /// What a group's completion does to the store-level state (as
+    /// replay does it); `partition`: an import's.
+    pub(super) fn group_done(&mut self, kind: GroupKind, arg: i64, partition: Option<i32>) {
+        crate::recovery::replay::group_done(&mut self.meta, kind, arg, partition);
     }
 
     /// `Always`: installs a durable group in the committed state, in log
@@ -358,7 +359,9 @@ impl Keys {
                 } => {
                     self.save_pre_image(hash, &r.producer_id, r.partition, pos);
                     self.install(hash, &r.producer_id, r.partition, &entry, act);
-                    self.meta.high = self.meta.high.max(append_offset(&r, pos));
+                    let offset = append_offset(&r, pos);
+                    self.meta.high = self.meta.high.max(offset);
+                    self.meta.ends.note(r.partition, offset);
                     self.settle(hash, &r.producer_id, r.partition, pos);
                 }
                 Queued::Clock(ms) => self.meta.clock = ms,
@@ -376,7 +379,11 @@ impl Keys {
                         self.settle(hash, &i.producer_id, i.partition, pos);
                     }
                 }
-                Queued::GroupDone { kind, arg } => self.group_done(kind, arg),
+                Queued::GroupDone {
+                    kind,
+                    arg,
+                    partition,
+                } => self.group_done(kind, arg, partition),
                 Queued::KafkaSettle { key, pos } => {
                     if self
                         .kafka_in_flight

@@ -222,14 +222,15 @@ impl ProducerStateStore {
         }
         let mut st = shared.lock_to_write(false)?;
         let keys = st.keys.spec_keys_of_partition(partition);
-        if keys.is_empty() {
+        // A partition with an end but no key left (its keys expired) is
+        // removed too: its end goes with it.
+        if keys.is_empty() && st.keys.meta.ends.get(partition) < 0 {
             return Ok(0);
         }
         let n = keys.len();
         st.life_stats.partition_removed += n as u64;
         let pos = st.log_group(
-            GroupKind::RemovePartition,
-            i64::from(partition),
+            (GroupKind::RemovePartition, i64::from(partition), None),
             (RemoveReason::PartitionRemoved, keys),
             Vec::new(),
         );

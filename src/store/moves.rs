@@ -171,8 +171,11 @@ impl ProducerStateStore {
         }
         st.life_stats.imported += n as u64;
         let pos = st.log_group(
-            GroupKind::Import,
-            export.high_offset(),
+            (
+                GroupKind::Import,
+                export.high_offset(),
+                Some(export.partition()),
+            ),
             (RemoveReason::Truncated, Vec::new()),
             sets,
         );
@@ -202,8 +205,7 @@ impl ProducerStateStore {
         let n = moved.import_partition(export)?;
         let ops = crate::wal::txn_op::kafka_partition_ops(&moved, partition)?;
         let high = export.high_offset();
-        let pos = st.log_kafka_group(GroupKind::Import, high, &ops)?;
-        st.keys.meta.high = st.keys.meta.high.max(high);
+        let pos = st.log_kafka_group(GroupKind::Import, high, &ops, Some(partition))?;
         st.life_stats.imported += n as u64;
         self.shared.finish_op(st, pos)?;
         Ok(n)

@@ -64,8 +64,82 @@ impl ProducerStateStore {
     /// [`Error::Io`], [`Error::Corrupt`] if reading or writing fails,
     /// [`Error::Poisoned`] after an earlier failure.
     pub fn truncate_to(&self, offset: i64) -> Result<()> {
+        self.rewind(None, offset)
+    }
+
+    /// [`ProducerStateStore::truncate_to`] for one partition: rolls
+    /// `partition`'s state back to what it would be had only its appends
+    /// with an offset below `offset` been made, and leaves every other
+    /// partition as it is. For a store that holds the state of many
+    /// partition logs, each with offsets of its own (a broker's), when one
+    /// of those logs is cut back: an unclean shutdown, a follower's
+    /// divergence from its leader. The same rule as the store-wide form,
+    /// restricted to the partition (docs/lifecycle.md): durable and
+    /// crash-atomic when it returns (one logged group, of that partition's
+    /// keys only). Afterwards [`ProducerStateStore::partition_end_offset`]
+    /// is `offset`.
+    ///
+    /// Its base is the newest retained snapshot in which the partition's
+    /// end lies below `offset`, which other partitions' appends do not
+    /// move; the log after it is replayed for this partition alone.
+    /// Appenders wait while it runs.
+    ///
+    /// ```
+    /// use producer_state::{Batch, ProducerStateStore};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = ProducerStateStore::open(dir.path())?;
+    /// store.append_batch(1u64, 0, 0, Batch::new(0, 4, 100, 1))?; // partition 0: 100..=104
+    /// store.append_batch(1u64, 0, 0, Batch::new(5, 9, 105, 2))?; // 105..=109
+    /// store.append_batch(1u64, 1, 0, Batch::new(0, 9, 500, 3))?; // partition 1: a batch at 500
+    /// // Partition 0's log is cut back to offset 105; partition 1 is untouched.
+    /// store.truncate_partition_to(0, 105)?;
+    /// assert_eq!(store.partition_end_offset(0), 105);
+    /// assert_eq!(store.get(1u64, 0).map(|e| e.last_sequence()), Some(4));
+    /// assert_eq!(store.get(1u64, 1).map(|e| e.last_sequence()), Some(9));
+    /// assert_eq!(store.partition_end_offset(1), 501);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`ProducerStateStore::truncate_to`], with the partition's end in
+    /// place of the store's: [`Error::TruncateAboveEnd`] if `offset` is
+    /// above [`ProducerStateStore::partition_end_offset`];
+    /// [`Error::TruncateBelowHistory`] if no retained snapshot (nor a log
+    /// kept from position 0) has the partition's end below it.
+    pub fn truncate_partition_to(&self, partition: i32, offset: i64) -> Result<()> {
+        self.rewind(Some(partition), offset)
+    }
+
+    /// One past the highest offset appended to `partition` (a batch's
+    /// offset, as given to [`Batch::new`](crate::Batch::new); a marker's; a
+    /// single-sequence append's position), lowered to
+    /// `offset` by `truncate_partition_to(partition, offset)` or by a
+    /// store-wide [`ProducerStateStore::truncate_to`] below it; raised by an
+    /// import; 0 for a partition never appended to or removed. Like Kafka's
+    /// log end offset of that partition, as far as the state has seen it: a
+    /// broker whose partition log runs ahead of it replays the log from
+    /// here. Expiration does not lower it. Under `Always`, the state of
+    /// durable appends.
+    ///
+    /// After opening a store whose newest snapshot was written before
+    /// snapshot format version 5 (which did not record it), the end of a
+    /// partition is at first derived from the offsets its keys hold: a lower
+    /// bound, which a later append raises (docs/lifecycle.md).
+    pub fn partition_end_offset(&self, partition: i32) -> i64 {
+        self.shared
+            .lock_state()
+            .keys
+            .meta
+            .ends
+            .get(partition)
+            .saturating_add(1)
+    }
+
+    fn rewind(&self, only: Option<i32>, offset: i64) -> Result<()> {
         let due = std::sync::atomic::AtomicBool::new(false);
-        let result = self.truncate(offset, &due);
+        let result = self.truncate(only, offset, &due);
         // A snapshot asked for while the book was held is taken now (it
         // needs the book).
         if due.load(std::sync::atomic::Ordering::Relaxed) {
@@ -74,7 +148,12 @@ impl ProducerStateStore {
         result
     }
 
-    fn truncate(&self, offset: i64, due: &std::sync::atomic::AtomicBool) -> Result<()> {
+    fn truncate(
+        &self,
+        only: Option<i32>,
+        offset: i64,
+        due: &std::sync::atomic::AtomicBool,
+    ) -> Result<()> {
         let shared = &*self.shared;
         let book = shared.snapshots.hold();
         // Nothing in flight: every record durable, nobody writing.
@@ -90,7 +169,11 @@ impl ProducerStateStore {
                 break st;
             }
         };
-        let end = st.keys.meta.high.saturating_add(1);
+        let high = match only {
+            Some(p) => st.keys.meta.ends.get(p),
+            None => st.keys.meta.high,
+        };
+        let end = high.saturating_add(1);
         if offset > end {
             return Err(Error::TruncateAboveEnd { offset, end });
         }
@@ -101,7 +184,8 @@ impl ProducerStateStore {
         let fs = shared.opts.fs.as_ref();
         let segments = shared.log.writer().segments();
         let from_zero = segments.first() == Some(&0);
-        let base = match truncate::pick_base(fs, &shared.dir, &book.valid, from_zero, offset)? {
+        let base = match truncate::pick_base(fs, &shared.dir, &book.valid, from_zero, offset, only)?
+        {
             Ok(b) => b,
             Err(lowest) => {
                 // With no base at all, only the end itself can be reached.
@@ -111,8 +195,9 @@ impl ProducerStateStore {
         };
         let next = st.log.next_position();
         if shared.kafka {
-            let cut = truncate::truncated_kafka(fs, &shared.dir, &base, &segments, next, offset)?;
-            let pos = st.log_kafka_truncation(offset, &cut)?;
+            let cut =
+                truncate::truncated_kafka(fs, &shared.dir, &base, (&segments, next), offset, only)?;
+            let pos = st.log_kafka_truncation(offset, &cut, only)?;
             drop(book);
             shared.finish_op(st, pos)?;
             if !shared.is_always() {
@@ -121,14 +206,16 @@ impl ProducerStateStore {
             shared.snapshot_due();
             return Ok(());
         }
-        let cut = truncate::truncated_state(fs, &shared.dir, &base, &segments, next, offset)?;
+        let cut =
+            truncate::truncated_state(fs, &shared.dir, &base, (&segments, next), offset, only)?;
 
         // The difference, shard by shard.
         let mut removed = Vec::new();
         let mut set = Vec::new();
+        let mine = |p: i32| only.is_none_or(|o| o == p);
         for i in 0..SHARDS {
             let live = st.keys.shards.shard(i);
-            for (id, p, entry, act) in live.iter_full() {
+            for (id, p, entry, act) in live.iter_full().filter(|k| mine(k.1)) {
                 let h = hash_key(&id, p);
                 match cut.get_full(h, &id, p) {
                     None => removed.push((h, id, p)),
@@ -144,7 +231,7 @@ impl ProducerStateStore {
                     Some(_) => {}
                 }
             }
-            for info in cut.infos(i) {
+            for info in cut.infos(i).filter(|i| mine(i.partition)) {
                 let h = hash_key(&info.producer_id, info.partition);
                 if !live.contains_hashed(h, &info.producer_id, info.partition) {
                     set.push((h, info));
@@ -153,9 +240,12 @@ impl ProducerStateStore {
         }
         st.life_stats.truncations += 1;
         st.life_stats.truncated_keys += (removed.len() + set.len()) as u64;
+        let kind = match only {
+            Some(partition) => GroupKind::TruncatePartition { partition },
+            None => GroupKind::Truncate,
+        };
         let pos = st.log_group(
-            GroupKind::Truncate,
-            offset,
+            (kind, offset, None),
             (RemoveReason::Truncated, removed),
             set,
         );

@@ -250,7 +250,9 @@ impl State {
                 self.log_accepted_unknown();
             }
             let pos = self.enqueue_record(r);
-            self.keys.meta.high = self.keys.meta.high.max(append_offset(r, pos));
+            let offset = append_offset(r, pos);
+            self.keys.meta.high = self.keys.meta.high.max(offset);
+            self.keys.meta.ends.note(r.partition, offset);
             self.spec_len += usize::from(new_key);
         }
         Ok(outcome)
@@ -452,8 +454,7 @@ impl State {
     /// so it is written in one write. Returns the last position.
     pub(super) fn log_group(
         &mut self,
-        kind: GroupKind,
-        arg: i64,
+        (kind, arg, partition): (GroupKind, i64, Option<i32>),
         removals: (RemoveReason, Vec<(u64, ProducerId, i32)>),
         sets: Vec<(u64, ProducerInfo)>,
     ) -> u64 {
@@ -480,9 +481,13 @@ impl State {
             last = self.log_sets(sets);
         }
         if self.life.always {
-            self.log.queue(Queued::GroupDone { kind, arg });
+            self.log.queue(Queued::GroupDone {
+                kind,
+                arg,
+                partition,
+            });
         } else {
-            self.keys.group_done(kind, arg);
+            self.keys.group_done(kind, arg, partition);
         }
         last
     }

@@ -165,7 +165,8 @@ impl State {
                 } else {
                     self.log.push(r)
                 };
-                ((KafkaAnswer::Batch(o), pos), r.metadata.map(|m| m.offset))
+                let high = r.metadata.map(|m| (r.partition, m.offset));
+                ((KafkaAnswer::Batch(o), pos), high)
             }
             KafkaOp::Marker {
                 id,
@@ -182,7 +183,10 @@ impl State {
                     txn_op::encode_marker(b, id, *partition, *epoch, marker);
                     (1, ())
                 });
-                ((KafkaAnswer::Marker(o), pos), Some(marker.offset))
+                (
+                    (KafkaAnswer::Marker(o), pos),
+                    Some((*partition, marker.offset)),
+                )
             }
             KafkaOp::Forget { partition, offset } => {
                 let had = engine.aborted_transactions(*partition).len();
@@ -218,8 +222,9 @@ impl State {
         };
         let (answer, pos) = answer;
         self.counted(before, records);
-        if let Some(h) = high {
+        if let Some((p, h)) = high {
             self.keys.meta.high = self.keys.meta.high.max(h);
+            self.keys.meta.ends.note(p, h);
         }
         let group = self.log.group();
         if self.life.always
@@ -271,10 +276,14 @@ impl State {
         let engine = engine_of(&mut self.keys.meta.kafka)?;
         let ids = engine.kafka_keys_of(partition);
         let aborted = !engine.aborted_transactions(partition).is_empty();
-        if ids.is_empty() && !aborted {
+        // A partition with an end but no state left (its keys expired) is
+        // removed too: its end goes with it.
+        let end = self.keys.meta.ends.get(partition) >= 0;
+        if ids.is_empty() && !aborted && !end {
             return Ok(Logged::No(KafkaAnswer::Removed(0)));
         }
         engine.remove_partition(partition);
+        self.keys.meta.ends.remove(partition);
         self.life_stats.partition_removed += ids.len() as u64;
         // One group: the group record and the keys' removals (none
         // when only aborted transactions were left). Replay drops
@@ -320,10 +329,17 @@ impl State {
         &mut self,
         offset: i64,
         cut: &ProducerStateManager,
+        only: Option<i32>,
     ) -> Result<u64> {
         let engine = self.keys.meta.kafka.as_deref().ok_or_else(engine_lost)?;
-        let mut partitions = engine.kafka_partitions();
-        partitions.extend(cut.kafka_partitions());
+        let partitions = match only {
+            Some(p) => std::collections::BTreeSet::from([p]),
+            None => {
+                let mut all = engine.kafka_partitions();
+                all.extend(cut.kafka_partitions());
+                all
+            }
+        };
         let mut ops = Vec::new();
         let mut changed = 0u64;
         for p in partitions {
@@ -332,8 +348,11 @@ impl State {
                 changed += 1;
             }
         }
-        let last = self.log_kafka_group(GroupKind::Truncate, offset, &ops)?;
-        self.keys.meta.high = offset.saturating_sub(1);
+        let kind = match only {
+            Some(partition) => GroupKind::TruncatePartition { partition },
+            None => GroupKind::Truncate,
+        };
+        let last = self.log_kafka_group(kind, offset, &ops, None)?;
         self.life_stats.truncations += 1;
         self.life_stats.truncated_keys += changed;
         Ok(last)
@@ -349,6 +368,7 @@ impl State {
         kind: GroupKind,
         arg: i64,
         ops: &[LogOp],
+        partition: Option<i32>,
     ) -> Result<u64> {
         let mut scratch = Vec::new();
         let mut members = 0usize;
@@ -384,6 +404,7 @@ impl State {
         for o in ops {
             crate::recovery::replay::apply_kafka(meta, o)?;
         }
+        crate::recovery::replay::group_done(meta, kind, arg, partition);
         Ok(first + members as u64)
     }
 }

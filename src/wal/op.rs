@@ -27,11 +27,16 @@ pub(super) const KIND_REMOVE: u8 = 7;
 pub(super) const KIND_GROUP: u8 = 8;
 pub(super) const KIND_SET: u8 = 9;
 pub(super) const KIND_ACCEPTED_UNKNOWN: u8 = 10;
+/// A partition's truncation group (version 6).
+pub(super) const KIND_PARTITION_GROUP: u8 = 11;
 
 /// A clock record's length: header and an `i64`.
 pub(super) const CLOCK_LEN: usize = HEADER + 8;
 /// A group record's length: header, kind, member count, argument.
 pub(super) const GROUP_LEN: usize = HEADER + 1 + 4 + 8;
+/// A partition group record's length: header, partition, member count,
+/// offset.
+pub(super) const PARTITION_GROUP_LEN: usize = HEADER + 4 + 4 + 8;
 /// Records of removals and key states are cut at this many bytes (one
 /// entry longer than that gets a record of its own).
 const SOFT_LEN: usize = 1 << 16;
@@ -108,6 +113,12 @@ pub enum GroupKind {
     /// imported state holds (-1 for none), the offset truncation undoes the
     /// import at.
     Import,
+    /// `truncate_to(partition, offset)`: the argument is the offset; the
+    /// group changes only this partition (its own record kind, 11).
+    TruncatePartition {
+        /// The partition truncated.
+        partition: i32,
+    },
 }
 
 impl GroupKind {
@@ -116,6 +127,8 @@ impl GroupKind {
             GroupKind::Truncate => 1,
             GroupKind::RemovePartition => 2,
             GroupKind::Import => 3,
+            // Its own record kind (11) says what it is.
+            GroupKind::TruncatePartition { .. } => 4,
         }
     }
 
@@ -134,6 +147,7 @@ impl GroupKind {
             GroupKind::Truncate => "truncate",
             GroupKind::RemovePartition => "remove partition",
             GroupKind::Import => "import",
+            GroupKind::TruncatePartition { .. } => "truncate partition",
         }
     }
 }
@@ -257,8 +271,17 @@ pub(crate) fn encode_accepted_unknown(buf: &mut Vec<u8>) {
     end(buf, s);
 }
 
-/// Appends a group record.
+/// Appends a group record (kind 8, or kind 11 for a partition's
+/// truncation).
 pub(crate) fn encode_group(buf: &mut Vec<u8>, kind: GroupKind, members: u32, arg: i64) {
+    if let GroupKind::TruncatePartition { partition } = kind {
+        let s = begin(buf, KIND_PARTITION_GROUP);
+        buf.put_i32(partition);
+        buf.put_u32(members);
+        buf.put_i64(arg);
+        end(buf, s);
+        return;
+    }
     let s = begin(buf, KIND_GROUP);
     buf.put_u8(kind.code());
     buf.put_u32(members);
@@ -365,6 +388,7 @@ pub(super) fn len_ok(kind: u8, len: usize) -> bool {
         KIND_CLOCK => len == CLOCK_LEN,
         KIND_ACCEPTED_UNKNOWN => len == HEADER,
         KIND_GROUP => len == GROUP_LEN,
+        KIND_PARTITION_GROUP => len == PARTITION_GROUP_LEN,
         // A reason and at least one numeric key (13 bytes) or named key (7).
         KIND_REMOVE => (HEADER + 1 + 7..=MAX_LEN).contains(&len),
         // At least one entry (21 bytes).
@@ -373,9 +397,11 @@ pub(super) fn len_ok(kind: u8, len: usize) -> bool {
     }
 }
 
-/// Whether `kind` is a lifecycle kind this version defines.
-pub(super) fn is_kind(kind: u8) -> bool {
+/// Whether `kind` is a lifecycle kind of a segment whose layout has
+/// `partition_groups` (version 6) or not (version 5).
+pub(super) fn is_kind(kind: u8, partition_groups: bool) -> bool {
     (KIND_CLOCK..=KIND_ACCEPTED_UNKNOWN).contains(&kind)
+        || (partition_groups && kind == KIND_PARTITION_GROUP)
 }
 
 /// Decodes the payload of a lifecycle record of `kind` (after the header).
@@ -390,6 +416,16 @@ pub(super) fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<LogOp, Corrupt
             let members = d.u32().ok_or_else(short)?;
             let arg = d.i64().ok_or_else(short)?;
             LogOp::Group { kind, members, arg }
+        }
+        KIND_PARTITION_GROUP => {
+            let partition = d.i32().ok_or_else(short)?;
+            let members = d.u32().ok_or_else(short)?;
+            let arg = d.i64().ok_or_else(short)?;
+            LogOp::Group {
+                kind: GroupKind::TruncatePartition { partition },
+                members,
+                arg,
+            }
         }
         KIND_REMOVE => {
             let code = d.u8().ok_or_else(short)?;

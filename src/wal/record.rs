@@ -40,18 +40,21 @@ pub(crate) struct Layout {
     max_packed: usize,
     /// Version 5: the lifecycle records (kinds 6 to 10) exist.
     lifecycle: bool,
+    /// Version 6: a partition's truncation group (kind 11) exists.
+    partition_groups: bool,
     /// Version 5 with the Kafka flag: the transaction records (kinds 16 to
     /// 20) exist.
     kafka: bool,
 }
 
 impl Layout {
-    /// The layout of a segment of `version` (1 to 5).
+    /// The layout of a segment of `version` (1 to 6).
     pub(crate) fn of(version: u16) -> Layout {
         Layout {
             header: if version >= 3 { HEADER } else { HEADER - 4 },
             max_packed: if version < 2 { 1 } else { MAX_PACKED },
             lifecycle: version >= 5,
+            partition_groups: version >= 6,
             kafka: false,
         }
     }
@@ -351,7 +354,7 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, layout: Layout, at: u64) -> Result
         }
         close = true;
         Ops::One(None)
-    } else if layout.lifecycle && op::is_kind(kind) {
+    } else if layout.lifecycle && op::is_kind(kind, layout.partition_groups) {
         if !op::len_ok(kind, len) {
             return Err(Bad::Invalid(Corruption::BadLength(len as u64)));
         }
@@ -433,7 +436,7 @@ pub(crate) fn plausible(bytes: &[u8], layout: Layout) -> bool {
             (layout.min_len()..=layout.max_len().min(MAX_APPEND_LEN)).contains(&len)
         }
         KIND_CLOSE => layout.positioned() && len == layout.header,
-        k if layout.lifecycle && op::is_kind(k) => op::len_ok(k, len),
+        k if layout.lifecycle && op::is_kind(k, layout.partition_groups) => op::len_ok(k, len),
         k if layout.kafka && txn_op::is_kind(k) => txn_op::len_ok(k, len),
         _ => false,
     }

@@ -16,13 +16,17 @@ use crate::fs::read_full;
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATWAL";
 /// The version this crate writes (the newest; it reads [`OLDEST_VERSION`]
-/// on): version 3's framing with the lifecycle records (kinds 6 to 10),
-/// preallocated or not as its header's flags say.
-pub(crate) const VERSION: u16 = 5;
-/// Header flag of version 5: the segment is preallocated, and zeros from
+/// on): version 5 with a partition's truncation group (kind 11).
+pub(crate) const VERSION: u16 = 6;
+/// Version 3's framing with the lifecycle records (kinds 6 to 10),
+/// preallocated or not as its header's flags say (read; a store that opens
+/// one rolls to a version-6 segment before it writes, as for every older
+/// version).
+pub(crate) const LIFECYCLE_VERSION: u16 = 5;
+/// Header flag of versions 5 and 6: the segment is preallocated, and zeros from
 /// the end of its records to the end of the file are its clean end.
 pub(crate) const FLAG_PREALLOCATED: u16 = 1;
-/// Header flag of version 5: the store runs `Semantics::Kafka`; the
+/// Header flag of versions 5 and 6: the store runs `Semantics::Kafka`; the
 /// segment may hold the transaction records (kinds 16 to 20), and a store
 /// opened under the strict rules refuses it (`Error::SemanticsMismatch`). A
 /// strict store's segments have it clear: their bytes are what they were.
@@ -87,10 +91,10 @@ pub(crate) fn header_with(
 ) -> Vec<u8> {
     debug_assert!((APPENDED_VERSION..=VERSION).contains(&version));
     let mut flags = 0;
-    if version == VERSION && preallocated {
+    if version >= LIFECYCLE_VERSION && preallocated {
         flags |= FLAG_PREALLOCATED;
     }
-    if version == VERSION && kafka {
+    if version >= LIFECYCLE_VERSION && kafka {
         flags |= FLAG_KAFKA;
     }
     let mut h = Vec::with_capacity(HEADER_LEN);
@@ -168,7 +172,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
             Corruption::ChecksumMismatch { stored, computed },
         ));
     }
-    let known_flags = if version == VERSION {
+    let known_flags = if version >= LIFECYCLE_VERSION {
         FLAG_PREALLOCATED | FLAG_KAFKA
     } else {
         0
@@ -283,13 +287,30 @@ struct OpenGroup {
 /// Whether `op`, a record inside an open group of `kind`, may be there.
 fn member_ok(kind: GroupKind, op: &LogOp) -> bool {
     use super::op::RemoveReason as R;
+    // A partition's truncation changes that partition only.
+    if let GroupKind::TruncatePartition { partition } = kind {
+        let only = match op {
+            LogOp::Remove { keys, .. } => keys.iter().all(|(_, p)| *p == partition),
+            LogOp::Set { entries } => entries.iter().all(|e| e.partition == partition),
+            LogOp::KafkaPartition { partition: p, .. } => *p == partition,
+            _ => true,
+        };
+        if !only {
+            return false;
+        }
+    }
     match (kind, op) {
-        (GroupKind::Truncate, LogOp::Remove { reason, .. }) => *reason == R::Truncated,
+        (
+            GroupKind::Truncate | GroupKind::TruncatePartition { .. },
+            LogOp::Remove { reason, .. },
+        ) => *reason == R::Truncated,
         (GroupKind::RemovePartition, LogOp::Remove { reason, .. }) => {
             *reason == R::PartitionRemoved
         }
-        (GroupKind::Truncate | GroupKind::Import, LogOp::Set { .. }) => true,
-        (GroupKind::Truncate | GroupKind::Import, LogOp::KafkaPartition { .. }) => true,
+        (
+            GroupKind::Truncate | GroupKind::Import | GroupKind::TruncatePartition { .. },
+            LogOp::Set { .. } | LogOp::KafkaPartition { .. },
+        ) => true,
         _ => false,
     }
 }

@@ -115,6 +115,9 @@ pub struct Model {
     pub next_pos: u64,
     /// The highest offset appended, lowered by truncation (-1: none).
     pub high: i64,
+    /// Each partition's highest offset (`partition_end_offset` - 1), the
+    /// store-wide rule per partition; absent: none.
+    pub ends: HashMap<i32, i64>,
 }
 
 impl Default for Model {
@@ -127,6 +130,7 @@ impl Default for Model {
             history: Vec::new(),
             next_pos: 0,
             high: -1,
+            ends: HashMap::new(),
         }
     }
 }
@@ -180,6 +184,7 @@ impl Model {
             });
             self.next_pos += 1;
             self.high = self.high.max(offset);
+            self.note_end(r.partition, offset);
         }
         Ok(o)
     }
@@ -458,11 +463,27 @@ impl Model {
         for k in &gone {
             self.keys.remove(k);
         }
+        let had_end = self.ends.remove(&partition).is_some();
         if !gone.is_empty() {
             self.history.push(HistOp::Remove(gone.clone()));
             self.next_pos += 2;
+        } else if had_end {
+            // Its end goes too: a group of no member.
+            self.next_pos += 1;
         }
         gone.len()
+    }
+
+    fn note_end(&mut self, partition: i32, offset: i64) {
+        if offset >= 0 {
+            let e = self.ends.entry(partition).or_insert(offset);
+            *e = (*e).max(offset);
+        }
+    }
+
+    /// One past the partition's highest offset (0: none).
+    pub fn partition_end(&self, partition: i32) -> i64 {
+        self.ends.get(&partition).map_or(0, |e| e + 1)
     }
 
     /// `truncate_to(offset)`: the state of the history without the appends
@@ -478,9 +499,45 @@ impl Model {
         if offset == end {
             return Ok(0);
         }
+        self.ends.retain(|_, e| {
+            *e = (*e).min(offset - 1);
+            *e >= 0
+        });
+        self.high = offset - 1;
+        self.rewind(None, offset)
+    }
+
+    /// `truncate_partition_to(partition, offset)`: [`Model::truncate`] for
+    /// the appends and imports of one partition; the others keep theirs.
+    pub fn truncate_partition(
+        &mut self,
+        partition: i32,
+        offset: i64,
+    ) -> Result<usize, TruncateError> {
+        let end = self.partition_end(partition);
+        if offset > end {
+            return Err(TruncateError::AboveEnd { end });
+        }
+        if offset == end {
+            return Ok(0);
+        }
+        if offset > 0 {
+            self.ends.insert(partition, offset - 1);
+        } else {
+            self.ends.remove(&partition);
+        }
+        self.rewind(Some(partition), offset)
+    }
+
+    /// The history without the appends (and imports) at or above `offset`,
+    /// of partition `only` or of all, replayed; returns the keys changed.
+    fn rewind(&mut self, only: Option<i32>, offset: i64) -> Result<usize, TruncateError> {
+        let mine = |p: i32| only.is_none_or(|o| o == p);
         self.history.retain(|op| match op {
-            HistOp::Append { offset: o, .. } => *o < offset,
-            HistOp::Import { high, .. } => *high < offset,
+            HistOp::Append { offset: o, r, .. } => *o < offset || !mine(r.partition),
+            HistOp::Import { high, entries } => {
+                *high < offset || !entries.first().is_some_and(|((_, p), _)| mine(*p))
+            }
             HistOp::Remove(_) => true,
         });
         let mut fresh = Model {
@@ -504,6 +561,13 @@ impl Model {
                 }
             }
         }
+        // Another partition's keys are what they were (its history is).
+        fresh.keys.retain(|(_, p), _| mine(*p));
+        for (k, e) in &self.keys {
+            if !mine(k.1) {
+                fresh.keys.insert(k.clone(), e.clone());
+            }
+        }
         let mut changed = 0;
         let (mut removed, mut set) = (false, false);
         for (k, e) in &self.keys {
@@ -519,7 +583,6 @@ impl Model {
             }
         }
         self.keys = fresh.keys;
-        self.high = offset - 1;
         self.next_pos += 1 + u64::from(removed) + u64::from(set);
         Ok(changed)
     }
@@ -538,6 +601,11 @@ impl Model {
             .unwrap_or(-1);
         for (k, e) in &entries {
             self.keys.insert(k.clone(), e.clone());
+        }
+        if let Some(((_, p), _)) = entries.first()
+            && high >= 0
+        {
+            self.note_end(*p, high);
         }
         self.history.push(HistOp::Import { entries, high });
         self.next_pos += 2;

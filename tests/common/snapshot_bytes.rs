@@ -26,10 +26,10 @@ pub fn snapshot_entries(file: &[u8]) -> Vec<Vec<u8>> {
     }
     let mut out = Vec::new();
     let mut at = 0;
-    // Version 4: where the current block ends, and its entries left.
+    // Version 4 on: where the current block ends, and its entries left.
     let (mut block_end, mut block_left) = (0, 0u32);
     while version >= 2 && at < body.len() {
-        if version == 4 && at == block_end {
+        if version >= 4 && at == block_end {
             // A block: `u16` shard, `u32` entries, `u32` bytes.
             assert_eq!(block_left, 0, "a block's count");
             let shard = u16::from_le_bytes(body[at..at + 2].try_into().unwrap());
@@ -43,7 +43,7 @@ pub fn snapshot_entries(file: &[u8]) -> Vec<Vec<u8>> {
             at += 10;
             block_end = at + len;
         }
-        if version == 4 {
+        if version >= 4 {
             block_left -= 1;
         }
         let start = at;
@@ -55,8 +55,8 @@ pub fn snapshot_entries(file: &[u8]) -> Vec<Vec<u8>> {
             2 + u16::from_le_bytes(body[at + 1..at + 3].try_into().unwrap()) as usize
         };
         at += 4 + 2 + 4; // partition, epoch, last sequence
-        if version == 3 || (version == 4 && shape & 0x80 == 0) {
-            at += 8; // last activity (version 4: unless it is a timestamp)
+        if version == 3 || (version >= 4 && shape & 0x80 == 0) {
+            at += 8; // last activity (version 4 on: unless it is a timestamp)
         }
         if batches > 0 {
             let layout = u16::from_le_bytes(body[at..at + 2].try_into().unwrap());
