@@ -4,7 +4,7 @@
 //! It speaks the Kafka wire protocol through the `kafka-protocol` crate
 //! (ApiVersions, Metadata with topic auto-creation, InitProducerId,
 //! Produce, ListOffsets and Fetch), keeps one log file per partition and
-//! one [`producer_state::ProducerStateStore`] per partition, and is the
+//! one [`producer_state::ProducerStateStore`] for all of them, and is the
 //! reference for `docs/broker.md`: how a broker embeds the crate, the order
 //! of its durable writes and what recovery does when the two logs disagree.
 //! [`partition`] holds the produce path and recovery; [`server`] the
@@ -34,11 +34,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use catalog::Catalog;
+use catalog::{Catalog, CatalogTopic};
 pub use error::{Error, Result};
 pub use limits::Limits;
 use partition::{Partition, partition_dir};
 use pids::ProducerIds;
+use producer_state::{ProducerId, ProducerStateStore};
 
 /// How the broker runs.
 #[derive(Clone, Debug)]
@@ -99,8 +100,11 @@ pub struct Stats {
     /// Batches of partition logs replayed into a producer state that a
     /// crash had left behind its log (when partitions were opened).
     pub batches_replayed: AtomicU64,
-    /// Producer states rebuilt from their whole log (ahead of it, or not
-    /// belonging to it) when partitions were opened.
+    /// Partitions whose producer state was ahead of their log when they
+    /// were opened, and was cut back to it.
+    pub states_truncated: AtomicU64,
+    /// Producer states rebuilt from their whole log (not belonging to it)
+    /// when partitions were opened.
     pub states_rebuilt: AtomicU64,
 }
 
@@ -110,7 +114,7 @@ impl Stats {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
             "batches_appended={} duplicates={} refused={} producer_ids={} connections={} \
-             connections_refused={} batches_replayed={} states_rebuilt={}",
+             connections_refused={} batches_replayed={} states_truncated={} states_rebuilt={}",
             g(&self.batches_appended),
             g(&self.duplicates),
             g(&self.refused),
@@ -118,6 +122,7 @@ impl Stats {
             g(&self.connections),
             g(&self.connections_refused),
             g(&self.batches_replayed),
+            g(&self.states_truncated),
             g(&self.states_rebuilt)
         )
     }
@@ -128,6 +133,8 @@ impl Stats {
 pub struct Broker {
     config: Config,
     topics_dir: PathBuf,
+    /// Every partition's producer state ([`partition`]).
+    state: Arc<ProducerStateStore>,
     topics: RwLock<BTreeMap<String, Arc<Topic>>>,
     /// The durable list of topics; its lock is held while a topic is
     /// created, so creations are one at a time.
@@ -240,15 +247,34 @@ fn topics_in(topics_dir: &Path, max_partitions: usize) -> Result<BTreeMap<String
     Ok(counts)
 }
 
-fn open_topic(topics_dir: &Path, name: &str, count: i32, stats: &Stats) -> Result<(Topic, i64)> {
+/// Opens (or creates) the partitions of topic `name`, whose states are
+/// keys `t.first_key ..` of `state` (`known`: the producers the state knew
+/// of each key when the broker opened).
+fn open_topic(
+    topics_dir: &Path,
+    (name, t): (&str, CatalogTopic),
+    state: &Arc<ProducerStateStore>,
+    known: &std::collections::HashMap<i32, Vec<ProducerId>>,
+    stats: &Stats,
+) -> Result<(Topic, i64)> {
     let mut partitions = Vec::new();
     let mut max_pid = -1;
-    for i in 0..count {
-        let (p, report) = Partition::open(&partition_dir(topics_dir, name, i), name, i)?;
+    for i in 0..t.partitions {
+        let key = t.first_key + i;
+        let ids = known.get(&key).map_or(&[][..], |v| v.as_slice());
+        let (p, report) = Partition::open(
+            &partition_dir(topics_dir, name, i),
+            (name, i, key),
+            state,
+            ids,
+        )?;
         max_pid = max_pid.max(report.max_producer_id);
         stats
             .batches_replayed
             .fetch_add(report.replayed, Ordering::Relaxed);
+        if report.truncated.is_some() {
+            stats.states_truncated.fetch_add(1, Ordering::Relaxed);
+        }
         if report.rebuilt.is_some() {
             stats.states_rebuilt.fetch_add(1, Ordering::Relaxed);
         }
@@ -271,10 +297,35 @@ impl Broker {
         let mut pids = ProducerIds::open(&config.dir)?;
         let mut topics = BTreeMap::new();
         let stats = Stats::default();
-        for (name, &count) in catalog.topics() {
-            let (topic, max_pid) = open_topic(&topics_dir, name, count, &stats)?;
+        let state = Arc::new(partition::open_state(&config.dir)?);
+        let known = partition::known_producers(&state);
+        for (name, &t) in catalog.topics() {
+            let (topic, max_pid) = open_topic(&topics_dir, (name, t), &state, &known, &stats)?;
             pids.at_least_above(max_pid);
             topics.insert(name.clone(), Arc::new(topic));
+        }
+        drop(known);
+        // What the partitions replayed is durable before the per-partition
+        // states of an older broker, which it replaces, go.
+        state.sync().map_err(|source| Error::State {
+            partition: "(all)".into(),
+            source,
+        })?;
+        let mut migrated = 0usize;
+        for (name, t) in catalog.topics() {
+            for i in 0..t.partitions {
+                migrated += usize::from(partition::remove_legacy_state(&partition_dir(
+                    &topics_dir,
+                    name,
+                    i,
+                ))?);
+            }
+        }
+        if migrated > 0 {
+            tracing::info!(
+                partitions = migrated,
+                "removed the per-partition producer states of an older broker (the shared state replaces them)"
+            );
         }
         let open: usize = topics
             .values()
@@ -292,6 +343,7 @@ impl Broker {
             partitions_open: AtomicUsize::new(open),
             config,
             topics_dir,
+            state,
             topics: RwLock::new(topics),
             catalog: Mutex::new(catalog),
             pids: Mutex::new(pids),
@@ -376,9 +428,9 @@ impl Broker {
         if let Some(t) = self.topic(name) {
             return Ok(t);
         }
-        let count = match catalog.topics().get(name) {
+        let entry = match catalog.topics().get(name) {
             // Catalogued by a creation that failed part-way: finish it.
-            Some(&n) => n,
+            Some(&t) => t,
             None => {
                 let n = self.config.partitions;
                 let held = catalog.partitions();
@@ -391,12 +443,23 @@ impl Broker {
                         max,
                     });
                 }
-                catalog.add(name, n)?;
-                n
+                catalog.add(name, n)?
             }
         };
-        let (topic, _) = open_topic(&self.topics_dir, name, count, &self.stats)?;
-        tracing::info!(topic = name, partitions = count, "created topic");
+        let none = std::collections::HashMap::new();
+        let (topic, _) = open_topic(
+            &self.topics_dir,
+            (name, entry),
+            &self.state,
+            &none,
+            &self.stats,
+        )?;
+        tracing::info!(
+            topic = name,
+            partitions = entry.partitions,
+            first_key = entry.first_key,
+            "created topic"
+        );
         self.partitions_open
             .fetch_add(topic.partitions.len(), Ordering::Relaxed);
         let topic = Arc::new(topic);
@@ -413,7 +476,7 @@ impl Broker {
     /// `producer-state`, and the fsyncs its stores did in the background).
     pub fn timing_summary(&self) -> String {
         let (mut batches, mut state, mut log, mut total) = (0u64, 0u64, 0u64, 0u64);
-        let mut state_fsyncs = 0u64;
+        let state_fsyncs = self.state.stats().log_fsyncs;
         for (_, t) in self.topics() {
             for p in &t.partitions {
                 let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -422,7 +485,6 @@ impl Broker {
                 state += g(&tm.state_ns);
                 log += g(&tm.log_ns);
                 total += g(&tm.total_ns);
-                state_fsyncs += p.state_fsyncs();
             }
         }
         format!(
@@ -450,23 +512,25 @@ impl Broker {
         Ok(id)
     }
 
-    /// Closes every partition's producer state. Partitions still shared
-    /// (a request in flight) are closed when their last user drops them.
+    /// The producer state every partition shares.
+    pub fn state(&self) -> &ProducerStateStore {
+        &self.state
+    }
+
+    /// Closes the producer state (durable, a clean shutdown marked) once
+    /// no partition shares it any more; a request still in flight holding
+    /// a partition leaves it to be closed when the last user drops it.
     pub fn close(self) -> Result<()> {
-        let topics = self.topics.into_inner().unwrap_or_else(|p| p.into_inner());
-        let mut first_err = None;
-        for (_, topic) in topics {
-            let Ok(topic) = Arc::try_unwrap(topic) else {
-                continue;
-            };
-            for p in topic.partitions {
-                if let Ok(p) = Arc::try_unwrap(p)
-                    && let Err(e) = p.close()
-                {
-                    first_err.get_or_insert(e);
-                }
-            }
+        drop(self.topics.into_inner().unwrap_or_else(|p| p.into_inner()));
+        match Arc::try_unwrap(self.state) {
+            Ok(store) => store.close().map_err(|source| Error::State {
+                partition: "(all)".into(),
+                source,
+            }),
+            Err(shared) => shared.sync().map_err(|source| Error::State {
+                partition: "(all)".into(),
+                source,
+            }),
         }
-        first_err.map_or(Ok(()), Err)
     }
 }

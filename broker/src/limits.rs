@@ -84,11 +84,13 @@ impl Default for Limits {
     }
 }
 
-/// Descriptors a partition holds open: its log, and its store's segment,
-/// directory and lock, and the segment's second handle for fsyncs.
-pub const FDS_PER_PARTITION: u64 = 5;
+/// Descriptors a partition holds open: its log (its producer state is
+/// the shared store's, whose descriptors are among [`RESERVED_FDS`]).
+pub const FDS_PER_PARTITION: u64 = 1;
 /// Descriptors kept free beyond the partitions': the listener, the
-/// runtime, logging, files opened for a moment (snapshots, the catalog,
+/// runtime, logging, the shared producer state (its segment, the
+/// segment's second handle for fsyncs, its directory and lock), the
+/// coordinators' logs, files opened for a moment (snapshots, the catalog,
 /// producer ids) and a few partitions being created.
 pub const RESERVED_FDS: u64 = 64;
 
@@ -132,7 +134,7 @@ mod tests {
         let sample = "Limit                     Soft Limit           Hard Limit           Units     \n\
                       Max open files            256                  524288               files     \n";
         assert_eq!(parse_open_file_limit(sample), Some(256));
-        assert_eq!(connection_room(1000, 256, 10), 256 - 64 - 50);
+        assert_eq!(connection_room(1000, 256, 10), 256 - 64 - 10);
         assert_eq!(connection_room(100, 256, 10), 100);
         assert_eq!(connection_room(1000, 256, 1000), 0);
         assert_eq!(parse_open_file_limit("nothing"), None);

@@ -1,17 +1,23 @@
 //! One partition: its log, its producer state, and the produce path that
 //! keeps the two in agreement.
 //!
-//! # One store per partition
+//! # One store for every partition
 //!
-//! Each partition has its own [`ProducerStateStore`] in `state/` beside its
-//! log. The log and the state that must agree with it live and recover
-//! together: recovery compares one log with one store, and rebuilding a
-//! store reads only its own partition's log. One store for all partitions
-//! (keyed by a global partition number) would share fsyncs across
-//! partitions, but a torn tail in any partition's log would then force
-//! rebuilding the state of every partition from every log. The cost is two
-//! threads per partition (the store's flusher and snapshot threads), fine
-//! for the tens of partitions this broker serves.
+//! Every partition's producer state lives in one [`ProducerStateStore`],
+//! `DIR/state/`, shared by the whole data directory: the partition with
+//! catalog key `k` ([`crate::catalog`]) is the store's partition `k`. A
+//! partition costs its log file and an entry in the store's maps, and no
+//! thread, buffer or preallocated segment of its own: the store's flusher
+//! and snapshot threads, and its log's fsyncs, serve all partitions. (Up
+//! to this version each partition had a store of its own: 64 MiB of
+//! preallocated log and three to four threads each, which bounded the
+//! broker to tens of partitions.)
+//!
+//! What one store for many logs needs from the store is that each
+//! partition can be followed on its own: where its state ends
+//! ([`ProducerStateStore::partition_end_offset`]) and how to take it back
+//! when its log is cut ([`ProducerStateStore::truncate_partition_to`]),
+//! while the other partitions keep theirs.
 //!
 //! # The produce path and the order of durable writes
 //!
@@ -47,32 +53,42 @@
 //! # Recovery: the state brought exactly to the log
 //!
 //! Both are prefixes of one history (the accepted batches in log order), so
-//! after a crash the state is either *behind* the log (its newest records
-//! were not yet on disk: the common case) or *ahead* of it (its records
-//! were flushed, the log's write was not done). On open:
+//! after a crash a partition's state is either *behind* its log (its newest
+//! records were not yet on disk: the common case) or *ahead* of it (its
+//! records were flushed, the log's write was not done). On open:
 //!
-//! - *behind*: every idempotent batch of the log past the state's newest
-//!   offset is appended to the state again, in order, each of which must be
+//! - *behind*: every idempotent batch of the log past the partition's end
+//!   in the state ([`ProducerStateStore::partition_end_offset`]) is
+//!   appended to the state again, in order, each of which must be
 //!   `ACCEPTED` (anything else means the state is not a prefix of this log,
 //!   and it is rebuilt). O(batches behind), read through the log's index;
 //! - then the agreement check: the newest batch each producer has in the
 //!   log must be exactly what the state holds as that producer's newest
 //!   (epoch, last sequence, offset), the state must know no producer the
-//!   log lacks and no batch at or past the log's end;
-//! - *ahead*, or any other disagreement (a state directory replaced, say):
-//!   the state is rebuilt from the whole log. A state left ahead would
-//!   answer the client's retry of the lost batch with `DUPLICATE` and an
-//!   offset the log never had, losing an acknowledged message.
+//!   log lacks (one the state expired itself is fine: the log still has
+//!   its batches) and no batch at or past the log's end. O(the partition's
+//!   producers);
+//! - *ahead*: the partition's state is cut back to the log's end with
+//!   [`ProducerStateStore::truncate_partition_to`], which reads a snapshot
+//!   and the store's log after it, not this partition's whole log. A state
+//!   left ahead would answer the client's retry of the lost batch with
+//!   `DUPLICATE` and an offset the log never had, losing an acknowledged
+//!   message;
+//! - any other disagreement (a state directory replaced, say), or a
+//!   truncation that cannot reach back (`TruncateBelowHistory`): the
+//!   partition's state is removed ([`ProducerStateStore::remove_partition`],
+//!   one logged group) and rebuilt from its whole log, O(log). A crash in
+//!   the middle leaves it behind or as it was, and the next open goes on.
 //!
 //! A write or fsync failure of either file poisons the partition: it answers
 //! `KAFKA_STORAGE_ERROR` until the broker restarts and recovery makes the
 //! two agree again (a failed fsync is never retried).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kafka_protocol::ResponseError;
@@ -87,9 +103,9 @@ use crate::plog::{PartitionLog, ReadRange, sync_dir};
 
 /// The log's file name inside the partition directory.
 pub const LOG_FILE: &str = "00000000000000000000.log";
-const STATE: &str = "state";
-const STATE_REBUILD: &str = "state.rebuild";
-const STATE_OLD: &str = "state.old";
+/// What a partition directory held when each partition had a store of its
+/// own: removed once the shared store has caught up with the log.
+const LEGACY_STATE: [&str; 3] = ["state", "state.rebuild", "state.old"];
 
 /// What a produce of one batch came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,14 +150,15 @@ impl LastBatch {
 
 struct Inner {
     log: PartitionLog,
-    store: ProducerStateStore,
     failed: Option<String>,
 }
 
 /// One partition of a topic.
 pub struct Partition {
     name: String,
-    index: i32,
+    /// The partition's key in the shared store ([`crate::catalog`]).
+    key: i32,
+    store: Arc<ProducerStateStore>,
     inner: Mutex<Inner>,
     timings: Timings,
 }
@@ -184,65 +201,70 @@ pub struct OpenReport {
     pub torn_bytes: u64,
     /// Batches of the log appended to a state that was behind it.
     pub replayed: u64,
+    /// Why the producer state was cut back to the log's end (it was ahead
+    /// of it), if it was.
+    pub truncated: Option<String>,
     /// Why the producer state was rebuilt from the log, if it was.
     pub rebuilt: Option<String>,
     /// The highest producer id in the log (-1: none).
     pub max_producer_id: i64,
 }
 
-/// The producer state runs Kafka's rules (`Semantics::Kafka`): Kafka's
-/// verdicts, transactions, markers and the last stable offset.
-fn state_options() -> StoreOptions {
+/// The options of the shared producer state: Kafka's rules
+/// (`Semantics::Kafka`: Kafka's verdicts, transactions, markers and the
+/// last stable offset), fsync'ed in the background ([`STATE_FSYNC_INTERVAL`]).
+pub fn state_options() -> StoreOptions {
     StoreOptions::default()
         .fsync(FsyncPolicy::Interval(STATE_FSYNC_INTERVAL))
         .semantics(Semantics::Kafka)
 }
 
-fn remove_dir_if_exists(dir: &Path) -> Result<()> {
-    match fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io("remove", dir, e)),
-    }
-}
-
-/// Finishes or undoes a state swap interrupted by a crash (see [`rebuild`]).
-fn settle_state_dirs(dir: &Path) -> Result<()> {
-    // An unfinished rebuild: derived data, made again if needed.
-    remove_dir_if_exists(&dir.join(STATE_REBUILD))?;
-    let state = dir.join(STATE);
-    let old = dir.join(STATE_OLD);
-    if old.exists() {
-        if state.exists() {
-            // The swap completed; the old state is no longer needed.
-            remove_dir_if_exists(&old)?;
-        } else {
-            // Crashed between the two renames: put the old state back; the
-            // agreement check below finds it ahead again and rebuilds.
-            fs::rename(&old, &state).map_err(|e| Error::io("rename", &old, e))?;
+/// Opens the data directory's shared producer state (`DIR/state`). A
+/// state written under the strict rules (a broker before Kafka mode) is
+/// derived data: it is moved aside to `state.strict-<millis>` and every
+/// partition replays its log into a new one.
+pub fn open_state(dir: &Path) -> Result<ProducerStateStore> {
+    let path = dir.join("state");
+    let state_err = |source| Error::State {
+        partition: "(all)".into(),
+        source,
+    };
+    match ProducerStateStore::open_with(&path, state_options()) {
+        Err(producer_state::Error::SemanticsMismatch { .. }) => {
+            let aside = dir.join(format!("state.strict-{}", crate::now_ms()));
+            tracing::warn!(from = %path.display(), to = %aside.display(), "the producer state was written under other rules; moved aside, the partition logs are replayed");
+            fs::rename(&path, &aside).map_err(|e| Error::io("rename", &path, e))?;
+            sync_dir(dir)?;
+            ProducerStateStore::open_with(&path, state_options()).map_err(state_err)
         }
-        sync_dir(dir)?;
+        other => other.map_err(state_err),
     }
-    Ok(())
 }
 
-/// The offset of the newest batch or marker the state knows (-1: none).
-fn state_end(store: &ProducerStateStore) -> i64 {
-    store.end_offset() - 1
+/// The producers the shared state knows, by partition key: read once when
+/// the broker opens, so each partition's agreement check costs its own
+/// producers, not the store's.
+pub fn known_producers(store: &ProducerStateStore) -> HashMap<i32, Vec<ProducerId>> {
+    let mut out: HashMap<i32, Vec<ProducerId>> = HashMap::new();
+    for (id, p, _) in store.iter() {
+        out.entry(p).or_default().push(id);
+    }
+    out
 }
 
 /// Applies a batch read back from the partition log (`h`, its bytes
-/// `bytes`) to `store`, at the offset the log gave it, as Kafka's log
-/// recovery does (the replication origin: what the log holds was accepted
-/// once): a data batch with its transactional flag, a control batch as its
-/// COMMIT or ABORT marker. `None` for a batch that carries no producer
-/// state (not idempotent, or a control batch of another kind).
+/// `bytes`) to `store` as partition `key`, at the offset the log gave it,
+/// as Kafka's log recovery does (the replication origin: what the log
+/// holds was accepted once): a data batch with its transactional flag, a
+/// control batch as its COMMIT or ABORT marker. `None` for a batch that
+/// carries no producer state (not idempotent, or a control batch of
+/// another kind).
 fn append_logged(
     store: &ProducerStateStore,
     h: &BatchHeader,
     bytes: &[u8],
     name: &str,
-    index: i32,
+    key: i32,
 ) -> Result<Option<std::result::Result<(), String>>> {
     if !h.is_idempotent() {
         return Ok(None);
@@ -262,7 +284,7 @@ fn append_logged(
         let outcome = store
             .append_marker(
                 producer_id,
-                index,
+                key,
                 h.producer_epoch,
                 marker,
                 Origin::Replication,
@@ -281,7 +303,7 @@ fn append_logged(
     let outcome = store
         .append_with(
             producer_id,
-            index,
+            key,
             h.producer_epoch,
             to_batch(h, h.base_offset),
             options,
@@ -311,7 +333,7 @@ fn replay(
     log: &PartitionLog,
     after: i64,
     name: &str,
-    index: i32,
+    key: i32,
 ) -> Result<std::result::Result<u64, String>> {
     let mut n = 0u64;
     let mut refused = None;
@@ -319,7 +341,7 @@ fn replay(
         if refused.is_some() {
             return Ok(());
         }
-        match append_logged(store, h, bytes, name, index)? {
+        match append_logged(store, h, bytes, name, key)? {
             None => {}
             Some(Ok(())) => n += 1,
             Some(Err(outcome)) => {
@@ -334,26 +356,41 @@ fn replay(
     Ok(refused.map_or(Ok(n), Err))
 }
 
-/// Why the store and the log disagree, or `None` if they agree: every
-/// producer the state knows must be at the log's newest epoch for it, with
-/// the log's newest data batch as its newest cached batch (or, with none
-/// cached, an epoch the marker that bumped it set), and nothing at or past
-/// the log's end; a producer of the log the state does not know must be
-/// one the state removed itself (expired: `was_removed`).
+/// Why the partition's state and its log disagree, or `None` if they
+/// agree: every producer the state knows (`known`, and those of the log)
+/// must be at the log's newest epoch for it, with the log's newest data
+/// batch as its newest cached batch (or, with none cached, an epoch the
+/// marker that bumped it set), and nothing at or past the log's end; a
+/// producer of the log the state does not know must be one the state
+/// removed itself (expired: `was_removed`).
 fn disagreement(
     store: &ProducerStateStore,
-    index: i32,
+    key: i32,
+    known: &[ProducerId],
     log_last: &HashMap<i64, LastBatch>,
     log_end: i64,
 ) -> Option<String> {
-    let mut known = std::collections::HashSet::new();
-    for (id, st) in store.kafka_producers(index) {
-        let Some(pid) = id.as_numeric().and_then(|p| i64::try_from(p).ok()) else {
-            return Some(format!(
-                "the state holds producer {id}, which no Kafka client has"
-            ));
+    let mut ids: BTreeSet<i64> = log_last.keys().copied().collect();
+    for id in known {
+        match id.as_numeric().and_then(|p| i64::try_from(p).ok()) {
+            Some(pid) => ids.insert(pid),
+            None => {
+                return Some(format!(
+                    "the state holds producer {id}, which no Kafka client has"
+                ));
+            }
         };
-        known.insert(pid);
+    }
+    for pid in ids {
+        let Ok(id) = u64::try_from(pid) else { continue };
+        let Some(st) = store.kafka_state(id, key) else {
+            if log_last.contains_key(&pid) && !store.was_removed(id, key) {
+                return Some(format!(
+                    "the log has producer {pid}, which the state does not know and did not expire"
+                ));
+            }
+            continue;
+        };
         let newest = st
             .batches
             .last()
@@ -381,39 +418,26 @@ fn disagreement(
             ));
         }
     }
-    log_last
-        .keys()
-        .find(|pid| {
-            !known.contains(pid)
-                && !u64::try_from(**pid)
-                    .is_ok_and(|p| store.was_removed(ProducerId::numeric(p), index))
-        })
-        .map(|pid| {
-            format!("the log has producer {pid}, which the state does not know and did not expire")
-        })
+    None
 }
 
 fn to_batch(h: &BatchHeader, offset: i64) -> Batch {
     Batch::new(h.base_sequence, h.last_sequence(), offset, h.max_timestamp)
 }
 
-/// Rebuilds the producer state from the log's batches: appends every
-/// batch of the log, in order, to a fresh store in `state.rebuild`, makes it
-/// durable, then swaps it in: rename `state` to `state.old`, rename
-/// `state.rebuild` to `state`, remove `state.old` (each step fsync'ed; a
-/// crash anywhere in between is settled by [`settle_state_dirs`]). O(log).
-fn rebuild(dir: &Path, log_path: &Path, name: &str, index: i32) -> Result<()> {
-    let tmp = dir.join(STATE_REBUILD);
-    remove_dir_if_exists(&tmp)?;
+/// Rebuilds the partition's state from its whole log: the partition is
+/// removed from the shared state (one logged group), then every batch of
+/// the log is appended, in order. A crash part-way leaves the state as it
+/// was (the removal not durable) or behind the log, and the next open
+/// rebuilds again or catches up. O(log).
+fn rebuild(store: &ProducerStateStore, log_path: &Path, name: &str, key: i32) -> Result<()> {
     let state_err = |source| Error::State {
         partition: name.to_string(),
         source,
     };
-    // Buffered: the rebuild is made durable once, by close, before the swap.
-    let store = ProducerStateStore::open_with(&tmp, state_options().fsync(FsyncPolicy::Never))
-        .map_err(state_err)?;
+    store.remove_partition(key).map_err(state_err)?;
     PartitionLog::for_each_batch(log_path, |h, bytes| {
-        match append_logged(&store, h, bytes, name, index)? {
+        match append_logged(store, h, bytes, name, key)? {
             None | Some(Ok(())) => Ok(()),
             Some(Err(outcome)) => Err(Error::Rebuild {
                 partition: name.to_string(),
@@ -421,26 +445,39 @@ fn rebuild(dir: &Path, log_path: &Path, name: &str, index: i32) -> Result<()> {
                 outcome,
             }),
         }
-    })?;
-    store.close().map_err(state_err)?;
-    sync_dir(&tmp)?;
-    sync_dir(dir)?;
-    let state = dir.join(STATE);
-    let old = dir.join(STATE_OLD);
-    if state.exists() {
-        fs::rename(&state, &old).map_err(|e| Error::io("rename", &state, e))?;
+    })
+}
+
+/// Removes the per-partition state directories a broker before the shared
+/// state left in `dir` (derived data: the shared state has caught up with
+/// the log when this runs, and is made durable first by the caller).
+pub fn remove_legacy_state(dir: &Path) -> Result<bool> {
+    let mut removed = false;
+    for name in LEGACY_STATE {
+        let path = dir.join(name);
+        match fs::remove_dir_all(&path) {
+            Ok(()) => removed = true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("remove", &path, e)),
+        }
+    }
+    if removed {
         sync_dir(dir)?;
     }
-    fs::rename(&tmp, &state).map_err(|e| Error::io("rename", &tmp, e))?;
-    sync_dir(dir)?;
-    remove_dir_if_exists(&old)?;
-    sync_dir(dir)
+    Ok(removed)
 }
 
 impl Partition {
-    /// Opens partition `index` of `topic` in `dir` (created if missing):
-    /// recovers the log, then makes the producer state agree with it.
-    pub fn open(dir: &Path, topic: &str, index: i32) -> Result<(Partition, OpenReport)> {
+    /// Opens partition `index` of `topic` in `dir` (created if missing),
+    /// whose state is partition `key` of the shared `store` (`known`: the
+    /// producers the store knew of it when the broker opened): recovers the
+    /// log, then makes the partition's state agree with it.
+    pub fn open(
+        dir: &Path,
+        (topic, index, key): (&str, i32, i32),
+        store: &Arc<ProducerStateStore>,
+        known: &[ProducerId],
+    ) -> Result<(Partition, OpenReport)> {
         let name = format!("{topic}-{index}");
         if !dir.exists() {
             fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
@@ -468,77 +505,79 @@ impl Partition {
             );
             report.torn_bytes = t.bytes;
         }
-        settle_state_dirs(dir)?;
         let state_err = |source| Error::State {
             partition: name.clone(),
             source,
         };
-        let open_state =
-            || ProducerStateStore::open_with(dir.join(STATE), state_options()).map_err(state_err);
-        let mut store = match ProducerStateStore::open_with(dir.join(STATE), state_options()) {
-            Ok(s) => s,
-            // A state written under the seed rules (before the broker ran
-            // Kafka's): derived data, made again from the log.
-            Err(producer_state::Error::SemanticsMismatch { .. }) => {
-                tracing::warn!(partition = %name, "the producer state was written under other rules; rebuilding it from the partition log");
-                rebuild(dir, &log_path, &name, index)?;
-                report.rebuilt = Some("the state was written under the seed rules".into());
-                open_state()?
-            }
-            Err(e) => return Err(state_err(e)),
-        };
-        if let Some(torn) = store.recovery_report().torn_tail.as_ref() {
-            tracing::warn!(partition = %name, ?torn, "the producer state's log had a torn tail");
-        }
         // Behind: catch up with the log. Nothing to replay when the state
-        // agrees or is ahead (its newest offset is then the log's newest
-        // idempotent batch, or past the log's end).
-        let end = state_end(&store);
-        let replayed = replay(&store, &log, end, &name, index)?;
-        let refused = match replayed {
+        // agrees or is ahead (its end is then past the log's newest
+        // batch, or past the log's end).
+        let end = store.partition_end_offset(key) - 1;
+        let refused = match replay(store, &log, end, &name, key)? {
             Ok(n) => {
                 if n > 0 {
-                    tracing::info!(partition = %name, batches = n, after = end, "replayed the partition log into the producer state, which was behind it");
+                    tracing::debug!(partition = %name, batches = n, after = end, "replayed the partition log into the producer state, which was behind it");
                 }
                 report.replayed = n;
                 None
             }
             Err(why) => Some(why),
         };
-        if let Some(why) =
-            refused.or_else(|| disagreement(&store, index, &log_last, log.next_offset()))
+        let log_end = log.next_offset();
+        let mut why = refused.or_else(|| disagreement(store, key, known, &log_last, log_end));
+        // Ahead: cut the partition's state back to the log's end.
+        if let Some(w) = &why
+            && store.partition_end_offset(key) > log_end
         {
-            // truncate_to: once `ProducerStateStore::truncate_to(offset)`
-            // exists, the state-ahead case becomes
-            // `store.truncate_to(log.next_offset())` here, O(state) instead
-            // of this O(log) rebuild; keep the rebuild for the other
-            // disagreements (a state directory replaced, a replay refused).
+            match store.truncate_partition_to(key, log_end) {
+                Ok(()) => {
+                    let now: Vec<ProducerId> = store
+                        .kafka_producers(key)
+                        .into_iter()
+                        .map(|(id, _)| id)
+                        .collect();
+                    match disagreement(store, key, &now, &log_last, log_end) {
+                        None => {
+                            tracing::warn!(partition = %name, reason = %w, to = log_end, "the producer state was ahead of the partition log; truncated it to the log's end");
+                            report.truncated = Some(w.clone());
+                            why = None;
+                        }
+                        Some(still) => why = Some(format!("{w}; truncated to {log_end}: {still}")),
+                    }
+                }
+                Err(producer_state::Error::TruncateBelowHistory { lowest, .. }) => {
+                    why = Some(format!("{w}; truncation reaches back to {lowest} only"));
+                }
+                Err(e) => return Err(state_err(e)),
+            }
+        }
+        if let Some(why) = why {
             tracing::warn!(partition = %name, reason = %why, "rebuilding the producer state from the partition log");
-            store.close().map_err(state_err)?;
-            rebuild(dir, &log_path, &name, index)?;
-            store = open_state()?;
-            if let Some(still) = disagreement(&store, index, &log_last, log.next_offset()) {
+            rebuild(store, &log_path, &name, key)?;
+            let now: Vec<ProducerId> = store
+                .kafka_producers(key)
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect();
+            if let Some(still) = disagreement(store, key, &now, &log_last, log_end) {
                 return Err(Error::Rebuild {
                     partition: name,
-                    offset: log.next_offset(),
+                    offset: log_end,
                     outcome: format!("a rebuilt state that still disagrees: {still}"),
                 });
             }
             report.rebuilt = Some(why);
         }
-        tracing::info!(
-            partition = %name, next_offset = log.next_offset(), producers = log_last.len(),
+        tracing::debug!(
+            partition = %name, next_offset = log_end, producers = log_last.len(),
             "partition open"
         );
         Ok((
             Partition {
                 name,
-                index,
-                inner: Mutex::new(Inner {
-                    log,
-                    store,
-                    failed: None,
-                }),
+                key,
+                store: store.clone(),
+                inner: Mutex::new(Inner { log, failed: None }),
                 timings: Timings::default(),
             },
             report,
@@ -597,10 +636,9 @@ impl Partition {
         &self.timings
     }
 
-    /// fsyncs of the producer state's log since the partition was opened
-    /// (on the store's own thread, off the produce path).
-    pub fn state_fsyncs(&self) -> u64 {
-        self.lock().store.stats().log_fsyncs
+    /// The partition's key in the shared producer state.
+    pub fn key(&self) -> i32 {
+        self.key
     }
 
     fn produce_timed(
@@ -676,9 +714,9 @@ impl Partition {
                     None => {}
                 }
             }
-            let outcome = inner.store.append_with(
+            let outcome = self.store.append_with(
                 producer_id,
-                self.index,
+                self.key,
                 h.producer_epoch,
                 to_batch(&h, offset),
                 options,
@@ -773,7 +811,7 @@ impl Partition {
         if offset < 0 || offset > hw {
             return Err(ResponseError::OffsetOutOfRange.code());
         }
-        let lso = inner.store.last_stable_offset(self.index, hw);
+        let lso = self.store.last_stable_offset(self.key, hw);
         let upto = if read_committed { lso } else { hw };
         Ok((
             inner.log.plan(offset, max_bytes, at_least_one, upto),
@@ -786,19 +824,18 @@ impl Partition {
     /// transaction, or the high watermark.
     pub fn last_stable_offset(&self) -> i64 {
         let inner = self.lock();
-        inner
-            .store
-            .last_stable_offset(self.index, inner.log.next_offset())
+        self.store
+            .last_stable_offset(self.key, inner.log.next_offset())
     }
 
     /// The aborted transactions a `read_committed` reader of offsets
     /// `from..upto` must skip: (producer id, first offset), those whose
     /// ABORT marker is at or after `from` and that began before `upto`.
     pub fn aborted_between(&self, from: i64, upto: i64) -> Vec<(i64, i64)> {
-        let inner = self.lock();
-        inner
-            .store
-            .aborted_transactions(self.index)
+        // Under the partition's lock: no marker is written meanwhile.
+        let _inner = self.lock();
+        self.store
+            .aborted_transactions(self.key)
             .into_iter()
             .filter(|a| a.last_offset >= from && a.first_offset < upto)
             .filter_map(|a| {
@@ -829,9 +866,9 @@ impl Partition {
         let pid = ProducerId::try_from(producer_id)
             .map_err(|_| format!("producer id {producer_id} is negative"))?;
         let offset = inner.log.next_offset();
-        let outcome = inner.store.append_marker(
+        let outcome = self.store.append_marker(
             pid,
-            self.index,
+            self.key,
             epoch,
             marker_at(marker, offset, timestamp),
             Origin::Coordinator,
@@ -879,15 +916,6 @@ impl Partition {
             ts => inner.log.offset_for_timestamp(ts).unwrap_or((-1, -1)),
         }
     }
-
-    /// Closes the producer state (makes it durable, releases its lock).
-    pub fn close(self) -> Result<()> {
-        let inner = self.inner.into_inner().unwrap_or_else(|p| p.into_inner());
-        inner.store.close().map_err(|source| Error::State {
-            partition: self.name,
-            source,
-        })
-    }
 }
 
 /// The directory of partition `index` of `topic` under `topics_dir`.
@@ -915,8 +943,30 @@ mod tests {
         b
     }
 
+    /// The shared state of the data directory holding partition `dir`.
+    fn state_dir(dir: &Path) -> PathBuf {
+        dir.parent().unwrap().join("state")
+    }
+
+    /// Opens partition `dir` as key `key` of its data directory's state.
+    fn open_key(dir: &Path, key: i32) -> (Partition, OpenReport) {
+        let store = Arc::new(open_state(dir.parent().unwrap()).unwrap());
+        let known = known_producers(&store);
+        let ids = known.get(&key).cloned().unwrap_or_default();
+        Partition::open(dir, ("t", key, key), &store, &ids).unwrap()
+    }
+
     fn open(dir: &Path) -> (Partition, OpenReport) {
-        Partition::open(dir, "t", 0).unwrap()
+        open_key(dir, 0)
+    }
+
+    /// Drops the partitions and closes their shared state.
+    fn close(ps: impl IntoIterator<Item = Partition>) {
+        let mut store = None;
+        for p in ps {
+            store = Some(p.store.clone());
+        }
+        Arc::try_unwrap(store.unwrap()).unwrap().close().unwrap();
     }
 
     #[test]
@@ -932,8 +982,8 @@ mod tests {
             p.produce(&mut batch(7, 0, 2, 3)),
             Produced::Appended { base_offset: 2 }
         );
-        p.close().unwrap();
-        fs::remove_dir_all(dir.join(STATE)).unwrap();
+        close([p]);
+        fs::remove_dir_all(state_dir(&dir)).unwrap();
 
         let (p, report) = open(&dir);
         // A fresh state is behind the log by all of it.
@@ -949,7 +999,7 @@ mod tests {
             p.produce(&mut batch(7, 0, 5, 1)),
             Produced::Appended { base_offset: 5 }
         );
-        p.close().unwrap();
+        close([p]);
     }
 
     fn copy_dir(from: &Path, to: &Path) {
@@ -966,8 +1016,8 @@ mod tests {
 
     /// Replaces the partition's state with `saved` (a copy taken earlier).
     fn restore_state(dir: &Path, saved: &Path) {
-        fs::remove_dir_all(dir.join(STATE)).unwrap();
-        copy_dir(saved, &dir.join(STATE));
+        fs::remove_dir_all(state_dir(dir)).unwrap();
+        copy_dir(saved, &state_dir(dir));
     }
 
     #[test]
@@ -980,8 +1030,8 @@ mod tests {
             p.produce(&mut batch(7, 0, 0, 2)),
             Produced::Appended { base_offset: 0 }
         );
-        p.close().unwrap();
-        copy_dir(&dir.join(STATE), &saved);
+        close([p]);
+        copy_dir(&state_dir(&dir), &saved);
         let (p, _) = open(&dir);
         assert_eq!(
             p.produce(&mut batch(7, 0, 2, 3)),
@@ -995,7 +1045,7 @@ mod tests {
             p.produce(&mut batch(8, 0, 0, 1)),
             Produced::Appended { base_offset: 6 }
         );
-        p.close().unwrap();
+        close([p]);
         // What a crash leaves when the state's last records were not yet
         // on disk (FsyncPolicy::Interval): a state that knows only b0.
         restore_state(&dir, &saved);
@@ -1021,28 +1071,28 @@ mod tests {
             p.produce(&mut batch(7, 0, 5, 1)),
             Produced::Appended { base_offset: 7 }
         );
-        p.close().unwrap();
+        close([p]);
         // The replayed state is the store's own now: it agrees on reopening.
         let (p, report) = open(&dir);
         assert_eq!((report.replayed, &report.rebuilt), (0, &None));
-        p.close().unwrap();
+        close([p]);
     }
 
     #[test]
     fn a_state_of_another_history_is_rebuilt_from_the_log() {
         let tmp = tempfile::tempdir().unwrap();
-        let other = tmp.path().join("t-1");
-        let dir = tmp.path().join("t-0");
+        let other = tmp.path().join("a").join("t-0");
+        let dir = tmp.path().join("b").join("t-0");
         let saved = tmp.path().join("saved");
-        // Another history: producer 9 at offset 0.
+        // Another history: producer 9 at offset 0 (another data directory).
         let (p, _) = open(&other);
         p.produce(&mut batch(9, 0, 0, 1));
-        p.close().unwrap();
-        copy_dir(&other.join(STATE), &saved);
+        close([p]);
+        copy_dir(&state_dir(&other), &saved);
         let (p, _) = open(&dir);
         p.produce(&mut batch(7, 0, 0, 1));
         p.produce(&mut batch(7, 0, 1, 1));
-        p.close().unwrap();
+        close([p]);
         restore_state(&dir, &saved);
 
         // Past the foreign state's offset 0 the log holds producer 7's
@@ -1064,7 +1114,62 @@ mod tests {
             Produced::Appended { base_offset: 2 },
             "producer 9 is not in this log"
         );
-        p.close().unwrap();
+        close([p]);
+    }
+
+    /// A state ahead of its log (its record flushed, the log's write lost)
+    /// is cut back to the log's end, that partition's alone: the other
+    /// partition of the same state keeps its producers, and nothing is
+    /// rebuilt.
+    #[test]
+    fn a_state_ahead_of_its_log_is_truncated_to_it_and_the_others_stay() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t-0");
+        let next = tmp.path().join("t-1");
+        let (p, _) = open_key(&dir, 0);
+        let q = Partition::open(&next, ("t", 1, 1), &p.store, &[])
+            .unwrap()
+            .0;
+        for seq in 0..3 {
+            p.produce(&mut batch(7, 0, seq, 1));
+            q.produce(&mut batch(8, 0, seq, 1));
+        }
+        let cut = p.lock().log.plan(2, usize::MAX, true, 3).unwrap().pos;
+        close([p, q]);
+        // The log loses its last batch (offset 2); the state has it.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(LOG_FILE))
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        let store = Arc::new(open_state(tmp.path()).unwrap());
+        let known = known_producers(&store);
+        assert_eq!(store.partition_end_offset(0), 3, "ahead of the log's 2");
+        let (p, report) =
+            Partition::open(&dir, ("t", 0, 0), &store, known.get(&0).unwrap()).unwrap();
+        let (q, other) =
+            Partition::open(&next, ("t", 1, 1), &store, known.get(&1).unwrap()).unwrap();
+        let why = report.truncated.clone().expect("truncated");
+        assert!(why.contains("ahead"), "{why}");
+        assert_eq!(
+            (&report.rebuilt, &other.truncated, &other.rebuilt),
+            (&None, &None, &None)
+        );
+        assert_eq!(store.partition_end_offset(0), 2);
+        assert_eq!(store.partition_end_offset(1), 3);
+        // The client's retry of the lost batch is written again, not
+        // answered as a duplicate at an offset the log never had.
+        assert_eq!(
+            p.produce(&mut batch(7, 0, 2, 1)),
+            Produced::Appended { base_offset: 2 }
+        );
+        assert_eq!(
+            q.produce(&mut batch(8, 0, 2, 1)),
+            Produced::Duplicate { base_offset: 2 }
+        );
+        drop(store);
+        close([p, q]);
     }
 
     #[test]
@@ -1113,28 +1218,29 @@ mod tests {
     }
 
     #[test]
-    fn a_swap_interrupted_between_its_renames_is_settled() {
+    fn an_older_brokers_state_directories_are_removed_and_the_log_replayed() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("t-0");
         let (p, _) = open(&dir);
         p.produce(&mut batch(3, 0, 0, 1));
-        p.close().unwrap();
-        // Crash after `state` -> `state.old`, with a half-built rebuild.
-        fs::rename(dir.join(STATE), dir.join(STATE_OLD)).unwrap();
-        fs::create_dir(dir.join(STATE_REBUILD)).unwrap();
-        fs::write(dir.join(STATE_REBUILD).join("junk"), b"x").unwrap();
-
+        close([p]);
+        // What a broker with a store per partition left: its state dirs;
+        // the shared state is new.
+        fs::remove_dir_all(state_dir(&dir)).unwrap();
+        for name in LEGACY_STATE {
+            fs::create_dir(dir.join(name)).unwrap();
+            fs::write(dir.join(name).join("00000000000000000000.wal"), b"x").unwrap();
+        }
         let (p, report) = open(&dir);
-        assert!(
-            report.rebuilt.is_none(),
-            "the old state was put back and agrees"
-        );
-        assert!(!dir.join(STATE_OLD).exists() && !dir.join(STATE_REBUILD).exists());
+        assert_eq!((report.replayed, &report.rebuilt), (1, &None));
+        assert!(remove_legacy_state(&dir).unwrap());
+        assert!(LEGACY_STATE.iter().all(|n| !dir.join(n).exists()));
+        assert!(!remove_legacy_state(&dir).unwrap());
         assert_eq!(
             p.produce(&mut batch(3, 0, 0, 1)),
             Produced::Duplicate { base_offset: 0 }
         );
-        p.close().unwrap();
+        close([p]);
     }
 
     #[test]
@@ -1162,6 +1268,6 @@ mod tests {
             p.produce(&mut b.clone()),
             Produced::Appended { base_offset: 2 }
         );
-        p.close().unwrap();
+        close([p]);
     }
 }

@@ -18,8 +18,9 @@ use common::*;
 
 struct Running {
     addr: SocketAddr,
-    /// What opening did: (batches replayed, states rebuilt).
-    recovered: (u64, u64),
+    /// What opening did: (batches replayed, states truncated, states
+    /// rebuilt).
+    recovered: (u64, u64, u64),
     stop: tokio::sync::watch::Sender<bool>,
     thread: JoinHandle<()>,
 }
@@ -41,6 +42,7 @@ fn start(dir: &Path, partitions: i32) -> Running {
     let g = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let recovered = (
         g(&broker.stats.batches_replayed),
+        g(&broker.stats.states_truncated),
         g(&broker.stats.states_rebuilt),
     );
     let (stop, rx) = tokio::sync::watch::channel(false);
@@ -208,7 +210,11 @@ fn a_crash_between_the_state_write_and_the_log_write_is_repaired_on_restart() {
     drop(f);
 
     let b = start(dir.path(), 1);
-    assert_eq!(b.recovered, (0, 1), "a state ahead of the log is rebuilt");
+    assert_eq!(
+        b.recovered,
+        (0, 1, 0),
+        "a state ahead of the log is truncated to it, not rebuilt"
+    );
     let mut c = Client::connect(b.addr);
     assert_eq!(latest_offset(&mut c, "t", 0), 2, "the torn batch was cut");
     // The client never heard about b1 and retries it: it must be written
@@ -240,7 +246,8 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn a_crash_that_left_the_state_behind_the_log_is_caught_up_on_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("topics/t-0/state");
+    // The data directory's shared producer state.
+    let state = dir.path().join("state");
     let saved = dir.path().join("saved-state");
     let b = start(dir.path(), 1);
     let mut c = Client::connect(b.addr);
@@ -267,7 +274,7 @@ fn a_crash_that_left_the_state_behind_the_log_is_caught_up_on_restart() {
     copy_dir(&saved, &state);
 
     let b = start(dir.path(), 1);
-    assert_eq!(b.recovered, (2, 0), "caught up by replaying b1 and b2");
+    assert_eq!(b.recovered, (2, 0, 0), "caught up by replaying b1 and b2");
     let mut c = Client::connect(b.addr);
     // The client never heard about b2 and retries it: the log has it, so
     // it is a duplicate with its offset (a state left behind would write

@@ -33,7 +33,7 @@
 //!   until `connections.max.idle.ms` closes it; small requests are not
 //!   held up by it). Decoding is bounded by the
 //!   frame (every declared length, in the patched `kafka-protocol`) and by
-//!   [`decode::MAX_FIELD_READS`] (what the elements cost decoded). Fetch
+//!   `decode::MAX_FIELD_READS` (what the elements cost decoded). Fetch
 //!   responses hold their record bytes within `fetch.max.bytes` over all
 //!   connections.
 

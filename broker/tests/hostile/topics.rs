@@ -100,7 +100,7 @@ pub fn eight_new_topics(b: &mut Broker) {
     let per_partition = (disk_bytes(&b.dir) - before) / 32;
     println!("disk per new empty partition: {per_partition} bytes");
     assert!(
-        per_partition <= 128 << 10,
+        per_partition <= 64 << 10,
         "{per_partition} bytes of disk for an empty partition"
     );
 }
