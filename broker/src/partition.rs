@@ -641,6 +641,17 @@ impl Partition {
         self.key
     }
 
+    /// The producers the partition's state holds, by id, as
+    /// DescribeProducers (KIP-664) lists them. Producer ids are the
+    /// broker's (numeric, below 2^63).
+    pub fn producers(&self) -> Vec<(i64, producer_state::KafkaProducerState)> {
+        self.store
+            .kafka_producers(self.key)
+            .into_iter()
+            .filter_map(|(id, st)| Some((i64::try_from(id.as_numeric()?).ok()?, st)))
+            .collect()
+    }
+
     fn produce_timed(
         &self,
         bytes: &mut [u8],

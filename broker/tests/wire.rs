@@ -288,3 +288,83 @@ fn a_crash_that_left_the_state_behind_the_log_is_caught_up_on_restart() {
     assert_eq!(values, ["m0", "m1", "m2", "m3", "m4"]);
     b.stop();
 }
+
+/// DescribeProducers (KIP-664), in the protocol crate's own request and
+/// response types: each partition's producers as the shared state holds
+/// them, after a restart too; an unknown partition or topic is
+/// UNKNOWN_TOPIC_OR_PARTITION, and describing a topic does not create it.
+#[test]
+fn describe_producers_lists_each_partitions_producers_from_the_state() {
+    use kafka_protocol::messages::describe_producers_request::TopicRequest;
+
+    let dir = tempfile::tempdir().unwrap();
+    let describe = |c: &mut Client, topic: &str, partitions: Vec<i32>| {
+        let req = DescribeProducersRequest::default().with_topics(vec![
+            TopicRequest::default()
+                .with_name(TopicName(StrBytes::from_string(topic.into())))
+                .with_partition_indexes(partitions),
+        ]);
+        let r = c.call(&req, 0);
+        assert_eq!(r.topics.len(), 1);
+        r.topics[0]
+            .partitions
+            .iter()
+            .map(|p| {
+                let mut producers: Vec<(i64, i32, i32, i64, i32, i64)> = p
+                    .active_producers
+                    .iter()
+                    .map(|s| {
+                        (
+                            s.producer_id.0,
+                            s.producer_epoch,
+                            s.last_sequence,
+                            s.last_timestamp,
+                            s.coordinator_epoch,
+                            s.current_txn_start_offset,
+                        )
+                    })
+                    .collect();
+                producers.sort_unstable();
+                (p.partition_index, p.error_code, producers)
+            })
+            .collect::<Vec<_>>()
+    };
+    let b = start(dir.path(), 2);
+    let mut c = Client::connect(b.addr);
+    create_topic(&mut c, "t");
+    let (p1, p2) = (producer_id(&mut c), producer_id(&mut c));
+    assert_eq!(produce(&mut c, "t", 0, batch(p1, 0, 0, &["a", "b"])).0, 0);
+    assert_eq!(produce(&mut c, "t", 0, batch(p1, 0, 2, &["c"])).0, 0);
+    assert_eq!(produce(&mut c, "t", 1, batch(p2, 3, 0, &["d"])).0, 0);
+    // `batch` stamps every record with this timestamp.
+    let ts = |producers: &[(i64, i32, i32, i64, i32, i64)]| producers[0].3;
+    let got = describe(&mut c, "t", vec![0, 1, 5]);
+    assert_eq!(got[0].0, 0);
+    assert_eq!(got[0].1, 0);
+    let t0 = ts(&got[0].2);
+    assert_eq!(got[0].2, vec![(p1, 0, 2, t0, -1, -1)]);
+    assert_eq!(got[1].2, vec![(p2, 3, 0, ts(&got[1].2), -1, -1)]);
+    assert_eq!((got[2].0, got[2].1, got[2].2.len()), (5, 3, 0));
+    let unknown = describe(&mut c, "nope", vec![0]);
+    assert_eq!(unknown[0].1, 3);
+    drop(c);
+    b.stop();
+    // The same after a restart: the state is durable and shared.
+    let b = start(dir.path(), 2);
+    let mut c = Client::connect(b.addr);
+    let again = describe(&mut c, "t", vec![0, 1]);
+    assert_eq!(again, got[..2].to_vec());
+    assert_eq!(
+        c.call(
+            &MetadataRequest::default()
+                .with_topics(Some(vec![]))
+                .with_allow_auto_topic_creation(false),
+            9
+        )
+        .topics
+        .len(),
+        0,
+        "no topic was created (Metadata for none lists none)"
+    );
+    b.stop();
+}

@@ -125,6 +125,7 @@ pub fn request(
         AddOffsetsToTxn => AddOffsetsToTxnRequest,
         EndTxn => EndTxnRequest,
         TxnOffsetCommit => TxnOffsetCommitRequest,
+        DescribeProducers => DescribeProducersRequest,
     )
 }
 

@@ -42,6 +42,7 @@ mod fetch;
 mod group;
 mod metadata;
 mod produce;
+mod producers;
 mod txn;
 mod unsupported;
 
@@ -90,6 +91,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::AddOffsetsToTxn, 0, 3),
     (ApiKey::EndTxn, 0, 3),
     (ApiKey::TxnOffsetCommit, 0, 3),
+    (ApiKey::DescribeProducers, 0, 0),
 ];
 
 const NODE_ID: i32 = 0;
@@ -500,6 +502,9 @@ async fn handle(shared: &Arc<Shared>, buf: Bytes) -> Reply {
             group::describe_groups(shared, r),
         )),
         RequestKind::ListGroups(_) => Some(ResponseKind::ListGroups(group::list_groups(shared))),
+        RequestKind::DescribeProducers(r) => Some(ResponseKind::DescribeProducers(
+            producers::describe_producers(&shared.broker, r),
+        )),
         RequestKind::Fetch(r) => {
             let (response, held) = fetch::fetch(shared, r).await;
             return match encode_response(
