@@ -1,0 +1,396 @@
+//! The broker at 1, 100, 1,000 and 10,000 partitions on this machine: for
+//! each count, the broker's threads, RSS per idle partition, disk per empty
+//! partition, produce throughput spread over all partitions (as a ratio to
+//! the 1-partition run of the same process), and the time to be ready after
+//! a clean shutdown and after `kill -9`. Then one partition's truncation in
+//! the shared producer state, with the other partitions empty and holding
+//! 100x its data.
+//!
+//! `cargo bench -p producer-state-broker --bench scale` (the release
+//! build of the broker binary, started with its default options as
+//! `producer-state-broker --dir D --listen 127.0.0.1:0 --partitions N`,
+//! with `--max.partitions` raised to N). Everything runs on loopback, and
+//! every loop is bounded in time and count. `SCALE_COUNTS=1,100` runs fewer
+//! counts, `SCALE_SECS=2` shorter produce runs, `SCALE_RUNS=3` more runs
+//! (medians are printed).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use producer_state::{AppendOptions, Batch, ProducerStateStore, Semantics, StoreOptions};
+
+/// Client threads of the produce runs, each with its own connection and
+/// producer id.
+const CLIENTS: usize = 8;
+/// Records per batch, and bytes per record value.
+const RECORDS: usize = 10;
+const VALUE: usize = 100;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Broker {
+    child: Child,
+    addr: SocketAddr,
+    partitions: usize,
+    /// From spawning to "listening on".
+    ready_after: Duration,
+}
+
+impl Broker {
+    fn start(dir: &Path, partitions: usize) -> Broker {
+        let started = Instant::now();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_producer-state-broker"))
+            .args(["--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .args(["--partitions", &partitions.to_string()])
+            .args(["--max.partitions", &partitions.max(1000).to_string()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the broker binary");
+        let mut line = String::new();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        out.read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("the broker said {line:?}"))
+            .parse()
+            .unwrap();
+        Broker {
+            child,
+            addr,
+            partitions,
+            ready_after: started.elapsed(),
+        }
+    }
+
+    fn status(&self, field: &str) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    }
+
+    fn threads(&self) -> u64 {
+        self.status("Threads:")
+    }
+
+    fn rss_kib(&self) -> u64 {
+        self.status("VmRSS:")
+    }
+
+    fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// SIGTERM, and waits for the clean shutdown.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            if self.child.try_wait().unwrap().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the broker did not stop within 120 s");
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+/// Bytes the directory takes on disk (allocated blocks, not lengths).
+fn disk_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = e.metadata().unwrap();
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    total
+}
+
+/// `CLIENTS` threads produce for `secs` seconds, thread `t` to partitions
+/// `t, t + CLIENTS, ...` in turn (all to partition 0 when there is one),
+/// one batch of `RECORDS` records per request. Returns records per second
+/// acknowledged, and each partition's acknowledged end.
+fn produce(addr: SocketAddr, partitions: usize, secs: f64) -> (f64, Vec<i64>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let barrier = Arc::new(Barrier::new(CLIENTS + 1));
+    let value = "v".repeat(VALUE);
+    let handles: Vec<_> = (0..CLIENTS)
+        .map(|t| {
+            let (stop, acked, barrier, value) =
+                (stop.clone(), acked.clone(), barrier.clone(), value.clone());
+            std::thread::spawn(move || {
+                let mut c = common::Client::connect(addr);
+                let pid = common::producer_id(&mut c);
+                let mine: Vec<usize> = if partitions == 1 {
+                    vec![0]
+                } else {
+                    (t..partitions).step_by(CLIENTS).collect()
+                };
+                let mut seq = vec![0i32; mine.len()];
+                let mut ends = Vec::new();
+                let values: Vec<&str> = (0..RECORDS).map(|_| value.as_str()).collect();
+                barrier.wait();
+                let mut i = 0usize;
+                // Bounded by time (the flag) and by count.
+                while !stop.load(Ordering::Relaxed) && i < 50_000_000 {
+                    let k = i % mine.len();
+                    let b = common::batch(pid, 0, seq[k], &values);
+                    // The client panics when the connection goes (the
+                    // kill -9 run): what was acknowledged before counts.
+                    let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        common::produce(&mut c, "load", mine[k] as i32, b)
+                    }));
+                    let Ok((code, offset)) = sent else { break };
+                    assert_eq!(code, 0, "produce to partition {}", mine[k]);
+                    seq[k] += RECORDS as i32;
+                    acked.fetch_add(RECORDS as u64, Ordering::Relaxed);
+                    ends.push((mine[k], offset + RECORDS as i64));
+                    i += 1;
+                }
+                ends
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let mut ends = vec![0i64; partitions];
+    for h in handles {
+        for (p, e) in h.join().unwrap() {
+            ends[p] = ends[p].max(e);
+        }
+    }
+    let rate = acked.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    (rate, ends)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+struct Row {
+    partitions: usize,
+    threads_idle: u64,
+    threads_empty: u64,
+    fds: usize,
+    rss_per_partition: f64,
+    disk_per_partition: f64,
+    create_secs: f64,
+    rate: f64,
+    clean_restart: f64,
+    kill9_restart: f64,
+}
+
+fn one_count(partitions: usize, secs: f64, runs: usize) -> Row {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let b = Broker::start(&dir, partitions);
+    // A broker with no topic, then with the topic's partitions created and
+    // idle (the runtime's blocking threads retire after 10 s idle).
+    let mut c = common::Client::connect(b.addr);
+    assert_eq!(
+        c.call(&kafka_protocol::messages::ApiVersionsRequest::default(), 3)
+            .error_code,
+        0
+    );
+    std::thread::sleep(Duration::from_secs(11));
+    let (threads_empty, rss_empty, disk_empty) = (b.threads(), b.rss_kib(), disk_bytes(&dir));
+    let t = Instant::now();
+    assert_eq!(common::create_topic(&mut c, "load"), partitions);
+    let create_secs = t.elapsed().as_secs_f64();
+    drop(c);
+    std::thread::sleep(Duration::from_secs(11));
+    let (threads_idle, rss_idle, disk_idle) = (b.threads(), b.rss_kib(), disk_bytes(&dir));
+    let fds = b.fds();
+    let n = partitions as f64;
+    let rss_per_partition = (rss_idle.saturating_sub(rss_empty) * 1024) as f64 / n;
+    let disk_per_partition = disk_idle.saturating_sub(disk_empty) as f64 / n;
+    let rates: Vec<f64> = (0..runs)
+        .map(|_| produce(b.addr, partitions, secs).0)
+        .collect();
+    let rate = median(rates);
+    // A clean restart: SIGTERM, start, ready.
+    let n_parts = b.partitions;
+    b.stop();
+    let b = Broker::start(&dir, n_parts);
+    let clean_restart = b.ready_after.as_secs_f64();
+    // Load, kill -9 mid-load, start, ready; every acknowledged batch is there.
+    let addr = b.addr;
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs_f64(secs.min(2.0)));
+        b.kill9();
+    });
+    let ends = {
+        // The clients' requests fail once the broker is gone (quietly: the
+        // client panics, and its thread stops there).
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let (_, ends) = produce(addr, partitions, secs.min(2.0) + 1.0);
+        killer.join().unwrap();
+        std::panic::set_hook(hook);
+        ends
+    };
+    let b = Broker::start(&dir, n_parts);
+    let kill9_restart = b.ready_after.as_secs_f64();
+    let mut c = common::Client::connect(b.addr);
+    for (p, &end) in ends.iter().enumerate().take(200) {
+        let got = common::latest_offset(&mut c, "load", p as i32);
+        assert!(
+            got >= end,
+            "partition {p}: acknowledged up to {end}, {got} after kill -9"
+        );
+    }
+    drop(c);
+    b.stop();
+    Row {
+        partitions,
+        threads_idle,
+        threads_empty,
+        fds,
+        rss_per_partition,
+        disk_per_partition,
+        create_secs,
+        rate,
+        clean_restart,
+        kill9_restart,
+    }
+}
+
+/// One partition's truncation in a Kafka-mode store with default options:
+/// partition 0 holds `batches` batches of 4 producers; the others hold
+/// `others_factor` times as many, spread over 100 partitions and
+/// interleaved with partition 0's appends. Partition 0 is cut at its
+/// middle. Returns the median seconds of `runs` runs (a fresh store each).
+fn truncation(batches: usize, others_factor: usize, runs: usize) -> f64 {
+    let times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let tmp = tempfile::tempdir().unwrap();
+            let store = ProducerStateStore::open_with(
+                tmp.path(),
+                StoreOptions::default().semantics(Semantics::Kafka),
+            )
+            .unwrap();
+            let mut seq = std::collections::HashMap::<(u64, i32), i32>::new();
+            let mut offsets = vec![0i64; 101];
+            let mut append = |pid: u64, p: i32| {
+                let s = seq.entry((pid, p)).or_default();
+                let o = &mut offsets[p as usize];
+                let b = Batch::new(*s, *s, *o, 1_700_000_000_000);
+                assert!(
+                    store
+                        .append_with(pid, p, 0, b, AppendOptions::client())
+                        .unwrap()
+                        .is_accepted()
+                );
+                *s += 1;
+                *o += 1;
+            };
+            for i in 0..batches {
+                append((i % 4) as u64, 0);
+                for j in 0..others_factor {
+                    let k = i * others_factor + j;
+                    append((k % 4) as u64 + 10, 1 + (k % 100) as i32);
+                }
+            }
+            let cut = (batches / 2) as i64;
+            store.sync().unwrap();
+            let t = Instant::now();
+            store.truncate_partition_to(0, cut).unwrap();
+            let took = t.elapsed().as_secs_f64();
+            assert_eq!(store.partition_end_offset(0), cut);
+            took
+        })
+        .collect();
+    median(times)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else is taken.
+    let counts: Vec<usize> = std::env::var("SCALE_COUNTS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 100, 1_000, 10_000]);
+    let secs: f64 = env_or("SCALE_SECS", 4.0);
+    let runs: usize = env_or("SCALE_RUNS", 3);
+    println!(
+        "broker scale: {CLIENTS} clients, batches of {RECORDS} x {VALUE} B, {secs} s per run, median of {runs}"
+    );
+    let rows: Vec<Row> = counts.iter().map(|&n| one_count(n, secs, runs)).collect();
+    let base = rows.iter().find(|r| r.partitions == 1).map(|r| r.rate);
+    println!(
+        "{:>10} {:>8} {:>8} {:>7} {:>12} {:>12} {:>9} {:>12} {:>7} {:>10} {:>10}",
+        "partitions",
+        "threads",
+        "(empty)",
+        "fds",
+        "RSS/part B",
+        "disk/part B",
+        "create s",
+        "records/s",
+        "ratio",
+        "clean s",
+        "kill-9 s"
+    );
+    for r in &rows {
+        println!(
+            "{:>10} {:>8} {:>8} {:>7} {:>12.0} {:>12.0} {:>9.2} {:>12.0} {:>7} {:>10.2} {:>10.2}",
+            r.partitions,
+            r.threads_idle,
+            r.threads_empty,
+            r.fds,
+            r.rss_per_partition,
+            r.disk_per_partition,
+            r.create_secs,
+            r.rate,
+            base.map_or("-".into(), |b| format!("{:.2}", r.rate / b)),
+            r.clean_restart,
+            r.kill9_restart
+        );
+    }
+    let batches: usize = env_or("SCALE_TRUNCATE_BATCHES", 20_000);
+    let alone = truncation(batches, 0, runs);
+    let crowded = truncation(batches, 100, runs);
+    println!(
+        "truncate one partition of {batches} batches to its middle: others empty {:.1} ms, \
+         others holding 100x {:.1} ms, ratio {:.2}",
+        alone * 1e3,
+        crowded * 1e3,
+        crowded / alone
+    );
+}
