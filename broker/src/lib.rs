@@ -56,6 +56,10 @@ pub struct Config {
     pub limits: Limits,
     /// Consumer group settings ([`group_coordinator`]).
     pub group: group_coordinator::GroupConfig,
+    /// `producer.id.expiration.ms`: how long after its newest batch's
+    /// timestamp a producer without an open transaction is forgotten
+    /// (default a day, Kafka's).
+    pub producer_id_expiration: std::time::Duration,
 }
 
 impl Config {
@@ -70,6 +74,7 @@ impl Config {
             partitions,
             limits: Limits::default(),
             group: group_coordinator::GroupConfig::default(),
+            producer_id_expiration: partition::PRODUCER_ID_EXPIRATION,
         }
     }
 }
@@ -297,7 +302,10 @@ impl Broker {
         let mut pids = ProducerIds::open(&config.dir)?;
         let mut topics = BTreeMap::new();
         let stats = Stats::default();
-        let state = Arc::new(partition::open_state(&config.dir)?);
+        let state = Arc::new(partition::open_state(
+            &config.dir,
+            config.producer_id_expiration,
+        )?);
         let known = partition::known_producers(&state);
         for (name, &t) in catalog.topics() {
             let (topic, max_pid) = open_topic(&topics_dir, (name, t), &state, &known, &stats)?;

@@ -102,6 +102,16 @@ struct Args {
         default_value_t = 1_800_000
     )]
     group_max_session_timeout_ms: u64,
+    /// How long after its newest batch's timestamp a producer without an
+    /// open transaction is forgotten, in ms (Kafka's default, a day). Its
+    /// next batch is then accepted at any sequence, as in Kafka (KIP-360).
+    #[arg(
+        long = "producer.id.expiration.ms",
+        value_name = "MS",
+        default_value_t = 86_400_000,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    producer_id_expiration_ms: u64,
 }
 
 impl Args {
@@ -212,6 +222,7 @@ async fn run(args: Args) -> Result<(), String> {
         advertised_host,
         advertised_port,
         partitions: args.partitions,
+        producer_id_expiration: Duration::from_millis(args.producer_id_expiration_ms),
     };
     let broker = tokio::task::spawn_blocking(move || Broker::open(config))
         .await

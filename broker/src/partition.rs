@@ -210,32 +210,41 @@ pub struct OpenReport {
     pub max_producer_id: i64,
 }
 
+/// Kafka's `producer.id.expiration.ms` default: a producer without an
+/// open transaction whose newest batch is a day old (by the batch's
+/// timestamp, as in Kafka) is forgotten by the sweep that runs every 10
+/// minutes (`producer.id.expiration.check.interval.ms`).
+pub const PRODUCER_ID_EXPIRATION: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// The options of the shared producer state: Kafka's rules
 /// (`Semantics::Kafka`: Kafka's verdicts, transactions, markers and the
-/// last stable offset), fsync'ed in the background ([`STATE_FSYNC_INTERVAL`]).
-pub fn state_options() -> StoreOptions {
+/// last stable offset), fsync'ed in the background ([`STATE_FSYNC_INTERVAL`]),
+/// producers expiring after `expiration` (`producer.id.expiration.ms`;
+/// `Semantics::Kafka` alone turns expiration off, so it is set after).
+pub fn state_options(expiration: Duration) -> StoreOptions {
     StoreOptions::default()
         .fsync(FsyncPolicy::Interval(STATE_FSYNC_INTERVAL))
         .semantics(Semantics::Kafka)
+        .producer_expiration(Some(expiration))
 }
 
 /// Opens the data directory's shared producer state (`DIR/state`). A
 /// state written under the strict rules (a broker before Kafka mode) is
 /// derived data: it is moved aside to `state.strict-<millis>` and every
 /// partition replays its log into a new one.
-pub fn open_state(dir: &Path) -> Result<ProducerStateStore> {
+pub fn open_state(dir: &Path, expiration: Duration) -> Result<ProducerStateStore> {
     let path = dir.join("state");
     let state_err = |source| Error::State {
         partition: "(all)".into(),
         source,
     };
-    match ProducerStateStore::open_with(&path, state_options()) {
+    match ProducerStateStore::open_with(&path, state_options(expiration)) {
         Err(producer_state::Error::SemanticsMismatch { .. }) => {
             let aside = dir.join(format!("state.strict-{}", crate::now_ms()));
             tracing::warn!(from = %path.display(), to = %aside.display(), "the producer state was written under other rules; moved aside, the partition logs are replayed");
             fs::rename(&path, &aside).map_err(|e| Error::io("rename", &path, e))?;
             sync_dir(dir)?;
-            ProducerStateStore::open_with(&path, state_options()).map_err(state_err)
+            ProducerStateStore::open_with(&path, state_options(expiration)).map_err(state_err)
         }
         other => other.map_err(state_err),
     }
@@ -961,7 +970,7 @@ mod tests {
 
     /// Opens partition `dir` as key `key` of its data directory's state.
     fn open_key(dir: &Path, key: i32) -> (Partition, OpenReport) {
-        let store = Arc::new(open_state(dir.parent().unwrap()).unwrap());
+        let store = Arc::new(open_state(dir.parent().unwrap(), PRODUCER_ID_EXPIRATION).unwrap());
         let known = known_producers(&store);
         let ids = known.get(&key).cloned().unwrap_or_default();
         Partition::open(dir, ("t", key, key), &store, &ids).unwrap()
@@ -1154,7 +1163,7 @@ mod tests {
             .unwrap()
             .set_len(cut)
             .unwrap();
-        let store = Arc::new(open_state(tmp.path()).unwrap());
+        let store = Arc::new(open_state(tmp.path(), PRODUCER_ID_EXPIRATION).unwrap());
         let known = known_producers(&store);
         assert_eq!(store.partition_end_offset(0), 3, "ahead of the log's 2");
         let (p, report) =
@@ -1250,6 +1259,54 @@ mod tests {
         assert_eq!(
             p.produce(&mut batch(3, 0, 0, 1)),
             Produced::Duplicate { base_offset: 0 }
+        );
+        close([p]);
+    }
+
+    /// A producer the state expired while its batches are still in the
+    /// partition log: a restart neither truncates nor rebuilds (the
+    /// state remembers that it expired the producer), and the producer's
+    /// next batch is accepted at its sequence, as Kafka since KIP-360
+    /// accepts it (no UNKNOWN_PRODUCER_ID on produce).
+    #[test]
+    fn an_expired_producer_causes_no_rebuild_and_continues_as_in_kafka() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t-0");
+        let (p, _) = open(&dir);
+        // The test batches carry timestamp 0, older than the default
+        // expiration (a day) by decades.
+        assert_eq!(
+            p.produce(&mut batch(5, 0, 0, 2)),
+            Produced::Appended { base_offset: 0 }
+        );
+        assert_eq!(
+            p.produce(&mut batch(6, 0, 0, 1)),
+            Produced::Appended { base_offset: 2 }
+        );
+        assert_eq!(p.store.expire_now().unwrap(), 2);
+        assert!(p.producers().is_empty());
+        assert!(p.store.was_removed(5u64, 0));
+        close([p]);
+
+        let (p, report) = open(&dir);
+        assert_eq!(
+            (report.replayed, &report.truncated, &report.rebuilt),
+            (0, &None, &None),
+            "{report:?}"
+        );
+        assert!(p.producers().is_empty(), "expired, not replayed back");
+        // Producer 5 continues at sequence 2: Kafka (KIP-360) accepts the
+        // first batch of a producer without state at any sequence.
+        assert_eq!(
+            p.produce(&mut batch(5, 0, 2, 1)),
+            Produced::Appended { base_offset: 3 }
+        );
+        close([p]);
+        let (p, report) = open(&dir);
+        assert_eq!((report.replayed, &report.rebuilt), (0, &None), "{report:?}");
+        assert_eq!(
+            p.produce(&mut batch(5, 0, 2, 1)),
+            Produced::Duplicate { base_offset: 3 }
         );
         close([p]);
     }
