@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use producer_state::{AppendOptions, Batch, ProducerStateStore, Semantics, StoreOptions};
+use producer_state::{AppendOptions, Batch, ProducerStateStore};
+use producer_state_broker::partition;
 
 /// Client threads of the produce runs, each with its own connection and
 /// producer id.
@@ -89,6 +90,22 @@ impl Broker {
 
     fn threads(&self) -> u64 {
         self.status("Threads:")
+    }
+
+    /// The threads by name (`/proc/PID/task/*/comm`), for the report.
+    fn thread_names(&self) -> String {
+        let mut names = std::collections::BTreeMap::<String, usize>::new();
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) {
+            for t in tasks.flatten() {
+                let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+                *names.entry(name.trim().to_string()).or_default() += 1;
+            }
+        }
+        names
+            .iter()
+            .map(|(n, c)| format!("{c} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn rss_kib(&self) -> u64 {
@@ -237,6 +254,10 @@ fn one_count(partitions: usize, secs: f64, runs: usize) -> Row {
     drop(c);
     std::thread::sleep(Duration::from_secs(11));
     let (threads_idle, rss_idle, disk_idle) = (b.threads(), b.rss_kib(), disk_bytes(&dir));
+    println!(
+        "{partitions} partitions, idle: threads {}",
+        b.thread_names()
+    );
     let fds = b.fds();
     let n = partitions as f64;
     let rss_per_partition = (rss_idle.saturating_sub(rss_empty) * 1024) as f64 / n;
@@ -301,9 +322,10 @@ fn truncation(batches: usize, others_factor: usize, runs: usize) -> f64 {
     let times: Vec<f64> = (0..runs)
         .map(|_| {
             let tmp = tempfile::tempdir().unwrap();
+            // The broker's own options: Kafka mode, background fsync.
             let store = ProducerStateStore::open_with(
                 tmp.path(),
-                StoreOptions::default().semantics(Semantics::Kafka),
+                partition::state_options(partition::PRODUCER_ID_EXPIRATION),
             )
             .unwrap();
             let mut seq = std::collections::HashMap::<(u64, i32), i32>::new();

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -65,7 +66,10 @@ class Broker:
         self.incarnation += 1
         log = open(os.path.join(self.log_dir, f"broker-{self.incarnation}.log"), "wb")
         cmd = [self.binary, "--dir", self.data_dir, "--listen", f"127.0.0.1:{self.port}",
-               "--advertise", advertise or self.advertise, "--partitions", str(self.partitions)]
+               "--advertise", advertise or self.advertise, "--partitions", str(self.partitions),
+               # Room for every topic a phase creates (the codec phase
+               # makes four) however many partitions each has.
+               "--max.partitions", str(max(1000, 8 * self.partitions))]
         cmd += getattr(self, "extra", [])
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log)
         log.close()
@@ -103,6 +107,19 @@ class Broker:
         for i in range(1, self.incarnation + 1):
             with open(os.path.join(self.log_dir, f"broker-{i}.log"), "rb") as f:
                 n += sum(1 for l in f if b"DUPLICATE produce answered" in l)
+        return n
+
+    def opened(self, field):
+        """The sum of `field` (batches_replayed, states_truncated,
+        states_rebuilt) over the broker's "partitions opened" lines: what
+        each start's recovery did."""
+        n = 0
+        for i in range(1, self.incarnation + 1):
+            with open(os.path.join(self.log_dir, f"broker-{i}.log"), "rb") as f:
+                for l in f:
+                    if b"partitions opened" in l:
+                        m = re.search(field.encode() + rb"=(\d+)", l)
+                        n += int(m.group(1)) if m else 0
         return n
 
     def log_lines(self, needle):
@@ -353,8 +370,9 @@ def run(args, name, idempotent, n, kills, deadline):
               f"random={ps.get('random_drops', 0)}) split_writes={ps.get('splits', 0)} "
               f"delays={ps.get('delays', 0)} kills={broker.kills} "
               f"torn_tails_cut={broker.log_lines(b'cut a torn tail')} "
-              f"state_replays={broker.log_lines(b'replayed the partition log')} "
-              f"state_rebuilds={broker.log_lines(b'rebuilding the producer state')}")
+              f"batches_replayed={broker.opened('batches_replayed')} "
+              f"states_truncated={broker.opened('states_truncated')} "
+              f"states_rebuilt={broker.opened('states_rebuilt')}")
         print(f"  duplicates_in_log={dups} out_of_order_records={order}")
         return problems, resent, drops, broker.kills
     finally:

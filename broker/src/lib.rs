@@ -339,6 +339,15 @@ impl Broker {
             .values()
             .map(|t: &Arc<Topic>| t.partitions.len())
             .sum();
+        // One line for the whole recovery (a line per partition would be
+        // ten thousand): what was replayed, truncated and rebuilt.
+        tracing::info!(
+            partitions = open,
+            batches_replayed = stats.batches_replayed.load(Ordering::Relaxed),
+            states_truncated = stats.states_truncated.load(Ordering::Relaxed),
+            states_rebuilt = stats.states_rebuilt.load(Ordering::Relaxed),
+            "partitions opened"
+        );
         let groups = group_coordinator::GroupCoordinator::open(
             &config.dir.join("offsets.log"),
             config.group.clone(),
