@@ -139,9 +139,15 @@ impl State {
         // Only `Always` tracks keys in flight: the other policies need no
         // copy of the key.
         let key = if self.life.always { op.key() } else { None };
-        if self.life.always
-            && let Some(k) = &key
-            && let Some(&(group, pos)) = self.keys.kafka_in_flight.get(k)
+        let in_flight = key
+            .as_ref()
+            .and_then(|k| self.keys.kafka_in_flight.get(k).copied());
+        // A data batch whose key has a record in flight is classified
+        // against the state with that record (Kafka mode applies every
+        // record as it is queued), so one producer's pipelined batches
+        // share a group commit; anything else waits for the record.
+        if let Some((group, pos)) = in_flight
+            && !matches!(op, KafkaOp::Batch(_))
         {
             return Ok(KafkaSubmit::Wait { group, pos });
         }
@@ -151,10 +157,17 @@ impl State {
         let (answer, high) = match op {
             KafkaOp::Batch(r) => {
                 let o = engine.kafka_append_request(r);
-                self.answered[o.outcome() as usize] += 1;
                 if !o.is_accepted() {
+                    // A duplicate is never answered before its original
+                    // is durable, nor a refusal decided on a record that
+                    // may never be: wait for it, then classify again.
+                    if let Some((group, pos)) = in_flight {
+                        return Ok(KafkaSubmit::Wait { group, pos });
+                    }
+                    self.answered[o.outcome() as usize] += 1;
                     return Ok(KafkaSubmit::Done(KafkaAnswer::Batch(o)));
                 }
+                self.answered[o.outcome() as usize] += 1;
                 let pos = if r.options.is_transactional() {
                     self.log
                         .push_op(|b| {
