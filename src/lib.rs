@@ -211,7 +211,10 @@ pub use engine::ProducerStateManager;
 pub use engine::entry::{Batches, ProducerEntry, RETAINED_BATCHES};
 pub use engine::info::ProducerInfo;
 pub use engine::kafka::side::KafkaProducerState;
-pub use engine::kafka::txn::{AbortedTxn, CompletedTxn, Marker, MarkerKind, MarkerOutcome};
+pub use engine::kafka::txn::{
+    AbortedTxn, CompletedTxn, LATE_TRANSACTION_BUFFER_MS, LateTransaction, Marker, MarkerKind,
+    MarkerOutcome,
+};
 pub use engine::rules::UnknownProducer;
 pub use error::{Corruption, Error, Result};
 pub use id::{INLINE_NAME_LEN, NegativeProducerId, ProducerId};

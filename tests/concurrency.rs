@@ -207,7 +207,10 @@ fn pipelined(semantics: Semantics) -> (u64, u64) {
     // Kafka's rules an unknown producer's first batch may have any
     // sequence, so a later one arriving first would start the producer.
     let first = Batch::new(0, 0, 0, 7);
-    assert_eq!(s.append_batch("pipelined", 0, 0, first).unwrap(), BatchOutcome::Accepted);
+    assert_eq!(
+        s.append_batch("pipelined", 0, 0, first).unwrap(),
+        BatchOutcome::Accepted
+    );
     let before = s.stats();
     let hs: Vec<_> = (0..in_flight)
         .map(|t| {
@@ -235,7 +238,10 @@ fn pipelined(semantics: Semantics) -> (u64, u64) {
     }
     assert_eq!(s.get("pipelined", 0).unwrap().last_sequence(), total - 1);
     let st = s.stats();
-    assert_eq!(st.records_written - before.records_written, total as u64 - 1);
+    assert_eq!(
+        st.records_written - before.records_written,
+        total as u64 - 1
+    );
     (
         st.log_fsyncs - before.log_fsyncs,
         st.records_written - before.records_written,

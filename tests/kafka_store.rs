@@ -446,3 +446,88 @@ fn seed_mode_refuses_kafka_calls_and_kafka_mode_refuses_the_moves_it_lacks() {
     );
     assert_eq!(k.kafka_state(6u64, 0).map(|s| s.last_sequence), Some(3));
 }
+
+/// Hanging transactions, by Kafka's rule (`ProducerStateManager`
+/// `hasLateTransaction`: the oldest open transaction of a partition is late
+/// once its producer's last timestamp is more than
+/// `transaction.max.timeout.ms` + `LATE_TRANSACTION_BUFFER_MS` (5 min) old),
+/// found in the store before and after a reopen, and gone once a marker
+/// ends the transaction.
+#[test]
+fn late_transactions_are_the_oldest_open_ones_past_the_longest_timeout() {
+    use producer_state::{LATE_TRANSACTION_BUFFER_MS, LateTransaction};
+    let fs = SimFs::new();
+    let opts = || sim_opts(&fs).semantics(Semantics::Kafka);
+    let max = 900_000; // transaction.max.timeout.ms
+    let t0 = 1_700_000_000_000;
+    let s = ProducerStateStore::open_with(dir(), opts()).unwrap();
+    let txn = options(true);
+    // Partition 0: producer 1 opens at offset 10 (time t0), producer 2
+    // later at offset 20 (t0 + 1 min): producer 1's is the oldest.
+    s.append_with(1u64, 0, 0, Batch::new(0, 0, 10, t0), txn)
+        .unwrap();
+    s.append_with(2u64, 0, 0, Batch::new(0, 0, 20, t0 + 60_000), txn)
+        .unwrap();
+    // Partition 1: producer 3 opened at t0 but wrote again at t0 + 10 min:
+    // lateness runs from the producer's last timestamp.
+    s.append_with(3u64, 1, 0, Batch::new(0, 0, 5, t0), txn)
+        .unwrap();
+    s.append_with(3u64, 1, 0, Batch::new(1, 1, 6, t0 + 600_000), txn)
+        .unwrap();
+    // Partition 2: a committed transaction is not late however old.
+    s.append_with(4u64, 2, 0, Batch::new(0, 0, 0, t0), txn)
+        .unwrap();
+    s.append_marker(4u64, 2, 0, Marker::commit(0, 1, t0), Origin::Coordinator)
+        .unwrap();
+    // Partition 3: a plain (non-transactional) producer is never late.
+    s.append_batch(5u64, 3, 0, Batch::new(0, 0, 0, t0)).unwrap();
+
+    let bound = max + LATE_TRANSACTION_BUFFER_MS;
+    assert!(
+        s.late_transactions(t0 + bound, max).is_empty(),
+        "not past it yet"
+    );
+    let late = |s: &ProducerStateStore, now| -> Vec<(i32, i64, i64)> {
+        s.late_transactions(now, max)
+            .into_iter()
+            .map(|t: LateTransaction| (t.partition, t.first_offset, t.last_timestamp))
+            .collect()
+    };
+    assert_eq!(late(&s, t0 + bound + 1), vec![(0, 10, t0)]);
+    assert_eq!(
+        late(&s, t0 + 600_000 + bound + 1),
+        vec![(0, 10, t0), (1, 5, t0 + 600_000)]
+    );
+    assert_eq!(
+        s.late_transactions(t0 + bound + 1, max)[0].producer_id,
+        1u64.into()
+    );
+    // The state is durable: a reopen finds the same.
+    drop(s);
+    let s = ProducerStateStore::open_with(dir(), opts()).unwrap();
+    assert_eq!(
+        late(&s, t0 + 600_000 + bound + 1),
+        vec![(0, 10, t0), (1, 5, t0 + 600_000)]
+    );
+    // An operator aborts producer 1's transaction: producer 2's is now the
+    // oldest on partition 0, and its last timestamp is a minute later.
+    s.append_marker(
+        1u64,
+        0,
+        0,
+        Marker::abort(0, 30, t0 + bound),
+        Origin::Coordinator,
+    )
+    .unwrap();
+    assert_eq!(late(&s, t0 + bound + 1), vec![]);
+    assert_eq!(
+        late(&s, t0 + 60_000 + bound + 1),
+        vec![(0, 20, t0 + 60_000)]
+    );
+
+    // Strict mode has no transactions: nothing is ever late.
+    let fs = SimFs::new();
+    let strict = ProducerStateStore::open_with(dir(), sim_opts(&fs)).unwrap();
+    strict.append(1u64, 0, 0, 0).unwrap();
+    assert!(strict.late_transactions(i64::MAX, max).is_empty());
+}

@@ -227,6 +227,33 @@ fn the_gauge_follows_the_keys_and_a_closed_store_leaves_it() {
     assert_eq!(gauge(&rec), 0.0, "dropping closes too");
 }
 
+/// The late-transaction gauge is what the last check found, and a closed
+/// store takes its share out.
+#[test]
+fn the_late_transaction_gauge_is_set_by_each_check() {
+    use producer_state::{AppendOptions, Batch, Semantics};
+    let fs = SimFs::new();
+    let rec = Capture::default();
+    let store = open(&rec, sim_opts(&fs).semantics(Semantics::Kafka));
+    let late = || rec.gauge("producer_state_partitions_with_late_transactions", &[]);
+    let txn = AppendOptions::client().transactional().verified();
+    for p in 0..3 {
+        store
+            .append_with(1u64, p, 0, Batch::new(0, 0, 0, 1_000), txn)
+            .unwrap();
+    }
+    let max = 900_000;
+    assert!(store.late_transactions(1_000, max).is_empty());
+    assert_eq!(late(), Some(0.0));
+    assert_eq!(store.late_transactions(i64::MAX, max).len(), 3);
+    assert_eq!(late(), Some(3.0));
+    assert!(store.late_transactions(1_000, max).is_empty());
+    assert_eq!(late(), Some(0.0), "each check sets it, down too");
+    assert_eq!(store.late_transactions(i64::MAX, max).len(), 3);
+    store.close().unwrap();
+    assert_eq!(late(), Some(0.0), "a closed store takes its share out");
+}
+
 /// Expirations and evictions are counted as the group commit that writes
 /// their removal records runs, exactly as `StoreStats` counts them.
 #[test]

@@ -39,7 +39,7 @@ pub use error::{Error, Result};
 pub use limits::Limits;
 use partition::{Partition, partition_dir};
 use pids::ProducerIds;
-use producer_state::{ProducerId, ProducerStateStore};
+use producer_state::{LateTransaction, ProducerId, ProducerStateStore};
 
 /// How the broker runs.
 #[derive(Clone, Debug)]
@@ -157,6 +157,9 @@ pub struct Broker {
     txn: Mutex<txn_coordinator::TxnCoordinator>,
     /// The coordinator's ongoing transactions, read without its lock.
     txn_view: Arc<txn_coordinator::TxnView>,
+    /// The late transactions already logged (store key, producer, first
+    /// offset): each is logged once, when it becomes late.
+    late_logged: Mutex<std::collections::HashSet<(i32, ProducerId, i64)>>,
 }
 
 /// Milliseconds since the Unix epoch (the clock of transaction timeouts
@@ -366,6 +369,7 @@ impl Broker {
             pids: Mutex::new(pids),
             stats,
             data: tokio::sync::Notify::new(),
+            late_logged: Mutex::default(),
         };
         // Transactions the log left prepared (a crash between EndTxn and
         // its last marker) complete now that the partitions are open.
@@ -391,6 +395,62 @@ impl Broker {
         if !aborted.is_empty() {
             tracing::warn!(transactional_ids = ?aborted, "aborted transactions past their timeout");
         }
+        self.log_late_transactions(now);
+    }
+
+    /// The hanging transactions at `now_ms`: each partition's oldest open
+    /// transaction whose producer wrote nothing for longer than
+    /// `transaction.max.timeout.ms` plus 5 minutes (Kafka's
+    /// `hasLateTransaction`), with its topic and partition number. The
+    /// coordinator aborts a transaction at its timeout, so one still open
+    /// then is one it does not know: written by an earlier coordinator
+    /// whose log was lost, or left by a bug. It holds the partition's last
+    /// stable offset back, and `read_committed` consumers with it, until
+    /// its producer or an operator ends it. Sets the store's gauge
+    /// `producer_state_partitions_with_late_transactions`.
+    pub fn late_transactions(&self, now_ms: i64) -> Vec<(String, i32, LateTransaction)> {
+        let max = i64::from(txn_coordinator::MAX_TIMEOUT_MS);
+        let late = self.state.late_transactions(now_ms, max);
+        if late.is_empty() {
+            return Vec::new();
+        }
+        let mut names = std::collections::HashMap::new();
+        for (name, t) in self.topics() {
+            for (i, p) in t.partitions.iter().enumerate() {
+                names.insert(p.key(), (name.clone(), i as i32));
+            }
+        }
+        late.into_iter()
+            .filter_map(|t| {
+                let (name, p) = names.get(&t.partition)?.clone();
+                Some((name, p, t))
+            })
+            .collect()
+    }
+
+    /// Logs each transaction the moment it becomes late (once), and
+    /// forgets those no longer late.
+    fn log_late_transactions(&self, now_ms: i64) {
+        let late = self.late_transactions(now_ms);
+        let mut logged = self.late_logged.lock().unwrap_or_else(|p| p.into_inner());
+        let now: std::collections::HashSet<_> = late
+            .iter()
+            .map(|(_, _, t)| (t.partition, t.producer_id.clone(), t.first_offset))
+            .collect();
+        for (topic, partition, t) in &late {
+            if !logged.contains(&(t.partition, t.producer_id.clone(), t.first_offset)) {
+                tracing::warn!(
+                    topic = %topic,
+                    partition,
+                    producer_id = %t.producer_id,
+                    first_offset = t.first_offset,
+                    idle_ms = now_ms.saturating_sub(t.last_timestamp),
+                    "a hanging transaction holds the last stable offset back: open past \
+                     transaction.max.timeout.ms + 5 min"
+                );
+            }
+        }
+        *logged = now;
     }
 
     /// The ongoing transactions, checked by partitions without the

@@ -368,3 +368,44 @@ fn describe_producers_lists_each_partitions_producers_from_the_state() {
     );
     b.stop();
 }
+
+/// A transaction the coordinator does not know (its transaction log was
+/// lost, say) is never aborted by a timeout: once its producer has written
+/// nothing for `transaction.max.timeout.ms` + 5 min it is reported as
+/// hanging, by topic and partition, as Kafka's `hasLateTransaction` rule
+/// says; a recent one is not.
+#[test]
+fn a_transaction_nobody_ends_is_reported_as_hanging() {
+    use producer_state::{AppendOptions, Batch};
+    use producer_state_broker::now_ms;
+
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::open(Config::new(dir.path(), "127.0.0.1", 9092, 2)).unwrap();
+    let topic = broker.topic_or_create("t").unwrap();
+    let txn = AppendOptions::client().transactional().verified();
+    let now = now_ms();
+    let max = 900_000; // transaction.max.timeout.ms
+    // Written straight into the state, past the coordinator: partition 1
+    // 21 minutes ago, partition 0 a minute ago.
+    let (k0, k1) = (topic.partitions[0].key(), topic.partitions[1].key());
+    let state = broker.state();
+    state
+        .append_with(77u64, k1, 0, Batch::new(0, 0, 40, now - 21 * 60_000), txn)
+        .unwrap();
+    state
+        .append_with(78u64, k0, 0, Batch::new(0, 0, 9, now - 60_000), txn)
+        .unwrap();
+    let late = broker.late_transactions(now);
+    assert_eq!(late.len(), 1, "{late:?}");
+    let (name, partition, t) = &late[0];
+    assert_eq!((name.as_str(), *partition), ("t", 1));
+    assert_eq!((t.producer_id.clone(), t.first_offset), (77u64.into(), 40));
+    // The sweep logs it (once) and leaves it: only its producer or an
+    // operator may end it.
+    broker.sweep_transactions();
+    broker.sweep_transactions();
+    assert_eq!(broker.late_transactions(now).len(), 1);
+    // Partition 0's becomes late 20 minutes on.
+    assert_eq!(broker.late_transactions(now + max + 300_000 + 1).len(), 2);
+    broker.close().unwrap();
+}

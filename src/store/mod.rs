@@ -576,8 +576,9 @@ impl ProducerStateStore {
         if let Some(h) = self.flusher.take() {
             let _ = h.join();
         }
-        // Nothing changes the keys any more: take them out of the gauge.
+        // Nothing changes the keys any more: take them out of the gauges.
         self.shared.log.telemetry().producers(0);
+        self.shared.log.telemetry().late_transactions(0);
         // Everything is durable and nothing more is written: mark the log
         // closed cleanly, unless something failed.
         result?;

@@ -30,7 +30,7 @@ use super::{ProducerStateStore, Shared, check_name};
 use crate::batch::{AppendOptions, AppendRequest, Batch};
 use crate::engine::ProducerStateManager;
 use crate::engine::kafka::side::KafkaProducerState;
-use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerOutcome};
+use crate::engine::kafka::txn::{AbortedTxn, LateTransaction, Marker, MarkerOutcome};
 use crate::engine::map::hash_key;
 use crate::error::{Error, Result};
 use crate::id::ProducerId;
@@ -724,6 +724,25 @@ impl ProducerStateStore {
     pub fn aborted_transactions(&self, partition: i32) -> Vec<AbortedTxn> {
         self.engine(|k| k.aborted_transactions(partition).to_vec())
             .unwrap_or_default()
+    }
+
+    /// The partitions whose oldest open transaction is late at `now_ms`
+    /// (hanging: no coordinator is going to end it), as
+    /// [`ProducerStateManager::late_transactions`]; empty under
+    /// [`Semantics::Strict`]. Each call also sets the gauge
+    /// `producer_state_partitions_with_late_transactions` (Kafka's
+    /// `PartitionsWithLateTransactionsCount`) to what it found, so a
+    /// broker that checks periodically keeps the gauge current.
+    pub fn late_transactions(
+        &self,
+        now_ms: i64,
+        max_transaction_timeout_ms: i64,
+    ) -> Vec<LateTransaction> {
+        let late = self
+            .engine(|k| k.late_transactions(now_ms, max_transaction_timeout_ms))
+            .unwrap_or_default();
+        self.shared.log.telemetry().late_transactions(late.len());
+        late
     }
 
     /// The partition's producers as a Kafka `.snapshot` file holds them

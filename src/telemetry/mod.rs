@@ -104,6 +104,19 @@ pub(crate) struct Poison<'a> {
     pub(crate) records: u64,
 }
 
+/// Sets this store's share of a gauge summed over the open stores to
+/// `now`: moves it by the difference from what `published` says this store
+/// last added.
+fn move_by(gauge: &Gauge, published: &AtomicU64, now: usize) {
+    let now = now as u64;
+    let before = published.swap(now, Ordering::Relaxed);
+    if now > before {
+        gauge.increment((now - before) as f64);
+    } else if now < before {
+        gauge.decrement((before - now) as f64);
+    }
+}
+
 /// One store's metric handles and event context.
 pub(crate) struct Telemetry {
     /// Appends answered with an error. The other answers are counted by
@@ -129,8 +142,11 @@ pub(crate) struct Telemetry {
     producers: Gauge,
     expirations: Counter,
     evictions: Counter,
+    late_transactions: Gauge,
     /// The key count this store last added to the gauge.
     published: AtomicU64,
+    /// The late-transaction count this store last added to its gauge.
+    late_published: AtomicU64,
     /// The expired and evicted totals last counted (see `removed`).
     removed_published: [AtomicU64; 2],
     /// When a group commit next refreshes the gauge, in nanoseconds since
@@ -171,7 +187,9 @@ impl Telemetry {
             producers: gauge(PRODUCERS, &l),
             expirations: counter(EXPIRATIONS, &l),
             evictions: counter(EVICTIONS, &l),
+            late_transactions: gauge(LATE_TRANSACTIONS, &l),
             published: AtomicU64::new(0),
+            late_published: AtomicU64::new(0),
             removed_published: [AtomicU64::new(0), AtomicU64::new(0)],
             next_sample: AtomicU64::new(0),
             born: Instant::now(),
@@ -243,13 +261,13 @@ impl Telemetry {
     /// The store holds `live` keys: moves the gauge by the difference from
     /// what this store last reported.
     pub(crate) fn producers(&self, live: usize) {
-        let live = live as u64;
-        let before = self.published.swap(live, Ordering::Relaxed);
-        if live > before {
-            self.producers.increment((live - before) as f64);
-        } else if live < before {
-            self.producers.decrement((before - live) as f64);
-        }
+        move_by(&self.producers, &self.published, live);
+    }
+
+    /// A check found `late` partitions with a late transaction: moves the
+    /// gauge as [`Telemetry::producers`] does.
+    pub(crate) fn late_transactions(&self, late: usize) {
+        move_by(&self.late_transactions, &self.late_published, late);
     }
 
     /// The store opened: what recovery found and did.

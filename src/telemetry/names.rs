@@ -55,6 +55,7 @@ pub(super) const POISONED: &str = "producer_state_poisoned_total";
 pub(super) const PRODUCERS: &str = "producer_state_producers";
 pub(super) const EXPIRATIONS: &str = "producer_state_expirations_total";
 pub(super) const EVICTIONS: &str = "producer_state_evictions_total";
+pub(super) const LATE_TRANSACTIONS: &str = "producer_state_partitions_with_late_transactions";
 
 /// The label of [`APPENDS`] and its values, in the order of the
 /// store's answers (`AppendOutcome`, then errors).
@@ -183,6 +184,12 @@ pub const METRICS: &[Metric] = &[
         C,
         "count",
         "Keys evicted to keep the table within its cap",
+    ),
+    metric(
+        LATE_TRANSACTIONS,
+        G,
+        "count",
+        "Partitions whose oldest open transaction is late (hanging), at the last check, summed over the open stores",
     ),
 ];
 

@@ -19,7 +19,9 @@ use crate::engine::entry::ProducerEntry;
 use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 use crate::engine::kafka::side::KafkaProducerState;
 use crate::engine::kafka::state::KafkaState;
-use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerOutcome};
+use crate::engine::kafka::txn::{
+    AbortedTxn, LATE_TRANSACTION_BUFFER_MS, LateTransaction, Marker, MarkerOutcome,
+};
 use crate::engine::map::{Ask, StateMap};
 #[cfg(doc)]
 use crate::error::Error;
@@ -142,6 +144,58 @@ impl ProducerStateManager {
         self.kafka
             .as_deref()
             .map_or(&[], |k| k.txns().aborted(partition))
+    }
+
+    /// The partitions whose oldest open transaction is late at `now_ms`
+    /// (Kafka's `hasLateTransaction`, partition by partition): its
+    /// producer's last timestamp lies more than
+    /// `max_transaction_timeout_ms` (Kafka's `transaction.max.timeout.ms`,
+    /// 15 minutes by default) plus [`LATE_TRANSACTION_BUFFER_MS`] before
+    /// `now_ms`. Sorted by partition; empty under [`Semantics::Strict`].
+    ///
+    /// As in Kafka only the oldest transaction of a partition is looked at:
+    /// it is the one that holds the last stable offset back. A producer
+    /// without a timestamp (none of its batches carried one) is never late.
+    ///
+    /// ```
+    /// use producer_state::{AppendOptions, Batch, ProducerStateManager, Semantics};
+    ///
+    /// let mut m = ProducerStateManager::with_semantics(Semantics::Kafka);
+    /// let txn = AppendOptions::client().transactional().verified();
+    /// // A transaction opened at offset 100 at time 1,000,000 ms, never ended.
+    /// m.append_with(7u64, 0, 0, Batch::new(0, 0, 100, 1_000_000), txn)?;
+    /// let max = 900_000; // transaction.max.timeout.ms
+    /// assert!(m.late_transactions(1_000_000 + max, max).is_empty());
+    /// let late = m.late_transactions(1_000_000 + max + 300_001, max);
+    /// assert_eq!((late[0].partition, late[0].first_offset), (0, 100));
+    /// # Ok::<(), producer_state::Error>(())
+    /// ```
+    pub fn late_transactions(
+        &self,
+        now_ms: i64,
+        max_transaction_timeout_ms: i64,
+    ) -> Vec<LateTransaction> {
+        let Some(k) = self.kafka.as_deref() else {
+            return Vec::new();
+        };
+        let bound = max_transaction_timeout_ms.saturating_add(LATE_TRANSACTION_BUFFER_MS);
+        let mut late: Vec<LateTransaction> = k
+            .txns()
+            .oldest_open()
+            .filter_map(|(partition, id, first_offset)| {
+                let last_timestamp = k.state(&self.map, id, partition)?.last_timestamp;
+                (last_timestamp > 0 && now_ms.saturating_sub(last_timestamp) > bound).then(|| {
+                    LateTransaction {
+                        partition,
+                        producer_id: id.clone(),
+                        first_offset,
+                        last_timestamp,
+                    }
+                })
+            })
+            .collect();
+        late.sort_by_key(|t| t.partition);
+        late
     }
 
     /// Drops the partition's aborted transactions whose marker is below

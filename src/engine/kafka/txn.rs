@@ -102,6 +102,33 @@ pub struct AbortedTxn {
     pub last_stable_offset: i64,
 }
 
+/// Kafka's `ProducerStateManager.LATE_TRANSACTION_BUFFER_MS`: how long
+/// past the longest transaction timeout a transaction may stay open before
+/// it counts as late (5 minutes). A coordinator aborts a transaction when
+/// its timeout passes; one still open this long after is one no
+/// coordinator is going to end, a *hanging* transaction, and it holds the
+/// partition's last stable offset back until an operator aborts it.
+pub const LATE_TRANSACTION_BUFFER_MS: i64 = 5 * 60 * 1000;
+
+/// A partition's oldest open transaction, late by Kafka's rule
+/// (`ProducerStateManager.hasLateTransaction`): its producer's last
+/// timestamp lies more than the longest transaction timeout plus
+/// [`LATE_TRANSACTION_BUFFER_MS`] before now.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct LateTransaction {
+    /// The partition whose last stable offset it holds back.
+    pub partition: i32,
+    /// The producer whose transaction it is.
+    pub producer_id: ProducerId,
+    /// The transaction's first offset (the partition's first unstable
+    /// offset).
+    pub first_offset: i64,
+    /// The producer's last timestamp (its newest batch or marker), from
+    /// which Kafka measures the lateness.
+    pub last_timestamp: i64,
+}
+
 /// What an end-transaction marker comes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -307,6 +334,14 @@ impl TxnIndex {
             .iter()
             .filter(|(_, t)| !t.aborted.is_empty())
             .map(|(p, t)| (*p, t.aborted.as_slice()))
+    }
+
+    /// Every partition with an open transaction, and its oldest one: the
+    /// producer and the first offset.
+    pub(crate) fn oldest_open(&self) -> impl Iterator<Item = (i32, &ProducerId, i64)> + '_ {
+        self.partitions
+            .iter()
+            .filter_map(|(p, t)| t.open.first().map(|(f, id)| (*p, id, *f)))
     }
 
     /// Sets a partition's aborted list (read from a snapshot).
