@@ -11,13 +11,14 @@
 //! Default options (`FsyncPolicy::Always`, 64 MiB segments), in both
 //! semantics. One in flight: one thread appends sequence after sequence,
 //! each waiting for durability. Five in flight: thread `t` owns sequences
-//! `t, t + 5, ...`; a batch that arrives before its predecessor was
-//! classified is answered OUT_OF_ORDER and sent again, as a client
-//! retries it. Rounds interleave the sides; each starts from an empty
+//! `t, t + 5, ...` and hands each to the store in sequence order (after
+//! its predecessor was handed over, as a broker dispatches a connection's
+//! requests in the order they came); a batch that still reaches the store
+//! before its predecessor is answered OUT_OF_ORDER and sent again. Rounds interleave the sides; each starts from an empty
 //! directory.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use producer_state::{Batch, BatchOutcome, ProducerStateStore, Semantics, StoreOptions};
@@ -39,17 +40,40 @@ fn round(dir: &Path, semantics: Semantics, in_flight: i32, batches: i32) -> Resu
     // Each round is bounded in time as well as in count.
     let deadline = Instant::now() + Duration::from_secs(120);
     let start = Instant::now();
+    // The sequence last handed to the store: a broker hands a
+    // connection's requests over in the order they came.
+    let issued = Arc::new((Mutex::new(0i32), Condvar::new()));
     let hs: Vec<_> = (0..in_flight)
         .map(|t| {
-            let store = store.clone();
+            let (store, issued) = (store.clone(), issued.clone());
             std::thread::spawn(move || -> std::result::Result<(), String> {
                 for seq in (1 + t..=batches).step_by(in_flight as usize) {
                     let b = Batch::new(seq, seq, i64::from(seq), 1_700_000_000_000);
+                    {
+                        let (last, turn) = &*issued;
+                        let mut last = last.lock().map_err(|_| "poisoned")?;
+                        while *last != seq - 1 {
+                            let (l, _) = turn
+                                .wait_timeout(last, Duration::from_secs(1))
+                                .map_err(|_| "poisoned")?;
+                            last = l;
+                            if Instant::now() > deadline {
+                                return Err(format!("sequence {seq}: out of time"));
+                            }
+                        }
+                        *last = seq;
+                        turn.notify_all();
+                    }
+                    // Handed over just after its predecessor: rarely, it
+                    // reaches the store first and is sent again.
                     loop {
                         if Instant::now() > deadline {
                             return Err(format!("sequence {seq}: out of time"));
                         }
-                        match store.append_batch(7u64, 0, 0, b).map_err(|e| e.to_string())? {
+                        match store
+                            .append_batch(7u64, 0, 0, b)
+                            .map_err(|e| e.to_string())?
+                        {
                             BatchOutcome::Accepted => break,
                             BatchOutcome::OutOfOrder { .. } => std::thread::yield_now(),
                             other => return Err(format!("sequence {seq}: {other:?}")),
@@ -77,7 +101,9 @@ fn main() -> Result<()> {
     let rounds: usize = arg(&args, "--rounds").map_or(Ok(5), |v| v.parse())?;
     let tmp = tempfile::tempdir()?;
     let base = arg(&args, "--dir").map_or_else(|| tmp.path().to_path_buf(), Into::into);
-    println!("one producer, one partition, {batches} batches per round, {rounds} rounds, default options (Always)");
+    println!(
+        "one producer, one partition, {batches} batches per round, {rounds} rounds, default options (Always)"
+    );
     println!(
         "| semantics | 1 in flight batches/s | 5 in flight batches/s | 5 / 1 | batches per group commit, 1 / 5 in flight | goal |"
     );
