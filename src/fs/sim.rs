@@ -329,6 +329,11 @@ impl SimFs {
         self.lock().faults.insert(op, fault);
     }
 
+    /// Drops every fault set but not yet reached.
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
     /// Makes every `sync_data` take this long (default zero), the lock on
     /// the simulated disk released meanwhile, so concurrent writers queue
     /// up behind an fsync as they do on a real disk.
