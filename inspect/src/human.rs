@@ -99,9 +99,25 @@ pub(crate) fn print_repair(w: &mut dyn Write, r: &RepairView) -> io::Result<()> 
             w,
             "  would remove {file} (a segment cut off at its creation: no record)"
         ),
-        RepairView::Truncate { file, len, bytes } => writeln!(
+        RepairView::Truncate {
+            file,
+            len,
+            bytes,
+            preallocated_bytes: 0,
+            ..
+        } => writeln!(
             w,
             "  would truncate {bytes} bytes of torn tail from {file} at byte {len}"
+        ),
+        RepairView::Truncate {
+            file,
+            len,
+            record_bytes,
+            preallocated_bytes,
+            ..
+        } => writeln!(
+            w,
+            "  would truncate {record_bytes} bytes of torn tail from {file} at byte {len}, and the {preallocated_bytes} bytes of preallocated room (zeros) after them"
         ),
         RepairView::MoveAside {
             file,
@@ -161,6 +177,12 @@ fn print_header(w: &mut dyn Write, out: &Output) -> io::Result<()> {
         }
         _ => {}
     }
+    if let (Some(used), Some(room)) = (out.used_bytes, out.preallocated_bytes) {
+        writeln!(
+            w,
+            "bytes:     {used} written (header, records, any torn write), {room} preallocated (zeros: room for records to come)"
+        )?;
+    }
     if out.kind != "store"
         && out.kind != "segment"
         && let Some(n) = out.entry_count
@@ -217,14 +239,27 @@ fn print_files(w: &mut dyn Write, out: &Output) -> io::Result<()> {
                 f.name.clone(),
                 range,
                 f.entries.map_or("-".into(), |n| n.to_string()),
-                f.bytes.to_string(),
+                f.used_bytes.to_string(),
+                if f.kind == "segment" {
+                    f.preallocated_bytes.to_string()
+                } else {
+                    "-".into()
+                },
                 verdict,
             ]
         })
         .collect();
     table(
         w,
-        &["KIND", "FILE", "RANGE", "ENTRIES", "BYTES", "VERDICT"],
+        &[
+            "KIND",
+            "FILE",
+            "RANGE",
+            "ENTRIES",
+            "BYTES",
+            "PREALLOCATED",
+            "VERDICT",
+        ],
         &rows,
     )?;
     Ok(())

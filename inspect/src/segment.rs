@@ -255,6 +255,9 @@ pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<
         out.version = Some(s.version);
         out.semantics = Some(semantics_name(s.semantics));
         out.entry_count = Some(s.records);
+        out.bytes = Some(s.bytes);
+        out.used_bytes = Some(s.bytes.saturating_sub(s.preallocated_bytes));
+        out.preallocated_bytes = Some(s.preallocated_bytes);
         let (offset, kind) = match &s.end {
             SegmentEnd::TornTail { offset, kind } => (
                 *offset,

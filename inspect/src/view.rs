@@ -124,7 +124,13 @@ pub(crate) struct RecordView {
 pub(crate) struct FileView {
     pub(crate) name: String,
     pub(crate) kind: &'static str,
+    /// The file's length: `used_bytes + preallocated_bytes`.
     pub(crate) bytes: u64,
+    /// Bytes that hold something: a segment's header, records and any
+    /// torn write; every byte of any other file.
+    pub(crate) used_bytes: u64,
+    /// A preallocated segment's room: zeros no write reached.
+    pub(crate) preallocated_bytes: u64,
     /// Snapshots: the position covered; segments: the first position.
     pub(crate) position: Option<u64>,
     /// Segments: one past the last valid record's position.
@@ -172,7 +178,11 @@ pub(crate) enum RepairView {
     Truncate {
         file: String,
         len: u64,
+        /// Every byte cut: `record_bytes` of a torn write, then
+        /// `preallocated_bytes` of a preallocated segment's room (zeros).
         bytes: u64,
+        record_bytes: u64,
+        preallocated_bytes: u64,
     },
     MoveAside {
         file: String,
@@ -194,10 +204,17 @@ impl From<&Repair> for RepairView {
             Repair::RemoveEmptySegment { file } => {
                 RepairView::RemoveEmptySegment { file: path(file) }
             }
-            Repair::Truncate { file, len, bytes } => RepairView::Truncate {
+            Repair::Truncate {
+                file,
+                len,
+                bytes,
+                preallocated,
+            } => RepairView::Truncate {
                 file: path(file),
                 len: *len,
                 bytes: *bytes,
+                record_bytes: bytes.saturating_sub(*preallocated),
+                preallocated_bytes: *preallocated,
             },
             Repair::MoveAside {
                 file,
@@ -221,7 +238,10 @@ impl From<&Repair> for RepairView {
 pub(crate) struct TornView {
     pub(crate) file: String,
     pub(crate) offset: u64,
+    /// Every byte cut, as in `Truncate`.
     pub(crate) bytes: u64,
+    pub(crate) record_bytes: u64,
+    pub(crate) preallocated_bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -259,6 +279,14 @@ pub(crate) struct Output {
     pub(crate) semantics: Option<&'static str>,
     pub(crate) position: Option<u64>,
     pub(crate) entry_count: Option<u64>,
+    /// A segment: its length, the bytes that hold something (header,
+    /// records, a torn write) and its preallocated room (zeros).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) used_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) preallocated_bytes: Option<u64>,
     pub(crate) verdict: &'static str,
     pub(crate) damage: Vec<Damage>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -299,6 +327,9 @@ impl Output {
             semantics: None,
             position: None,
             entry_count: None,
+            bytes: None,
+            used_bytes: None,
+            preallocated_bytes: None,
             verdict: "ok",
             damage: Vec::new(),
             files: Vec::new(),
