@@ -116,13 +116,13 @@ pub(crate) fn inspect(dir: &Path, out: &mut Output, show: &Show<'_>) -> Result<(
     match report.contents {
         Contents::Store => {}
         Contents::KafkaSnapshots => out.format = "directory of Kafka producer snapshots".into(),
-        _ => out.damage.push(Damage {
-            file: dir.display().to_string(),
-            offset: None,
-            kind: "no file named as a store's (<20 digits>.wal or .snap): not a producer-state directory"
-                .into(),
-            severity: Verdict::Refused,
-        }),
+        // No file named as a store's: nothing to verify, and nothing
+        // recovery would refuse (opening makes a new store here).
+        _ => {
+            out.kind = "directory";
+            out.format = "directory without a store".into();
+            out.not_a_store(NotAStore::NoStore);
+        }
     }
     match &report.recovery {
         DryRun::Opens { report, state } => {

@@ -142,6 +142,11 @@ pub(crate) fn print_repair(w: &mut dyn Write, r: &RepairView) -> io::Result<()> 
 /// directory and its verdict, then each part the output has.
 pub(crate) fn print(w: &mut dyn Write, out: &Output) -> io::Result<()> {
     print_header(w, out)?;
+    print_stores(w, out)?;
+    for o in &out.inspected {
+        writeln!(w, "\n=== store {}\n", o.path)?;
+        print(w, o)?;
+    }
     print_files(w, out)?;
     if let Some(r) = &out.recovery {
         print_recovery(w, r)?;
@@ -192,6 +197,10 @@ fn print_header(w: &mut dyn Write, out: &Output) -> io::Result<()> {
             None => writeln!(w, "entries:   {n}")?,
         }
     }
+    if out.not_a_store.is_some() {
+        writeln!(w, "verdict:   {}", not_a_store_text(out))?;
+        return Ok(());
+    }
     let verdict = match out.code {
         Verdict::Ok => "OK, every checksum verifies",
         Verdict::Repairable => {
@@ -210,6 +219,52 @@ fn print_header(w: &mut dyn Write, out: &Output) -> io::Result<()> {
             d.offset.map_or(String::new(), |o| format!(" at byte {o}")),
             d.kind
         )?;
+    }
+    Ok(())
+}
+
+/// What a path that holds no store is, in words (the verdict line, and
+/// the line on stderr).
+pub(crate) fn not_a_store_text(out: &Output) -> &'static str {
+    match (out.not_a_store, out.kind) {
+        (Some(NotAStore::NoStore), _) => {
+            "no store here: no file named as a store's (<20 digits>.wal or .snap), nothing verified; opening a store here would make a new, empty one"
+        }
+        (Some(NotAStore::Broker), "broker_data_directory") => {
+            "a broker directory (a data directory), not a store: stores under it are listed; inspect one by its path, or every one with --all"
+        }
+        (Some(NotAStore::Broker), _) => {
+            "a broker directory (a partition's), not a store: its producer state is in the stores listed; inspect one by its path, or every one with --all"
+        }
+        (Some(NotAStore::KafkaLog), _) => {
+            "a Kafka log segment (not read): this tool reads producer-state stores, their files and Kafka's producer snapshots (<offset>.snapshot)"
+        }
+        (None, _) => "",
+    }
+}
+
+/// [`not_a_store_text`] on one line, for stderr: a broker directory's
+/// stores named in it.
+pub(crate) fn not_a_store_line(out: &Output) -> String {
+    let text = not_a_store_text(out);
+    match &out.stores {
+        Some(s) if s.is_empty() => format!("{text}; stores: none"),
+        Some(s) => format!("{text}; stores: {}", s.join(", ")),
+        None => text.to_string(),
+    }
+}
+
+/// A broker directory's stores, one a line.
+fn print_stores(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+    let Some(stores) = &out.stores else {
+        return Ok(());
+    };
+    if stores.is_empty() {
+        return writeln!(w, "stores:    none");
+    }
+    writeln!(w, "stores:")?;
+    for s in stores {
+        writeln!(w, "  {s}")?;
     }
     Ok(())
 }

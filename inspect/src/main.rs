@@ -28,6 +28,7 @@ mod dir;
 mod filter;
 mod human;
 mod kafka_snapshot;
+mod place;
 mod progress;
 mod segment;
 mod snapshot;
@@ -35,7 +36,7 @@ mod state;
 mod view;
 
 use filter::{Filter, Show};
-use view::{Damage, Output, Unreadable, code_of, verdict_word};
+use view::{Damage, Document, NotAStore, Output, SCHEMA_VERSION, Unreadable, verdict_word};
 
 /// Inspect a producer-state snapshot, log segment or store directory, or an
 /// Apache Kafka producer snapshot (`<offset>.snapshot`), read-only.
@@ -43,13 +44,17 @@ use view::{Damage, Output, Unreadable, code_of, verdict_word};
 /// PATH is detected by name and content. A directory is listed file by
 /// file, then recovery is run as a dry run (nothing is written, no lock is
 /// taken) to show the state it would rebuild and what it would truncate or
-/// refuse.
+/// refuse. A broker's data or partition directory is not a store: the
+/// stores under it are named (`--all` inspects every one), and a Kafka log
+/// segment (`<offset>.log`) is recognised but not read.
 ///
 /// Exit codes: 0 everything verifies; 1 damage that recovery would refuse
 /// (or a file of no known kind); 2 usage error; 3 a file could not be read;
 /// 4 damage with which recovery still opens the store (a torn tail it
 /// cuts, a snapshot it skips, damage in the log only a fallback to an
-/// older snapshot would need).
+/// older snapshot would need); 5 no store here, nothing verified (a
+/// directory without a store file, where opening would make a new store; a
+/// broker directory without `--all`; a Kafka log segment).
 #[derive(Parser, Debug)]
 #[command(name = "inspect-snapshot", version)]
 struct Args {
@@ -70,6 +75,10 @@ struct Args {
     /// Only this partition.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     partition: Option<i32>,
+    /// A broker's data or partition directory: inspect every store it
+    /// names, in one run (the exit code is the worst of theirs).
+    #[arg(long)]
+    all: bool,
 }
 
 const UNREADABLE: u8 = 3;
@@ -90,20 +99,31 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
     };
     let path = &args.path;
     let mut out = Output::new(path, "unknown", "");
-    let meta = std::fs::metadata(path).map_err(|e| {
-        Unreadable(Error::Io {
-            op: "stat",
-            path: path.clone(),
-            source: e,
-        })
-    })?;
+    let io = |op| {
+        move |e| {
+            Unreadable(Error::Io {
+                op,
+                path: path.clone(),
+                source: e,
+            })
+        }
+    };
+    let meta = std::fs::metadata(path).map_err(io("stat"))?;
     if meta.is_dir() {
-        dir::inspect(path, &mut out, &show)?;
+        let broker = match place::holds_store_files(path).map_err(io("list"))? {
+            true => None,
+            false => place::broker(path).map_err(io("list"))?,
+        };
+        match broker {
+            Some(b) => broker_dir(path, b, args.all, &mut out, &show)?,
+            None => dir::inspect(path, &mut out, &show)?,
+        }
     } else {
         match inspect::detect(&ReadOnlyFs(StdFs), path) {
             Ok(Some(FileKind::Snapshot)) => snapshot::inspect(path, &mut out, &show)?,
             Ok(Some(FileKind::Segment)) => segment::inspect(path, &mut out, &show)?,
             Ok(Some(FileKind::KafkaSnapshot)) => kafka_snapshot::inspect(path, &mut out, &show)?,
+            Ok(_) if kafka_log(path, &mut out).map_err(io("read"))? => {}
             // A kind this tool does not know yet (the library's list can grow).
             Ok(_) => {
                 out.format = format!(
@@ -127,15 +147,97 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
             .max()
             .unwrap_or(Verdict::Ok);
     }
-    out.verdict = verdict_word(out.code);
+    if out.not_a_store.is_none() {
+        out.verdict = verdict_word(out.code);
+    }
     Ok(out)
+}
+
+/// A broker directory: the stores it names, each inspected with `--all`.
+fn broker_dir(
+    path: &std::path::Path,
+    b: place::Broker,
+    all: bool,
+    out: &mut Output,
+    show: &Show<'_>,
+) -> Result<(), Unreadable> {
+    *out = match b.data {
+        true => Output::new(path, "broker_data_directory", "broker data directory"),
+        false => Output::new(
+            path,
+            "broker_partition_directory",
+            "broker partition directory",
+        ),
+    };
+    out.stores = Some(b.stores.iter().map(|p| p.display().to_string()).collect());
+    if !all {
+        out.not_a_store(NotAStore::Broker);
+        return Ok(());
+    }
+    for store in &b.stores {
+        let mut o = Output::new(store, "store", "");
+        dir::inspect(store, &mut o, show)?;
+        if o.not_a_store.is_none() {
+            o.verdict = verdict_word(o.code);
+        }
+        out.inspected.push(o);
+    }
+    // The worst verdict of the stores that hold one; none: nothing verified.
+    let worst = out
+        .inspected
+        .iter()
+        .filter(|o| o.not_a_store.is_none())
+        .map(|o| o.code)
+        .max();
+    match worst {
+        Some(v) => out.code = v,
+        None => out.not_a_store(NotAStore::Broker),
+    }
+    Ok(())
+}
+
+/// A Kafka log segment, by its name (`<20 digits>.log`) or by its first
+/// record batch (magic 2, and a CRC-32C that verifies): recognised, not
+/// read. False for anything else.
+fn kafka_log(path: &std::path::Path, out: &mut Output) -> io::Result<bool> {
+    let named = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(place::is_log_name);
+    let first = place::first_batch(path)?;
+    if !named && !first.as_ref().is_some_and(|b| b.crc_ok) {
+        return Ok(false);
+    }
+    *out = Output::new(path, "kafka_log_segment", "");
+    out.format = match &first {
+        Some(b) => {
+            out.position = u64::try_from(b.base_offset).ok();
+            format!(
+                "Kafka log segment: record batches (magic 2); the first at offset {}, {} bytes, its CRC-32C {}",
+                b.base_offset,
+                b.len,
+                if b.crc_ok {
+                    "verifies"
+                } else {
+                    "does not verify"
+                }
+            )
+        }
+        None => "Kafka log segment, by its name (no record batch at its start)".into(),
+    };
+    out.not_a_store(NotAStore::KafkaLog);
+    Ok(true)
 }
 
 /// Prints the output; an error only if stdout fails.
 fn print(args: &Args, out: &Output) -> io::Result<()> {
     let mut w = io::BufWriter::with_capacity(1 << 16, io::stdout().lock());
     if args.json {
-        serde_json::to_writer_pretty(&mut w, out)?;
+        let doc = Document {
+            schema_version: SCHEMA_VERSION,
+            output: out,
+        };
+        serde_json::to_writer_pretty(&mut w, &doc)?;
         writeln!(w)?;
     } else if !args.verify {
         human::print(&mut w, out)?;
@@ -145,6 +247,15 @@ fn print(args: &Args, out: &Output) -> io::Result<()> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.all && !std::fs::metadata(&args.path).is_ok_and(|m| m.is_dir()) {
+        use clap::CommandFactory;
+        Args::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--all takes a directory: a broker's data or partition directory (or a store)",
+            )
+            .exit();
+    }
     // Writes to stderr that fail (a closed stderr) are dropped: there is
     // nowhere left to say anything.
     let mut err = io::stderr().lock();
@@ -155,7 +266,17 @@ fn main() -> ExitCode {
             return ExitCode::from(UNREADABLE);
         }
     };
-    for d in &out.damage {
+    if let Some(what) = out.not_a_store {
+        let _ = writeln!(
+            err,
+            "{}: {}: {}",
+            what.word(),
+            out.path,
+            human::not_a_store_line(&out)
+        );
+    }
+    let nested = out.inspected.iter().flat_map(|o| &o.damage);
+    for d in out.damage.iter().chain(nested) {
         let _ = writeln!(
             err,
             "{}: {}{}: {}",
@@ -180,5 +301,5 @@ fn main() -> ExitCode {
             return ExitCode::from(UNREADABLE);
         }
     }
-    ExitCode::from(code_of(out.code))
+    ExitCode::from(out.exit_code())
 }

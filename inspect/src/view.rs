@@ -9,12 +9,44 @@ use producer_state::inspect::Verdict;
 use producer_state::{Error, ProducerEntry, ProducerId, Repair};
 use serde::Serialize;
 
+/// The version of the JSON document's layout (`schema_version`): raised
+/// when a field is removed or changes meaning; new fields do not raise it.
+pub(crate) const SCHEMA_VERSION: u32 = 1;
+
 /// The exit code of a verdict.
 pub(crate) fn code_of(v: Verdict) -> u8 {
     match v {
         Verdict::Ok => 0,
         Verdict::Repairable => 4,
         Verdict::Refused => 1,
+    }
+}
+
+/// The exit code of a path that holds no store to verify.
+pub(crate) const NOT_A_STORE: u8 = 5;
+
+/// A path that holds no store of its own, so nothing was verified: its
+/// own verdict, exit code [`NOT_A_STORE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NotAStore {
+    /// A directory without a store file (empty, or other files only):
+    /// `ProducerStateStore::open` would make a new, empty store there.
+    NoStore,
+    /// A broker's data directory or one of its partition directories:
+    /// the stores are under it, or in its data directory.
+    Broker,
+    /// A Kafka log segment (`<offset>.log`): recognised, not read.
+    KafkaLog,
+}
+
+impl NotAStore {
+    /// The JSON `verdict` word.
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            NotAStore::NoStore => "no_store",
+            NotAStore::Broker => "broker_directory",
+            NotAStore::KafkaLog => "kafka_log_segment",
+        }
     }
 }
 
@@ -304,8 +336,42 @@ pub(crate) struct Output {
     pub(crate) aborted_transactions: Vec<AbortedView>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) records: Vec<RecordView>,
+    /// A broker directory: the stores under it (or, for a partition
+    /// directory, its data directory's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) stores: Option<Vec<String>>,
+    /// `--all` on a broker directory: each of its stores, inspected.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) inspected: Vec<Output>,
     #[serde(skip)]
     pub(crate) code: Verdict,
+    /// Set when the path holds no store: then `code` means nothing.
+    #[serde(skip)]
+    pub(crate) not_a_store: Option<NotAStore>,
+}
+
+/// The JSON document: the output, with the version of its layout first.
+#[derive(Serialize)]
+pub(crate) struct Document<'a> {
+    pub(crate) schema_version: u32,
+    #[serde(flatten)]
+    pub(crate) output: &'a Output,
+}
+
+impl Output {
+    /// The exit code: the verdict's, or [`NOT_A_STORE`].
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self.not_a_store {
+            Some(_) => NOT_A_STORE,
+            None => code_of(self.code),
+        }
+    }
+
+    /// Marks the output as a path with no store.
+    pub(crate) fn not_a_store(&mut self, what: NotAStore) {
+        self.not_a_store = Some(what);
+        self.verdict = what.word();
+    }
 }
 
 #[derive(Serialize)]
@@ -338,7 +404,10 @@ impl Output {
             entries: Vec::new(),
             aborted_transactions: Vec::new(),
             records: Vec::new(),
+            stores: None,
+            inspected: Vec::new(),
             code: Verdict::Ok,
+            not_a_store: None,
         }
     }
 }
