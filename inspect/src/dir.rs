@@ -96,9 +96,9 @@ pub(crate) fn recovery_view(report: &RecoveryReport) -> RecoveryView {
 }
 
 pub(crate) fn inspect(dir: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
-    let (f, list, quiet) = (show.filter, show.list, show.quiet);
+    let (f, list) = (show.filter, show.list);
     *out = Output::new(dir, "store", "producer-state store directory");
-    let mut p = Progress::new("checking files", quiet);
+    let mut p = Progress::new("checking files");
     let report: DirectoryReport =
         inspect::directory(&ReadOnlyFs(StdFs), dir, &mut |n| p.tick(n)).map_err(Unreadable)?;
     drop(p);
@@ -130,6 +130,7 @@ pub(crate) fn inspect(dir: &Path, out: &mut Output, show: &Show<'_>) -> Result<(
             out.entry_count = Some(state.len() as u64);
             out.recovery = Some(recovery_view(report));
             out.entries = entries_of(state, f, list);
+            out.limit_entries(show.limit);
             out.aborted_transactions = aborted_of(state, f, list);
         }
         DryRun::Refuses(e) => {

@@ -4,6 +4,7 @@ use std::io::{self, Write};
 
 use producer_state::inspect::Verdict;
 
+use crate::progress::Progress;
 use crate::view::*;
 
 /// Prints rows as aligned columns.
@@ -140,20 +141,23 @@ pub(crate) fn print_repair(w: &mut dyn Write, r: &RepairView) -> io::Result<()> 
 
 /// Everything printed without `--json`, in order: the file or
 /// directory and its verdict, then each part the output has.
-pub(crate) fn print(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+///
+/// Rendering a segment's millions of records takes seconds: `p` ticks
+/// with the rows rendered.
+pub(crate) fn print(w: &mut dyn Write, out: &Output, p: &mut Progress) -> io::Result<()> {
     print_header(w, out)?;
     print_stores(w, out)?;
     for o in &out.inspected {
         writeln!(w, "\n=== store {}\n", o.path)?;
-        print(w, o)?;
+        print(w, o, p)?;
     }
     print_files(w, out)?;
     if let Some(r) = &out.recovery {
         print_recovery(w, r)?;
     }
-    print_entries(w, out)?;
+    print_entries(w, out, p)?;
     print_aborted(w, out)?;
-    print_records(w, out)
+    print_records(w, out, p)
 }
 
 /// What was inspected, its format and position, and the verdict with
@@ -322,7 +326,7 @@ fn print_files(w: &mut dyn Write, out: &Output) -> io::Result<()> {
 
 /// The keys, one row each (Kafka's columns for Kafka's files and Kafka-mode
 /// states).
-fn print_entries(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+fn print_entries(w: &mut dyn Write, out: &Output, p: &mut Progress) -> io::Result<()> {
     if out.entries.is_empty() {
         return Ok(());
     }
@@ -331,7 +335,11 @@ fn print_entries(w: &mut dyn Write, out: &Output) -> io::Result<()> {
     let rows: Vec<Vec<String>> = out
         .entries
         .iter()
-        .map(|e| {
+        .enumerate()
+        .map(|(i, e)| {
+            if i % 4096 == 0 {
+                p.tick(i as u64);
+            }
             let mut row = vec![
                 e.producer_id.clone(),
                 e.partition.map_or("-".into(), |p| p.to_string()),
@@ -368,7 +376,7 @@ fn print_entries(w: &mut dyn Write, out: &Output) -> io::Result<()> {
         header.push("RETAINED BATCHES (first..last @offset time)");
     }
     table(w, &header, &rows)?;
-    Ok(())
+    limited(w, out.entries.len(), out.entries_total, "keys")
 }
 
 /// A Kafka-mode state's aborted transactions.
@@ -405,8 +413,16 @@ fn print_aborted(w: &mut dyn Write, out: &Output) -> io::Result<()> {
     Ok(())
 }
 
+/// Says how many of `total` were shown, if `--limit` cut a list.
+fn limited(w: &mut dyn Write, shown: usize, total: Option<u64>, what: &str) -> io::Result<()> {
+    match total {
+        Some(total) => writeln!(w, "({shown} of {total} {what} shown: --limit)"),
+        None => Ok(()),
+    }
+}
+
 /// A segment's records, one row per key each concerns.
-fn print_records(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+fn print_records(w: &mut dyn Write, out: &Output, p: &mut Progress) -> io::Result<()> {
     if out.records.is_empty() {
         return Ok(());
     }
@@ -414,7 +430,11 @@ fn print_records(w: &mut dyn Write, out: &Output) -> io::Result<()> {
     let rows: Vec<Vec<String>> = out
         .records
         .iter()
-        .map(|r| {
+        .enumerate()
+        .map(|(i, r)| {
+            if i % 4096 == 0 {
+                p.tick(i as u64);
+            }
             let dash = || "-".to_string();
             let sequences = match (r.first_sequence, r.last_sequence) {
                 (Some(a), Some(b)) => format!("{a}..{b}"),
@@ -452,5 +472,30 @@ fn print_records(w: &mut dyn Write, out: &Output) -> io::Result<()> {
         ],
         &rows,
     )?;
-    Ok(())
+    limited(w, out.records.len(), out.records_total, "records")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendering_a_long_list_ticks_the_progress_bar() {
+        let mut out = Output::new(std::path::Path::new("x.wal"), "segment", "");
+        out.records = (0..20_000u64)
+            .map(|i| crate::segment::store_record(i, 40 + i, "clock", String::new()))
+            .collect();
+        let mut p = Progress::new("rendering");
+        let mut w = Vec::new();
+        print(&mut w, &out, &mut p).unwrap();
+        assert!(p.ticks >= 4, "{} ticks", p.ticks);
+        assert_eq!(
+            String::from_utf8(w)
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains("clock"))
+                .count(),
+            20_000
+        );
+    }
 }

@@ -36,6 +36,7 @@ mod state;
 mod view;
 
 use filter::{Filter, Show};
+use progress::Progress;
 use view::{Damage, Document, NotAStore, Output, SCHEMA_VERSION, Unreadable, verdict_word};
 
 /// Inspect a producer-state snapshot, log segment or store directory, or an
@@ -79,6 +80,11 @@ struct Args {
     /// names, in one run (the exit code is the worst of theirs).
     #[arg(long)]
     all: bool,
+    /// Show at most N keys and N records (the first N, in the order shown);
+    /// the counts and the verdict still cover everything. A 64 MiB segment
+    /// holds millions of records.
+    #[arg(long, value_name = "N")]
+    limit: Option<u64>,
 }
 
 const UNREADABLE: u8 = 3;
@@ -95,7 +101,7 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
     let show = Show {
         filter: &f,
         list: !args.verify,
-        quiet: args.json,
+        limit: args.limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
     };
     let path = &args.path;
     let mut out = Output::new(path, "unknown", "");
@@ -231,7 +237,12 @@ fn kafka_log(path: &std::path::Path, out: &mut Output) -> io::Result<bool> {
 
 /// Prints the output; an error only if stdout fails.
 fn print(args: &Args, out: &Output) -> io::Result<()> {
-    let mut w = io::BufWriter::with_capacity(1 << 16, io::stdout().lock());
+    let stdout = progress::Ticking {
+        inner: io::stdout().lock(),
+        written: 0,
+        progress: Progress::new("writing the output: bytes"),
+    };
+    let mut w = io::BufWriter::with_capacity(1 << 16, stdout);
     if args.json {
         let doc = Document {
             schema_version: SCHEMA_VERSION,
@@ -240,12 +251,17 @@ fn print(args: &Args, out: &Output) -> io::Result<()> {
         serde_json::to_writer_pretty(&mut w, &doc)?;
         writeln!(w)?;
     } else if !args.verify {
-        human::print(&mut w, out)?;
+        human::print(
+            &mut w,
+            out,
+            &mut Progress::new("rendering the tables: rows"),
+        )?;
     }
     w.flush()
 }
 
 fn main() -> ExitCode {
+    progress::start();
     let args = Args::parse();
     if args.all && !std::fs::metadata(&args.path).is_ok_and(|m| m.is_dir()) {
         use clap::CommandFactory;

@@ -336,6 +336,12 @@ pub(crate) struct Output {
     pub(crate) aborted_transactions: Vec<AbortedView>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) records: Vec<RecordView>,
+    /// `--limit` cut the keys: how many the filter kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) entries_total: Option<u64>,
+    /// `--limit` cut the records: how many (record lines) the filter kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) records_total: Option<u64>,
     /// A broker directory: the stores under it (or, for a partition
     /// directory, its data directory's).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -364,6 +370,16 @@ impl Output {
         match self.not_a_store {
             Some(_) => NOT_A_STORE,
             None => code_of(self.code),
+        }
+    }
+
+    /// `--limit`: keeps the first `limit` keys, and says how many there were.
+    pub(crate) fn limit_entries(&mut self, limit: Option<usize>) {
+        if let Some(n) = limit
+            && self.entries.len() > n
+        {
+            self.entries_total = Some(self.entries.len() as u64);
+            self.entries.truncate(n);
         }
     }
 
@@ -404,6 +420,8 @@ impl Output {
             entries: Vec::new(),
             aborted_transactions: Vec::new(),
             records: Vec::new(),
+            entries_total: None,
+            records_total: None,
             stores: None,
             inspected: Vec::new(),
             code: Verdict::Ok,
