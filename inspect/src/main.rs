@@ -66,7 +66,8 @@ struct Args {
     #[arg(long)]
     json: bool,
     /// Print no table: exit 0 if everything verifies, else a non-zero code,
-    /// with the file, byte offset and kind of damage on stderr.
+    /// with the file, byte offset and kind of damage on stderr (or, for a
+    /// path that holds no store, what it is).
     #[arg(long)]
     verify: bool,
     /// Only this producer: a number for numeric ids (Kafka's may be
