@@ -263,6 +263,12 @@ fn print_stores(w: &mut dyn Write, out: &Output) -> io::Result<()> {
     let Some(stores) = &out.stores else {
         return Ok(());
     };
+    if let (Some(k), Some(shared)) = (out.partition_key, stores.last()) {
+        writeln!(
+            w,
+            "partition: {k} in {shared} (the catalog's key; `--partition {k}` there)"
+        )?;
+    }
     if stores.is_empty() {
         return writeln!(w, "stores:    none");
     }

@@ -177,13 +177,28 @@ fn broker_dir(
         ),
     };
     out.stores = Some(b.stores.iter().map(|p| p.display().to_string()).collect());
+    out.partition_key = b.key.as_ref().map(|k| k.1);
     if !all {
         out.not_a_store(NotAStore::Broker);
         return Ok(());
     }
+    // A partition's keys in the shared state: those of its key, unless
+    // --partition asks for others.
+    let own = b.key.as_ref().filter(|_| show.filter.partition.is_none());
+    let keyed = own.map(|(_, k)| Filter {
+        producer: show.filter.producer.clone(),
+        kafka_producer: show.filter.kafka_producer,
+        partition: Some(*k),
+    });
     for store in &b.stores {
         let mut o = Output::new(store, "store", "");
-        dir::inspect(store, &mut o, show)?;
+        match (own, &keyed) {
+            (Some((shared, _)), Some(filter)) if shared == store => {
+                let show = Show { filter, ..*show };
+                dir::inspect(store, &mut o, &show)?;
+            }
+            _ => dir::inspect(store, &mut o, show)?,
+        }
         if o.not_a_store.is_none() {
             o.verdict = verdict_word(o.code);
         }

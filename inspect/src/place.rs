@@ -39,6 +39,66 @@ pub(crate) struct Broker {
     /// older broker, and its data directory's shared one), in the order
     /// `--all` inspects them.
     pub(crate) stores: Vec<PathBuf>,
+    /// A partition directory: the data directory's shared state, and the
+    /// partition's key in it, as the catalog maps them (none if the
+    /// catalog does not verify or does not name the partition).
+    pub(crate) key: Option<(PathBuf, i32)>,
+}
+
+/// The largest catalog read (one short line a topic: far more topics
+/// than a broker holds).
+const MAX_CATALOG: u64 = 64 << 20;
+
+/// The key of partition `index` of `topic` in the shared state, as the
+/// data directory's catalog maps it (broker/src/catalog.rs: a header
+/// line, one `name partitions first_key` line a topic, then `crc32c
+/// <hex>` of everything before it; version 1 has no keys and gives them
+/// in name order). `None` if the catalog is missing, does not verify or
+/// does not name the partition: the tool never guesses a key.
+fn catalog_key(data_dir: &Path, topic: &str, index: i32) -> Option<i32> {
+    let path = data_dir.join(CATALOG);
+    if fs::metadata(&path).ok()?.len() > MAX_CATALOG {
+        return None;
+    }
+    let text = fs::read_to_string(&path).ok()?;
+    let text = text.strip_suffix('\n')?;
+    let body_end = text.rfind('\n')? + 1;
+    let (body, last) = text.split_at(body_end);
+    let stored = last
+        .strip_prefix("crc32c ")
+        .filter(|h| h.len() == 8)
+        .and_then(|h| u32::from_str_radix(h, 16).ok())?;
+    if crc32c::crc32c(body.as_bytes()) != stored {
+        return None;
+    }
+    let mut lines = body.lines();
+    let v1 = match lines.next()? {
+        "producer-state-broker topics 2" => false,
+        "producer-state-broker topics 1" => true,
+        _ => return None,
+    };
+    // Version 1: keys in name order, each topic after the one before.
+    let mut topics: Vec<(&str, i32, Option<i32>)> = Vec::new();
+    for line in lines {
+        let mut f = line.split(' ');
+        let name = f.next()?;
+        let n: i32 = f.next()?.parse().ok()?;
+        let first: Option<i32> = match v1 {
+            true => None,
+            false => Some(f.next()?.parse().ok()?),
+        };
+        topics.push((name, n, first));
+    }
+    topics.sort_by(|a, b| a.0.cmp(b.0));
+    let mut next = 0i32;
+    for (name, n, first) in topics {
+        let first = first.unwrap_or(next);
+        next = next.checked_add(n)?;
+        if name == topic {
+            return (0..n).contains(&index).then(|| first.checked_add(index))?;
+        }
+    }
+    None
 }
 
 /// The names in `dir`, and whether each is a directory (following links).
@@ -122,6 +182,7 @@ pub(crate) fn broker(dir: &Path) -> io::Result<Option<Broker>> {
         return Ok(Some(Broker {
             data: true,
             stores: data_dir_stores(dir)?,
+            key: None,
         }));
     }
     // A partition directory: its log (or an older broker's store) in a
@@ -143,14 +204,23 @@ pub(crate) fn broker(dir: &Path) -> io::Result<Option<Broker>> {
         return Ok(None);
     }
     let mut stores = own;
+    let mut key = None;
     if let Some(d) = data_dir
         && is_dir(&d.join(STATE))
     {
         stores.push(d.join(STATE));
+        // `<topic>-<partition>`: its key in the shared state.
+        key = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.rsplit_once('-'))
+            .and_then(|(topic, i)| catalog_key(d, topic, i.parse().ok()?))
+            .map(|k| (d.join(STATE), k));
     }
     Ok(Some(Broker {
         data: false,
         stores,
+        key,
     }))
 }
 
@@ -217,6 +287,51 @@ pub(crate) fn first_batch(path: &Path) -> io::Result<Option<FirstBatch>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A catalog as the broker writes it (broker/src/catalog.rs, `render`).
+    fn catalog(header: &str, lines: &[&str]) -> String {
+        let mut s = format!("{header}\n");
+        for l in lines {
+            s.push_str(l);
+            s.push('\n');
+        }
+        let crc = crc32c::crc32c(s.as_bytes());
+        s.push_str(&format!("crc32c {crc:08x}\n"));
+        s
+    }
+
+    #[test]
+    fn a_partitions_key_is_the_catalogs_and_never_a_guess() {
+        let d = tempfile::tempdir().unwrap();
+        let write = |s: &str| fs::write(d.path().join(CATALOG), s).unwrap();
+        write(&catalog(
+            "producer-state-broker topics 2",
+            &["orders 4 0", "payments 12 4"],
+        ));
+        assert_eq!(catalog_key(d.path(), "orders", 3), Some(3));
+        assert_eq!(catalog_key(d.path(), "payments", 0), Some(4));
+        assert_eq!(catalog_key(d.path(), "payments", 11), Some(15));
+        assert_eq!(catalog_key(d.path(), "payments", 12), None);
+        assert_eq!(catalog_key(d.path(), "payments", -1), None);
+        assert_eq!(catalog_key(d.path(), "nope", 0), None);
+        // Version 1: keys in name order.
+        write(&catalog(
+            "producer-state-broker topics 1",
+            &["zeta 2", "alpha 3"],
+        ));
+        assert_eq!(catalog_key(d.path(), "alpha", 2), Some(2));
+        assert_eq!(catalog_key(d.path(), "zeta", 1), Some(4));
+        // A catalog that does not verify names no key.
+        let bad = catalog("producer-state-broker topics 2", &["orders 4 0"]).replacen(
+            "orders 4 0",
+            "orders 4 9",
+            1,
+        );
+        write(&bad);
+        assert_eq!(catalog_key(d.path(), "orders", 0), None);
+        write("");
+        assert_eq!(catalog_key(d.path(), "orders", 0), None);
+    }
 
     #[test]
     fn a_log_name_is_twenty_digits_and_dot_log() {

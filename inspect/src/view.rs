@@ -346,6 +346,10 @@ pub(crate) struct Output {
     /// directory, its data directory's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) stores: Option<Vec<String>>,
+    /// A broker partition directory: its key (partition number) in its
+    /// data directory's shared state, as the catalog maps it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) partition_key: Option<i32>,
     /// `--all` on a broker directory: each of its stores, inspected.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) inspected: Vec<Output>,
@@ -423,6 +427,7 @@ impl Output {
             entries_total: None,
             records_total: None,
             stores: None,
+            partition_key: None,
             inspected: Vec::new(),
             code: Verdict::Ok,
             not_a_store: None,

@@ -32,7 +32,7 @@ fn kafka_batch(base: i64, n: usize) -> Vec<u8> {
 fn kafka_store(dir: &Path) {
     let opts = StoreOptions::default().semantics(Semantics::Kafka);
     let st = ProducerStateStore::open_with(dir, opts).unwrap();
-    for p in 0..3i32 {
+    for p in 5..8i32 {
         st.append_batch(
             1000u64 + p as u64,
             p,
@@ -65,11 +65,12 @@ impl BrokerDir {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         std::fs::create_dir_all(data.join("topics")).unwrap();
-        std::fs::write(
-            data.join("topics.catalog"),
-            "producer-state-broker topics 2\norders 2 0\ncrc32c 00000000\n",
-        )
-        .unwrap();
+        // As broker/src/catalog.rs writes it: topic `orders`, 2
+        // partitions, keys 5 and 6 in the shared state.
+        let mut catalog = "producer-state-broker topics 2\nother 5 0\norders 2 5\n".to_string();
+        let crc = crc32c::crc32c(catalog.as_bytes());
+        catalog.push_str(&format!("crc32c {crc:08x}\n"));
+        std::fs::write(data.join("topics.catalog"), catalog).unwrap();
         std::fs::write(data.join("producer-ids"), [0u8; 12]).unwrap();
         std::fs::write(data.join("offsets.log"), b"").unwrap();
         std::fs::write(data.join("transactions.log"), b"").unwrap();
@@ -234,10 +235,40 @@ fn a_partition_directory_names_the_stores_of_its_producer_state() {
     let (code, out, err) = run(&[s(&b.partition(0))]);
     assert_eq!(code, 5, "{out}{err}");
     assert!(out.contains("a broker directory (a partition's)"), "{out}");
+    let shared = b.data.join("state");
+    assert!(
+        out.contains(&format!(
+            "partition: 5 in {} (the catalog's key; `--partition 5` there)",
+            shared.display()
+        )),
+        "{out}"
+    );
     let (_, v) = json(&[s(&b.partition(0))]);
     assert_eq!(v["kind"], "broker_partition_directory");
     assert_eq!(v["verdict"], "broker_directory");
-    assert_eq!(stores(&v), [s(&b.data.join("state"))]);
+    assert_eq!(stores(&v), [s(&shared)]);
+    assert_eq!(v["partition_key"], 5);
+    // --all: the shared state's keys of this partition only, unless
+    // --partition asks for another.
+    let (code, v) = json(&[s(&b.partition(0)), "--all"]);
+    assert_eq!(code, 0, "{v}");
+    let keys = v["inspected"][0]["entries"].as_array().unwrap();
+    assert_eq!(keys.len(), 1, "{v}");
+    assert_eq!(
+        (&keys[0]["producer_id"], &keys[0]["partition"]),
+        (&"1005".into(), &5.into())
+    );
+    let (_, v) = json(&[s(&b.partition(0)), "--all", "--partition", "7"]);
+    assert_eq!(v["inspected"][0]["entries"][0]["producer_id"], "1007");
+    // A catalog that does not verify names no key (and filters nothing).
+    let cat = b.data.join("topics.catalog");
+    let text = std::fs::read_to_string(&cat).unwrap();
+    std::fs::write(&cat, text.replace("orders 2 5", "orders 2 6")).unwrap();
+    let (code, v) = json(&[s(&b.partition(0)), "--all"]);
+    assert_eq!(code, 0);
+    assert!(v.get("partition_key").is_none(), "{v}");
+    assert_eq!(v["inspected"][0]["entries"].as_array().unwrap().len(), 3);
+    std::fs::write(&cat, text).unwrap();
     // An older broker's partition: its own store, then the shared one.
     let (code, v) = json(&[s(&b.partition(1))]);
     assert_eq!(code, 5);
@@ -245,9 +276,13 @@ fn a_partition_directory_names_the_stores_of_its_producer_state() {
         stores(&v),
         [s(&b.partition(1).join("state")), s(&b.data.join("state"))]
     );
+    assert_eq!(v["partition_key"], 6);
     let (code, v) = json(&[s(&b.partition(1)), "--all"]);
     assert_eq!((code, v["verdict"].as_str()), (0, Some("ok")), "{v}");
     assert_eq!(v["inspected"].as_array().map(Vec::len), Some(2));
+    // Its own store is not filtered by the shared state's key.
+    assert_eq!(v["inspected"][0]["entries"][0]["producer_id"], "7");
+    assert_eq!(v["inspected"][1]["entries"][0]["producer_id"], "1006");
 }
 
 #[test]
