@@ -60,7 +60,9 @@ use view::{Damage, Document, NotAStore, Output, SCHEMA_VERSION, Unreadable, verd
 #[command(name = "inspect-snapshot", version)]
 struct Args {
     /// A snapshot (`.snap`), a log segment (`.wal`), a store directory, or a
-    /// Kafka snapshot (`.snapshot`).
+    /// Kafka snapshot (`.snapshot`); also recognised: a broker's data or
+    /// partition directory (its stores are named) and a Kafka log segment
+    /// (`.log`, not read).
     path: PathBuf,
     /// Print one JSON document instead of tables (field names in docs/inspect.md).
     #[arg(long)]
@@ -83,7 +85,7 @@ struct Args {
     all: bool,
     /// Show at most N keys and N records (the first N, in the order shown);
     /// the counts and the verdict still cover everything. A 64 MiB segment
-    /// holds millions of records.
+    /// holds over a million records.
     #[arg(long, value_name = "N")]
     limit: Option<u64>,
 }

@@ -406,7 +406,10 @@ fn help_explains_every_option() {
         "--verify",
         "--producer",
         "--partition",
+        "--all",
+        "--limit",
         "Exit codes",
+        "5 no store here",
     ] {
         assert!(out.contains(w), "{w}: {out}");
     }
