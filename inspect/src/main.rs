@@ -258,7 +258,7 @@ fn print(args: &Args, out: &Output) -> io::Result<()> {
     let stdout = progress::Ticking {
         inner: io::stdout().lock(),
         written: 0,
-        progress: Progress::new("writing the output: bytes"),
+        progress: Progress::for_output("writing the output: bytes"),
     };
     let mut w = io::BufWriter::with_capacity(1 << 16, stdout);
     if args.json {
@@ -272,7 +272,7 @@ fn print(args: &Args, out: &Output) -> io::Result<()> {
         human::print(
             &mut w,
             out,
-            &mut Progress::new("rendering the tables: rows"),
+            &mut Progress::for_output("rendering the tables: rows"),
         )?;
     }
     w.flush()

@@ -45,6 +45,16 @@ impl Progress {
         }
     }
 
+    /// A bar for a phase that writes the output (rendering it, writing
+    /// it): shown only if stdout goes to a file (or `/dev/null`), not to
+    /// a terminal or a pipe, whose reader (a pager) may share stderr's
+    /// terminal: a spinner drawn between the lines would garble them.
+    pub(crate) fn for_output(what: &str) -> Progress {
+        let mut p = Progress::new(what);
+        p.enabled &= stdout_is_file();
+        p
+    }
+
     /// `done` of the phase so far (bytes, entries, rows).
     pub(crate) fn tick(&mut self, done: u64) {
         self.ticks += 1;
@@ -68,6 +78,27 @@ impl Progress {
     pub(crate) fn shown(&self) -> bool {
         self.bar.is_some()
     }
+}
+
+/// Whether stdout is a regular file or a device that is not a terminal.
+#[cfg(unix)]
+fn stdout_is_file() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileTypeExt;
+    let out = std::io::stdout();
+    if out.is_terminal() {
+        return false;
+    }
+    out.as_fd()
+        .try_clone_to_owned()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata())
+        .is_ok_and(|m| m.file_type().is_file() || m.file_type().is_char_device())
+}
+
+#[cfg(not(unix))]
+fn stdout_is_file() -> bool {
+    false
 }
 
 impl Drop for Progress {
