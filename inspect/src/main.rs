@@ -6,14 +6,16 @@
 //! what each finding means (the verdicts and exit codes); this tool prints
 //! that, as tables or JSON, from typed view structs. It reads through
 //! `ReadOnlyFs(StdFs)` and takes no lock. See docs/inspect.md for the
-//! output, the JSON fields and the exit codes.
+//! output, the JSON fields and the exit codes. Only paths that hold no
+//! store (a broker's directories, a Kafka log segment) are the tool's own
+//! to recognise (`place.rs`): nothing in them is the library's to read.
 //!
 //! This file parses the command line, picks the view for the path and
 //! prints it. One module per view: `snapshot.rs`, `segment.rs`,
-//! `kafka_snapshot.rs` and `dir.rs` (a store directory) fill the output;
-//! `view.rs` is the output's types, `state.rs` a recovered state's keys,
-//! `human.rs` the tables, `filter.rs` and `progress.rs` the options'
-//! helpers.
+//! `kafka_snapshot.rs`, `dir.rs` (a store directory) and `not_store.rs`
+//! (a broker directory, a Kafka log segment) fill the output; `view.rs`
+//! is the output's types, `state.rs` a recovered state's keys, `human.rs`
+//! the tables, `filter.rs` and `progress.rs` the options' helpers.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -28,6 +30,7 @@ mod dir;
 mod filter;
 mod human;
 mod kafka_snapshot;
+mod not_store;
 mod place;
 mod progress;
 mod segment;
@@ -37,7 +40,7 @@ mod view;
 
 use filter::{Filter, Show};
 use progress::Progress;
-use view::{Damage, Document, NotAStore, Output, SCHEMA_VERSION, Unreadable, verdict_word};
+use view::{Damage, Document, Output, SCHEMA_VERSION, Unreadable, verdict_word};
 
 /// Inspect a producer-state snapshot, log segment or store directory, or an
 /// Apache Kafka producer snapshot (`<offset>.snapshot`), read-only.
@@ -124,7 +127,7 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
             false => place::broker(path).map_err(io("list"))?,
         };
         match broker {
-            Some(b) => broker_dir(path, b, args.all, &mut out, &show)?,
+            Some(b) => not_store::broker(path, b, args.all, &mut out, &show)?,
             None => dir::inspect(path, &mut out, &show)?,
         }
     } else {
@@ -132,7 +135,7 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
             Ok(Some(FileKind::Snapshot)) => snapshot::inspect(path, &mut out, &show)?,
             Ok(Some(FileKind::Segment)) => segment::inspect(path, &mut out, &show)?,
             Ok(Some(FileKind::KafkaSnapshot)) => kafka_snapshot::inspect(path, &mut out, &show)?,
-            Ok(_) if kafka_log(path, &mut out).map_err(io("read"))? => {}
+            Ok(_) if not_store::kafka_log(path, &mut out).map_err(io("read"))? => {}
             // A kind this tool does not know yet (the library's list can grow).
             Ok(_) => {
                 out.format = format!(
@@ -160,97 +163,6 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
         out.verdict = verdict_word(out.code);
     }
     Ok(out)
-}
-
-/// A broker directory: the stores it names, each inspected with `--all`.
-fn broker_dir(
-    path: &std::path::Path,
-    b: place::Broker,
-    all: bool,
-    out: &mut Output,
-    show: &Show<'_>,
-) -> Result<(), Unreadable> {
-    *out = match b.data {
-        true => Output::new(path, "broker_data_directory", "broker data directory"),
-        false => Output::new(
-            path,
-            "broker_partition_directory",
-            "broker partition directory",
-        ),
-    };
-    out.stores = Some(b.stores.iter().map(|p| p.display().to_string()).collect());
-    out.partition_key = b.key.as_ref().map(|k| k.1);
-    if !all {
-        out.not_a_store(NotAStore::Broker);
-        return Ok(());
-    }
-    // A partition's keys in the shared state: those of its key, unless
-    // --partition asks for others.
-    let own = b.key.as_ref().filter(|_| show.filter.partition.is_none());
-    let keyed = own.map(|(_, k)| Filter {
-        producer: show.filter.producer.clone(),
-        kafka_producer: show.filter.kafka_producer,
-        partition: Some(*k),
-    });
-    for store in &b.stores {
-        let mut o = Output::new(store, "store", "");
-        match (own, &keyed) {
-            (Some((shared, _)), Some(filter)) if shared == store => {
-                let show = Show { filter, ..*show };
-                dir::inspect(store, &mut o, &show)?;
-            }
-            _ => dir::inspect(store, &mut o, show)?,
-        }
-        if o.not_a_store.is_none() {
-            o.verdict = verdict_word(o.code);
-        }
-        out.inspected.push(o);
-    }
-    // The worst verdict of the stores that hold one; none: nothing verified.
-    let worst = out
-        .inspected
-        .iter()
-        .filter(|o| o.not_a_store.is_none())
-        .map(|o| o.code)
-        .max();
-    match worst {
-        Some(v) => out.code = v,
-        None => out.not_a_store(NotAStore::Broker),
-    }
-    Ok(())
-}
-
-/// A Kafka log segment, by its name (`<20 digits>.log`) or by its first
-/// record batch (magic 2, and a CRC-32C that verifies): recognised, not
-/// read. False for anything else.
-fn kafka_log(path: &std::path::Path, out: &mut Output) -> io::Result<bool> {
-    let named = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(place::is_log_name);
-    let first = place::first_batch(path)?;
-    if !named && !first.as_ref().is_some_and(|b| b.crc_ok) {
-        return Ok(false);
-    }
-    *out = Output::new(path, "kafka_log_segment", "");
-    out.format = match &first {
-        Some(b) => {
-            out.position = u64::try_from(b.base_offset).ok();
-            format!(
-                "Kafka log segment: record batches (magic 2); the first at offset {}, {} bytes, its CRC-32C {}",
-                b.base_offset,
-                b.len,
-                if b.crc_ok {
-                    "verifies"
-                } else {
-                    "does not verify"
-                }
-            )
-        }
-        None => "Kafka log segment, by its name (no record batch at its start)".into(),
-    };
-    out.not_a_store(NotAStore::KafkaLog);
-    Ok(true)
 }
 
 /// Prints the output; an error only if stdout fails.
