@@ -56,11 +56,16 @@ const MAX_CATALOG: u64 = 64 << 20;
 /// in name order). `None` if the catalog is missing, does not verify or
 /// does not name the partition: the tool never guesses a key.
 fn catalog_key(data_dir: &Path, topic: &str, index: i32) -> Option<i32> {
-    let path = data_dir.join(CATALOG);
-    if fs::metadata(&path).ok()?.len() > MAX_CATALOG {
+    // Read no more than the bound, whatever the file claims or grows to.
+    let mut text = String::new();
+    fs::File::open(data_dir.join(CATALOG))
+        .ok()?
+        .take(MAX_CATALOG + 1)
+        .read_to_string(&mut text)
+        .ok()?;
+    if text.len() as u64 > MAX_CATALOG {
         return None;
     }
-    let text = fs::read_to_string(&path).ok()?;
     let text = text.strip_suffix('\n')?;
     let body_end = text.rfind('\n')? + 1;
     let (body, last) = text.split_at(body_end);
