@@ -12,7 +12,8 @@
 //! manual clock moves one millisecond an append, so the clock records and
 //! with them every byte count are fixed. `/tmp/demo-crashed` is a copy
 //! whose last write was torn (17 bytes of a record), `/tmp/empty` an empty
-//! directory; `tests/...` paths are the repository's fixtures.
+//! directory, `/tmp/broker-data` a broker's data directory laid out as the
+//! broker lays it out; `tests/...` paths are the repository's fixtures.
 //!
 //! Only what is genuinely variable is ignored: the paths (a temporary
 //! directory here) and the LAST ACTIVITY time of a key appended without a
@@ -132,11 +133,35 @@ fn places(tmp: &Path) -> Vec<(&'static str, PathBuf)> {
     std::fs::write(&last, bytes).unwrap();
     let empty = tmp.join("empty");
     std::fs::create_dir_all(&empty).unwrap();
+    let broker = tmp.join("broker-data");
+    broker_data(&broker);
     vec![
         ("/tmp/demo-store", store),
         ("/tmp/demo-crashed", crashed),
         ("/tmp/empty", empty),
+        ("/tmp/broker-data", broker),
     ]
+}
+
+/// A broker's data directory as the broker lays it out (docs/broker.md):
+/// the catalog (topic `orders`, 3 partitions, keys 0 to 2), the
+/// producer-id file, the shared Kafka-mode state, the partitions' logs.
+fn broker_data(dir: &Path) {
+    let mut catalog = "producer-state-broker topics 2\norders 3 0\n".to_string();
+    let crc = crc32c::crc32c(catalog.as_bytes());
+    catalog.push_str(&format!("crc32c {crc:08x}\n"));
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("topics.catalog"), catalog).unwrap();
+    std::fs::write(dir.join("producer-ids"), [0u8; 12]).unwrap();
+    let opts = StoreOptions::default().semantics(producer_state::Semantics::Kafka);
+    let st = ProducerStateStore::open_with(dir.join("state"), opts).unwrap();
+    st.append_batch(1000u64, 2, 0, batch(0)).unwrap();
+    st.close().unwrap();
+    for p in 0..3 {
+        let part = dir.join(format!("topics/orders-{p}"));
+        std::fs::create_dir_all(&part).unwrap();
+        std::fs::write(part.join("00000000000000000000.log"), b"").unwrap();
+    }
 }
 
 /// One sample: a command line and the lines the file shows after it.
@@ -199,10 +224,15 @@ fn actual(command: &str, places: &[(&str, PathBuf)]) -> Vec<String> {
     let args: Vec<String> = args
         .split_whitespace()
         .map(|a| {
+            // A place, or a path inside one.
             places
                 .iter()
-                .find(|(shown, _)| *shown == a)
-                .map_or(a.to_string(), |(_, real)| real.display().to_string())
+                .find_map(|(shown, real)| {
+                    let rest = a.strip_prefix(shown)?;
+                    (rest.is_empty() || rest.starts_with('/'))
+                        .then(|| format!("{}{rest}", real.display()))
+                })
+                .unwrap_or_else(|| a.to_string())
         })
         .collect();
     let out = Command::new(common::tool())
