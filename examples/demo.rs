@@ -10,7 +10,10 @@
 //!
 //! `cargo run --example demo` uses a temporary directory;
 //! `cargo run --example demo -- --dir PATH` keeps the store in PATH (for
-//! example to look at it with the inspect-snapshot tool).
+//! example to look at it with the inspect-snapshot tool). The samples of
+//! that in README.md and docs/inspect.md are checked by
+//! inspect/tests/docs.rs, which rebuilds this history step by step: a
+//! change to the steps here goes there too.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

@@ -47,6 +47,8 @@ pub(crate) fn file_view(f: &FileReport) -> FileView {
         name: f.name.clone(),
         kind: role_word(f.role),
         bytes: f.bytes,
+        used_bytes: f.bytes.saturating_sub(f.preallocated),
+        preallocated_bytes: f.preallocated,
         position: f.position,
         end_position: f.end_position,
         entries: f.entries,
@@ -83,6 +85,8 @@ pub(crate) fn recovery_view(report: &RecoveryReport) -> RecoveryView {
             file: path(&t.file),
             offset: t.offset,
             bytes: t.bytes,
+            record_bytes: t.bytes.saturating_sub(t.preallocated),
+            preallocated_bytes: t.preallocated,
         }),
         would_remove: report.files_removed.iter().map(|p| path(p)).collect(),
         repairs: report.repairs.iter().map(RepairView::from).collect(),
@@ -92,9 +96,9 @@ pub(crate) fn recovery_view(report: &RecoveryReport) -> RecoveryView {
 }
 
 pub(crate) fn inspect(dir: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
-    let (f, list, quiet) = (show.filter, show.list, show.quiet);
+    let (f, list) = (show.filter, show.list);
     *out = Output::new(dir, "store", "producer-state store directory");
-    let mut p = Progress::new("checking files", quiet);
+    let mut p = Progress::new("checking files");
     let report: DirectoryReport =
         inspect::directory(&ReadOnlyFs(StdFs), dir, &mut |n| p.tick(n)).map_err(Unreadable)?;
     drop(p);
@@ -112,13 +116,13 @@ pub(crate) fn inspect(dir: &Path, out: &mut Output, show: &Show<'_>) -> Result<(
     match report.contents {
         Contents::Store => {}
         Contents::KafkaSnapshots => out.format = "directory of Kafka producer snapshots".into(),
-        _ => out.damage.push(Damage {
-            file: dir.display().to_string(),
-            offset: None,
-            kind: "no file named as a store's (<20 digits>.wal or .snap): not a producer-state directory"
-                .into(),
-            severity: Verdict::Refused,
-        }),
+        // No file named as a store's: nothing to verify, and nothing
+        // recovery would refuse (opening makes a new store here).
+        _ => {
+            out.kind = "directory";
+            out.format = "directory without a store".into();
+            out.not_a_store(NotAStore::NoStore);
+        }
     }
     match &report.recovery {
         DryRun::Opens { report, state } => {
@@ -126,6 +130,7 @@ pub(crate) fn inspect(dir: &Path, out: &mut Output, show: &Show<'_>) -> Result<(
             out.entry_count = Some(state.len() as u64);
             out.recovery = Some(recovery_view(report));
             out.entries = entries_of(state, f, list);
+            out.limit_entries(show.limit);
             out.aborted_transactions = aborted_of(state, f, list);
         }
         DryRun::Refuses(e) => {

@@ -27,10 +27,10 @@ impl Filter {
 }
 
 /// What to show: the keys and records the filter keeps, whether to list
-/// them at all (`--verify` lists nothing), and whether to keep stderr
-/// quiet (`--json`: no progress bar).
+/// them at all (`--verify` lists nothing), and how many at most
+/// (`--limit`).
 pub(crate) struct Show<'a> {
     pub(crate) filter: &'a Filter,
     pub(crate) list: bool,
-    pub(crate) quiet: bool,
+    pub(crate) limit: Option<usize>,
 }

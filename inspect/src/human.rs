@@ -4,6 +4,7 @@ use std::io::{self, Write};
 
 use producer_state::inspect::Verdict;
 
+use crate::progress::Progress;
 use crate::view::*;
 
 /// Prints rows as aligned columns.
@@ -99,9 +100,25 @@ pub(crate) fn print_repair(w: &mut dyn Write, r: &RepairView) -> io::Result<()> 
             w,
             "  would remove {file} (a segment cut off at its creation: no record)"
         ),
-        RepairView::Truncate { file, len, bytes } => writeln!(
+        RepairView::Truncate {
+            file,
+            len,
+            bytes,
+            preallocated_bytes: 0,
+            ..
+        } => writeln!(
             w,
             "  would truncate {bytes} bytes of torn tail from {file} at byte {len}"
+        ),
+        RepairView::Truncate {
+            file,
+            len,
+            record_bytes,
+            preallocated_bytes,
+            ..
+        } => writeln!(
+            w,
+            "  would truncate {record_bytes} bytes of torn tail from {file} at byte {len}, and the {preallocated_bytes} bytes of preallocated room (zeros) after them"
         ),
         RepairView::MoveAside {
             file,
@@ -124,15 +141,23 @@ pub(crate) fn print_repair(w: &mut dyn Write, r: &RepairView) -> io::Result<()> 
 
 /// Everything printed without `--json`, in order: the file or
 /// directory and its verdict, then each part the output has.
-pub(crate) fn print(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+///
+/// Rendering a segment's millions of records takes seconds: `p` ticks
+/// with the rows rendered.
+pub(crate) fn print(w: &mut dyn Write, out: &Output, p: &mut Progress) -> io::Result<()> {
     print_header(w, out)?;
+    print_stores(w, out)?;
+    for o in &out.inspected {
+        writeln!(w, "\n=== store {}\n", o.path)?;
+        print(w, o, p)?;
+    }
     print_files(w, out)?;
     if let Some(r) = &out.recovery {
         print_recovery(w, r)?;
     }
-    print_entries(w, out)?;
+    print_entries(w, out, p)?;
     print_aborted(w, out)?;
-    print_records(w, out)
+    print_records(w, out, p)
 }
 
 /// What was inspected, its format and position, and the verdict with
@@ -161,6 +186,12 @@ fn print_header(w: &mut dyn Write, out: &Output) -> io::Result<()> {
         }
         _ => {}
     }
+    if let (Some(used), Some(room)) = (out.used_bytes, out.preallocated_bytes) {
+        writeln!(
+            w,
+            "bytes:     {used} written (header, records, any torn write), {room} preallocated (zeros: room for records to come)"
+        )?;
+    }
     if out.kind != "store"
         && out.kind != "segment"
         && let Some(n) = out.entry_count
@@ -169,6 +200,10 @@ fn print_header(w: &mut dyn Write, out: &Output) -> io::Result<()> {
             Some(k) => writeln!(w, "entries:   {n} (and {k} keys in the Kafka section)")?,
             None => writeln!(w, "entries:   {n}")?,
         }
+    }
+    if out.not_a_store.is_some() {
+        writeln!(w, "verdict:   {}", not_a_store_text(out))?;
+        return Ok(());
     }
     let verdict = match out.code {
         Verdict::Ok => "OK, every checksum verifies",
@@ -188,6 +223,58 @@ fn print_header(w: &mut dyn Write, out: &Output) -> io::Result<()> {
             d.offset.map_or(String::new(), |o| format!(" at byte {o}")),
             d.kind
         )?;
+    }
+    Ok(())
+}
+
+/// What a path that holds no store is, in words (the verdict line, and
+/// the line on stderr).
+pub(crate) fn not_a_store_text(out: &Output) -> &'static str {
+    match (out.not_a_store, out.kind) {
+        (Some(NotAStore::NoStore), _) => {
+            "no store here: no file named as a store's (<20 digits>.wal or .snap), nothing verified; opening a store here would make a new, empty one"
+        }
+        (Some(NotAStore::Broker), "broker_data_directory") => {
+            "a broker directory (a data directory), not a store: stores under it are listed; inspect one by its path, or every one with --all"
+        }
+        (Some(NotAStore::Broker), _) => {
+            "a broker directory (a partition's), not a store: its producer state is in the stores listed; inspect one by its path, or every one with --all"
+        }
+        (Some(NotAStore::KafkaLog), _) => {
+            "a Kafka log segment (not read): this tool reads producer-state stores, their files and Kafka's producer snapshots (<offset>.snapshot)"
+        }
+        (None, _) => "",
+    }
+}
+
+/// [`not_a_store_text`] on one line, for stderr: a broker directory's
+/// stores named in it.
+pub(crate) fn not_a_store_line(out: &Output) -> String {
+    let text = not_a_store_text(out);
+    match &out.stores {
+        Some(s) if s.is_empty() => format!("{text}; stores: none"),
+        Some(s) => format!("{text}; stores: {}", s.join(", ")),
+        None => text.to_string(),
+    }
+}
+
+/// A broker directory's stores, one a line.
+fn print_stores(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+    let Some(stores) = &out.stores else {
+        return Ok(());
+    };
+    if let (Some(k), Some(shared)) = (out.partition_key, stores.last()) {
+        writeln!(
+            w,
+            "partition: {k} in {shared} (the catalog's key; `--partition {k}` there)"
+        )?;
+    }
+    if stores.is_empty() {
+        return writeln!(w, "stores:    none");
+    }
+    writeln!(w, "stores:")?;
+    for s in stores {
+        writeln!(w, "  {s}")?;
     }
     Ok(())
 }
@@ -217,14 +304,27 @@ fn print_files(w: &mut dyn Write, out: &Output) -> io::Result<()> {
                 f.name.clone(),
                 range,
                 f.entries.map_or("-".into(), |n| n.to_string()),
-                f.bytes.to_string(),
+                f.used_bytes.to_string(),
+                if f.kind == "segment" {
+                    f.preallocated_bytes.to_string()
+                } else {
+                    "-".into()
+                },
                 verdict,
             ]
         })
         .collect();
     table(
         w,
-        &["KIND", "FILE", "RANGE", "ENTRIES", "BYTES", "VERDICT"],
+        &[
+            "KIND",
+            "FILE",
+            "RANGE",
+            "ENTRIES",
+            "BYTES",
+            "PREALLOCATED",
+            "VERDICT",
+        ],
         &rows,
     )?;
     Ok(())
@@ -232,7 +332,7 @@ fn print_files(w: &mut dyn Write, out: &Output) -> io::Result<()> {
 
 /// The keys, one row each (Kafka's columns for Kafka's files and Kafka-mode
 /// states).
-fn print_entries(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+fn print_entries(w: &mut dyn Write, out: &Output, p: &mut Progress) -> io::Result<()> {
     if out.entries.is_empty() {
         return Ok(());
     }
@@ -241,7 +341,11 @@ fn print_entries(w: &mut dyn Write, out: &Output) -> io::Result<()> {
     let rows: Vec<Vec<String>> = out
         .entries
         .iter()
-        .map(|e| {
+        .enumerate()
+        .map(|(i, e)| {
+            if i % 4096 == 0 {
+                p.tick(i as u64);
+            }
             let mut row = vec![
                 e.producer_id.clone(),
                 e.partition.map_or("-".into(), |p| p.to_string()),
@@ -278,7 +382,7 @@ fn print_entries(w: &mut dyn Write, out: &Output) -> io::Result<()> {
         header.push("RETAINED BATCHES (first..last @offset time)");
     }
     table(w, &header, &rows)?;
-    Ok(())
+    limited(w, out.entries.len(), out.entries_total, "keys")
 }
 
 /// A Kafka-mode state's aborted transactions.
@@ -315,8 +419,16 @@ fn print_aborted(w: &mut dyn Write, out: &Output) -> io::Result<()> {
     Ok(())
 }
 
+/// Says how many of `total` were shown, if `--limit` cut a list.
+fn limited(w: &mut dyn Write, shown: usize, total: Option<u64>, what: &str) -> io::Result<()> {
+    match total {
+        Some(total) => writeln!(w, "({shown} of {total} {what} shown: --limit)"),
+        None => Ok(()),
+    }
+}
+
 /// A segment's records, one row per key each concerns.
-fn print_records(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+fn print_records(w: &mut dyn Write, out: &Output, p: &mut Progress) -> io::Result<()> {
     if out.records.is_empty() {
         return Ok(());
     }
@@ -324,7 +436,11 @@ fn print_records(w: &mut dyn Write, out: &Output) -> io::Result<()> {
     let rows: Vec<Vec<String>> = out
         .records
         .iter()
-        .map(|r| {
+        .enumerate()
+        .map(|(i, r)| {
+            if i % 4096 == 0 {
+                p.tick(i as u64);
+            }
             let dash = || "-".to_string();
             let sequences = match (r.first_sequence, r.last_sequence) {
                 (Some(a), Some(b)) => format!("{a}..{b}"),
@@ -362,5 +478,30 @@ fn print_records(w: &mut dyn Write, out: &Output) -> io::Result<()> {
         ],
         &rows,
     )?;
-    Ok(())
+    limited(w, out.records.len(), out.records_total, "records")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendering_a_long_list_ticks_the_progress_bar() {
+        let mut out = Output::new(std::path::Path::new("x.wal"), "segment", "");
+        out.records = (0..20_000u64)
+            .map(|i| crate::segment::store_record(i, 40 + i, "clock", String::new()))
+            .collect();
+        let mut p = Progress::new("rendering");
+        let mut w = Vec::new();
+        print(&mut w, &out, &mut p).unwrap();
+        assert!(p.ticks >= 4, "{} ticks", p.ticks);
+        assert_eq!(
+            String::from_utf8(w)
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains("clock"))
+                .count(),
+            20_000
+        );
+    }
 }

@@ -43,7 +43,7 @@ pub(crate) fn kafka_partition(path: &Path) -> Option<i32> {
 }
 
 pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
-    let (f, list, quiet) = (show.filter, show.list, show.quiet);
+    let (f, list) = (show.filter, show.list);
     *out = Output::new(path, "kafka_snapshot", "Apache Kafka producer snapshot");
     out.version = Some(1);
     out.position = path
@@ -51,7 +51,7 @@ pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<
         .and_then(|n| n.to_str())
         .and_then(kafka::parse_file_name);
     let partition = kafka_partition(path);
-    let mut p = Progress::new("verifying Kafka snapshot: entries", quiet);
+    let mut p = Progress::new("verifying Kafka snapshot: entries");
     let result = inspect::kafka_snapshot(&ReadOnlyFs(StdFs), path, &mut |n| p.tick(n));
     settle(out, result, |out, entries| {
         out.entry_count = Some(entries.len() as u64);
@@ -62,6 +62,7 @@ pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<
                 .map(|k| kafka_entry(k, partition))
                 .collect();
             out.entries.sort_by(|a, b| a.key.cmp(&b.key));
+            out.limit_entries(show.limit);
         }
     })
 }

@@ -6,14 +6,16 @@
 //! what each finding means (the verdicts and exit codes); this tool prints
 //! that, as tables or JSON, from typed view structs. It reads through
 //! `ReadOnlyFs(StdFs)` and takes no lock. See docs/inspect.md for the
-//! output, the JSON fields and the exit codes.
+//! output, the JSON fields and the exit codes. Only paths that hold no
+//! store (a broker's directories, a Kafka log segment) are the tool's own
+//! to recognise (`place.rs`): nothing in them is the library's to read.
 //!
 //! This file parses the command line, picks the view for the path and
 //! prints it. One module per view: `snapshot.rs`, `segment.rs`,
-//! `kafka_snapshot.rs` and `dir.rs` (a store directory) fill the output;
-//! `view.rs` is the output's types, `state.rs` a recovered state's keys,
-//! `human.rs` the tables, `filter.rs` and `progress.rs` the options'
-//! helpers.
+//! `kafka_snapshot.rs`, `dir.rs` (a store directory) and `not_store.rs`
+//! (a broker directory, a Kafka log segment) fill the output; `view.rs`
+//! is the output's types, `state.rs` a recovered state's keys, `human.rs`
+//! the tables, `filter.rs` and `progress.rs` the options' helpers.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -28,6 +30,8 @@ mod dir;
 mod filter;
 mod human;
 mod kafka_snapshot;
+mod not_store;
+mod place;
 mod progress;
 mod segment;
 mod snapshot;
@@ -35,7 +39,8 @@ mod state;
 mod view;
 
 use filter::{Filter, Show};
-use view::{Damage, Output, Unreadable, code_of, verdict_word};
+use progress::Progress;
+use view::{Damage, Document, Output, SCHEMA_VERSION, Unreadable, verdict_word};
 
 /// Inspect a producer-state snapshot, log segment or store directory, or an
 /// Apache Kafka producer snapshot (`<offset>.snapshot`), read-only.
@@ -43,24 +48,31 @@ use view::{Damage, Output, Unreadable, code_of, verdict_word};
 /// PATH is detected by name and content. A directory is listed file by
 /// file, then recovery is run as a dry run (nothing is written, no lock is
 /// taken) to show the state it would rebuild and what it would truncate or
-/// refuse.
+/// refuse. A broker's data or partition directory is not a store: the
+/// stores under it are named (`--all` inspects every one), and a Kafka log
+/// segment (`<offset>.log`) is recognised but not read.
 ///
 /// Exit codes: 0 everything verifies; 1 damage that recovery would refuse
 /// (or a file of no known kind); 2 usage error; 3 a file could not be read;
 /// 4 damage with which recovery still opens the store (a torn tail it
 /// cuts, a snapshot it skips, damage in the log only a fallback to an
-/// older snapshot would need).
+/// older snapshot would need); 5 no store here, nothing verified (a
+/// directory without a store file, where opening would make a new store; a
+/// broker directory without `--all`; a Kafka log segment).
 #[derive(Parser, Debug)]
 #[command(name = "inspect-snapshot", version)]
 struct Args {
     /// A snapshot (`.snap`), a log segment (`.wal`), a store directory, or a
-    /// Kafka snapshot (`.snapshot`).
+    /// Kafka snapshot (`.snapshot`); also recognised: a broker's data or
+    /// partition directory (its stores are named) and a Kafka log segment
+    /// (`.log`, not read).
     path: PathBuf,
     /// Print one JSON document instead of tables (field names in docs/inspect.md).
     #[arg(long)]
     json: bool,
     /// Print no table: exit 0 if everything verifies, else a non-zero code,
-    /// with the file, byte offset and kind of damage on stderr.
+    /// with the file, byte offset and kind of damage on stderr (or, for a
+    /// path that holds no store, what it is).
     #[arg(long)]
     verify: bool,
     /// Only this producer: a number for numeric ids (Kafka's may be
@@ -70,6 +82,15 @@ struct Args {
     /// Only this partition.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     partition: Option<i32>,
+    /// A broker's data or partition directory: inspect every store it
+    /// names, in one run (the exit code is the worst of theirs).
+    #[arg(long)]
+    all: bool,
+    /// Show at most N keys and N records (the first N, in the order shown);
+    /// the counts and the verdict still cover everything. A 64 MiB segment
+    /// holds over a million records.
+    #[arg(long, value_name = "N")]
+    limit: Option<u64>,
 }
 
 const UNREADABLE: u8 = 3;
@@ -86,24 +107,35 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
     let show = Show {
         filter: &f,
         list: !args.verify,
-        quiet: args.json,
+        limit: args.limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
     };
     let path = &args.path;
     let mut out = Output::new(path, "unknown", "");
-    let meta = std::fs::metadata(path).map_err(|e| {
-        Unreadable(Error::Io {
-            op: "stat",
-            path: path.clone(),
-            source: e,
-        })
-    })?;
+    let io = |op| {
+        move |e| {
+            Unreadable(Error::Io {
+                op,
+                path: path.clone(),
+                source: e,
+            })
+        }
+    };
+    let meta = std::fs::metadata(path).map_err(io("stat"))?;
     if meta.is_dir() {
-        dir::inspect(path, &mut out, &show)?;
+        let broker = match place::holds_store_files(path).map_err(io("list"))? {
+            true => None,
+            false => place::broker(path).map_err(io("list"))?,
+        };
+        match broker {
+            Some(b) => not_store::broker(path, b, args.all, &mut out, &show)?,
+            None => dir::inspect(path, &mut out, &show)?,
+        }
     } else {
         match inspect::detect(&ReadOnlyFs(StdFs), path) {
             Ok(Some(FileKind::Snapshot)) => snapshot::inspect(path, &mut out, &show)?,
             Ok(Some(FileKind::Segment)) => segment::inspect(path, &mut out, &show)?,
             Ok(Some(FileKind::KafkaSnapshot)) => kafka_snapshot::inspect(path, &mut out, &show)?,
+            Ok(_) if not_store::kafka_log(path, &mut out).map_err(io("read"))? => {}
             // A kind this tool does not know yet (the library's list can grow).
             Ok(_) => {
                 out.format = format!(
@@ -127,24 +159,49 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
             .max()
             .unwrap_or(Verdict::Ok);
     }
-    out.verdict = verdict_word(out.code);
+    if out.not_a_store.is_none() {
+        out.verdict = verdict_word(out.code);
+    }
     Ok(out)
 }
 
 /// Prints the output; an error only if stdout fails.
 fn print(args: &Args, out: &Output) -> io::Result<()> {
-    let mut w = io::BufWriter::with_capacity(1 << 16, io::stdout().lock());
+    let stdout = progress::Ticking {
+        inner: io::stdout().lock(),
+        written: 0,
+        progress: Progress::for_output("writing the output: bytes"),
+    };
+    let mut w = io::BufWriter::with_capacity(1 << 16, stdout);
     if args.json {
-        serde_json::to_writer_pretty(&mut w, out)?;
+        let doc = Document {
+            schema_version: SCHEMA_VERSION,
+            output: out,
+        };
+        serde_json::to_writer_pretty(&mut w, &doc)?;
         writeln!(w)?;
     } else if !args.verify {
-        human::print(&mut w, out)?;
+        human::print(
+            &mut w,
+            out,
+            &mut Progress::for_output("rendering the tables: rows"),
+        )?;
     }
     w.flush()
 }
 
 fn main() -> ExitCode {
+    progress::start();
     let args = Args::parse();
+    if args.all && !std::fs::metadata(&args.path).is_ok_and(|m| m.is_dir()) {
+        use clap::CommandFactory;
+        Args::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--all takes a directory: a broker's data or partition directory (or a store)",
+            )
+            .exit();
+    }
     // Writes to stderr that fail (a closed stderr) are dropped: there is
     // nowhere left to say anything.
     let mut err = io::stderr().lock();
@@ -155,7 +212,17 @@ fn main() -> ExitCode {
             return ExitCode::from(UNREADABLE);
         }
     };
-    for d in &out.damage {
+    if let Some(what) = out.not_a_store {
+        let _ = writeln!(
+            err,
+            "{}: {}: {}",
+            what.word(),
+            out.path,
+            human::not_a_store_line(&out)
+        );
+    }
+    let nested = out.inspected.iter().flat_map(|o| &o.damage);
+    for d in out.damage.iter().chain(nested) {
         let _ = writeln!(
             err,
             "{}: {}{}: {}",
@@ -180,5 +247,5 @@ fn main() -> ExitCode {
             return ExitCode::from(UNREADABLE);
         }
     }
-    ExitCode::from(code_of(out.code))
+    ExitCode::from(out.exit_code())
 }

@@ -236,16 +236,22 @@ pub(crate) fn partition_records(
 }
 
 pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
-    let (f, list, quiet) = (show.filter, show.list, show.quiet);
+    let (f, list) = (show.filter, show.list);
     *out = Output::new(path, "segment", "producer-state log segment");
-    let mut p = Progress::new("scanning segment: byte", quiet);
-    let mut records = Vec::new();
+    let mut p = Progress::new("scanning segment: byte");
+    // `--limit`: the first records are kept, the rest only counted (a
+    // 64 MiB segment's records would take hundreds of MB).
+    let limit = show.limit.unwrap_or(usize::MAX);
+    let (mut records, mut lines, mut total) = (Vec::new(), Vec::new(), 0u64);
     let result = inspect::segment(
         &ReadOnlyFs(StdFs),
         path,
         |pos, at, op| {
             if list {
-                op_records(pos, at, op, f, &mut records);
+                op_records(pos, at, op, f, &mut lines);
+                total += lines.len() as u64;
+                let room = limit.saturating_sub(records.len());
+                records.extend(lines.drain(..).take(room));
             }
         },
         &mut |b| p.tick(b),
@@ -255,6 +261,9 @@ pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<
         out.version = Some(s.version);
         out.semantics = Some(semantics_name(s.semantics));
         out.entry_count = Some(s.records);
+        out.bytes = Some(s.bytes);
+        out.used_bytes = Some(s.bytes.saturating_sub(s.preallocated_bytes));
+        out.preallocated_bytes = Some(s.preallocated_bytes);
         let (offset, kind) = match &s.end {
             SegmentEnd::TornTail { offset, kind } => (
                 *offset,
@@ -279,6 +288,9 @@ pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<
                 kind,
                 severity: s.end.verdict(),
             });
+        }
+        if total > records.len() as u64 {
+            out.records_total = Some(total);
         }
         out.records = records;
     })

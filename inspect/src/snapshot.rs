@@ -11,9 +11,9 @@ use crate::state::{aborted_of, entries_of};
 use crate::view::*;
 
 pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
-    let (f, list, quiet) = (show.filter, show.list, show.quiet);
+    let (f, list) = (show.filter, show.list);
     *out = Output::new(path, "snapshot", "producer-state snapshot");
-    let mut p = Progress::new("verifying snapshot: entries", quiet);
+    let mut p = Progress::new("verifying snapshot: entries");
     let result = inspect::snapshot(&ReadOnlyFs(StdFs), path, &mut |n| p.tick(n));
     settle(out, result, |out, (s, state)| {
         out.version = Some(s.version);
@@ -24,6 +24,7 @@ pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<
             out.kafka_section_keys = Some((state.len() as u64).saturating_sub(s.entries));
         }
         out.entries = entries_of(&state, f, list);
+        out.limit_entries(show.limit);
         out.aborted_transactions = aborted_of(&state, f, list);
     })
 }

@@ -9,12 +9,44 @@ use producer_state::inspect::Verdict;
 use producer_state::{Error, ProducerEntry, ProducerId, Repair};
 use serde::Serialize;
 
+/// The version of the JSON document's layout (`schema_version`): raised
+/// when a field is removed or changes meaning; new fields do not raise it.
+pub(crate) const SCHEMA_VERSION: u32 = 1;
+
 /// The exit code of a verdict.
 pub(crate) fn code_of(v: Verdict) -> u8 {
     match v {
         Verdict::Ok => 0,
         Verdict::Repairable => 4,
         Verdict::Refused => 1,
+    }
+}
+
+/// The exit code of a path that holds no store to verify.
+pub(crate) const NOT_A_STORE: u8 = 5;
+
+/// A path that holds no store of its own, so nothing was verified: its
+/// own verdict, exit code [`NOT_A_STORE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NotAStore {
+    /// A directory without a store file (empty, or other files only):
+    /// `ProducerStateStore::open` would make a new, empty store there.
+    NoStore,
+    /// A broker's data directory or one of its partition directories:
+    /// the stores are under it, or in its data directory.
+    Broker,
+    /// A Kafka log segment (`<offset>.log`): recognised, not read.
+    KafkaLog,
+}
+
+impl NotAStore {
+    /// The JSON `verdict` word.
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            NotAStore::NoStore => "no_store",
+            NotAStore::Broker => "broker_directory",
+            NotAStore::KafkaLog => "kafka_log_segment",
+        }
     }
 }
 
@@ -124,7 +156,13 @@ pub(crate) struct RecordView {
 pub(crate) struct FileView {
     pub(crate) name: String,
     pub(crate) kind: &'static str,
+    /// The file's length: `used_bytes + preallocated_bytes`.
     pub(crate) bytes: u64,
+    /// Bytes that hold something: a segment's header, records and any
+    /// torn write; every byte of any other file.
+    pub(crate) used_bytes: u64,
+    /// A preallocated segment's room: zeros no write reached.
+    pub(crate) preallocated_bytes: u64,
     /// Snapshots: the position covered; segments: the first position.
     pub(crate) position: Option<u64>,
     /// Segments: one past the last valid record's position.
@@ -172,7 +210,11 @@ pub(crate) enum RepairView {
     Truncate {
         file: String,
         len: u64,
+        /// Every byte cut: `record_bytes` of a torn write, then
+        /// `preallocated_bytes` of a preallocated segment's room (zeros).
         bytes: u64,
+        record_bytes: u64,
+        preallocated_bytes: u64,
     },
     MoveAside {
         file: String,
@@ -194,10 +236,17 @@ impl From<&Repair> for RepairView {
             Repair::RemoveEmptySegment { file } => {
                 RepairView::RemoveEmptySegment { file: path(file) }
             }
-            Repair::Truncate { file, len, bytes } => RepairView::Truncate {
+            Repair::Truncate {
+                file,
+                len,
+                bytes,
+                preallocated,
+            } => RepairView::Truncate {
                 file: path(file),
                 len: *len,
                 bytes: *bytes,
+                record_bytes: bytes.saturating_sub(*preallocated),
+                preallocated_bytes: *preallocated,
             },
             Repair::MoveAside {
                 file,
@@ -221,7 +270,10 @@ impl From<&Repair> for RepairView {
 pub(crate) struct TornView {
     pub(crate) file: String,
     pub(crate) offset: u64,
+    /// Every byte cut, as in `Truncate`.
     pub(crate) bytes: u64,
+    pub(crate) record_bytes: u64,
+    pub(crate) preallocated_bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -259,6 +311,14 @@ pub(crate) struct Output {
     pub(crate) semantics: Option<&'static str>,
     pub(crate) position: Option<u64>,
     pub(crate) entry_count: Option<u64>,
+    /// A segment: its length, the bytes that hold something (header,
+    /// records, a torn write) and its preallocated room (zeros).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) used_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) preallocated_bytes: Option<u64>,
     pub(crate) verdict: &'static str,
     pub(crate) damage: Vec<Damage>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -276,8 +336,62 @@ pub(crate) struct Output {
     pub(crate) aborted_transactions: Vec<AbortedView>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) records: Vec<RecordView>,
+    /// `--limit` cut the keys: how many the filter kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) entries_total: Option<u64>,
+    /// `--limit` cut the records: how many (record lines) the filter kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) records_total: Option<u64>,
+    /// A broker directory: the stores under it (or, for a partition
+    /// directory, its data directory's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) stores: Option<Vec<String>>,
+    /// A broker partition directory: its key (partition number) in its
+    /// data directory's shared state, as the catalog maps it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) partition_key: Option<i32>,
+    /// `--all` on a broker directory: each of its stores, inspected.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) inspected: Vec<Output>,
     #[serde(skip)]
     pub(crate) code: Verdict,
+    /// Set when the path holds no store: then `code` means nothing.
+    #[serde(skip)]
+    pub(crate) not_a_store: Option<NotAStore>,
+}
+
+/// The JSON document: the output, with the version of its layout first.
+#[derive(Serialize)]
+pub(crate) struct Document<'a> {
+    pub(crate) schema_version: u32,
+    #[serde(flatten)]
+    pub(crate) output: &'a Output,
+}
+
+impl Output {
+    /// The exit code: the verdict's, or [`NOT_A_STORE`].
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self.not_a_store {
+            Some(_) => NOT_A_STORE,
+            None => code_of(self.code),
+        }
+    }
+
+    /// `--limit`: keeps the first `limit` keys, and says how many there were.
+    pub(crate) fn limit_entries(&mut self, limit: Option<usize>) {
+        if let Some(n) = limit
+            && self.entries.len() > n
+        {
+            self.entries_total = Some(self.entries.len() as u64);
+            self.entries.truncate(n);
+        }
+    }
+
+    /// Marks the output as a path with no store.
+    pub(crate) fn not_a_store(&mut self, what: NotAStore) {
+        self.not_a_store = Some(what);
+        self.verdict = what.word();
+    }
 }
 
 #[derive(Serialize)]
@@ -299,6 +413,9 @@ impl Output {
             semantics: None,
             position: None,
             entry_count: None,
+            bytes: None,
+            used_bytes: None,
+            preallocated_bytes: None,
             verdict: "ok",
             damage: Vec::new(),
             files: Vec::new(),
@@ -307,7 +424,13 @@ impl Output {
             entries: Vec::new(),
             aborted_transactions: Vec::new(),
             records: Vec::new(),
+            entries_total: None,
+            records_total: None,
+            stores: None,
+            partition_key: None,
+            inspected: Vec::new(),
             code: Verdict::Ok,
+            not_a_store: None,
         }
     }
 }

@@ -111,6 +111,7 @@ fn a_clean_store_lists_its_files_and_state_and_verifies() {
 
     let (code, v) = json(&[s(d.path())]);
     assert_eq!(code, 0);
+    assert_eq!(v["schema_version"], 1);
     assert_eq!(v["kind"], "store");
     assert_eq!(v["verdict"], "ok");
     assert_eq!(v["entry_count"], 5);
@@ -386,10 +387,10 @@ fn files_of_no_known_kind_never_crash_the_tool() {
         assert!(err.starts_with("damaged: "), "{name}: {err}");
         std::fs::remove_file(&p).unwrap();
     }
-    // A directory of unrelated files.
+    // A directory of unrelated files: no store there (tests/places.rs).
     let (code, _, err) = run(&[s(d.path()), "--verify"]);
-    assert_eq!(code, 1);
-    assert!(err.contains("not a producer-state directory"), "{err}");
+    assert_eq!(code, 5);
+    assert!(err.starts_with("no_store: "), "{err}");
     // A path that does not exist.
     let (code, _, err) = run(&[s(&d.path().join("nope"))]);
     assert_eq!(code, 3, "{err}");
@@ -405,7 +406,10 @@ fn help_explains_every_option() {
         "--verify",
         "--producer",
         "--partition",
+        "--all",
+        "--limit",
         "Exit codes",
+        "5 no store here",
     ] {
         assert!(out.contains(w), "{w}: {out}");
     }

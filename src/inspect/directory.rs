@@ -169,6 +169,12 @@ pub struct FileReport {
     pub path: PathBuf,
     /// Its length in bytes.
     pub bytes: u64,
+    /// A segment: of its `bytes`, the zeros of a preallocated segment's
+    /// room that no write reached ([`SegmentSummary::preallocated_bytes`]);
+    /// 0 for any other file.
+    ///
+    /// [`SegmentSummary::preallocated_bytes`]: super::SegmentSummary::preallocated_bytes
+    pub preallocated: u64,
     /// What it is, by its name.
     pub role: Role,
     /// Snapshot: the position it covers; segment: its first position (from
@@ -309,6 +315,7 @@ fn check(fs: &dyn FileSystem, dir: &Path, entry: &DirEntry) -> Result<FileReport
         name: name.to_string(),
         path,
         bytes: entry.len,
+        preallocated: 0,
         role: Role::Other,
         position: None,
         end_position: None,
@@ -394,6 +401,7 @@ fn check_segment(fs: &dyn FileSystem, r: &mut FileReport, named: u64) -> Result<
             r.end_position = Some(s.first_position + s.records);
             r.entries = Some(s.records);
             r.position = Some(s.first_position);
+            r.preallocated = s.preallocated_bytes;
             r.problem = match s.end {
                 _ if s.first_position != named => Some(Problem::Invalid(Error::corrupt(
                     &r.path,

@@ -297,6 +297,13 @@ pub struct SegmentSummary {
     pub bytes: u64,
     /// Bytes of header and valid records.
     pub valid_bytes: u64,
+    /// Zeros at the end of a preallocated segment that no write reached:
+    /// room for records to come (a clean end), or after a torn write. The
+    /// bytes that hold something, header, records and any torn write, are
+    /// `bytes - preallocated_bytes`. 0 for a segment that grows by
+    /// appends, and for a segment with damage followed by a later write
+    /// (its scan stops there).
+    pub preallocated_bytes: u64,
     /// How the records end.
     pub end: SegmentEnd,
     /// The semantics of the store that wrote it (header flag bit 1).
@@ -351,6 +358,7 @@ pub fn segment(
         records: s.records,
         bytes: s.file_len,
         valid_bytes: s.valid_len,
+        preallocated_bytes: s.room,
         semantics: semantics_of(s.kafka),
         end: match s.end {
             End::Clean => SegmentEnd::Clean,

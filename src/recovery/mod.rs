@@ -310,7 +310,14 @@ fn replay(
             End::Torn { offset, .. } if idx == last_idx => {
                 let next = named + scan.records;
                 let bytes = scan.file_len - offset;
-                let (last, tail) = (keep, Tail::Torn { bytes });
+                let preallocated = scan.room.min(bytes);
+                let (last, tail) = (
+                    keep,
+                    Tail::Torn {
+                        bytes,
+                        preallocated,
+                    },
+                );
                 let store_id = at.store_id.or(scan.store);
                 return Ok(Stop::End(LogEnd {
                     next,

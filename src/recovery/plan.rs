@@ -54,8 +54,10 @@ pub(crate) enum Tail {
     Clean,
     /// The segment after `last` (this index), shorter than its header.
     EmptyLast(usize),
-    /// Bytes of `last` that were never durable: `bytes` of them.
-    Torn { bytes: u64 },
+    /// Bytes of `last` that were never durable: `bytes` of them, the last
+    /// `preallocated` of which are zeros no write reached (a preallocated
+    /// segment's room).
+    Torn { bytes: u64, preallocated: u64 },
 }
 
 /// Where the history stops short of the log, for damage or a record that
@@ -295,11 +297,19 @@ impl Plan {
             // The log ends where the segment before it ended; the writer
             // starts a new one there.
             Tail::EmptyLast(_) => active = None,
-            Tail::Torn { bytes } => {
+            Tail::Torn {
+                bytes,
+                preallocated,
+            } => {
                 if let Some(last) = end.last {
                     let file = self.segment_path(last.seg);
                     let len = last.len;
-                    self.repairs.push(Repair::Truncate { file, len, bytes });
+                    self.repairs.push(Repair::Truncate {
+                        file,
+                        len,
+                        bytes,
+                        preallocated,
+                    });
                 }
             }
         }

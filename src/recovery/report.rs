@@ -125,6 +125,11 @@ pub struct TornTail {
     pub offset: u64,
     /// How many bytes were dropped.
     pub bytes: u64,
+    /// Of those, the zeros at the end of a preallocated segment that no
+    /// write reached: room it was given, not torn records. The torn write
+    /// itself is `bytes - preallocated`. 0 for a segment that grows by
+    /// appends.
+    pub preallocated: u64,
 }
 
 /// What salvage discarded.
@@ -169,6 +174,9 @@ pub enum Repair {
         len: u64,
         /// The bytes dropped.
         bytes: u64,
+        /// Of those, the zeros of a preallocated segment's room after the
+        /// torn bytes (see [`TornTail::preallocated`]).
+        preallocated: u64,
     },
     /// Salvage: move the bytes of `file` from `from` on aside into the new
     /// file `to`. From 0 the whole file is renamed; otherwise its tail is
@@ -200,10 +208,26 @@ impl fmt::Display for Repair {
                 "remove {} (a segment whose creation was cut off: it holds no record)",
                 file.display()
             ),
-            Repair::Truncate { file, len, bytes } => write!(
+            Repair::Truncate {
+                file,
+                len,
+                bytes,
+                preallocated: 0,
+            } => write!(
                 f,
                 "truncate {} to {len} bytes ({bytes} bytes of torn tail)",
                 file.display()
+            ),
+            Repair::Truncate {
+                file,
+                len,
+                bytes,
+                preallocated,
+            } => write!(
+                f,
+                "truncate {} to {len} bytes ({} bytes of torn tail, then {preallocated} bytes of preallocated room)",
+                file.display(),
+                bytes - preallocated
             ),
             Repair::MoveAside {
                 file,
@@ -315,11 +339,17 @@ impl RecoveryReport {
                 Repair::RemoveTemp { file } | Repair::RemoveEmptySegment { file } => {
                     self.files_removed.push(file.clone());
                 }
-                Repair::Truncate { file, len, bytes } => {
+                Repair::Truncate {
+                    file,
+                    len,
+                    bytes,
+                    preallocated,
+                } => {
                     self.torn_tail = Some(TornTail {
                         file: file.clone(),
                         offset: *len,
                         bytes: *bytes,
+                        preallocated: *preallocated,
                     });
                 }
                 Repair::MoveAside { .. } => {}
@@ -368,6 +398,14 @@ impl fmt::Display for RecoveryReport {
             self.segments_skipped
         )?;
         match &self.torn_tail {
+            Some(t) if t.preallocated > 0 => writeln!(
+                f,
+                "torn tail: {} bytes dropped from {} at byte {} (and {} bytes of preallocated room after them)",
+                t.bytes - t.preallocated,
+                t.file.display(),
+                t.offset,
+                t.preallocated
+            )?,
             Some(t) => writeln!(
                 f,
                 "torn tail: {} bytes dropped from {} at byte {}",

@@ -301,6 +301,7 @@ impl Telemetry {
                     file = %t.file.display(),
                     offset = t.offset,
                     bytes = t.bytes,
+                    preallocated = t.preallocated,
                     "recovery cut a torn tail off the log (bytes never durable: no acknowledged append was in them)"
                 );
             }

@@ -222,6 +222,12 @@ pub(crate) struct Scan {
     /// Bytes of header and valid records before any damage.
     pub valid_len: u64,
     pub file_len: u64,
+    /// Zeros at the end of a preallocated segment, after its last byte
+    /// that is not zero: room it was given and nothing was written to
+    /// (0 for a segment that grows by appends, whose every byte was
+    /// written). The rest of the file, `file_len - room`, holds the header,
+    /// the records and any torn bytes.
+    pub room: u64,
     pub end: End,
     /// The store id in the header (version 3 on).
     pub store: Option<u64>,
@@ -240,6 +246,9 @@ struct Window<R> {
     /// File offset of `buf[0]`.
     base: u64,
     eof: bool,
+    /// Once [`Window::track_from`] is called: one past the last byte not
+    /// zero read from there on (where tracking started, if none).
+    written_end: Option<u64>,
 }
 
 const CHUNK: usize = 1 << 20;
@@ -265,10 +274,31 @@ impl<R: Read> Window<R> {
                 let n = read_full(&mut self.r, self.buf.get_mut(old..).unwrap_or_default())?;
                 self.buf.truncate(old + n);
                 self.eof = n == 0;
+                let new = self.buf.get(old..).unwrap_or_default();
+                note_written(&mut self.written_end, self.base + old as u64, new);
             }
         }
         let rel = (at - self.base) as usize;
         Ok(self.buf.get(rel..).unwrap_or_default())
+    }
+
+    /// From file offset `at` on, keeps where the bytes that are not zero
+    /// end (what is already in the window, and everything read later).
+    fn track_from(&mut self, at: u64) {
+        self.written_end = Some(at);
+        let rel = at.saturating_sub(self.base) as usize;
+        let held = self.buf.get(rel..).unwrap_or_default();
+        note_written(&mut self.written_end, at, held);
+    }
+}
+
+/// `bytes`, read at file offset `at`: moves the tracked end (if tracking)
+/// past their last byte that is not zero.
+fn note_written(written_end: &mut Option<u64>, at: u64, bytes: &[u8]) {
+    if let Some(end) = written_end
+        && let Some(i) = last_nonzero(bytes)
+    {
+        *end = (*end).max(at + i as u64 + 1);
     }
 }
 
@@ -372,6 +402,7 @@ pub(crate) fn scan(
         buf: Vec::new(),
         base: 0,
         eof: false,
+        written_end: None,
     };
     let head = w.at(0, HEADER_LEN).map_err(io_err)?;
     let h = parse_header(path, head.get(..HEADER_LEN).unwrap_or(head))?;
@@ -383,33 +414,35 @@ pub(crate) fn scan(
     let mut closed = false;
     let mut group: Option<OpenGroup> = None;
     // The scan's result; a group still open at the end is not kept.
-    let done = |records: u64, at: u64, end: End, closed: bool, group: Option<OpenGroup>| {
-        let (records, valid_len, end, closed) = match group {
-            None => (records, at, end, closed),
-            Some(g) => {
-                let end = match end {
-                    End::Clean => End::Torn {
-                        offset: g.at,
-                        kind: Corruption::IncompleteGroup,
-                    },
-                    End::Torn { kind, .. } => End::Torn { offset: g.at, kind },
-                    mid => mid,
-                };
-                (g.records_before, g.at, end, false)
+    let done =
+        |records: u64, at: u64, end: End, closed: bool, group: Option<OpenGroup>, room: u64| {
+            let (records, valid_len, end, closed) = match group {
+                None => (records, at, end, closed),
+                Some(g) => {
+                    let end = match end {
+                        End::Clean => End::Torn {
+                            offset: g.at,
+                            kind: Corruption::IncompleteGroup,
+                        },
+                        End::Torn { kind, .. } => End::Torn { offset: g.at, kind },
+                        mid => mid,
+                    };
+                    (g.records_before, g.at, end, false)
+                }
+            };
+            Scan {
+                first_position,
+                version,
+                records,
+                valid_len,
+                file_len,
+                room,
+                end,
+                store: h.store,
+                closed,
+                kafka: h.kafka,
             }
         };
-        Scan {
-            first_position,
-            version,
-            records,
-            valid_len,
-            file_len,
-            end,
-            store: h.store,
-            closed,
-            kafka: h.kafka,
-        }
-    };
     let misplaced = |at: u64, kind: Corruption| End::MidLog {
         offset: at,
         kind,
@@ -418,7 +451,7 @@ pub(crate) fn scan(
     loop {
         let bytes = w.at(at, record::MAX_LEN).map_err(io_err)?;
         if bytes.is_empty() {
-            return Ok(done(records, at, End::Clean, closed, group));
+            return Ok(done(records, at, End::Clean, closed, group, 0));
         }
         match record::decode(bytes, seed, layout, at) {
             Ok(Decoded {
@@ -439,16 +472,16 @@ pub(crate) fn scan(
                         }
                         (Some(_), LogOp::Group { .. }) => {
                             let kind = Corruption::BadField("group record inside a group");
-                            return Ok(done(records, at, misplaced(at, kind), false, group));
+                            return Ok(done(records, at, misplaced(at, kind), false, group, 0));
                         }
                         (Some(g), op) if !member_ok(g.kind, op) => {
                             let kind =
                                 Corruption::BadField("record of another kind inside a group");
-                            return Ok(done(records, at, misplaced(at, kind), false, group));
+                            return Ok(done(records, at, misplaced(at, kind), false, group, 0));
                         }
                         (None, op) if !alone_ok(op) => {
                             let kind = Corruption::BadField("group member outside a group");
-                            return Ok(done(records, at, misplaced(at, kind), false, group));
+                            return Ok(done(records, at, misplaced(at, kind), false, group, 0));
                         }
                         (Some(g), _) => g.left -= 1,
                         (None, op) => {
@@ -474,7 +507,7 @@ pub(crate) fn scan(
                 at += len as u64;
             }
             Err(Bad::Misplaced(kind)) => {
-                return Ok(done(records, at, misplaced(at, kind), false, group));
+                return Ok(done(records, at, misplaced(at, kind), false, group, 0));
             }
             Err(Bad::Incomplete(kind)) | Err(Bad::Invalid(kind)) => {
                 // The search for later writes starts after the damage, or
@@ -482,10 +515,14 @@ pub(crate) fn scan(
                 // record's length field lies wholly in zeros.
                 let mut from = at + 1;
                 if h.preallocated {
+                    w.track_from(at);
                     match first_nonzero_from(&mut w, at).map_err(io_err)? {
                         // A preallocated segment: its records end here,
                         // the rest is the room it was given.
-                        None => return Ok(done(records, at, End::Clean, closed, group)),
+                        None => {
+                            let room = file_len.saturating_sub(at);
+                            return Ok(done(records, at, End::Clean, closed, group, room));
+                        }
                         Some(nonzero) => from = from.max(nonzero.saturating_sub(7)),
                     }
                 }
@@ -500,10 +537,28 @@ pub(crate) fn scan(
                         later,
                     },
                 };
-                return Ok(done(records, at, end, false, group));
+                // A torn tail: the search read the file to its end, so the
+                // zeros after the last written byte are known (the room a
+                // preallocated segment had left).
+                let room = match (&end, w.written_end) {
+                    (End::Torn { .. }, Some(written)) => file_len.saturating_sub(written),
+                    _ => 0,
+                };
+                return Ok(done(records, at, end, false, group, room));
             }
         }
     }
+}
+
+/// The index of the last byte that is not zero.
+fn last_nonzero(bytes: &[u8]) -> Option<usize> {
+    // Eight at a time from the end, then the byte.
+    let words = bytes.rchunks_exact(8);
+    let zeros = words.take_while(|w| w.iter().all(|&b| b == 0)).count() * 8;
+    bytes
+        .get(..bytes.len() - zeros)?
+        .iter()
+        .rposition(|&b| b != 0)
 }
 
 /// The index of the first byte that is not zero.

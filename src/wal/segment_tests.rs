@@ -157,6 +157,84 @@ fn a_cut_anywhere_in_the_last_write_is_a_torn_tail() {
     }
 }
 
+/// A preallocated segment (version 6, the flag set) holding `writes`,
+/// zeros up to `len`, and `bytes` written at each offset of `at`.
+fn preallocated(writes: &[Vec<AppendRequest>], len: usize, at: &[(usize, &[u8])]) -> Vec<u8> {
+    let mut f = header_with(10, IDS, VERSION, true, false);
+    for w in writes {
+        write_at(&mut f, w, 0);
+    }
+    f.resize(len, 0);
+    for (offset, bytes) in at {
+        f[*offset..offset + bytes.len()].copy_from_slice(bytes);
+    }
+    f
+}
+
+#[test]
+fn the_room_of_a_preallocated_segment_is_told_apart_from_its_torn_bytes() {
+    // Clean: the records, then zeros to the end, all of them room.
+    let records = HEADER_LEN + 3 * REC;
+    let f = preallocated(&[reqs(3)], 4096, &[]);
+    let (s, seen) = scanned(&f);
+    assert_eq!((seen.len(), &s.end), (3, &End::Clean));
+    assert_eq!(
+        (s.valid_len, s.room),
+        (records as u64, (4096 - records) as u64)
+    );
+
+    // Torn: 17 bytes of a half-written record after the records (its last
+    // byte not zero), then room. Over three of the scan's 1 MiB windows,
+    // so that the zeros after the torn bytes are counted across windows.
+    let len = 3 << 20;
+    let f = preallocated(&[reqs(3)], len, &[(records, &[0x5a; 17])]);
+    let (s, _) = scanned(&f);
+    assert!(
+        matches!(s.end, End::Torn { offset, .. } if offset as usize == records),
+        "{:?}",
+        s.end
+    );
+    assert_eq!(s.room, (len - records - 17) as u64);
+
+    // Torn bytes far apart (a torn write, and bytes near the end of the
+    // room): only the zeros after the last of them are room.
+    let late = len - 100;
+    let f = preallocated(&[reqs(3)], len, &[(records, &[0x5a; 17]), (late, &[7; 10])]);
+    let (s, _) = scanned(&f);
+    assert!(matches!(s.end, End::Torn { .. }), "{:?}", s.end);
+    assert_eq!(s.room, 90);
+
+    // The torn bytes' last byte is the file's: no room.
+    let f = preallocated(&[reqs(3)], len, &[(len - 3, &[1, 2, 3])]);
+    let (s, _) = scanned(&f);
+    assert!(matches!(s.end, End::Torn { .. }), "{:?}", s.end);
+    assert_eq!(s.room, 0);
+
+    // A segment that grows by appends has no room, zeros or not.
+    let mut f = segment(&[reqs(3)]);
+    f.extend_from_slice(&[0x5a; 17]);
+    f.resize(4096, 0);
+    let (s, _) = scanned(&f);
+    assert!(matches!(s.end, End::Torn { .. }), "{:?}", s.end);
+    assert_eq!(s.room, 0);
+}
+
+#[test]
+fn last_nonzero_finds_the_last_byte_that_is_not_zero() {
+    assert_eq!(last_nonzero(&[]), None);
+    assert_eq!(last_nonzero(&[0; 100]), None);
+    for len in 1..40 {
+        for at in 0..len {
+            let mut b = vec![0u8; len];
+            b[at] = 9;
+            if at > 0 {
+                b[0] = 1;
+            }
+            assert_eq!(last_nonzero(&b), Some(at), "len {len}, at {at}");
+        }
+    }
+}
+
 #[test]
 fn damage_followed_by_a_later_write_is_mid_log() {
     let f = segment(&[reqs(3), reqs(2)]);
@@ -391,6 +469,7 @@ fn crafted_bytes_after_damage_cost_what_zeros_cost() {
         buf: Vec::new(),
         base: 0,
         eof: false,
+        written_end: None,
     };
     w.at(0, HEADER_LEN).unwrap();
     let mut p = PrefixCrc::new(record::MAX_LEN);
