@@ -11,7 +11,7 @@ use producer_state::inspect::{
 
 use crate::filter::Show;
 use crate::progress::Progress;
-use crate::state::{aborted_of, entries_of};
+use crate::state::{aborted_of, entries_of, late_of};
 use crate::view::*;
 
 pub(crate) fn role_word(r: Role) -> &'static str {
@@ -132,6 +132,7 @@ pub(crate) fn inspect(dir: &Path, out: &mut Output, show: &Show<'_>) -> Result<(
             out.entries = entries_of(state, f, list);
             out.limit_entries(show.limit);
             out.aborted_transactions = aborted_of(state, f, list);
+            out.late_transactions = late_of(state, show);
         }
         DryRun::Refuses(e) => {
             out.recovery = Some(RecoveryView::Refuses {

@@ -33,4 +33,9 @@ pub(crate) struct Show<'a> {
     pub(crate) filter: &'a Filter,
     pub(crate) list: bool,
     pub(crate) limit: Option<usize>,
+    /// The time at which a transaction is late or not (`--now`, else the
+    /// clock), in milliseconds since the epoch.
+    pub(crate) now_ms: i64,
+    /// `--transaction-max-timeout-ms` (Kafka's `transaction.max.timeout.ms`).
+    pub(crate) max_transaction_timeout_ms: i64,
 }

@@ -157,6 +157,7 @@ pub(crate) fn print(w: &mut dyn Write, out: &Output, p: &mut Progress) -> io::Re
     }
     print_entries(w, out, p)?;
     print_aborted(w, out)?;
+    print_late(w, out)?;
     print_records(w, out, p)
 }
 
@@ -383,6 +384,43 @@ fn print_entries(w: &mut dyn Write, out: &Output, p: &mut Progress) -> io::Resul
     }
     table(w, &header, &rows)?;
     limited(w, out.entries.len(), out.entries_total, "keys")
+}
+
+/// A Kafka-mode state's late (hanging) transactions.
+fn print_late(w: &mut dyn Write, out: &Output) -> io::Result<()> {
+    if out.late_transactions.is_empty() {
+        return Ok(());
+    }
+    writeln!(w)?;
+    writeln!(
+        w,
+        "late (hanging) transactions: each the oldest open one of its partition, its producer idle \
+         past transaction.max.timeout.ms + 5 min; it holds the last stable offset back:"
+    )?;
+    let rows: Vec<Vec<String>> = out
+        .late_transactions
+        .iter()
+        .map(|t| {
+            vec![
+                t.partition.to_string(),
+                t.producer_id.clone(),
+                t.first_offset.to_string(),
+                utc(t.last_timestamp).unwrap_or_else(|| t.last_timestamp.to_string()),
+                format!("{:.1} min", t.idle_ms as f64 / 60_000.0),
+            ]
+        })
+        .collect();
+    table(
+        w,
+        &[
+            "PARTITION",
+            "PRODUCER",
+            "FIRST OFFSET",
+            "LAST TIMESTAMP",
+            "IDLE",
+        ],
+        &rows,
+    )
 }
 
 /// A Kafka-mode state's aborted transactions.

@@ -91,6 +91,14 @@ struct Args {
     /// holds over a million records.
     #[arg(long, value_name = "N")]
     limit: Option<u64>,
+    /// The time, in milliseconds since the epoch, at which a Kafka-mode
+    /// state's open transactions are judged late (hanging); default now.
+    #[arg(long, value_name = "MS")]
+    now: Option<i64>,
+    /// Kafka's `transaction.max.timeout.ms`: an oldest open transaction
+    /// whose producer is idle longer than this plus 5 minutes is late.
+    #[arg(long, value_name = "MS", default_value_t = 900_000)]
+    transaction_max_timeout_ms: i64,
 }
 
 const UNREADABLE: u8 = 3;
@@ -108,6 +116,12 @@ fn run(args: &Args) -> Result<Output, Unreadable> {
         filter: &f,
         list: !args.verify,
         limit: args.limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        now_ms: args.now.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        }),
+        max_transaction_timeout_ms: args.transaction_max_timeout_ms,
     };
     let path = &args.path;
     let mut out = Output::new(path, "unknown", "");

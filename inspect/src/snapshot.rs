@@ -7,7 +7,7 @@ use producer_state::inspect::{self};
 
 use crate::filter::Show;
 use crate::progress::Progress;
-use crate::state::{aborted_of, entries_of};
+use crate::state::{aborted_of, entries_of, late_of};
 use crate::view::*;
 
 pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<(), Unreadable> {
@@ -26,5 +26,6 @@ pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<
         out.entries = entries_of(&state, f, list);
         out.limit_entries(show.limit);
         out.aborted_transactions = aborted_of(&state, f, list);
+        out.late_transactions = late_of(&state, show);
     })
 }

@@ -4,7 +4,7 @@
 use producer_state::inspect::{self};
 use producer_state::{KafkaProducerState, ProducerId};
 
-use crate::filter::Filter;
+use crate::filter::{Filter, Show};
 use crate::view::*;
 
 pub(crate) fn entries_of(
@@ -85,6 +85,25 @@ pub(crate) fn aborted_of(
             first_offset: t.first_offset,
             last_offset: t.last_offset,
             last_stable_offset: t.last_stable_offset,
+        })
+        .collect()
+}
+
+/// A Kafka-mode state's late (hanging) transactions at `--now`.
+pub(crate) fn late_of(state: &inspect::RecoveredState, show: &Show<'_>) -> Vec<LateView> {
+    if !show.list {
+        return Vec::new();
+    }
+    state
+        .late_transactions(show.now_ms, show.max_transaction_timeout_ms)
+        .into_iter()
+        .filter(|t| show.filter.keeps(&t.producer_id, Some(t.partition)))
+        .map(|t| LateView {
+            partition: t.partition,
+            producer_id: id_view(&t.producer_id).0,
+            first_offset: t.first_offset,
+            last_timestamp: t.last_timestamp,
+            idle_ms: show.now_ms.saturating_sub(t.last_timestamp),
         })
         .collect()
 }

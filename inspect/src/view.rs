@@ -335,6 +335,8 @@ pub(crate) struct Output {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) aborted_transactions: Vec<AbortedView>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) late_transactions: Vec<LateView>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) records: Vec<RecordView>,
     /// `--limit` cut the keys: how many the filter kept.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -403,6 +405,18 @@ pub(crate) struct AbortedView {
     pub(crate) last_stable_offset: i64,
 }
 
+/// A partition's oldest open transaction, late at `--now`: its producer
+/// idle past `transaction.max.timeout.ms` plus 5 minutes (Kafka's
+/// `hasLateTransaction`).
+#[derive(Serialize)]
+pub(crate) struct LateView {
+    pub(crate) partition: i32,
+    pub(crate) producer_id: String,
+    pub(crate) first_offset: i64,
+    pub(crate) last_timestamp: i64,
+    pub(crate) idle_ms: i64,
+}
+
 impl Output {
     pub(crate) fn new(path: &Path, kind: &'static str, format: &str) -> Output {
         Output {
@@ -423,6 +437,7 @@ impl Output {
             kafka_section_keys: None,
             entries: Vec::new(),
             aborted_transactions: Vec::new(),
+            late_transactions: Vec::new(),
             records: Vec::new(),
             entries_total: None,
             records_total: None,

@@ -408,6 +408,8 @@ fn help_explains_every_option() {
         "--partition",
         "--all",
         "--limit",
+        "--now",
+        "--transaction-max-timeout-ms",
         "Exit codes",
         "5 no store here",
     ] {
@@ -916,4 +918,58 @@ fn a_kafka_truncation_lists_its_partition_state() {
         out.contains("partition-state") && out.contains("open transaction from offset 3"),
         "{out}"
     );
+}
+
+/// A Kafka-mode store's hanging transactions: each partition's oldest open
+/// transaction whose producer has been idle past
+/// `transaction.max.timeout.ms` + 5 min at `--now` (Kafka's
+/// `hasLateTransaction`), in the store and in its snapshot, in the text
+/// and the JSON; none before that time, and none once a marker ends it.
+#[test]
+fn late_transactions_are_shown_at_the_time_asked() {
+    use producer_state::{AppendOptions, Marker, Origin, Semantics};
+    let dir = tempfile::tempdir().unwrap();
+    let t0: i64 = 1_700_000_000_000;
+    let st = ProducerStateStore::open_with(
+        dir.path(),
+        StoreOptions::default().semantics(Semantics::Kafka),
+    )
+    .unwrap();
+    let txn = AppendOptions::client().transactional().verified();
+    st.append_with(7u64, 3, 0, Batch::new(0, 0, 40, t0), txn)
+        .unwrap();
+    st.append_with(8u64, 4, 0, Batch::new(0, 0, 50, t0), txn)
+        .unwrap();
+    st.append_marker(8u64, 4, 0, Marker::commit(0, 51, t0), Origin::Coordinator)
+        .unwrap();
+    let snap = st.snapshot().unwrap().unwrap();
+    st.close().unwrap();
+    let late_at = (t0 + 900_000 + 300_000 + 1).to_string();
+    let on_time = (t0 + 900_000 + 300_000).to_string();
+    for path in [dir.path(), snap.as_path()] {
+        let (code, out, err) = run(&[s(path), "--now", &late_at]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("late (hanging) transactions"), "{out}");
+        let (_, v) = json(&[s(path), "--now", &late_at]);
+        let late = v["late_transactions"].as_array().unwrap();
+        assert_eq!(late.len(), 1, "{v}");
+        assert_eq!(late[0]["partition"], 3);
+        assert_eq!(late[0]["producer_id"], "7");
+        assert_eq!(late[0]["first_offset"], 40);
+        assert_eq!(late[0]["idle_ms"], 1_200_001);
+        // A longer timeout, or an earlier time: not late.
+        let (_, v) = json(&[s(path), "--now", &on_time]);
+        assert!(v.get("late_transactions").is_none(), "{v}");
+        let (_, v) = json(&[
+            s(path),
+            "--now",
+            &late_at,
+            "--transaction-max-timeout-ms",
+            "3600000",
+        ]);
+        assert!(v.get("late_transactions").is_none(), "{v}");
+        // The filter applies.
+        let (_, v) = json(&[s(path), "--now", &late_at, "--partition", "4"]);
+        assert!(v.get("late_transactions").is_none(), "{v}");
+    }
 }

@@ -507,6 +507,21 @@ impl RecoveredState {
         self.kafka.as_ref()?.kafka_state(producer_id, partition)
     }
 
+    /// Each partition's oldest open transaction that is late at `now_ms`
+    /// (a hanging transaction), as
+    /// [`ProducerStateManager::late_transactions`](crate::ProducerStateManager::late_transactions);
+    /// empty for a state of the strict rules.
+    pub fn late_transactions(
+        &self,
+        now_ms: i64,
+        max_transaction_timeout_ms: i64,
+    ) -> Vec<crate::LateTransaction> {
+        self.kafka
+            .as_ref()
+            .map(|k| k.late_transactions(now_ms, max_transaction_timeout_ms))
+            .unwrap_or_default()
+    }
+
     /// Every partition's aborted transactions (a Kafka-mode state), by
     /// partition, each partition's in the order their markers came.
     pub fn aborted_transactions(&self) -> Vec<(i32, AbortedTxn)> {
