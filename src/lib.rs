@@ -212,6 +212,7 @@ pub use engine::entry::{Batches, ProducerEntry, RETAINED_BATCHES};
 pub use engine::info::ProducerInfo;
 pub use engine::kafka::side::KafkaProducerState;
 pub use engine::kafka::txn::{AbortedTxn, CompletedTxn, Marker, MarkerKind, MarkerOutcome};
+pub use engine::kafka::verification::VerificationState;
 pub use engine::rules::UnknownProducer;
 pub use error::{Corruption, Error, Result};
 pub use id::{INLINE_NAME_LEN, NegativeProducerId, ProducerId};

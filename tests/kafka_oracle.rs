@@ -167,6 +167,10 @@ impl Driver {
         store.close().unwrap();
         let store = ProducerStateStore::open_with(dir.path(), Self::store_opts()).unwrap();
         self.store = Some((dir, store));
+        // The store forgets the KIP-890 verification states (in memory
+        // only, as a restarted Kafka broker does): so does the engine
+        // beside it.
+        self.mgr.forget_verification_states();
     }
 
     fn reject(name: &str) -> Vec<String> {
@@ -528,6 +532,11 @@ fn same_state(d: &Driver, at: &str) {
             "{at}: producer {pid}"
         );
     }
+    assert_eq!(
+        store.verification_states(),
+        d.mgr.verification_states(),
+        "{at}: the verification states"
+    );
     assert_eq!(
         store.first_unstable_offset(PARTITION),
         d.mgr.first_unstable_offset(PARTITION),

@@ -235,7 +235,11 @@ impl Model {
                 self.history.push(Ev::Expired(gone));
             }
             Step::Truncate(x) => {
+                // Kafka's truncateAndReload leaves the broker's in-memory
+                // verification states alone; so does the store's.
+                let verifying = self.m.verification_states();
                 self.m = self.rebuild(x);
+                self.m.restore_verification_states(verifying);
                 self.history
                     .push(Ev::Truncated(x, Box::new(self.m.clone())));
             }
@@ -292,6 +296,15 @@ fn same(s: &ProducerStateStore, m: &ProducerStateManager) -> Result<(), String> 
         }
         if s.first_unstable_offset(p) != m.first_unstable_offset(p) {
             return Err(format!("partition {p}: first unstable offset"));
+        }
+        for pid in 0..PIDS {
+            if s.verification_state(pid, p) != m.verification_state(pid, p) {
+                return Err(format!(
+                    "producer {pid} partition {p} verification: store {:?} model {:?}",
+                    s.verification_state(pid, p),
+                    m.verification_state(pid, p)
+                ));
+            }
         }
     }
     Ok(())
@@ -550,6 +563,9 @@ fn case(ops: &[Op], crash_at: u64, image: u8) -> Result<bool, TestCaseError> {
         let Some(step) = resolve(op, &model.m, end, now) else {
             drop(store.take());
             store = Some(open(&mut fs, &clock, &mut crashed, crash_at, image)?);
+            // A restart forgets the KIP-890 verification states, as Kafka's
+            // (in memory only, never logged).
+            model.m.forget_verification_states();
             let s = store.as_ref().unwrap();
             same(s, &model.m).map_err(|e| TestCaseError::fail(format!("reopen: {e}")))?;
             continue;
@@ -577,11 +593,13 @@ fn case(ops: &[Op], crash_at: u64, image: u8) -> Result<bool, TestCaseError> {
                 fs = crash_image(&fs, crash_at, image);
                 let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock))
                     .map_err(|e| TestCaseError::fail(format!("recovery: {e}")))?;
+                model.m.forget_verification_states();
                 let applied = same(&s, &model.m).is_err();
                 if applied {
                     let answer = apply(&mut model.m.clone(), &step);
                     let mut trial = model.clone();
                     trial.step(step).unwrap();
+                    trial.m.forget_verification_states();
                     same(&s, &trial.m).map_err(|e| {
                         TestCaseError::fail(format!(
                             "after a crash in {step:?}: neither the acknowledged state nor it with the step: {e}"
