@@ -278,6 +278,9 @@ impl State {
     /// and aborted list dropped, logged as one group.
     fn kafka_remove_partition(&mut self, partition: i32) -> Result<Logged> {
         let engine = engine_of(&mut self.keys.meta.kafka)?;
+        // Its verification states go too, in memory (never logged), even
+        // when nothing else of the partition is left to log.
+        engine.forget_partition_verifications(partition);
         let ids = engine.kafka_keys_of(partition);
         let aborted = !engine.aborted_transactions(partition).is_empty();
         // A partition with an end but no state left (its keys expired) is

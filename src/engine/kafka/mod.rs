@@ -190,6 +190,13 @@ impl ProducerStateManager {
         }
     }
 
+    /// Forgets the verification states of one partition (it is removed).
+    pub(crate) fn forget_partition_verifications(&mut self, partition: i32) {
+        if let Some(k) = &mut self.kafka {
+            k.verifications_mut().remove_partition(partition);
+        }
+    }
+
     /// Forgets every verification state: what a broker restart does to
     /// them, since Kafka keeps them in memory only. A Kafka-mode store
     /// forgets them when it is reopened; a caller keeping an engine in step
