@@ -219,6 +219,14 @@ impl AppendOptions {
     /// `AddPartitionsToTxn` with verification). A transactional batch that
     /// would open a transaction needs it; one that continues an open
     /// transaction does not.
+    ///
+    /// Under [`Semantics::Kafka`](crate::Semantics::Kafka) a verified
+    /// transactional batch of a producer without an open transaction first
+    /// starts Kafka's verification state, as the broker does before it
+    /// appends: if the batch then does not append (a duplicate, or
+    /// refused), the state stays and refuses the producer's later batches
+    /// that start above its lowest sequence (see
+    /// [`ProducerStateManager::start_transaction_verification`](crate::ProducerStateManager::start_transaction_verification)).
     pub const fn verified(mut self) -> Self {
         self.verified = true;
         self

@@ -215,6 +215,7 @@ pub use engine::kafka::txn::{
     AbortedTxn, CompletedTxn, LATE_TRANSACTION_BUFFER_MS, LateTransaction, Marker, MarkerKind,
     MarkerOutcome,
 };
+pub use engine::kafka::verification::VerificationState;
 pub use engine::rules::UnknownProducer;
 pub use error::{Corruption, Error, Result};
 pub use id::{INLINE_NAME_LEN, NegativeProducerId, ProducerId};

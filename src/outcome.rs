@@ -285,6 +285,16 @@ pub enum OutOfOrderReason {
     NegativeSequence,
     /// The batch's last sequence is before its first.
     LastBeforeFirst,
+    /// Only under [`Semantics::Kafka`](crate::Semantics::Kafka): the
+    /// producer has a transaction verification in progress (KIP-890) whose
+    /// lowest sequence is below the batch's first, so a retry of that lower
+    /// sequence could be overtaken (Kafka's "earliest seen sequence").
+    AboveVerifiedSequence {
+        /// The batch's first sequence.
+        first_sequence: i32,
+        /// The lowest sequence the verification saw.
+        lowest_sequence: i32,
+    },
 }
 
 impl fmt::Display for OutOfOrderReason {
@@ -310,6 +320,13 @@ impl fmt::Display for OutOfOrderReason {
             OutOfOrderReason::LastBeforeFirst => {
                 f.write_str("the batch's last sequence is before its first")
             }
+            OutOfOrderReason::AboveVerifiedSequence {
+                first_sequence,
+                lowest_sequence,
+            } => write!(
+                f,
+                "sequence {first_sequence} is above {lowest_sequence}, the earliest sequence of the transaction verification in progress: retry {lowest_sequence} first"
+            ),
         }
     }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::store_util::{dir, sim_opts};
 use producer_state::fs::SimFs;
 use producer_state::{
-    AppendOptions, Batch, Error, ManualClock, Marker, Origin, ProducerStateStore, Semantics,
-    StoreOptions,
+    AppendOptions, Batch, BatchOutcome, Error, ManualClock, Marker, Origin, OutOfOrderReason,
+    ProducerStateStore, Semantics, StoreOptions, TxnStateReason, VerificationState,
 };
 
 const DAY: i64 = 86_400_000;
@@ -523,4 +523,169 @@ fn crash_a_large_expiration_at(at: u64) -> usize {
         assert_eq!(s.was_removed(ProducerId::numeric(0), 0), from > 0);
     }
     partial
+}
+
+// KIP-890's verification states in the store. Kafka keeps them in memory
+// only (ProducerStateManager.java, trunk 1eb7644349cb: the
+// `verificationStates` map, line 88; `writeSnapshot`, lines 667-677, has
+// no field for them), so the store neither logs nor snapshots them.
+
+/// A producer with a committed transaction and a verified retry of its
+/// batch: a DUPLICATE, which leaves the verification state {lowest 0}.
+fn verified_duplicate(s: &ProducerStateStore, pid: u64, partition: i32, ts: i64) {
+    assert!(
+        s.append_with(pid, partition, 0, Batch::new(0, 1, 10, ts), txn())
+            .unwrap()
+            .is_accepted()
+    );
+    s.append_marker(
+        pid,
+        partition,
+        0,
+        Marker::commit(0, 12, ts),
+        Origin::Coordinator,
+    )
+    .unwrap();
+    assert!(matches!(
+        s.append_with(pid, partition, 0, Batch::new(0, 1, 13, ts + 1), txn())
+            .unwrap(),
+        BatchOutcome::Duplicate { .. }
+    ));
+}
+
+#[test]
+fn verification_states_are_never_logged_and_a_reopen_forgets_them() {
+    let fs = SimFs::new();
+    let clock = Arc::new(ManualClock::new(DAY));
+    let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap();
+    s.append_with(1u64, 0, 0, Batch::new(0, 1, 10, 1_000), txn())
+        .unwrap();
+    s.append_marker(
+        1u64,
+        0,
+        0,
+        Marker::commit(0, 12, 1_001),
+        Origin::Coordinator,
+    )
+    .unwrap();
+    let written = s.stats().records_written;
+    // What changes only the verification states writes nothing: a verified
+    // duplicate, an explicit verification, a refusal because of one.
+    assert!(matches!(
+        s.append_with(1u64, 0, 0, Batch::new(0, 1, 13, 1_002), txn())
+            .unwrap(),
+        BatchOutcome::Duplicate { .. }
+    ));
+    assert!(s.start_transaction_verification(2u64, 0, 3, 5).unwrap());
+    assert_eq!(
+        s.append_batch(1u64, 0, 0, Batch::new(2, 2, 13, 1_003))
+            .unwrap(),
+        BatchOutcome::OutOfOrder {
+            reason: OutOfOrderReason::AboveVerifiedSequence {
+                first_sequence: 2,
+                lowest_sequence: 0
+            }
+        }
+    );
+    assert_eq!(s.stats().records_written, written, "nothing logged");
+    assert_eq!(
+        s.verification_state(1u64, 0),
+        Some(VerificationState::new(1_002, 0, 0)),
+        "born at the verified batch's timestamp"
+    );
+    assert_eq!(
+        s.verification_state(2u64, 0),
+        Some(VerificationState::new(DAY, 5, 3)),
+        "born at the store clock's reading"
+    );
+    // Neither a snapshot nor the log carries them across a reopen ...
+    s.snapshot().unwrap();
+    s.close().unwrap();
+    let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap();
+    assert!(s.verification_states().is_empty());
+    // ... so the batch refused before the restart is accepted after it, as
+    // a restarted Kafka broker accepts it (2 follows 1).
+    assert!(
+        s.append_batch(1u64, 0, 0, Batch::new(2, 2, 13, 1_003))
+            .unwrap()
+            .is_accepted()
+    );
+}
+
+#[test]
+fn verification_states_outlive_a_truncation_expire_by_age_and_go_with_their_partition() {
+    let fs = SimFs::new();
+    let clock = Arc::new(ManualClock::new(DAY));
+    let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap();
+    verified_duplicate(&s, 1, 0, DAY);
+    clock.set(DAY + 5_000);
+    assert!(s.start_transaction_verification(3u64, 1, 0, 0).unwrap());
+    // Truncating below the marker opens the transaction again; Kafka's
+    // truncateAndReload (ProducerStateManager.java 355-375) and
+    // truncateFullyAndStartAt (510-520) leave verification states alone.
+    s.truncate_to(12).unwrap();
+    assert_eq!(
+        s.kafka_state(1u64, 0).unwrap().current_txn_first_offset,
+        Some(10)
+    );
+    assert_eq!(
+        s.verification_state(1u64, 0),
+        Some(VerificationState::new(DAY + 1, 0, 0))
+    );
+    // removeExpiredProducers (338-345): a state expires a day after it was
+    // made, whatever its producer does (producer 1's transaction is open,
+    // so the producer stays).
+    clock.set(2 * DAY);
+    s.expire_now().unwrap();
+    assert!(s.verification_state(1u64, 0).is_some(), "a day less 1 ms");
+    clock.set(2 * DAY + 1);
+    s.expire_now().unwrap();
+    assert_eq!(s.verification_state(1u64, 0), None);
+    assert!(s.kafka_state(1u64, 0).is_some());
+    assert!(s.verification_state(3u64, 1).is_some(), "made later");
+    // A removed partition's state goes with it.
+    s.remove_partition(1).unwrap();
+    assert!(s.verification_states().is_empty());
+}
+
+/// `transaction.partition.verification.enable=false`: ReplicaManager skips
+/// the verification (ReplicaManager.scala 1108-1115) and UnifiedLog does
+/// not require it (UnifiedLog.scala batchMissingRequiredVerification,
+/// 1085-1088).
+#[test]
+fn with_verification_off_none_is_needed_and_none_is_started() {
+    let fs = SimFs::new();
+    let clock = Arc::new(ManualClock::new(DAY));
+    let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock).transaction_verification(false))
+        .unwrap();
+    let unverified = AppendOptions::client().transactional();
+    assert!(
+        s.append_with(1u64, 0, 0, Batch::new(0, 1, 10, DAY), unverified)
+            .unwrap()
+            .is_accepted()
+    );
+    s.append_marker(1u64, 0, 0, Marker::commit(0, 12, DAY), Origin::Coordinator)
+        .unwrap();
+    assert!(matches!(
+        s.append_with(1u64, 0, 0, Batch::new(0, 1, 13, DAY), txn())
+            .unwrap(),
+        BatchOutcome::Duplicate { .. }
+    ));
+    assert!(!s.start_transaction_verification(1u64, 0, 0, 0).unwrap());
+    assert!(s.verification_states().is_empty());
+    assert!(
+        s.append_batch(1u64, 0, 0, Batch::new(2, 2, 13, DAY))
+            .unwrap()
+            .is_accepted()
+    );
+    // The default is Kafka's: on.
+    s.close().unwrap();
+    let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap();
+    assert_eq!(
+        s.append_with(2u64, 0, 0, Batch::new(0, 0, 14, DAY), unverified)
+            .unwrap(),
+        BatchOutcome::InvalidTxnState {
+            reason: TxnStateReason::NotVerified
+        }
+    );
 }

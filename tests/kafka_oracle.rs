@@ -19,11 +19,12 @@
 //! call the engine for it.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use producer_state::kafka::{self, KafkaProducerEntry};
 use producer_state::{
-    AppendOptions, Batch, BatchOutcome, Error, Marker, MarkerOutcome, Origin, ProducerStateManager,
-    ProducerStateStore, Semantics, StoreOptions,
+    AppendOptions, Batch, BatchOutcome, Error, ManualClock, Marker, MarkerOutcome, Origin,
+    ProducerStateManager, ProducerStateStore, Semantics, StoreOptions,
 };
 
 const EXPIRATION_MS: i64 = 86_400_000;
@@ -51,6 +52,15 @@ enum Command {
         offset: Option<i64>,
         ts: Option<i64>,
     },
+    /// `verify PID EPOCH SEQ`: a verification whose append does not follow
+    /// (not in Kafka's fixtures: the KIP-890 cases below).
+    Verify {
+        pid: i64,
+        epoch: i16,
+        seq: i32,
+    },
+    /// `verifying PID`: the producer's verification state.
+    Verifying(i64),
     MapEnd(i64),
     Snapshot,
     Reload,
@@ -85,6 +95,12 @@ fn parse_line(line: &str) -> Option<Command> {
             ts,
         },
         "mapend" => Command::MapEnd(words[1].parse().unwrap()),
+        "verify" => Command::Verify {
+            pid: words[1].parse().unwrap(),
+            epoch: words[2].parse().unwrap(),
+            seq: words[3].parse().unwrap(),
+        },
+        "verifying" => Command::Verifying(words[1].parse().unwrap()),
         "snapshot" => Command::Snapshot,
         "reload" => {
             assert_eq!(
@@ -135,6 +151,8 @@ struct Driver {
     /// A Kafka-mode store given every data batch and marker too: its
     /// verdict must be the engine's (see the store test below).
     store: Option<(tempfile::TempDir, ProducerStateStore)>,
+    /// The store's clock, kept at `now`.
+    clock: Arc<ManualClock>,
 }
 
 impl Driver {
@@ -146,15 +164,17 @@ impl Driver {
             map_end: 0,
             snapshot: None,
             store: None,
+            clock: Arc::new(ManualClock::new(1_700_000_000_000)),
         }
     }
 
-    fn store_opts() -> StoreOptions {
+    fn store_opts(&self) -> StoreOptions {
         StoreOptions::default()
             .semantics(Semantics::Kafka)
             .background_snapshots(false)
             .snapshot_every_records(None)
             .snapshot_every_bytes(None)
+            .clock(self.clock.clone())
     }
 
     /// Closes the store and opens it again (recovery replays its log from
@@ -165,8 +185,12 @@ impl Driver {
             store.snapshot().unwrap();
         }
         store.close().unwrap();
-        let store = ProducerStateStore::open_with(dir.path(), Self::store_opts()).unwrap();
+        let store = ProducerStateStore::open_with(dir.path(), self.store_opts()).unwrap();
         self.store = Some((dir, store));
+        // The store forgets the KIP-890 verification states (in memory
+        // only, as a restarted Kafka broker does): so does the engine
+        // beside it.
+        self.mgr.forget_verification_states();
     }
 
     fn reject(name: &str) -> Vec<String> {
@@ -292,12 +316,35 @@ impl Driver {
                     Err(e) => panic!("unexpected error {e}"),
                 }
             }
+            Command::Verify { pid, epoch, seq } => {
+                let out = self
+                    .mgr
+                    .start_transaction_verification(pid as u64, PARTITION, epoch, seq, self.now);
+                if let Some((_, store)) = &self.store {
+                    let s = store.start_transaction_verification(pid as u64, PARTITION, epoch, seq);
+                    assert_eq!(s.ok(), out.as_ref().ok().copied(), "the store's answer");
+                }
+                match out {
+                    Ok(true) => vec!["OK\tguard".to_string()],
+                    Ok(false) => vec!["OK\tsentinel".to_string()],
+                    Err(Error::Unsupported { .. }) => vec!["UNSUPPORTED".to_string()],
+                    Err(e) => panic!("unexpected error {e}"),
+                }
+            }
+            Command::Verifying(pid) => match self.mgr.verification_state(pid as u64, PARTITION) {
+                Some(v) => vec![format!(
+                    "VERIFYING\tepoch={}\tlowest={}\tts={}",
+                    v.epoch, v.lowest_sequence, v.timestamp
+                )],
+                None => vec!["NONE".to_string()],
+            },
             Command::MapEnd(n) => {
                 self.map_end = n;
                 vec!["OK".to_string()]
             }
             Command::Now(ms) => {
                 self.now = ms;
+                self.clock.set(ms);
                 vec!["OK".to_string()]
             }
             Command::Snapshot => {
@@ -529,6 +576,11 @@ fn same_state(d: &Driver, at: &str) {
         );
     }
     assert_eq!(
+        store.verification_states(),
+        d.mgr.verification_states(),
+        "{at}: the verification states"
+    );
+    assert_eq!(
         store.first_unstable_offset(PARTITION),
         d.mgr.first_unstable_offset(PARTITION),
         "{at}"
@@ -556,7 +608,7 @@ fn a_kafka_mode_store_gives_the_same_verdicts_and_state_across_reopens() {
     for (commands, _) in FILES {
         let mut d = Driver::new(Semantics::Kafka);
         let dir = tempfile::tempdir().unwrap();
-        let store = ProducerStateStore::open_with(dir.path(), Driver::store_opts()).unwrap();
+        let store = ProducerStateStore::open_with(dir.path(), d.store_opts()).unwrap();
         d.store = Some((dir, store));
         let text = std::fs::read_to_string(commands).unwrap();
         for (i, line) in text.lines().enumerate() {
@@ -806,3 +858,165 @@ const PINNED: &[(&str, usize, Reason)] = &[
     ("commands.txt", 22, UnknownProducer),
     ("commands.txt", 25, NoTransactions),
 ];
+
+// ---------------------------------------------------------------------
+// KIP-890's verification state: verdicts derived from Kafka's source.
+//
+// Kafka's fixtures above never leave a verification state behind that a
+// later batch meets, so these cases are not Kafka's recorded verdicts:
+// each expected verdict is derived by hand from Apache Kafka trunk
+// 1eb7644349cb (the commit the fixtures were made at), and the line that
+// decides it is cited. Abbreviations:
+//   PAI  storage/src/main/java/org/apache/kafka/storage/internals/log/ProducerAppendInfo.java
+//   VSE  storage/.../log/VerificationStateEntry.java
+//   PSM  storage/.../log/ProducerStateManager.java
+//   PSE  storage/.../log/ProducerStateEntry.java
+//   ULj  storage/.../log/UnifiedLog.java
+//   ULs  core/src/main/scala/kafka/log/UnifiedLog.scala
+//   RM   core/src/main/scala/kafka/server/ReplicaManager.scala
+//   MR   clients/src/main/java/org/apache/kafka/common/record/MemoryRecords.java
+// The driver is the fixtures' (a `txn` batch without `noverify` is
+// verified first, as ReplicaManager does: RM handleProduceAppend 873-880
+// takes the base sequence of the partition's first batch, and ULs
+// maybeStartTransactionVerification 606-611 creates or updates the state
+// unless the transaction is open), plus two commands: `verify PID EPOCH
+// SEQ` (a verification whose append does not follow, as when the
+// coordinator answers NOT_COORDINATOR and RM 898-903 turns it into a
+// retriable error; `guard` or `sentinel`) and `verifying PID`.
+// ---------------------------------------------------------------------
+
+const KIP890_CASES: &str = "\
+# --- A. A verified transactional DUPLICATE, then higher sequences.
+30 0 0 1 - txn          => ACCEPT 0 1    # state {0, epoch 0} made (PSM maybeCreateVerificationStateEntry 160-166); the append clears it (ULj updateProducers 204-206)
+verifying 30            => NONE
+marker 30 0 COMMIT 0 -  => ACCEPT 2 2 completedTxn=30:0..2:COMMIT
+30 0 0 1 - txn          => DUPLICATE 0 1 1700000000000  # no open transaction: verified again, state {0}; the duplicate returns before updateProducers (ULs analyzeAndValidateProducerState 1039-1045), so the state stays
+verifying 30            => VERIFYING epoch=0 lowest=0 ts=1700000000000
+30 0 2 2 - txn          => REJECT OutOfOrderSequenceException  # verified again, 2 > 0 keeps 0 (VSE maybeUpdateLowestSequenceAndEpoch 76-83); PAI checkSequence 113-117: 2 > 0. Without the state: ACCEPT (2 follows 1)
+30 0 2 2 -              => REJECT OutOfOrderSequenceException  # a plain batch meets it too: every ProducerAppendInfo of the producer gets the state (PSM prepareUpdate 377-380)
+30 1 0 0 - txn          => ACCEPT 3 3    # a higher epoch resets the state to {0, epoch 1} (VSE 79-82); 0 > 0 is false; a new epoch at 0 (PAI 118-125); clears it
+verifying 30            => NONE
+30 1 1 1 - txn          => ACCEPT 4 4    # the transaction is open: no verification (ULs 607-608)
+marker 30 1 COMMIT 0 -  => ACCEPT 5 5 completedTxn=30:3..5:COMMIT
+# --- B. A refused verified batch: a zombie's write leaves its state behind.
+31 1 0 0 -              => ACCEPT 6 6
+31 0 0 0 - txn          => REJECT InvalidProducerEpochException  # verified first: state {0, epoch 0}; not a duplicate (PSE findDuplicateBatch 135: other epoch); fenced (PAI checkProducerEpoch 97-107), so updateProducers never clears it
+verifying 31            => VERIFYING epoch=0 lowest=0 ts=1700000000000
+31 1 1 1 -              => REJECT OutOfOrderSequenceException  # the live producer's next batch: 1 > 0 (PAI 113-117), before the sequence test that would accept it (PAI 126-141)
+31 1 1 1 - txn          => ACCEPT 7 7    # its verification has the higher epoch: state {1, epoch 1} (VSE 79-82); 1 > 1 is false; 1 follows 0; clears it
+verifying 31            => NONE
+marker 31 1 ABORT 0 -   => ACCEPT 8 8 completedTxn=31:7..8:ABORT
+# --- C. Repeated verifications with lower sequences.
+32 0 0 0 -              => ACCEPT 9 9
+verify 32 0 3           => OK guard      # created {3} (PSM 160-166)
+verify 32 0 1           => OK guard      # lower, same epoch: {1} (VSE 77-78)
+verify 32 0 2           => OK guard      # higher: still {1}
+verifying 32            => VERIFYING epoch=0 lowest=1 ts=1700000000000
+32 0 1 1 -              => ACCEPT 10 10  # 1 > 1 is false; 1 follows 0; a plain batch clears nothing (ULj 204)
+verifying 32            => VERIFYING epoch=0 lowest=1 ts=1700000000000
+32 0 2 2 - txn          => REJECT OutOfOrderSequenceException  # verified again (2 keeps {1}); 2 > 1 (PAI 113-117), though 2 follows 1
+32 1 0 0 - txn          => ACCEPT 11 11  # a bumped epoch: {0, epoch 1} (VSE 79-82); clears it
+verify 32 1 5           => OK sentinel   # the transaction is open: the sentinel guard, no state (ULs 607-608)
+verifying 32            => NONE
+32 1 1 1 - txn          => ACCEPT 12 12
+marker 32 1 COMMIT 0 -  => ACCEPT 13 13 completedTxn=32:11..13:COMMIT
+# --- D. A restart in between: the state is in memory only.
+33 0 0 0 - txn          => ACCEPT 14 14
+marker 33 0 COMMIT 0 -  => ACCEPT 15 15 completedTxn=33:14..15:COMMIT
+33 0 0 0 - txn          => DUPLICATE 14 14 1700000000000  # state {0} stays, as in A
+33 0 1 1 -              => REJECT OutOfOrderSequenceException  # 1 > 0
+snapshot                => OK 00000000000000000016.snapshot  # the snapshot holds producer entries only (PSM writeSnapshot 667-677)
+reload                  => OK mapEnd=16 producers=4  # a new ProducerStateManager: verificationStates starts empty (PSM field 88) and loadFromSnapshot fills producers only (PSM 297-321)
+verifying 33            => NONE
+33 0 1 1 -              => ACCEPT 16 16  # 1 follows 0
+# --- E. The state expires by its own age, not its producer's.
+34 0 0 0 - txn          => ACCEPT 17 17
+marker 34 0 COMMIT 0 -  => ACCEPT 18 18 completedTxn=34:17..18:COMMIT
+34 0 0 0 - txn          => DUPLICATE 17 17 1700000000000  # state {0} made at 1700000000000 (VSE timestamp, never updated)
+now 1700000500000       => OK
+repl 34 0 1 1 -         => ACCEPT 19 19  # replication: no sequence test (PAI 91-93); not transactional, so nothing cleared (ULj 204); the producer's last timestamp moves on
+verifying 34            => VERIFYING epoch=0 lowest=0 ts=1700000000000
+now 1700086399999       => OK
+expire                  => OK producers=5  # nothing a day old yet (PSM removeExpiredProducers 338-345)
+34 0 2 2 -              => REJECT OutOfOrderSequenceException  # 2 > 0
+now 1700086400000       => OK
+expire                  => OK producers=1  # 30-33 expire; the state is a day old: removed (PSM 342-344); producer 34 is not
+verifying 34            => NONE
+34 0 2 2 -              => ACCEPT 20 20  # 2 follows 1
+";
+
+/// The KIP-890 cases: (line, command, expected verdict).
+fn kip890_cases() -> Vec<(usize, String, String)> {
+    KIP890_CASES
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .map(|(i, l)| {
+            let (cmd, expected) = l.split_once("=>").expect("command => verdict");
+            let expected = expected.split('#').next().unwrap_or("");
+            let fields: Vec<&str> = expected.split_whitespace().collect();
+            (i + 1, cmd.trim().to_string(), fields.join("\t"))
+        })
+        .collect()
+}
+
+/// Every KIP-890 case gives the verdict derived from Kafka's source, with a
+/// Kafka-mode store beside the engine answering the same (and holding the
+/// same verification states) up to the restart, which the store takes
+/// only through a reopen (below).
+#[test]
+fn kip890_verification_verdicts_follow_kafkas_source() {
+    let mut d = Driver::new(Semantics::Kafka);
+    let dir = tempfile::tempdir().unwrap();
+    let store = ProducerStateStore::open_with(dir.path(), d.store_opts()).unwrap();
+    d.store = Some((dir, store));
+    let mut diffs = Vec::new();
+    let cases = kip890_cases();
+    for (line, text, expected) in &cases {
+        let cmd = parse_line(text).expect("a command");
+        if matches!(cmd, Command::Snapshot) {
+            // The store has no Kafka reload: it leaves the stream here.
+            d.store = None;
+        }
+        let ours: Vec<String> = d.run(&cmd).iter().map(|v| comparable(v)).collect();
+        if d.store.is_some() {
+            same_state(&d, &format!("KIP-890 case line {line}"));
+        }
+        if ours != [expected.clone()] {
+            diffs.push(format!(
+                "line {line} `{text}`: expected {expected:?}, ours {ours:?}"
+            ));
+        }
+    }
+    assert!(cases.len() > 45, "{} cases", cases.len());
+    assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+}
+
+/// The differences the verification state makes spread: with it forgotten
+/// (as a broker that never had it would run), the same stream gives other
+/// verdicts at exactly the lines the state decides. This proves the cases
+/// above exercise the state rather than the ordinary rules.
+#[test]
+fn without_the_verification_state_the_kip890_cases_would_differ() {
+    let mut d = Driver::new(Semantics::Kafka);
+    let mut differ = Vec::new();
+    for (line, text, expected) in kip890_cases() {
+        let cmd = parse_line(&text).expect("a command");
+        if matches!(cmd, Command::Verify { .. } | Command::Verifying(_)) {
+            continue;
+        }
+        let ours = d.run(&cmd);
+        d.mgr.forget_verification_states();
+        // The kind of verdict (offsets shift once a batch Kafka refused is
+        // appended).
+        let kind = |v: &str| v.split('\t').next().unwrap_or("").to_string();
+        if kind(&ours[0]) != kind(&expected) {
+            differ.push(line);
+        }
+    }
+    // Lines of KIP890_CASES: every batch the state refused (A 7, 8;
+    // B 17; C 29; D 39; E 53), and where that spreads: a batch Kafka
+    // refused is one it never appended, so its later retry is new data to
+    // Kafka and a duplicate without the state (B 18, D 43, E 57).
+    assert_eq!(differ, [7, 8, 17, 18, 29, 39, 43, 53, 57], "{differ:?}");
+}

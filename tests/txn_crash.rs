@@ -4,8 +4,10 @@
 //! The reference is the in-memory engine under `Semantics::Kafka` (its
 //! verdicts are Kafka's: tests/kafka_oracle.rs) fed the acknowledged
 //! operations, plus a history to answer a truncation: the engine rebuilt
-//! from the history with every batch and marker at or above the offset
-//! left out, logged expirations removing exactly the keys they removed,
+//! from the history of accepted batches and markers (reloaded, not
+//! classified again, as Kafka reloads a log) with every one at or above
+//! the offset left out, the KIP-890 verification states of the moment
+//! kept, logged expirations removing exactly the keys they removed,
 //! an earlier truncation at or above the offset passed over (below it,
 //! its result taken whole). Every operation runs under
 //! `FsyncPolicy::Always`, so an answer is durable: after a crash the
@@ -176,6 +178,14 @@ fn engine() -> ProducerStateManager {
 
 /// A step's effect on an engine (verdicts are the engine's own).
 fn apply(m: &mut ProducerStateManager, s: &Step) -> Option<MarkerOutcome> {
+    effect(m, s, false).1
+}
+
+/// A step's effect on an engine, and whether it took one (a batch or a
+/// marker accepted; any other step). With `reload`, a data batch goes in
+/// as Kafka reloads one from the log (`AppendOrigin.REPLICATION`: see
+/// [`Model::rebuild`]).
+fn effect(m: &mut ProducerStateManager, s: &Step, reload: bool) -> (bool, Option<MarkerOutcome>) {
     match *s {
         Step::Data {
             pid,
@@ -187,34 +197,42 @@ fn apply(m: &mut ProducerStateManager, s: &Step) -> Option<MarkerOutcome> {
             offset,
             ts,
         } => {
-            m.append_with(
-                pid,
-                partition,
-                epoch,
-                Batch::new(first, last, offset, ts),
-                options(txn),
-            )
-            .unwrap();
-            None
+            let options = match (reload, txn) {
+                (false, _) => options(txn),
+                (true, false) => AppendOptions::replication(),
+                (true, true) => AppendOptions::replication().transactional(),
+            };
+            let out = m
+                .append_with(
+                    pid,
+                    partition,
+                    epoch,
+                    Batch::new(first, last, offset, ts),
+                    options,
+                )
+                .unwrap();
+            (out.is_accepted(), None)
         }
         Step::Marker {
             pid,
             partition,
             epoch,
             marker,
-        } => Some(
-            m.append_marker(pid, partition, epoch, marker, Origin::Coordinator)
-                .unwrap(),
-        ),
+        } => {
+            let out = m
+                .append_marker(pid, partition, epoch, marker, Origin::Coordinator)
+                .unwrap();
+            (out.is_accepted(), Some(out))
+        }
         Step::RemovePartition(p) => {
             m.remove_partition(p);
-            None
+            (true, None)
         }
         Step::Forget(p, o) => {
             m.forget_aborted_before(p, o);
-            None
+            (true, None)
         }
-        Step::Expire { .. } | Step::Truncate(_) => None,
+        Step::Expire { .. } | Step::Truncate(_) => (true, None),
     }
 }
 
@@ -235,26 +253,48 @@ impl Model {
                 self.history.push(Ev::Expired(gone));
             }
             Step::Truncate(x) => {
+                // Kafka's truncateAndReload leaves the broker's in-memory
+                // verification states alone; so does the store's.
+                let verifying = self.m.verification_states();
                 self.m = self.rebuild(x);
+                self.m.restore_verification_states(verifying);
                 self.history
                     .push(Ev::Truncated(x, Box::new(self.m.clone())));
             }
             s => {
-                apply(&mut self.m, &s);
-                self.history.push(Ev::Step(s));
+                // Only what took effect goes in the history, as only
+                // accepted batches and markers reach a log: a refused or
+                // duplicate batch changed nothing but, maybe, a KIP-890
+                // verification state, which is in memory only.
+                if effect(&mut self.m, &s, false).0 {
+                    self.history.push(Ev::Step(s));
+                }
             }
         }
         Ok(())
     }
 
     /// The state with every batch and marker at or above `x` left out.
+    ///
+    /// The history's batches were accepted: they are reloaded, not
+    /// classified again, as Kafka reloads a log (trunk 1eb7644349cb:
+    /// UnifiedLog.java `loadProducersFromRecords`, line 187, and
+    /// LogSegment.java `updateProducerState`, line 352, append with
+    /// `AppendOrigin.REPLICATION`; ProducerAppendInfo.java
+    /// `maybeValidateDataBatch`, lines 89-94, runs `checkSequence`, whose
+    /// first test is the verification state's lowest sequence, lines
+    /// 112-117, for `CLIENT` batches only). Classifying them again would
+    /// let a verification state that a verified duplicate started, and
+    /// that a restart since forgot (a restart is no event here), refuse a
+    /// batch the store accepted after that restart and holds.
     fn rebuild(&self, x: i64) -> ProducerStateManager {
         let mut m = engine();
         for ev in &self.history {
             match ev {
                 Ev::Step(s) => {
                     if s.offset().is_none_or(|o| o < x) {
-                        apply(&mut m, s);
+                        let (accepted, _) = effect(&mut m, s, true);
+                        assert!(accepted, "a reloaded step was refused: {s:?}");
                     }
                 }
                 Ev::Expired(gone) => {
@@ -292,6 +332,15 @@ fn same(s: &ProducerStateStore, m: &ProducerStateManager) -> Result<(), String> 
         }
         if s.first_unstable_offset(p) != m.first_unstable_offset(p) {
             return Err(format!("partition {p}: first unstable offset"));
+        }
+        for pid in 0..PIDS {
+            if s.verification_state(pid, p) != m.verification_state(pid, p) {
+                return Err(format!(
+                    "producer {pid} partition {p} verification: store {:?} model {:?}",
+                    s.verification_state(pid, p),
+                    m.verification_state(pid, p)
+                ));
+            }
         }
     }
     Ok(())
@@ -550,6 +599,9 @@ fn case(ops: &[Op], crash_at: u64, image: u8) -> Result<bool, TestCaseError> {
         let Some(step) = resolve(op, &model.m, end, now) else {
             drop(store.take());
             store = Some(open(&mut fs, &clock, &mut crashed, crash_at, image)?);
+            // A restart forgets the KIP-890 verification states, as Kafka's
+            // (in memory only, never logged).
+            model.m.forget_verification_states();
             let s = store.as_ref().unwrap();
             same(s, &model.m).map_err(|e| TestCaseError::fail(format!("reopen: {e}")))?;
             continue;
@@ -577,11 +629,13 @@ fn case(ops: &[Op], crash_at: u64, image: u8) -> Result<bool, TestCaseError> {
                 fs = crash_image(&fs, crash_at, image);
                 let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock))
                     .map_err(|e| TestCaseError::fail(format!("recovery: {e}")))?;
+                model.m.forget_verification_states();
                 let applied = same(&s, &model.m).is_err();
                 if applied {
                     let answer = apply(&mut model.m.clone(), &step);
                     let mut trial = model.clone();
                     trial.step(step).unwrap();
+                    trial.m.forget_verification_states();
                     same(&s, &trial.m).map_err(|e| {
                         TestCaseError::fail(format!(
                             "after a crash in {step:?}: neither the acknowledged state nor it with the step: {e}"

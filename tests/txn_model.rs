@@ -6,7 +6,11 @@
 //! markers (with stale producer and coordinator epochs) and reloads from
 //! Kafka snapshots. After every step the engine and the model agree on the
 //! verdict, on every key's state, on the open transactions and on the
-//! aborted list; and two invariants hold on their own: the last stable
+//! aborted list, and on the KIP-890 verification states (Kafka's
+//! `VerificationStateEntry`: started by a verified transactional write of a
+//! producer without an open transaction, kept by a duplicate or a refusal,
+//! ended by an accepted transactional batch or marker, kept by a reload);
+//! and two invariants hold on their own: the last stable
 //! offset of a partition never moves backwards, and every transaction an
 //! accepted ABORT marker completed is listed as aborted.
 
@@ -15,7 +19,7 @@ use std::collections::{BTreeMap, VecDeque};
 use producer_state::kafka;
 use producer_state::{
     AppendOptions, Batch, BatchMetadata, BatchOutcome, Marker, MarkerOutcome, Origin,
-    ProducerStateManager, RetainedBatch, Semantics,
+    ProducerStateManager, RetainedBatch, Semantics, VerificationState,
 };
 use proptest::prelude::*;
 
@@ -125,6 +129,8 @@ struct Model {
     /// Aborted: (partition, producer, first offset, marker offset).
     aborted: Vec<(i32, u64, i64, i64)>,
     end: [i64; PARTITIONS as usize],
+    /// Verification states: (created at, lowest sequence, epoch).
+    verifying: BTreeMap<(u64, i32), (i64, i32, i16)>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -163,6 +169,20 @@ impl Model {
         let offset = self.end[p as usize];
         let known = self.keys.contains_key(&(pid, p));
         let k = self.keys.get(&(pid, p)).cloned().unwrap_or(MKey::EMPTY);
+        // ReplicaManager verifies a transactional write first, unless the
+        // transaction is open (maybeStartTransactionVerification), and
+        // maybeUpdateLowestSequenceAndEpoch keeps the lowest sequence of
+        // the newest epoch.
+        if !repl && txn && verified && k.txn.is_none() {
+            let v = self.verifying.entry((pid, p)).or_insert((ts, first, epoch));
+            if epoch == v.2 && first < v.1 {
+                v.1 = first;
+            }
+            if epoch > v.2 {
+                v.2 = epoch;
+                v.1 = first;
+            }
+        }
         if !repl {
             if known
                 && epoch == k.epoch
@@ -175,6 +195,9 @@ impl Model {
             }
             if epoch < k.epoch {
                 return Verdict::Fenced;
+            }
+            if self.verifying.get(&(pid, p)).is_some_and(|v| first > v.1) {
+                return Verdict::OutOfOrder;
             }
             if k.epoch != -1 {
                 let ok = if epoch != k.epoch {
@@ -200,6 +223,9 @@ impl Model {
         if txn && k.txn.is_none() {
             k.txn = Some(offset);
             self.open.push((p, offset, pid));
+        }
+        if txn {
+            self.verifying.remove(&(pid, p));
         }
         self.keys.insert((pid, p), k);
         self.end[p as usize] = offset + i64::from(last - first) + 1;
@@ -238,6 +264,7 @@ impl Model {
         k.txn = None;
         k.last_timestamp = ts;
         self.keys.insert((pid, p), k);
+        self.verifying.remove(&(pid, p));
         self.end[p as usize] = offset + 1;
         Verdict::AcceptedMarker(completed)
     }
@@ -436,6 +463,24 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             );
         }
         prop_assert_eq!(mgr.len(), model.keys.len());
+        let verifying: Vec<(u64, i32, VerificationState)> = mgr
+            .verification_states()
+            .into_iter()
+            .map(|(id, p, v)| (id.as_numeric().unwrap(), p, v))
+            .collect();
+        let expected: Vec<(u64, i32, VerificationState)> = model
+            .verifying
+            .iter()
+            .map(|(&(pid, p), &(ts, lowest, epoch))| {
+                (pid, p, VerificationState::new(ts, lowest, epoch))
+            })
+            .collect();
+        prop_assert_eq!(
+            verifying,
+            expected,
+            "verification states after step {}",
+            step
+        );
         for p in 0..PARTITIONS {
             prop_assert_eq!(mgr.first_unstable_offset(p), model.fuo(p));
             let listed: Vec<(u64, i64, i64)> = mgr

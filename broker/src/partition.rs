@@ -725,6 +725,16 @@ impl Partition {
                 match verify.map(|v| v()) {
                     Some(Ok(())) => options = options.verified(),
                     Some(Err(code)) => {
+                        // As in Kafka, the verification began before the
+                        // coordinator answered, and its state outlives the
+                        // refusal (KIP-890): the producer's higher
+                        // sequences are refused until an append succeeds.
+                        let _ = self.store.start_transaction_verification(
+                            producer_id.clone(),
+                            self.key,
+                            h.producer_epoch,
+                            h.base_sequence,
+                        );
                         return Produced::Refused {
                             code,
                             message: "the partition is not in the producer's ongoing transaction"

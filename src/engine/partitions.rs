@@ -80,6 +80,20 @@ impl ProducerStateManager {
     /// assert_eq!(mgr.len(), 1);
     /// ```
     pub fn remove_partition(&mut self, partition: i32) -> usize {
+        let removed = self.reset_partition(partition);
+        if let Some(k) = &mut self.kafka {
+            // Deleted with the partition (Kafka's state of a partition goes
+            // whole); a truncation's reset keeps them (`reset_partition`).
+            k.verifications_mut().remove_partition(partition);
+        }
+        removed
+    }
+
+    /// Forgets every key of `partition` and its transactions, but not its
+    /// KIP-890 verification states: what a truncation does before it
+    /// loads the partition's state again (Kafka's `truncateAndReload`
+    /// leaves them alone).
+    pub(crate) fn reset_partition(&mut self, partition: i32) -> usize {
         let before = self.len();
         self.map.retain(|_, p, _| p != partition);
         if let Some(k) = &mut self.kafka {

@@ -209,6 +209,12 @@ impl ProducerStateStore {
                 ),
             ));
         }
+        // A broker setting, not state: the recovered engine takes it. It
+        // has no verification states (never logged nor snapshotted), as a
+        // restarted Kafka broker has none.
+        if let Some(k) = rec.meta.kafka.as_deref_mut() {
+            k.set_transaction_verification(opts.transaction_verification);
+        }
         let writer = match rec.active {
             Some(active) => {
                 LogWriter::resume(fs.clone(), &dir, rec.segments, active, opts.layout())?

@@ -115,6 +115,7 @@ pub struct StoreOptions {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) metric_labels: Vec<(String, String)>,
     pub(super) semantics: Semantics,
+    pub(super) transaction_verification: bool,
 }
 
 /// Kafka's `producer.id.expiration.ms` default: one day.
@@ -143,6 +144,7 @@ impl Default for StoreOptions {
             clock: Arc::new(SystemClock),
             metric_labels: Vec::new(),
             semantics: Semantics::Strict,
+            transaction_verification: true,
         }
     }
 }
@@ -158,6 +160,7 @@ impl fmt::Debug for StoreOptions {
             .field("recovery", &self.recovery)
             .field("background_snapshots", &self.background_snapshots)
             .field("preallocate", &self.preallocate)
+            .field("transaction_verification", &self.transaction_verification)
             .field("producer_expiration", &self.expiration)
             .field("expiration_interval", &self.expiration_interval)
             .field("max_producers", &self.max_producers)
@@ -356,6 +359,18 @@ impl StoreOptions {
     /// `__`), a key given twice, and `outcome`, the store's own label.
     pub fn metric_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.metric_labels.push((key.into(), value.into()));
+        self
+    }
+    /// Kafka's `transaction.partition.verification.enable` (KIP-890),
+    /// only under [`Semantics::Kafka`]: on by default, as in Kafka. Off, a
+    /// transactional batch that opens a transaction needs no
+    /// [`AppendOptions::verified`](crate::AppendOptions::verified), and no
+    /// verification state is started (see
+    /// [`ProducerStateManager::set_transaction_verification`](crate::ProducerStateManager::set_transaction_verification)).
+    /// A setting of the running broker, as in Kafka: not recorded in the
+    /// directory, so a reopen may change it.
+    pub fn transaction_verification(mut self, enabled: bool) -> Self {
+        self.transaction_verification = enabled;
         self
     }
 

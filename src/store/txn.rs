@@ -31,6 +31,7 @@ use crate::batch::{AppendOptions, AppendRequest, Batch};
 use crate::engine::ProducerStateManager;
 use crate::engine::kafka::side::KafkaProducerState;
 use crate::engine::kafka::txn::{AbortedTxn, LateTransaction, Marker, MarkerOutcome};
+use crate::engine::kafka::verification::VerificationState;
 use crate::engine::map::hash_key;
 use crate::error::{Error, Result};
 use crate::id::ProducerId;
@@ -254,6 +255,9 @@ impl State {
     /// removal record each 64 KiB.
     fn kafka_expire(&mut self, now_ms: i64, expiration_ms: i64) -> Result<Logged> {
         let engine = engine_of(&mut self.keys.meta.kafka)?;
+        // Verification states expire by their own age, in memory only
+        // (nothing of them is logged: docs/format.md).
+        engine.expire_verification_states(now_ms, expiration_ms);
         let in_flight = &self.keys.kafka_in_flight;
         let mut gone = engine.kafka_expired_keys(now_ms, expiration_ms);
         // As in strict mode: a key whose record is not yet durable
@@ -287,6 +291,9 @@ impl State {
     /// and aborted list dropped, logged as one group.
     fn kafka_remove_partition(&mut self, partition: i32) -> Result<Logged> {
         let engine = engine_of(&mut self.keys.meta.kafka)?;
+        // Its verification states go too, in memory (never logged), even
+        // when nothing else of the partition is left to log.
+        engine.forget_partition_verifications(partition);
         let ids = engine.kafka_keys_of(partition);
         let aborted = !engine.aborted_transactions(partition).is_empty();
         // A partition with an end but no state left (its keys expired) is
@@ -665,6 +672,56 @@ impl ProducerStateStore {
         self.shared
             .kafka_run(KafkaOp::Forget { partition, offset })
             .map(|_| ())
+    }
+
+    /// Starts a KIP-890 transaction verification at the clock's reading
+    /// now, as [`ProducerStateManager::start_transaction_verification`]
+    /// (same answer). In memory only: nothing is logged, and a reopen
+    /// forgets it, as a restarted Kafka broker does (docs/format.md).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Strict`].
+    pub fn start_transaction_verification(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        sequence: i32,
+    ) -> Result<bool> {
+        if !self.shared.kafka {
+            return Err(self.shared.kafka_refused());
+        }
+        let now = self.shared.opts.clock.now_ms();
+        let mut st = self.shared.lock_state();
+        engine_of(&mut st.keys.meta.kafka)?.start_transaction_verification(
+            producer_id,
+            partition,
+            epoch,
+            sequence,
+            now,
+        )
+    }
+
+    /// The key's KIP-890 verification state (see
+    /// [`ProducerStateManager::verification_state`]): `None` when no
+    /// verification is in progress, after a reopen, and under
+    /// [`Semantics::Strict`].
+    pub fn verification_state(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+    ) -> Option<VerificationState> {
+        let id = producer_id.into();
+        self.engine(|k| k.verification_state(id, partition))
+            .flatten()
+    }
+
+    /// Every verification state, sorted by producer and partition (see
+    /// [`ProducerStateManager::verification_states`]).
+    pub fn verification_states(&self) -> Vec<(ProducerId, i32, VerificationState)> {
+        self.engine(ProducerStateManager::verification_states)
+            .unwrap_or_default()
     }
 
     fn engine<R>(&self, f: impl FnOnce(&ProducerStateManager) -> R) -> Option<R> {

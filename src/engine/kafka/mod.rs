@@ -12,6 +12,7 @@ pub(crate) mod rules;
 pub(crate) mod side;
 pub(crate) mod state;
 pub(crate) mod txn;
+pub(crate) mod verification;
 
 use super::ProducerStateManager;
 use crate::batch::{AppendOptions, AppendRequest, Batch, Origin};
@@ -22,6 +23,7 @@ use crate::engine::kafka::state::KafkaState;
 use crate::engine::kafka::txn::{
     AbortedTxn, LATE_TRANSACTION_BUFFER_MS, LateTransaction, Marker, MarkerOutcome,
 };
+use crate::engine::kafka::verification::VerificationState;
 use crate::engine::map::{Ask, StateMap};
 #[cfg(doc)]
 use crate::error::Error;
@@ -104,6 +106,143 @@ impl ProducerStateManager {
             &marker,
             Some(origin),
         ))
+    }
+
+    /// Kafka's `UnifiedLog.maybeStartTransactionVerification` (KIP-890):
+    /// the broker is about to ask the transaction coordinator whether the
+    /// producer added this partition to its transaction, for a request
+    /// whose first batch starts at `sequence` (a coordinator's own write
+    /// passes -1, Kafka's `NO_SEQUENCE`). Returns false, changing nothing,
+    /// when the producer's transaction on the partition is open already
+    /// (nothing to verify) or verification is off
+    /// ([`ProducerStateManager::set_transaction_verification`]). Otherwise
+    /// the key's [`VerificationState`] is created at `now_ms`, or verified
+    /// again (its lowest sequence of the newest epoch kept), and returns
+    /// true.
+    ///
+    /// The state outlives the coordinator's answer: until a transactional
+    /// batch or marker of the producer is accepted, or it expires, a
+    /// client batch of the producer starting above its lowest sequence is
+    /// refused ([`OutOfOrderReason::AboveVerifiedSequence`]).
+    /// [`ProducerStateManager::append_with`] with
+    /// [`AppendOptions::verified`] calls this itself (at the batch's
+    /// timestamp): call it only for a verification whose append does not
+    /// follow, such as one the coordinator refused.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] under [`Semantics::Strict`].
+    ///
+    /// ```
+    /// use producer_state::{AppendOptions, Batch, BatchOutcome, ProducerStateManager, Semantics};
+    ///
+    /// let mut mgr = ProducerStateManager::with_semantics(Semantics::Kafka);
+    /// // Sequence 3 was verified, but the coordinator did not answer in time ...
+    /// assert!(mgr.start_transaction_verification(7u64, 0, 0, 3, 1_000)?);
+    /// // ... so sequence 5, verified next, may not overtake it ...
+    /// let txn = AppendOptions::client().transactional().verified();
+    /// assert!(!mgr.append_with(7u64, 0, 0, Batch::new(5, 5, 10, 1_001), txn)?.is_accepted());
+    /// // ... while its retry appends, and ends the verification.
+    /// assert!(mgr.append_with(7u64, 0, 0, Batch::new(3, 4, 10, 1_002), txn)?.is_accepted());
+    /// assert_eq!(mgr.verification_state(7u64, 0), None);
+    /// # Ok::<(), producer_state::Error>(())
+    /// ```
+    ///
+    /// [`OutOfOrderReason::AboveVerifiedSequence`]: crate::OutOfOrderReason::AboveVerifiedSequence
+    /// [`AppendOptions::verified`]: crate::AppendOptions::verified
+    pub fn start_transaction_verification(
+        &mut self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+        epoch: i16,
+        sequence: i32,
+        now_ms: i64,
+    ) -> Result<bool> {
+        let (k, _) = self.kafka_mut("a transaction verification")?;
+        Ok(k.start_verification(&producer_id.into(), partition, (epoch, sequence), now_ms))
+    }
+
+    /// The key's KIP-890 verification state, if a verification is in
+    /// progress (always `None` under [`Semantics::Strict`]).
+    pub fn verification_state(
+        &self,
+        producer_id: impl Into<ProducerId>,
+        partition: i32,
+    ) -> Option<VerificationState> {
+        self.kafka
+            .as_deref()?
+            .verifications()
+            .get(&producer_id.into(), partition)
+    }
+
+    /// Every verification state, sorted by producer and partition.
+    pub fn verification_states(&self) -> Vec<(ProducerId, i32, VerificationState)> {
+        self.kafka
+            .as_deref()
+            .map(|k| k.verifications().sorted())
+            .unwrap_or_default()
+    }
+
+    /// The verification half of Kafka's `removeExpiredProducers` alone
+    /// (the store's sweep, which logs the keys it expires, runs it beside
+    /// them); [`ProducerStateManager::expire_producers`] includes it.
+    pub(crate) fn expire_verification_states(&mut self, now_ms: i64, expiration_ms: i64) {
+        if let Some(k) = &mut self.kafka {
+            k.verifications_mut().expire(now_ms, expiration_ms);
+        }
+    }
+
+    /// Forgets the verification states of one partition (it is removed).
+    pub(crate) fn forget_partition_verifications(&mut self, partition: i32) {
+        if let Some(k) = &mut self.kafka {
+            k.verifications_mut().remove_partition(partition);
+        }
+    }
+
+    /// Forgets every verification state: what a broker restart does to
+    /// them, since Kafka keeps them in memory only. A Kafka-mode store
+    /// forgets them when it is reopened; a caller keeping an engine in step
+    /// with a store calls this when it reopens the store.
+    pub fn forget_verification_states(&mut self) {
+        if let Some(k) = &mut self.kafka {
+            k.verifications_mut().clear_all();
+        }
+    }
+
+    /// Replaces every verification state with `states`: for a caller that
+    /// rebuilds its engine from a log (as a store's truncation does) and
+    /// keeps the verifications the broker holds in memory, as Kafka's
+    /// truncation keeps them. Nothing under [`Semantics::Strict`].
+    pub fn restore_verification_states(
+        &mut self,
+        states: impl IntoIterator<Item = (ProducerId, i32, VerificationState)>,
+    ) {
+        if let Some(k) = &mut self.kafka {
+            let v = k.verifications_mut();
+            v.clear_all();
+            for (id, p, s) in states {
+                v.set(id, p, s);
+            }
+        }
+    }
+
+    /// Kafka's `transaction.partition.verification.enable` (on by default):
+    /// off, a transactional batch that opens a transaction needs no
+    /// verification, and none is started (states already there stay until
+    /// cleared or expired, as in Kafka, whose check does not read the
+    /// setting). Nothing under [`Semantics::Strict`].
+    pub fn set_transaction_verification(&mut self, enabled: bool) {
+        if let Some(k) = &mut self.kafka {
+            k.set_verification(enabled);
+        }
+    }
+
+    /// Whether transaction verification is on (false under
+    /// [`Semantics::Strict`], which has no transactions).
+    pub fn transaction_verification(&self) -> bool {
+        self.kafka
+            .as_deref()
+            .is_some_and(|k| k.verification_enabled())
     }
 
     /// The state of one key as Kafka holds it, with its transaction and
@@ -374,7 +513,7 @@ impl ProducerStateManager {
         add: KafkaState,
     ) -> Result<()> {
         if reset {
-            self.remove_partition(partition);
+            self.reset_partition(partition);
         }
         let (k, _) = self.kafka_mut("a Kafka-mode truncation")?;
         k.absorb(add);

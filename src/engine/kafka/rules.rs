@@ -15,12 +15,17 @@
 //! 2. client: a batch with the key's epoch and exactly the first and last
 //!    sequence of a cached batch is a duplicate;
 //! 3. client, coordinator: a transactional batch that would open a
-//!    transaction needs a verified start (KIP-890), else `INVALID_TXN_STATE`;
+//!    transaction needs a verified start (KIP-890), else `INVALID_TXN_STATE`
+//!    (unless verification is off: `transaction.partition.verification.enable`);
 //! 4. client, coordinator: an epoch below the key's is fenced;
-//! 5. client: the sequence: a new epoch must start at 0 unless the key has
+//! 5. client: while the key has a verification state (KIP-890, see
+//!    `verification.rs`), a first sequence above its lowest sequence is out
+//!    of order, whatever the epoch and whether or not the batch is
+//!    transactional;
+//! 6. client: the sequence: a new epoch must start at 0 unless the key has
 //!    no epoch (-1: unknown, KIP-360); the same epoch must continue the
 //!    last sequence (`MAX` is followed by 0), unless the key has no epoch;
-//! 6. every origin: a plain batch while the key's transaction is open is
+//! 7. every origin: a plain batch while the key's transaction is open is
 //!    `INVALID_TXN_STATE`.
 //!
 //! A marker: an epoch below the key's is fenced, then a coordinator epoch
@@ -90,16 +95,36 @@ pub(crate) fn sequence_span(first: i32, last: i32) -> i64 {
     }
 }
 
+/// What KIP-890's verification adds to a data batch's checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct VerificationCheck {
+    /// A transactional batch that opens a transaction must be verified
+    /// (Kafka's `transaction.partition.verification.enable`, on by default).
+    pub required: bool,
+    /// The lowest sequence of the key's verification state, if it has one.
+    pub lowest_sequence: Option<i32>,
+}
+
+impl VerificationCheck {
+    /// Verification on, no state: Kafka's default broker before any
+    /// verification of this key.
+    #[cfg(test)]
+    pub(crate) const DEFAULT: VerificationCheck = VerificationCheck {
+        required: true,
+        lowest_sequence: None,
+    };
+}
+
 /// Classifies a data batch `first..=last` at `epoch` against `cur` (`None`:
-/// the key is unknown). `cached(first, last)` finds a cached batch of the
-/// key's epoch with exactly these sequences (called only for client
-/// batches of the key's epoch).
+/// the key is unknown) and the key's verification (`verification`).
+/// `cached(first, last)` finds a cached batch of the key's epoch with
+/// exactly these sequences (called only for client batches of the key's
+/// epoch).
 pub(crate) fn classify_data(
     cur: Option<KafkaCurrent>,
-    epoch: i16,
-    first: i32,
-    last: i32,
+    (epoch, first, last): (i16, i32, i32),
     options: AppendOptions,
+    verification: VerificationCheck,
     cached: impl FnOnce(i32, i32) -> Option<Option<BatchMetadata>>,
 ) -> BatchOutcome {
     let origin = options.origin();
@@ -118,7 +143,11 @@ pub(crate) fn classify_data(
         }
     }
     if origin != Origin::Replication {
-        if options.is_transactional() && !c.txn_open && !options.is_verified() {
+        if verification.required
+            && options.is_transactional()
+            && !c.txn_open
+            && !options.is_verified()
+        {
             return BatchOutcome::InvalidTxnState {
                 reason: TxnStateReason::NotVerified,
             };
@@ -128,6 +157,19 @@ pub(crate) fn classify_data(
                 current_epoch: c.epoch,
             };
         }
+    }
+    // ProducerAppendInfo.checkSequence's first test (trunk lines 113-117):
+    // a plain comparison, before and regardless of the epoch.
+    if origin == Origin::Client
+        && let Some(lowest) = verification.lowest_sequence
+        && first > lowest
+    {
+        return BatchOutcome::OutOfOrder {
+            reason: OutOfOrderReason::AboveVerifiedSequence {
+                first_sequence: first,
+                lowest_sequence: lowest,
+            },
+        };
     }
     if origin == Origin::Client
         && let Some(reason) = sequence_error(c, epoch, first)
@@ -142,8 +184,8 @@ pub(crate) fn classify_data(
     BatchOutcome::Accepted
 }
 
-/// Kafka's `checkSequence` (without the verification entry's lowest
-/// sequence, which a verified start sets to this very batch's).
+/// The rest of Kafka's `checkSequence` (its first test, the verification
+/// state's lowest sequence, is in [`classify_data`]).
 fn sequence_error(c: KafkaCurrent, epoch: i16, first: i32) -> Option<OutOfOrderReason> {
     if c.epoch == -1 {
         // No epoch known: any sequence (KIP-360), at any epoch.
@@ -203,6 +245,8 @@ mod tests {
     use super::*;
     use crate::outcome::AppendOutcome;
 
+    const V: VerificationCheck = VerificationCheck::DEFAULT;
+
     fn at(epoch: i16, last: i32) -> Option<KafkaCurrent> {
         Some(KafkaCurrent {
             epoch,
@@ -213,9 +257,13 @@ mod tests {
     }
 
     fn client(cur: Option<KafkaCurrent>, epoch: i16, first: i32, last: i32) -> AppendOutcome {
-        classify_data(cur, epoch, first, last, AppendOptions::client(), |_, _| {
-            None
-        })
+        classify_data(
+            cur,
+            (epoch, first, last),
+            AppendOptions::client(),
+            VerificationCheck::DEFAULT,
+            |_, _| None,
+        )
         .outcome()
     }
 
@@ -258,22 +306,21 @@ mod tests {
             timestamp: 6,
         };
         let found = |_, _| Some(Some(meta));
-        let out = classify_data(at(2, 9), 2, 3, 4, AppendOptions::client(), found);
+        let out = classify_data(at(2, 9), (2, 3, 4), AppendOptions::client(), V, found);
         assert_eq!(
             out,
             BatchOutcome::Duplicate {
                 original: Some(meta)
             }
         );
-        let out = classify_data(at(2, 9), 1, 3, 4, AppendOptions::client(), found);
+        let out = classify_data(at(2, 9), (1, 3, 4), AppendOptions::client(), V, found);
         assert_eq!(out, BatchOutcome::FencedEpoch { current_epoch: 2 });
         // Replication never looks for duplicates, nor checks sequences or epochs.
         let out = classify_data(
             at(2, 9),
-            1,
-            3,
-            4,
+            (1, 3, 4),
             AppendOptions::replication(),
+            V,
             |_, _| unreachable!(),
         );
         assert_eq!(out, BatchOutcome::Accepted);
@@ -287,7 +334,7 @@ mod tests {
         });
         let plain = AppendOptions::client();
         let txn = AppendOptions::client().transactional();
-        let out = |cur, o| classify_data(cur, 0, 1, 1, o, |_, _| None);
+        let out = |cur, o| classify_data(cur, (0, 1, 1), o, V, |_, _| None);
         assert_eq!(
             out(open, plain),
             BatchOutcome::InvalidTxnState {
@@ -307,9 +354,98 @@ mod tests {
         );
         assert_eq!(out(at(0, 0), txn.verified()), BatchOutcome::Accepted);
         // A bad sequence is reported before the transaction state.
-        let gap = classify_data(open, 0, 5, 5, plain, |_, _| None);
+        let gap = classify_data(open, (0, 5, 5), plain, V, |_, _| None);
         assert_eq!(gap.outcome(), AppendOutcome::OutOfOrder);
         assert!(matches!(gap, BatchOutcome::OutOfOrder { .. }));
+    }
+
+    /// Where KIP-890's lowest-sequence test sits among the others (Kafka
+    /// trunk 1eb7644349cb): `ProducerAppendInfo.checkSequence` tests it
+    /// first (ProducerAppendInfo.java lines 113-117), `checkSequence` runs
+    /// after `checkProducerEpoch` and for CLIENT batches only
+    /// (`maybeValidateDataBatch`, lines 89-94), and the duplicate lookup
+    /// comes before all of it (UnifiedLog.scala
+    /// `analyzeAndValidateProducerState`, lines 1039-1045).
+    #[test]
+    fn the_verified_lowest_sequence_is_tested_after_the_fence_and_before_the_sequence() {
+        let v = |lowest| VerificationCheck {
+            required: true,
+            lowest_sequence: Some(lowest),
+        };
+        let plain = AppendOptions::client();
+        let none = |_, _| None;
+        let above = |first, lowest| BatchOutcome::OutOfOrder {
+            reason: OutOfOrderReason::AboveVerifiedSequence {
+                first_sequence: first,
+                lowest_sequence: lowest,
+            },
+        };
+        // In sequence, but above the lowest: refused.
+        assert_eq!(
+            classify_data(at(0, 4), (0, 5, 5), plain, v(3), none),
+            above(5, 3)
+        );
+        // Not above it: the ordinary checks decide.
+        assert_eq!(
+            classify_data(at(0, 2), (0, 3, 3), plain, v(3), none),
+            BatchOutcome::Accepted
+        );
+        assert!(matches!(
+            classify_data(at(0, 0), (0, 3, 3), plain, v(3), none),
+            BatchOutcome::OutOfOrder {
+                reason: OutOfOrderReason::Gap { .. }
+            }
+        ));
+        // A duplicate is answered first ...
+        let meta = BatchMetadata {
+            offset: 1,
+            timestamp: 2,
+        };
+        assert_eq!(
+            classify_data(at(0, 9), (0, 5, 5), plain, v(3), |_, _| Some(Some(meta))),
+            BatchOutcome::Duplicate {
+                original: Some(meta)
+            }
+        );
+        // ... and a lower epoch is fenced before the test.
+        assert_eq!(
+            classify_data(at(1, 9), (0, 5, 5), plain, v(3), none),
+            BatchOutcome::FencedEpoch { current_epoch: 1 }
+        );
+        // Whatever the epoch: a new epoch's sequence 0 is above a
+        // coordinator's verification (NO_SEQUENCE, -1).
+        assert_eq!(
+            classify_data(at(0, 9), (1, 0, 0), plain, v(-1), none),
+            above(0, -1)
+        );
+        // Not for replicated nor coordinator batches.
+        for o in [
+            AppendOptions::replication(),
+            AppendOptions::client().with_origin(Origin::Coordinator),
+        ] {
+            assert_eq!(
+                classify_data(at(0, 4), (0, 5, 5), o, v(3), none),
+                BatchOutcome::Accepted
+            );
+        }
+        // Verification off (transaction.partition.verification.enable):
+        // a transaction opens without it (UnifiedLog.scala
+        // batchMissingRequiredVerification, lines 1085-1088).
+        let off = VerificationCheck {
+            required: false,
+            lowest_sequence: None,
+        };
+        let txn = AppendOptions::client().transactional();
+        assert_eq!(
+            classify_data(at(0, 4), (0, 5, 5), txn, off, none),
+            BatchOutcome::Accepted
+        );
+        assert_eq!(
+            classify_data(at(0, 4), (0, 5, 5), txn, V, none),
+            BatchOutcome::InvalidTxnState {
+                reason: TxnStateReason::NotVerified
+            }
+        );
     }
 
     #[test]

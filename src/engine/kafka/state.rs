@@ -28,9 +28,10 @@
 use crate::batch::{AppendOptions, BatchMetadata, Origin};
 use crate::engine::entry::ProducerEntry;
 use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
-use crate::engine::kafka::rules::{self, KafkaCurrent};
+use crate::engine::kafka::rules::{self, KafkaCurrent, VerificationCheck};
 use crate::engine::kafka::side::{FullEntry, KafkaProducerState, SideTable};
 use crate::engine::kafka::txn::{AbortedTxn, Marker, MarkerKind, MarkerOutcome, TxnIndex};
+use crate::engine::kafka::verification::Verifications;
 use crate::engine::map::{Ask, Decided, StateMap, hash_key};
 use crate::engine::rules::next_sequence;
 use crate::id::ProducerId;
@@ -63,6 +64,12 @@ fn regular_current(e: &ProducerEntry) -> KafkaCurrent {
 pub(crate) struct KafkaState {
     full: SideTable,
     txns: TxnIndex,
+    /// KIP-890 verification states: in memory only (never logged nor
+    /// snapshotted, see `verification.rs`).
+    verifying: Verifications,
+    /// `transaction.partition.verification.enable=false`: no verification
+    /// is started nor required (Kafka's default is on).
+    verification_off: bool,
 }
 
 impl KafkaState {
@@ -79,11 +86,85 @@ impl KafkaState {
         options: AppendOptions,
     ) -> BatchOutcome {
         let Ask {
-            epoch, first, last, ..
+            epoch,
+            first,
+            last,
+            meta,
         } = ask;
-        self.place(map, (id, partition), (ask, options), |cur, find| {
-            rules::classify_data(cur, epoch, first, last, options, find)
-        })
+        let origin = options.origin();
+        // ReplicaManager starts the verification before the append, for a
+        // transactional write of a producer without an open transaction on
+        // the partition (UnifiedLog.maybeStartTransactionVerification); a
+        // verified request went through it. Coordinators verify with
+        // NO_SEQUENCE. The broker's clock is not an input of an append: the
+        // batch's timestamp stands for it (`start_verification` takes one).
+        if options.is_transactional()
+            && options.is_verified()
+            && origin != Origin::Replication
+            && !self.verification_off
+            && !self.txn_open(id, partition)
+        {
+            let sequence = if origin == Origin::Client { first } else { -1 };
+            let now = meta.map_or(-1, |m| m.timestamp);
+            self.verifying.start(id, partition, sequence, epoch, now);
+        }
+        let verification = VerificationCheck {
+            required: !self.verification_off,
+            lowest_sequence: self.verifying.get(id, partition).map(|v| v.lowest_sequence),
+        };
+        let out = self.place(map, (id, partition), (ask, options), |cur, find| {
+            rules::classify_data(cur, (epoch, first, last), options, verification, find)
+        });
+        // UnifiedLog.updateProducers: a transactional batch that passed
+        // validation ends the verification; a duplicate or a refusal does
+        // not (Kafka never gets that far).
+        if out.is_accepted() && options.is_transactional() {
+            self.verifying.clear(id, partition);
+        }
+        out
+    }
+
+    /// Whether the key has an open transaction (only side-table keys can).
+    fn txn_open(&self, id: &ProducerId, partition: i32) -> bool {
+        !self.full.is_empty()
+            && self
+                .full
+                .get(id, partition)
+                .is_some_and(|e| e.txn_first_offset.is_some())
+    }
+
+    /// Kafka's `UnifiedLog.maybeStartTransactionVerification` at `now_ms`:
+    /// false (and nothing changes) when the key has an open transaction
+    /// or verification is off, else the key's verification state is
+    /// created or verified again.
+    pub(crate) fn start_verification(
+        &mut self,
+        id: &ProducerId,
+        partition: i32,
+        (epoch, sequence): (i16, i32),
+        now_ms: i64,
+    ) -> bool {
+        if self.verification_off || self.txn_open(id, partition) {
+            return false;
+        }
+        self.verifying.start(id, partition, sequence, epoch, now_ms);
+        true
+    }
+
+    pub(crate) fn verifications(&self) -> &Verifications {
+        &self.verifying
+    }
+
+    pub(crate) fn verifications_mut(&mut self) -> &mut Verifications {
+        &mut self.verifying
+    }
+
+    pub(crate) fn set_verification(&mut self, enabled: bool) {
+        self.verification_off = !enabled;
+    }
+
+    pub(crate) fn verification_enabled(&self) -> bool {
+        !self.verification_off
     }
 
     /// Applies a data batch that was accepted before (a log record being
@@ -106,6 +187,9 @@ impl KafkaState {
         self.place(map, (id, partition), (ask, options), |_, _| {
             BatchOutcome::Accepted
         });
+        if transactional {
+            self.verifying.clear(id, partition);
+        }
     }
 
     /// The one place a data batch changes state: `classify` decides (from
@@ -231,6 +315,9 @@ impl KafkaState {
             )
         });
         entry.apply_marker(epoch, marker);
+        // A marker is a transactional (control) batch: it ends the
+        // verification too (UnifiedLog.updateProducers).
+        self.verifying.clear(id, partition);
         MarkerOutcome::Accepted { completed }
     }
 
@@ -319,6 +406,7 @@ impl KafkaState {
         let compact = expire_compact(map, now_ms, expiration_ms);
         self.full
             .retain(|_, _, e| e.txn_first_offset.is_some() || !expired(e.last_timestamp));
+        self.verifying.expire(now_ms, expiration_ms);
         compact + before - self.full.len()
     }
 
@@ -433,7 +521,10 @@ impl KafkaState {
 
     /// Forgets every side-table key of `partition` and the partition's
     /// transaction index (open and aborted transactions); the caller
-    /// removes its compact keys.
+    /// removes its compact keys. Verification states stay: a truncation
+    /// resets a partition this way, and Kafka's keeps them
+    /// ([`Verifications::remove_partition`] drops them with a deleted
+    /// partition).
     pub(crate) fn remove_partition(&mut self, partition: i32) {
         self.full.retain(|_, p, _| p != partition);
         self.txns.remove_partition(partition);
