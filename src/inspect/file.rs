@@ -509,13 +509,13 @@ impl RecoveredState {
 
     /// Each partition's oldest open transaction that is late at `now_ms`
     /// (a hanging transaction), as
-    /// [`ProducerStateManager::late_transactions`](crate::ProducerStateManager::late_transactions);
+    /// [`ProducerStateManager::late_transactions`](crate::engine::ProducerStateManager::late_transactions);
     /// empty for a state of the strict rules.
     pub fn late_transactions(
         &self,
         now_ms: i64,
         max_transaction_timeout_ms: i64,
-    ) -> Vec<crate::LateTransaction> {
+    ) -> Vec<crate::engine::kafka::txn::LateTransaction> {
         self.kafka
             .as_ref()
             .map(|k| k.late_transactions(now_ms, max_transaction_timeout_ms))
