@@ -797,3 +797,143 @@ fn kafka_mode_seed_and_export_edge_cases_are_clear() {
     let back = kafka::decode(&out, &std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(back.iter().map(|e| e.producer_id).collect::<Vec<_>>(), [9]);
 }
+
+/// The iteration order of a `java.util.HashMap<Long, _>` after `put` of
+/// `ids` in this order, from empty, with list buckets only (the test keeps
+/// every bucket under nine entries, so Java never builds a tree): the
+/// order Kafka writes a snapshot in when its producers first appeared in
+/// that order. Resizes split each bucket keeping its relative order, as
+/// `HashMap.resize` does.
+fn java_order(ids: &[i64]) -> Vec<i64> {
+    let spread = |v: i64| {
+        let v = v as u64;
+        let h = (v ^ (v >> 32)) as u32;
+        (h ^ (h >> 16)) as usize
+    };
+    let mut buckets: Vec<Vec<i64>> = vec![Vec::new(); 16];
+    let mut size = 0;
+    for &id in ids {
+        let cap = buckets.len();
+        let b = &mut buckets[spread(id) & (cap - 1)];
+        let crowded = b.len() >= 8;
+        b.push(id);
+        size += 1;
+        assert!(!(crowded && cap >= 64), "a tree bin: not modelled here");
+        if size > cap / 4 * 3 || crowded {
+            let mut next = vec![Vec::new(); cap * 2];
+            for id in buckets.into_iter().flatten() {
+                next[spread(id) & (cap * 2 - 1)].push(id);
+            }
+            buckets = next;
+        }
+    }
+    buckets.into_iter().flatten().collect()
+}
+
+/// Kafka's check of a file: version 1, and the CRC-32C at bytes 2..6 over
+/// bytes 6 to the end (`ProducerStateManager.readSnapshot`, trunk
+/// 1eb7644349cb, lines 625-638).
+fn kafka_accepts(bytes: &[u8]) -> bool {
+    bytes.len() >= 10
+        && bytes[..2] == [0, 1]
+        && u32::from_be_bytes(bytes[2..6].try_into().unwrap()) == crc32c::crc32c(&bytes[6..])
+}
+
+/// The 46-byte entries of a file, sorted: a file's content as a set.
+fn entry_bytes(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut v: Vec<&[u8]> = bytes[10..].chunks(46).collect();
+    assert!(v.iter().all(|c| c.len() == 46));
+    v.sort_unstable();
+    v
+}
+
+/// The export question (docs/format.md, "Kafka's snapshot format"): an
+/// export is in Kafka's order for a map filled in ascending producer id
+/// order. Where Kafka's map had another history its file differs from the
+/// export, and only so: the same 46-byte entries in another order, so
+/// another CRC. Kafka reads both to the same producers:
+/// `ProducerStateManager.readSnapshot` (trunk 1eb7644349cb, lines
+/// 619-658) checks the CRC over bytes 6 to the end, then decodes each
+/// entry on its own into a list; `loadFromSnapshot` (297-305) hands each
+/// to `loadProducerEntry` (324-328), which puts it into `producers` by
+/// its producer id and its open transaction into `ongoingTxns` by its
+/// first offset. Both are maps keyed by what each entry carries, so with
+/// unique producer ids the order cannot change what is loaded.
+///
+/// Shown here on a 1,000-producer history whose ids first appeared out of
+/// order (the order Kafka's map would write comes from `java_order`), and
+/// on Kafka's own `small` file written in reverse.
+#[test]
+fn an_export_in_another_order_than_kafkas_holds_the_same_entries_and_kafka_accepts_both() {
+    // 1,000 ids in two ranges, first seen in a shuffled order.
+    let mut ids: Vec<i64> = (0..500).map(|i| 1_000 + 3 * i).collect();
+    ids.extend((0..500).map(|i| (1i64 << 40) + 7 * i));
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..ids.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ids.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let entries = |order: &[i64]| -> Vec<KafkaProducerEntry> {
+        order
+            .iter()
+            .map(|&id| KafkaProducerEntry {
+                last_sequence: (id % 97) as i32,
+                last_offset: id % 10_007,
+                timestamp: 1_700_000_000_000 + id % 1_000,
+                ..entry(id)
+            })
+            .collect()
+    };
+    let kafkas = kafka::encode(&entries(&java_order(&ids)));
+    let mut ours = entries(&ids);
+    kafka::sort_in_kafka_order(&mut ours);
+    let ours = kafka::encode(&ours);
+    // The model of Java's map agrees with the crate where the crate's
+    // assumption holds (ascending insertion).
+    let mut ascending = ids.clone();
+    ascending.sort_unstable();
+    assert_eq!(
+        kafka::encode(&entries(&java_order(&ascending))),
+        ours,
+        "an ascending history gives the export's bytes"
+    );
+
+    let moved = kafkas[10..]
+        .chunks(46)
+        .zip(ours[10..].chunks(46))
+        .filter(|(a, b)| a != b)
+        .count();
+    assert!(
+        moved > 0,
+        "the histories must differ for the test to say anything"
+    );
+    for (name, bytes) in [("Kafka's", &kafkas), ("the export", &ours)] {
+        assert!(kafka_accepts(bytes), "{name} file fails Kafka's check");
+        let mut read = kafka::decode(Path::new(name), bytes).unwrap();
+        read.sort_by_key(|e| e.producer_id);
+        let mut want = entries(&ascending);
+        want.sort_by_key(|e| e.producer_id);
+        assert_eq!(read, want, "{name} file: the same producers");
+    }
+    assert_ne!(kafkas, ours);
+    assert_eq!(kafkas.len(), ours.len());
+    assert_eq!(kafkas[..2], ours[..2], "version");
+    assert_eq!(kafkas[6..10], ours[6..10], "count");
+    assert_eq!(
+        entry_bytes(&kafkas),
+        entry_bytes(&ours),
+        "the same entries, byte for byte"
+    );
+
+    // Kafka's own file, its entries written in reverse: Kafka accepts it and
+    // it holds the very bytes of Kafka's entries.
+    let bytes = std::fs::read(SMALL).unwrap();
+    let mut reversed = kafka::decode(Path::new(SMALL), &bytes).unwrap();
+    reversed.reverse();
+    let reversed = kafka::encode(&reversed);
+    assert_ne!(reversed, bytes);
+    assert!(kafka_accepts(&bytes) && kafka_accepts(&reversed));
+    assert_eq!(entry_bytes(&reversed), entry_bytes(&bytes));
+}

@@ -28,7 +28,8 @@
 //! bucket, or with a bucket of nine or more producers in a table of 64 or
 //! more (Java then keeps a red-black tree, whose iteration order this does
 //! not model) can iterate otherwise: such files hold the same entries in
-//! another order, and compare equal as sets.
+//! another order, and compare equal as sets (docs/format.md says why
+//! Kafka reads both to the same producers).
 //!
 //! tests/fixtures/kafka/hashmap-order.txt holds iteration orders that
 //! `java.util.HashMap` itself produced, which the tests compare with.
