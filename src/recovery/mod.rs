@@ -308,22 +308,16 @@ fn replay(
                 return Ok(at.damage(keep, damage));
             }
             End::Torn { offset, .. } if idx == last_idx => {
-                let next = named + scan.records;
                 let bytes = scan.file_len - offset;
                 let preallocated = scan.room.min(bytes);
-                let (last, tail) = (
-                    keep,
-                    Tail::Torn {
+                return Ok(Stop::End(LogEnd {
+                    next: named + scan.records,
+                    last: keep,
+                    tail: Tail::Torn {
                         bytes,
                         preallocated,
                     },
-                );
-                let store_id = at.store_id.or(scan.store);
-                return Ok(Stop::End(LogEnd {
-                    next,
-                    last,
-                    tail,
-                    store_id,
+                    store_id: at.store_id.or(scan.store),
                 }));
             }
             End::Torn { offset, kind } => {

@@ -19,8 +19,9 @@
 use super::ProducerStateStore;
 use crate::engine::info::ProducerInfo;
 use crate::engine::map::hash_key;
-use crate::engine::shards::SHARDS;
+use crate::engine::shards::{SHARDS, Shards};
 use crate::error::{Error, Result};
+use crate::id::ProducerId;
 use crate::recovery::truncate;
 use crate::wal::op::{GroupKind, RemoveReason};
 
@@ -209,35 +210,7 @@ impl ProducerStateStore {
         let cut =
             truncate::truncated_state(fs, &shared.dir, &base, (&segments, next), offset, only)?;
 
-        // The difference, shard by shard.
-        let mut removed = Vec::new();
-        let mut set = Vec::new();
-        let mine = |p: i32| only.is_none_or(|o| o == p);
-        for i in 0..SHARDS {
-            let live = st.keys.shards.shard(i);
-            for (id, p, entry, act) in live.iter_full().filter(|k| mine(k.1)) {
-                let h = hash_key(&id, p);
-                match cut.get_full(h, &id, p) {
-                    None => removed.push((h, id, p)),
-                    Some((e, a)) if e != entry || a != act.ms() => set.push((
-                        h,
-                        ProducerInfo {
-                            producer_id: id,
-                            partition: p,
-                            entry: e,
-                            last_activity: a,
-                        },
-                    )),
-                    Some(_) => {}
-                }
-            }
-            for info in cut.infos(i).filter(|i| mine(i.partition)) {
-                let h = hash_key(&info.producer_id, info.partition);
-                if !live.contains_hashed(h, &info.producer_id, info.partition) {
-                    set.push((h, info));
-                }
-            }
-        }
+        let (removed, set) = difference(&st.keys.shards, &cut, only);
         st.life_stats.truncations += 1;
         st.life_stats.truncated_keys += (removed.len() + set.len()) as u64;
         let kind = match only {
@@ -261,4 +234,42 @@ impl ProducerStateStore {
         shared.snapshot_due();
         Ok(())
     }
+}
+
+/// Keys to remove (hash, id, partition) and keys to set (hash, state).
+type Difference = (Vec<(u64, ProducerId, i32)>, Vec<(u64, ProducerInfo)>);
+
+/// What turns the `live` keys into `cut`'s, for the keys of partition
+/// `only` (of every partition without): the keys to remove and the keys
+/// to set, shard by shard.
+fn difference(live: &Shards, cut: &Shards, only: Option<i32>) -> Difference {
+    let mut removed = Vec::new();
+    let mut set = Vec::new();
+    let mine = |p: i32| only.is_none_or(|o| o == p);
+    for i in 0..SHARDS {
+        let live = live.shard(i);
+        for (id, p, entry, act) in live.iter_full().filter(|k| mine(k.1)) {
+            let h = hash_key(&id, p);
+            match cut.get_full(h, &id, p) {
+                None => removed.push((h, id, p)),
+                Some((e, a)) if e != entry || a != act.ms() => set.push((
+                    h,
+                    ProducerInfo {
+                        producer_id: id,
+                        partition: p,
+                        entry: e,
+                        last_activity: a,
+                    },
+                )),
+                Some(_) => {}
+            }
+        }
+        for info in cut.infos(i).filter(|i| mine(i.partition)) {
+            let h = hash_key(&info.producer_id, info.partition);
+            if !live.contains_hashed(h, &info.producer_id, info.partition) {
+                set.push((h, info));
+            }
+        }
+    }
+    (removed, set)
 }

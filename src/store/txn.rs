@@ -188,31 +188,17 @@ impl State {
                 epoch,
                 marker,
                 origin,
-            } => {
-                let o = engine.append_marker(*id, *partition, *epoch, *marker, *origin)?;
-                if !matches!(o, MarkerOutcome::Accepted { .. }) {
-                    return Ok(KafkaSubmit::Done(KafkaAnswer::Marker(o)));
+            } => match self.kafka_marker(id, (*partition, *epoch), marker, *origin)? {
+                Logged::No(answer) => return Ok(KafkaSubmit::Done(answer)),
+                Logged::Yes { answer, pos, .. } => {
+                    ((answer, pos), Some((*partition, marker.offset)))
                 }
-                let (pos, ()) = self.log.push_op(|b| {
-                    txn_op::encode_marker(b, id, *partition, *epoch, marker);
-                    (1, ())
-                });
-                (
-                    (KafkaAnswer::Marker(o), pos),
-                    Some((*partition, marker.offset)),
-                )
-            }
+            },
             KafkaOp::Forget { partition, offset } => {
-                let had = engine.aborted_transactions(*partition).len();
-                engine.forget_aborted_before(*partition, *offset);
-                if engine.aborted_transactions(*partition).len() == had {
-                    return Ok(KafkaSubmit::Done(KafkaAnswer::Done));
+                match self.kafka_forget(*partition, *offset)? {
+                    Logged::No(answer) => return Ok(KafkaSubmit::Done(answer)),
+                    Logged::Yes { answer, pos, .. } => ((answer, pos), None),
                 }
-                let (pos, ()) = self.log.push_op(|b| {
-                    txn_op::encode_forget(b, *partition, *offset);
-                    (1, ())
-                });
-                ((KafkaAnswer::Done, pos), None)
             }
             KafkaOp::Expire {
                 now_ms,
@@ -248,6 +234,50 @@ impl State {
             self.log.queue(Queued::KafkaSettle { key, pos });
         }
         Ok(KafkaSubmit::Queued { answer, group, pos })
+    }
+
+    /// A marker: classified, applied and logged if accepted.
+    fn kafka_marker(
+        &mut self,
+        id: &ProducerId,
+        (partition, epoch): (i32, i16),
+        marker: &Marker,
+        origin: crate::batch::Origin,
+    ) -> Result<Logged> {
+        let engine = engine_of(&mut self.keys.meta.kafka)?;
+        let o = engine.append_marker(id.clone(), partition, epoch, *marker, origin)?;
+        if !matches!(o, MarkerOutcome::Accepted { .. }) {
+            return Ok(Logged::No(KafkaAnswer::Marker(o)));
+        }
+        let (pos, ()) = self.log.push_op(|b| {
+            txn_op::encode_marker(b, id, partition, epoch, marker);
+            (1, ())
+        });
+        Ok(Logged::Yes {
+            answer: KafkaAnswer::Marker(o),
+            pos,
+            n: 1,
+        })
+    }
+
+    /// Forgets the partition's aborted transactions below `offset`, logged
+    /// if any was forgotten.
+    fn kafka_forget(&mut self, partition: i32, offset: i64) -> Result<Logged> {
+        let engine = engine_of(&mut self.keys.meta.kafka)?;
+        let had = engine.aborted_transactions(partition).len();
+        engine.forget_aborted_before(partition, offset);
+        if engine.aborted_transactions(partition).len() == had {
+            return Ok(Logged::No(KafkaAnswer::Done));
+        }
+        let (pos, ()) = self.log.push_op(|b| {
+            txn_op::encode_forget(b, partition, offset);
+            (1, ())
+        });
+        Ok(Logged::Yes {
+            answer: KafkaAnswer::Done,
+            pos,
+            n: 1,
+        })
     }
 
     /// A Kafka-mode expiration sweep: the keys Kafka's rule expires (but
