@@ -1,6 +1,6 @@
 //! One producer writing one partition with five batches in flight (as
 //! librdkafka does by default, `max.in.flight` 5) against the same producer
-//! with one batch in flight: the goal of issue 34 is at least 3x the
+//! with one batch in flight: the goal is at least 3x the
 //! batches per second, with the batches sharing group commits.
 //!
 //! `cargo run --release -p producer-state-bench --example pipeline_bench`

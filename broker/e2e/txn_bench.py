@@ -26,33 +26,21 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import statistics
+import sys
 import subprocess
 import tempfile
 import time
 
 from confluent_kafka import Producer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from driver import Deadline, free_port  # noqa: E402
+
 PAYLOAD = b"x" * 100
-# Messages per transaction: the 1, 10 and 100, and 1,000 to show
+# Messages per transaction: 1, 10 and 100, and 1,000 to show
 # where the fixed cost of a transaction stops mattering.
 SIZES = (1, 10, 100, 1000)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Deadline:
-    def __init__(self, seconds):
-        self.end = time.monotonic() + seconds
-
-    def check(self, what):
-        if time.monotonic() > self.end:
-            raise SystemExit(f"out of time during {what}")
 
 
 def idempotent(bootstrap, topic, n, deadline):

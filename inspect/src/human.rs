@@ -388,30 +388,19 @@ fn print_entries(w: &mut dyn Write, out: &Output, p: &mut Progress) -> io::Resul
 
 /// A Kafka-mode state's late (hanging) transactions.
 fn print_late(w: &mut dyn Write, out: &Output) -> io::Result<()> {
-    if out.late_transactions.is_empty() {
-        return Ok(());
-    }
-    writeln!(w)?;
-    writeln!(
+    let rows = out.late_transactions.iter().map(|t| {
+        vec![
+            t.partition.to_string(),
+            t.producer_id.clone(),
+            t.first_offset.to_string(),
+            utc(t.last_timestamp).unwrap_or_else(|| t.last_timestamp.to_string()),
+            format!("{:.1} min", t.idle_ms as f64 / 60_000.0),
+        ]
+    });
+    section(
         w,
         "late (hanging) transactions: each the oldest open one of its partition, its producer idle \
-         past transaction.max.timeout.ms + 5 min; it holds the last stable offset back:"
-    )?;
-    let rows: Vec<Vec<String>> = out
-        .late_transactions
-        .iter()
-        .map(|t| {
-            vec![
-                t.partition.to_string(),
-                t.producer_id.clone(),
-                t.first_offset.to_string(),
-                utc(t.last_timestamp).unwrap_or_else(|| t.last_timestamp.to_string()),
-                format!("{:.1} min", t.idle_ms as f64 / 60_000.0),
-            ]
-        })
-        .collect();
-    table(
-        w,
+         past transaction.max.timeout.ms + 5 min; it holds the last stable offset back:",
         &[
             "PARTITION",
             "PRODUCER",
@@ -419,32 +408,24 @@ fn print_late(w: &mut dyn Write, out: &Output) -> io::Result<()> {
             "LAST TIMESTAMP",
             "IDLE",
         ],
-        &rows,
+        rows.collect(),
     )
 }
 
 /// A Kafka-mode state's aborted transactions.
 fn print_aborted(w: &mut dyn Write, out: &Output) -> io::Result<()> {
-    if out.aborted_transactions.is_empty() {
-        return Ok(());
-    }
-    writeln!(w)?;
-    writeln!(w, "aborted transactions (in marker order):")?;
-    let rows: Vec<Vec<String>> = out
-        .aborted_transactions
-        .iter()
-        .map(|t| {
-            vec![
-                t.partition.to_string(),
-                t.producer_id.clone(),
-                t.first_offset.to_string(),
-                t.last_offset.to_string(),
-                t.last_stable_offset.to_string(),
-            ]
-        })
-        .collect();
-    table(
+    let rows = out.aborted_transactions.iter().map(|t| {
+        vec![
+            t.partition.to_string(),
+            t.producer_id.clone(),
+            t.first_offset.to_string(),
+            t.last_offset.to_string(),
+            t.last_stable_offset.to_string(),
+        ]
+    });
+    section(
         w,
+        "aborted transactions (in marker order):",
         &[
             "PARTITION",
             "PRODUCER",
@@ -452,9 +433,23 @@ fn print_aborted(w: &mut dyn Write, out: &Output) -> io::Result<()> {
             "LAST OFFSET",
             "LAST STABLE OFFSET",
         ],
-        &rows,
-    )?;
-    Ok(())
+        rows.collect(),
+    )
+}
+
+/// A titled table after a blank line; nothing without rows.
+fn section(
+    w: &mut dyn Write,
+    title: &str,
+    header: &[&str],
+    rows: Vec<Vec<String>>,
+) -> io::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(w)?;
+    writeln!(w, "{title}")?;
+    table(w, header, &rows)
 }
 
 /// Says how many of `total` were shown, if `--limit` cut a list.

@@ -2,37 +2,15 @@
 //! `cargo test` builds), on committed fixtures and on stores made, crashed
 //! and damaged on purpose: its text, its JSON and its exit codes.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
+
+use common::{files, json, run, s, tool};
 
 use producer_state::{Batch, ProducerStateStore, StoreOptions};
 use serde_json::Value;
-
-fn tool() -> PathBuf {
-    // Cargo builds the binary of this package for its integration tests.
-    PathBuf::from(env!("CARGO_BIN_EXE_inspect-snapshot"))
-}
-
-fn run(args: &[&str]) -> (i32, String, String) {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = Command::new(tool()).args(args).output().unwrap();
-    (
-        status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&stdout).into(),
-        String::from_utf8_lossy(&stderr).into(),
-    )
-}
-
-fn json(args: &[&str]) -> (i32, Value) {
-    let mut a = args.to_vec();
-    a.push("--json");
-    let (code, out, err) = run(&a);
-    let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}\n{err}"));
-    (code, v)
-}
 
 /// The string `field` of each element of the JSON array `v`.
 fn strs<'a>(v: &'a Value, field: &str) -> Vec<&'a str> {
@@ -45,10 +23,6 @@ fn strs<'a>(v: &'a Value, field: &str) -> Vec<&'a str> {
                 .unwrap_or_else(|| panic!("no {field}: {e}"))
         })
         .collect()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 /// A store with a few producers, closed cleanly.
@@ -67,16 +41,6 @@ fn store(dir: &Path, opts: StoreOptions) {
     }
     st.append("p1", 7, 0, 0).unwrap();
     st.close().unwrap();
-}
-
-fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(ext))
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]
