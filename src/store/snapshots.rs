@@ -159,20 +159,23 @@ impl Snapshots {
         let mut w = snapshot::Writer::create(fs, &self.dir, position)?;
         {
             // The store-level state at the position, captured with it.
-            let st = log.lock_state_quietly();
-            let Some(c) = &st.keys.capture else {
+            let mut st = log.lock_state_quietly();
+            let background = st.keys.shards.len() >= BACKGROUND_SYNC_FROM;
+            let Some(c) = &mut st.keys.capture else {
                 return Err(Error::Internal(
                     "a snapshot's capture of the state was lost",
                 ));
             };
-            if st.keys.shards.len() >= BACKGROUND_SYNC_FROM {
+            if background {
                 w.sync_in_background();
             }
             let mut section = Vec::new();
             c.meta.encode(&mut section);
             // A Kafka-mode state, captured whole with the store section:
             // its side table and aborted lists, then its compact keys.
-            let kafka = c.meta.kafka.clone();
+            // Taken, not copied again: the capture is this snapshot's
+            // alone, and a copy under the lock is a pause for appenders.
+            let kafka = c.meta.kafka.take();
             drop(st);
             w.write(&section, 0)?;
             if let Some(k) = kafka {
