@@ -105,9 +105,14 @@ fn round(dir: &std::path::Path, producers: u64, policy: FsyncPolicy) -> Result<[
     let (mut inside, outside) = appender.join().map_err(|_| "appender panicked")??;
     inside.sort_by(f64::total_cmp);
     let n = inside.len();
-    let p99 = inside.get((n * 99 / 100).min(n.saturating_sub(1))).copied().unwrap_or(0.0);
+    let p99 = inside
+        .get((n * 99 / 100).min(n.saturating_sub(1)))
+        .copied()
+        .unwrap_or(0.0);
     let max = inside.last().copied().unwrap_or(0.0);
-    Arc::try_unwrap(store).map_err(|_| "store still shared")?.close()?;
+    Arc::try_unwrap(store)
+        .map_err(|_| "store still shared")?
+        .close()?;
     Ok([took, n as f64, p99, max, outside])
 }
 
@@ -129,7 +134,10 @@ fn main() -> Result<()> {
         "| policy | snapshot ms | appends during it | p99 append during it (ms) | longest during it (ms) | longest otherwise (ms) | goal |"
     );
     println!("|---|---:|---:|---:|---:|---:|---|");
-    for (name, policy) in [("Always", FsyncPolicy::Always), ("Never", FsyncPolicy::Never)] {
+    for (name, policy) in [
+        ("Always", FsyncPolicy::Always),
+        ("Never", FsyncPolicy::Never),
+    ] {
         let mut rows: Vec<[f64; 5]> = Vec::new();
         for _ in 0..rounds {
             rows.push(round(&dir, producers, policy)?);

@@ -13,6 +13,12 @@
 //! This reads only what a durable, recovered log holds: the store calls it
 //! with every record durable and nothing in flight, so any damage found is
 //! an error, never a cut.
+//!
+//! The same replay builds a Kafka-mode snapshot's state
+//! ([`kafka_state_at`]): the state at the snapshot's position, from the
+//! newest snapshot below it and the log, on the snapshot's thread, while
+//! appenders go on (copying the live engine under the store's lock would
+//! stop them for as long as the copy takes).
 
 use std::path::{Path, PathBuf};
 
@@ -113,11 +119,27 @@ pub(crate) fn truncated_state(
     if bytes >= PARALLEL_FROM && cores > 1 {
         std::thread::scope(|scope| {
             let mut sink = Parallel::new(scope, &mut shards, true);
-            replay(fs, dir, segs, start, end, &mut replayer, &mut sink)
+            replay(
+                fs,
+                dir,
+                Log::whole(segs),
+                start,
+                end,
+                &mut replayer,
+                &mut sink,
+            )
         })?;
     } else {
         let mut sink = Sequential::dropping(&mut shards);
-        replay(fs, dir, segs, start, end, &mut replayer, &mut sink)?;
+        replay(
+            fs,
+            dir,
+            Log::whole(segs),
+            start,
+            end,
+            &mut replayer,
+            &mut sink,
+        )?;
     }
     Ok(shards)
 }
@@ -171,7 +193,15 @@ pub(crate) fn truncated_kafka(
     // Kafka-mode records go to the engine, never to the sink.
     let mut shards = Shards::default();
     let mut sink = Sequential::dropping(&mut shards);
-    replay(fs, dir, segs, start, end, &mut replayer, &mut sink)?;
+    replay(
+        fs,
+        dir,
+        Log::whole(segs),
+        start,
+        end,
+        &mut replayer,
+        &mut sink,
+    )?;
     replayer
         .meta
         .kafka
@@ -179,16 +209,79 @@ pub(crate) fn truncated_kafka(
         .ok_or(Error::Internal("a Kafka-mode replay lost its engine"))
 }
 
-/// Replays `segments` from position `start` to `end` into `sink`.
+/// The Kafka-mode state at `position`: the base's engine with the log
+/// replayed up to `position`, never classified (as recovery replays it).
+/// Every record below `position` must be durable. The log may go on
+/// meanwhile: of the last of `segments` only its first `last_len` bytes
+/// (what was written when the list was taken) are read.
+pub(crate) fn kafka_state_at(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    base: &Base,
+    (segments, last_len): (&[u64], u64),
+    position: u64,
+) -> Result<crate::engine::ProducerStateManager> {
+    let mut meta = match &base.snapshot {
+        Some(path) => load_file(fs, path)?.meta,
+        None => Meta::default(),
+    };
+    if meta.kafka.is_none() {
+        meta.kafka = Some(Box::new(
+            crate::engine::ProducerStateManager::with_semantics(crate::semantics::Semantics::Kafka),
+        ));
+    }
+    let segs = segments_from(dir, segments, base.position)?;
+    let mut replayer = Replayer::new(meta, None);
+    let mut shards = Shards::default();
+    let mut sink = Sequential::dropping(&mut shards);
+    let log = Log {
+        segments: segs,
+        last_len: Some(last_len),
+    };
+    replay(
+        fs,
+        dir,
+        log,
+        base.position,
+        position,
+        &mut replayer,
+        &mut sink,
+    )?;
+    replayer
+        .meta
+        .kafka
+        .map(|k| *k)
+        .ok_or(Error::Internal("a Kafka-mode replay lost its engine"))
+}
+
+/// The segments a replay reads (first positions, ascending), and how many
+/// bytes of the last one, if not all.
+struct Log<'a> {
+    segments: &'a [u64],
+    last_len: Option<u64>,
+}
+
+impl<'a> Log<'a> {
+    /// Every byte of every segment (nothing writes to them meanwhile).
+    fn whole(segments: &'a [u64]) -> Self {
+        Log {
+            segments,
+            last_len: None,
+        }
+    }
+}
+
+/// Replays `log` from position `start` to `end` into `sink`.
 fn replay(
     fs: &dyn FileSystem,
     dir: &Path,
-    segments: &[u64],
+    log: Log<'_>,
     start: u64,
     end: u64,
     replayer: &mut Replayer,
     sink: &mut dyn Sink,
 ) -> Result<()> {
+    let segments = log.segments;
     let mut expected = segments.first().copied().unwrap_or(start);
     for &named in segments {
         let path = dir.join(names::segment_name(named));
@@ -202,8 +295,15 @@ fn replay(
         let file = fs
             .open_read(&path)
             .map_err(|e| Error::io("open", &path, e))?;
-        let len = file.len().map_err(|e| Error::io("stat", &path, e))?;
-        let reader = std::io::BufReader::with_capacity(1 << 20, file);
+        let mut len = file.len().map_err(|e| Error::io("stat", &path, e))?;
+        if Some(&named) == segments.last()
+            && let Some(written) = log.last_len
+        {
+            len = len.min(written);
+        }
+        // Bounded by what the scan may read: the log may be written past
+        // `len` meanwhile, and a write in progress is not a record.
+        let reader = std::io::Read::take(std::io::BufReader::with_capacity(1 << 20, file), len);
         let scan = segment::scan(
             &path,
             reader,

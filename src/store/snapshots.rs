@@ -23,6 +23,7 @@ use crate::directory::names;
 use crate::engine::shards::SHARDS;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, remove_gradually};
+use crate::recovery::truncate::{self, Base};
 use crate::snapshot;
 
 /// A snapshot of at least this many keys (a few MiB: 37 bytes a key or
@@ -113,12 +114,17 @@ impl Snapshots {
                 st.since_snapshot = (0, 0);
                 return Ok(None);
             }
+            // The store section's fields; a Kafka-mode engine is not
+            // copied here but rebuilt at `p` from the files (`write`).
+            let kafka = st.keys.meta.kafka.take();
             let meta = st.keys.meta.clone();
+            st.keys.meta.kafka = kafka;
             st.keys.capture = Some(Capture::new(p, meta));
             st.since_snapshot = (0, 0);
             p
         };
-        let written = self.write(fs, log, position, sync);
+        let base = book.valid.last().copied();
+        let written = self.write(fs, log, (position, base), sync);
         log.lock_state().keys.capture = None;
         let (path, keys, bytes) = match written {
             Ok(w) => w,
@@ -148,37 +154,56 @@ impl Snapshots {
         Ok(Some(path))
     }
 
-    /// Writes the snapshot at `position`; returns its path, keys and bytes.
+    /// Writes the snapshot at `position` (`base`: the newest valid snapshot
+    /// below it, if any); returns its path, keys and bytes.
     fn write(
         &self,
         fs: &dyn FileSystem,
         log: &GroupCommit<State>,
-        position: u64,
+        (position, base): (u64, Option<u64>),
         sync: impl Fn() -> Result<()>,
     ) -> Result<(PathBuf, u64, u64)> {
         let mut w = snapshot::Writer::create(fs, &self.dir, position)?;
         {
             // The store-level state at the position, captured with it.
-            let mut st = log.lock_state_quietly();
-            let background = st.keys.shards.len() >= BACKGROUND_SYNC_FROM;
-            let Some(c) = &mut st.keys.capture else {
+            let st = log.lock_state_quietly();
+            let Some(c) = &st.keys.capture else {
                 return Err(Error::Internal(
                     "a snapshot's capture of the state was lost",
                 ));
             };
-            if background {
+            if st.keys.shards.len() >= BACKGROUND_SYNC_FROM {
                 w.sync_in_background();
             }
             let mut section = Vec::new();
             c.meta.encode(&mut section);
-            // A Kafka-mode state, captured whole with the store section:
-            // its side table and aborted lists, then its compact keys.
-            // Taken, not copied again: the capture is this snapshot's
-            // alone, and a copy under the lock is a pause for appenders.
-            let kafka = c.meta.kafka.take();
+            let kafka = st.keys.meta.kafka.is_some();
             drop(st);
             w.write(&section, 0)?;
-            if let Some(k) = kafka {
+            if kafka {
+                // A Kafka-mode state at the position: its side table and
+                // aborted lists, then its compact keys, rebuilt from the
+                // newest snapshot and the log on this thread (appenders go
+                // on), once the log holds every record below the position.
+                sync()?;
+                let (segments, last_len) = log.writer().written();
+                let base = match base {
+                    Some(p) => Base {
+                        snapshot: Some(self.dir.join(names::snapshot_name(p))),
+                        position: p,
+                    },
+                    None => Base {
+                        snapshot: None,
+                        position: 0,
+                    },
+                };
+                let k = truncate::kafka_state_at(
+                    fs,
+                    &self.dir,
+                    &base,
+                    (&segments, last_len),
+                    position,
+                )?;
                 if let Some(side) = k.kafka_side() {
                     w.write_kafka(side)?;
                 }
@@ -190,9 +215,6 @@ impl Snapshots {
                     }
                 }
                 blocks.flush(&mut w)?;
-                // The state is that of records not yet durable under
-                // `Always` too.
-                sync()?;
                 let (keys, bytes) = w.size();
                 return Ok((w.finish(fs, &self.dir)?, keys, bytes));
             }

@@ -355,6 +355,14 @@ impl LogWriter {
         self.segments.iter().map(|s| s.first_position).collect()
     }
 
+    /// The live segments (as [`LogWriter::segments`]) and the bytes
+    /// written to the active one: every record written so far lies in
+    /// them, whole, so a reader may read that much of the active segment
+    /// while the log goes on.
+    pub(crate) fn written(&self) -> (Vec<u64>, u64) {
+        (self.segments(), self.len)
+    }
+
     /// Position of the next record.
     pub(crate) fn next_position(&self) -> u64 {
         self.first_position + self.records
