@@ -409,3 +409,63 @@ fn a_transaction_nobody_ends_is_reported_as_hanging() {
     assert_eq!(broker.late_transactions(now + max + 300_000 + 1).len(), 2);
     broker.close().unwrap();
 }
+
+/// KIP-890 through the broker, as Kafka does it: a transactional batch
+/// for a partition that is not in the producer's transaction is refused,
+/// and the verification begun for it outlives the refusal, so the
+/// producer's later batches on that partition whose first sequence is
+/// above the refused one's are refused as out of order
+/// (`ProducerAppendInfo.checkSequence`) until one appends.
+#[test]
+fn a_refused_unverified_batch_leaves_kafkas_verification_state() {
+    use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+
+    let dir = tempfile::tempdir().unwrap();
+    let b = start(dir.path(), 2);
+    let mut c = Client::connect(b.addr);
+    create_topic(&mut c, "t");
+    let tx = || TransactionalId(StrBytes::from_string("tx".into()));
+    let mut init = InitProducerIdRequest::default();
+    init.transactional_id = Some(tx());
+    init.transaction_timeout_ms = 60_000;
+    let r = c.call(&init, 4);
+    assert_eq!(r.error_code, 0);
+    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    let add = |c: &mut Client, partition: i32| {
+        let req = AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(tx())
+            .with_v3_and_below_producer_id(ProducerId(pid))
+            .with_v3_and_below_producer_epoch(epoch)
+            .with_v3_and_below_topics(vec![
+                AddPartitionsToTxnTopic::default()
+                    .with_name(TopicName(StrBytes::from_string("t".into())))
+                    .with_partitions(vec![partition]),
+            ]);
+        let r = c.call(&req, 3);
+        assert_eq!(
+            r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code,
+            0
+        );
+    };
+    add(&mut c, 0);
+    // Partition 1 is not in the transaction: refused, and its
+    // verification (lowest sequence 0) stays.
+    let (code, _) = produce_as(&mut c, Some("tx"), "t", 1, txn_batch(pid, epoch, 0, &["a"]));
+    assert_ne!(code, 0, "a batch for a partition outside the transaction");
+    add(&mut c, 1);
+    // Sequence 1 would start the unknown producer (KIP-360), but it is
+    // above the verification's lowest sequence: OUT_OF_ORDER_SEQUENCE_NUMBER.
+    let (code, _) = produce_as(&mut c, Some("tx"), "t", 1, txn_batch(pid, epoch, 1, &["b"]));
+    assert_eq!(code, 45);
+    // Sequence 0 appends and clears it; then 1 follows.
+    assert_eq!(
+        produce_as(&mut c, Some("tx"), "t", 1, txn_batch(pid, epoch, 0, &["a"])).0,
+        0
+    );
+    assert_eq!(
+        produce_as(&mut c, Some("tx"), "t", 1, txn_batch(pid, epoch, 1, &["b"])).0,
+        0
+    );
+    drop(c);
+    b.stop();
+}

@@ -68,11 +68,20 @@ impl Client {
 }
 
 pub fn batch(pid: i64, epoch: i16, first_seq: i32, values: &[&str]) -> Bytes {
+    batch_of(pid, epoch, first_seq, values, false)
+}
+
+/// A transactional batch.
+pub fn txn_batch(pid: i64, epoch: i16, first_seq: i32, values: &[&str]) -> Bytes {
+    batch_of(pid, epoch, first_seq, values, true)
+}
+
+fn batch_of(pid: i64, epoch: i16, first_seq: i32, values: &[&str], transactional: bool) -> Bytes {
     let records: Vec<Record> = values
         .iter()
         .enumerate()
         .map(|(i, v)| Record {
-            transactional: false,
+            transactional,
             control: false,
             delete_horizon: false,
             partition_leader_epoch: 0,
@@ -102,7 +111,20 @@ pub fn batch(pid: i64, epoch: i16, first_seq: i32, values: &[&str]) -> Bytes {
 
 /// Produces one batch to `topic`/`partition`: (error code, base offset).
 pub fn produce(c: &mut Client, topic: &str, partition: i32, records: Bytes) -> (i16, i64) {
+    produce_as(c, None, topic, partition, records)
+}
+
+/// [`produce`] in a request that names a transactional id.
+pub fn produce_as(
+    c: &mut Client,
+    transactional_id: Option<&str>,
+    topic: &str,
+    partition: i32,
+    records: Bytes,
+) -> (i16, i64) {
     let mut req = ProduceRequest::default();
+    req.transactional_id =
+        transactional_id.map(|t| TransactionalId(StrBytes::from_string(t.into())));
     req.acks = -1;
     req.timeout_ms = 5000;
     req.topic_data = vec![
