@@ -178,35 +178,9 @@ pub(crate) fn truncated_kafka(
     offset: i64,
     only: Option<i32>,
 ) -> Result<crate::engine::ProducerStateManager> {
-    let mut meta = match &base.snapshot {
-        Some(path) => load_file(fs, path)?.meta,
-        None => Meta::default(),
-    };
-    if meta.kafka.is_none() {
-        meta.kafka = Some(Box::new(
-            crate::engine::ProducerStateManager::with_semantics(crate::semantics::Semantics::Kafka),
-        ));
-    }
-    let start = base.position;
-    let segs = segments_from(dir, segments, start)?;
-    let mut replayer = replayer(meta, offset, only);
-    // Kafka-mode records go to the engine, never to the sink.
-    let mut shards = Shards::default();
-    let mut sink = Sequential::dropping(&mut shards);
-    replay(
-        fs,
-        dir,
-        Log::whole(segs),
-        start,
-        end,
-        &mut replayer,
-        &mut sink,
-    )?;
-    replayer
-        .meta
-        .kafka
-        .map(|k| *k)
-        .ok_or(Error::Internal("a Kafka-mode replay lost its engine"))
+    kafka_replayed(fs, dir, base, (segments, None), end, |meta| {
+        replayer(meta, offset, only)
+    })
 }
 
 /// The Kafka-mode state at `position`: the base's engine with the log
@@ -221,6 +195,27 @@ pub(crate) fn kafka_state_at(
     (segments, last_len): (&[u64], u64),
     position: u64,
 ) -> Result<crate::engine::ProducerStateManager> {
+    kafka_replayed(
+        fs,
+        dir,
+        base,
+        (segments, Some(last_len)),
+        position,
+        |meta| Replayer::new(meta, None),
+    )
+}
+
+/// The base's Kafka engine (an empty one at position 0) with the log
+/// replayed into it up to `end` by the replayer `make` builds around it;
+/// `last_len` as [`Log`] says.
+fn kafka_replayed(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    base: &Base,
+    (segments, last_len): (&[u64], Option<u64>),
+    end: u64,
+    make: impl FnOnce(Meta) -> Replayer,
+) -> Result<crate::engine::ProducerStateManager> {
     let mut meta = match &base.snapshot {
         Some(path) => load_file(fs, path)?.meta,
         None => Meta::default(),
@@ -230,23 +225,15 @@ pub(crate) fn kafka_state_at(
             crate::engine::ProducerStateManager::with_semantics(crate::semantics::Semantics::Kafka),
         ));
     }
-    let segs = segments_from(dir, segments, base.position)?;
-    let mut replayer = Replayer::new(meta, None);
+    let log = Log {
+        segments: segments_from(dir, segments, base.position)?,
+        last_len,
+    };
+    let mut replayer = make(meta);
+    // Kafka-mode records go to the engine, never to the sink.
     let mut shards = Shards::default();
     let mut sink = Sequential::dropping(&mut shards);
-    let log = Log {
-        segments: segs,
-        last_len: Some(last_len),
-    };
-    replay(
-        fs,
-        dir,
-        log,
-        base.position,
-        position,
-        &mut replayer,
-        &mut sink,
-    )?;
+    replay(fs, dir, log, base.position, end, &mut replayer, &mut sink)?;
     replayer
         .meta
         .kafka
