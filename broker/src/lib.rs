@@ -433,12 +433,10 @@ impl Broker {
     fn log_late_transactions(&self, now_ms: i64) {
         let late = self.late_transactions(now_ms);
         let mut logged = self.late_logged.lock().unwrap_or_else(|p| p.into_inner());
-        let now: std::collections::HashSet<_> = late
-            .iter()
-            .map(|(_, _, t)| (t.partition, t.producer_id.clone(), t.first_offset))
-            .collect();
+        let mut now = std::collections::HashSet::with_capacity(late.len());
         for (topic, partition, t) in &late {
-            if !logged.contains(&(t.partition, t.producer_id.clone(), t.first_offset)) {
+            let key = (t.partition, t.producer_id.clone(), t.first_offset);
+            if !logged.contains(&key) {
                 tracing::warn!(
                     topic = %topic,
                     partition,
@@ -449,6 +447,7 @@ impl Broker {
                      transaction.max.timeout.ms + 5 min"
                 );
             }
+            now.insert(key);
         }
         *logged = now;
     }

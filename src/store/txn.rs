@@ -245,7 +245,7 @@ impl State {
         origin: crate::batch::Origin,
     ) -> Result<Logged> {
         let engine = engine_of(&mut self.keys.meta.kafka)?;
-        let o = engine.append_marker(id.clone(), partition, epoch, *marker, origin)?;
+        let o = engine.append_marker(id, partition, epoch, *marker, origin)?;
         if !matches!(o, MarkerOutcome::Accepted { .. }) {
             return Ok(Logged::No(KafkaAnswer::Marker(o)));
         }
