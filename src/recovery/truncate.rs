@@ -116,30 +116,15 @@ pub(crate) fn truncated_state(
         .sum();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut replayer = replayer(meta, offset, only);
+    let log = Log::whole(segs);
     if bytes >= PARALLEL_FROM && cores > 1 {
         std::thread::scope(|scope| {
             let mut sink = Parallel::new(scope, &mut shards, true);
-            replay(
-                fs,
-                dir,
-                Log::whole(segs),
-                start,
-                end,
-                &mut replayer,
-                &mut sink,
-            )
+            replay(fs, dir, log, start, end, &mut replayer, &mut sink)
         })?;
     } else {
         let mut sink = Sequential::dropping(&mut shards);
-        replay(
-            fs,
-            dir,
-            Log::whole(segs),
-            start,
-            end,
-            &mut replayer,
-            &mut sink,
-        )?;
+        replay(fs, dir, log, start, end, &mut replayer, &mut sink)?;
     }
     Ok(shards)
 }
