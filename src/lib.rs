@@ -223,7 +223,8 @@ pub use outcome::{
     AppendOutcome, BatchOutcome, KafkaError, OutOfOrderReason, ParseOutcomeError, TxnStateReason,
 };
 pub use recovery::{
-    Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
+    Damage, LogSeek, RecoveryMode, RecoveryReport, Repair, Salvage, SeekFallback, SkippedSnapshot,
+    SnapshotUsed, TornTail,
 };
 pub use semantics::Semantics;
 pub use snapshot::export::PartitionExport;

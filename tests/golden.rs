@@ -21,12 +21,13 @@
 //!   offsets), `store-v3` by the third (no lifecycle records; a version-2
 //!   snapshot). They must still open to their state, and a store
 //!   continuing them writes new segments in the current version.
-//! - `snapshot-v1` to `snapshot-v5` hold one snapshot of the same history
+//! - `snapshot-v1` to `snapshot-v6` hold one snapshot of the same history
 //!   of windows of every shape, in each snapshot version: the current one
-//!   (5) must be written byte for byte, all must decode to the history's
+//!   (6) must be written byte for byte, all must decode to the history's
 //!   state. (`store-v5`'s snapshots are of snapshot version 4, regenerated
-//!   when that version came, its segments unchanged; the older stores keep
-//!   the snapshots they were written with.)
+//!   when that version came, its segments unchanged; `store-v6`'s were
+//!   regenerated as version 6 the same way; the older stores keep the
+//!   snapshots they were written with.)
 //!
 //! Regenerate (only on a deliberate format change, with a new version):
 //! `GOLDEN_REGENERATE=1 cargo test --test golden`; keep the old
@@ -718,6 +719,7 @@ const SNAP_V2: &str = "tests/golden/snapshot-v2";
 const SNAP_V3: &str = "tests/golden/snapshot-v3";
 const SNAP_V4: &str = "tests/golden/snapshot-v4";
 const SNAP_V5: &str = "tests/golden/snapshot-v5";
+const SNAP_V6: &str = "tests/golden/snapshot-v6";
 
 /// A history whose snapshot holds windows of every shape the encoding
 /// distinguishes: full windows with small, large, negative and extreme
@@ -859,20 +861,24 @@ fn snapshots_of_full_windows_are_written_as_committed_and_every_version_decodes(
     let fresh = fs.read_file(&written).unwrap();
 
     if std::env::var("GOLDEN_REGENERATE").is_ok() {
-        let _ = std::fs::remove_dir_all(SNAP_V5);
-        std::fs::create_dir_all(SNAP_V5).unwrap();
-        std::fs::write(Path::new(SNAP_V5).join(&name), &fresh).unwrap();
+        let _ = std::fs::remove_dir_all(SNAP_V6);
+        std::fs::create_dir_all(SNAP_V6).unwrap();
+        std::fs::write(Path::new(SNAP_V6).join(&name), &fresh).unwrap();
     }
 
     // Byte for byte, entry order included: every key of this history lies
     // in a shard of its own, so the order is the shards' (fixed by the
     // hash), not the hash tables'.
-    let committed = std::fs::read(Path::new(SNAP_V5).join(&name)).unwrap();
+    let committed = std::fs::read(Path::new(SNAP_V6).join(&name)).unwrap();
     assert!(
         committed == fresh,
         "the encoder no longer writes the committed snapshot (format change? see docs/format.md)"
     );
-    assert_eq!(&committed[8..10], &[5, 0], "written as version 5");
+    assert_eq!(&committed[8..10], &[6, 0], "written as version 6");
+    // Version 6 is version 5 with where the position lies in the log.
+    let v5 = std::fs::read(Path::new(SNAP_V5).join(&name)).unwrap();
+    assert_eq!(committed[16..40], v5[16..40]);
+    assert_eq!(committed[48..committed.len() - 4], v5[48..v5.len() - 4]);
 
     // The files of versions 1 to 3, written by older builds from the same
     // history, still decode to the same state; and every version's
@@ -883,6 +889,7 @@ fn snapshots_of_full_windows_are_written_as_committed_and_every_version_decodes(
         (SNAP_V3, 3),
         (SNAP_V4, 4),
         (SNAP_V5, 5),
+        (SNAP_V6, 6),
     ] {
         let path = Path::new(dir).join(&name);
         let bytes = std::fs::read(&path).unwrap();

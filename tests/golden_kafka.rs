@@ -1,7 +1,8 @@
 //! Committed files pin the on-disk format of a `Semantics::Kafka` store
 //! (docs/format.md): `tests/golden/store-kafka-v6` holds the segments and
-//! the snapshot a fixed history writes, as tests/golden.rs does for the
-//! strict rules. `store-kafka-v5` (segment version 5, snapshot version 4)
+//! the snapshot (version 6, regenerated when that version came; its
+//! segments unchanged) a fixed history writes, as tests/golden.rs does for
+//! the strict rules. `store-kafka-v5` (segment version 5, snapshot version 4)
 //! and `store-kafka-v5-snap3` (snapshot version 3) hold the same history
 //! as older builds wrote it: still read.
 //!
@@ -206,13 +207,13 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
-/// A snapshot (version 3, 4 or 5) split by an independent reading of
+/// A snapshot (version 3 to 6) split by an independent reading of
 /// docs/format.md: the header, the store section, the Kafka section (its
 /// length field included) and the bytes of the entries.
 fn split_snapshot(file: &[u8]) -> (&[u8], &[u8], &[u8], &[u8]) {
     assert_eq!(&file[..8], b"PSTATSNP");
     let version = u16::from_le_bytes([file[8], file[9]]);
-    assert!((3..=5).contains(&version), "version {version}");
+    assert!((3..=6).contains(&version), "version {version}");
     assert_eq!(
         u16::from_le_bytes([file[10], file[11]]),
         1,

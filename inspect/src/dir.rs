@@ -81,6 +81,15 @@ pub(crate) fn recovery_view(report: &RecoveryReport) -> RecoveryView {
         records_replayed: report.records_replayed,
         segments_read: report.segments_read,
         segments_skipped: report.segments_skipped,
+        seek: report.seek.as_ref().map(|s| {
+            Box::new(SeekView {
+                segment: path(&s.segment),
+                offset: s.offset,
+                records_not_read: s.records_not_read,
+                fallback: s.fallback.map(|f| f.to_string()),
+            })
+        }),
+        records_read_not_replayed: report.records_read_not_replayed,
         torn_tail: report.torn_tail.as_ref().map(|t| TornView {
             file: path(&t.file),
             offset: t.offset,

@@ -57,6 +57,8 @@ pub(crate) fn print_recovery(w: &mut dyn Write, r: &RecoveryView) -> io::Result<
             records_replayed,
             segments_read,
             segments_skipped,
+            seek,
+            records_read_not_replayed,
             repairs,
             keys,
             next_position,
@@ -77,6 +79,33 @@ pub(crate) fn print_recovery(w: &mut dyn Write, r: &RecoveryView) -> io::Result<
                 writeln!(
                     w,
                     "  would not read {segments_skipped} segment(s) wholly below the snapshot's position"
+                )?;
+            }
+            match seek.as_deref() {
+                Some(SeekView {
+                    segment,
+                    offset,
+                    records_not_read,
+                    fallback: None,
+                }) => writeln!(
+                    w,
+                    "  would seek to byte {offset} of {segment}, not reading the {records_not_read} records below it"
+                )?,
+                Some(SeekView {
+                    segment,
+                    offset,
+                    fallback: Some(why),
+                    ..
+                }) => writeln!(
+                    w,
+                    "  would not seek to byte {offset} of {segment} ({why}): would read it from its first record"
+                )?,
+                None => {}
+            }
+            if *records_read_not_replayed > 0 {
+                writeln!(
+                    w,
+                    "  would read {records_read_not_replayed} records the snapshot covers without replaying them"
                 )?;
             }
             for r in repairs {

@@ -276,6 +276,17 @@ pub(crate) struct TornView {
     pub(crate) preallocated_bytes: u64,
 }
 
+/// The seek into the segment holding the snapshot's position.
+#[derive(Serialize)]
+pub(crate) struct SeekView {
+    pub(crate) segment: String,
+    pub(crate) offset: u64,
+    /// Records below the position not read (0 after a fallback).
+    pub(crate) records_not_read: u64,
+    /// Why the segment would be read from its first record instead.
+    pub(crate) fallback: Option<String>,
+}
+
 #[derive(Serialize)]
 #[serde(untagged)]
 pub(crate) enum RecoveryView {
@@ -287,6 +298,12 @@ pub(crate) enum RecoveryView {
         segments_read: usize,
         /// Segments wholly below the snapshot's position, not read.
         segments_skipped: usize,
+        /// Where replay would start in the segment holding the snapshot's
+        /// position (a version-6 snapshot).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        seek: Option<Box<SeekView>>,
+        /// Records read that the snapshot covers (0 when the seek is taken).
+        records_read_not_replayed: u64,
         torn_tail: Option<TornView>,
         would_remove: Vec<String>,
         /// Everything recovery would change, in order.

@@ -88,6 +88,14 @@ pub trait ReadFile: io::Read + Send {
     fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
     }
+    /// Moves the read position `n` bytes forward without reading them
+    /// (recovery seeks past the records a snapshot covers). The default
+    /// reads and drops them; a file system that can seek overrides it. A
+    /// position past the end is allowed: reads there return nothing.
+    fn skip(&mut self, n: u64) -> io::Result<()> {
+        io::copy(&mut io::Read::take(self, n), &mut io::sink())?;
+        Ok(())
+    }
 }
 
 /// A file opened for writing. Errors as [`FileSystem`]'s.

@@ -170,6 +170,12 @@ impl ReadFile for SimRead {
     fn len(&self) -> io::Result<u64> {
         Ok(self.1 as u64)
     }
+
+    fn skip(&mut self, n: u64) -> io::Result<()> {
+        let at = self.0.position().saturating_add(n);
+        self.0.set_position(at);
+        Ok(())
+    }
 }
 
 struct SimWrite {

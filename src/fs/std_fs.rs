@@ -25,6 +25,11 @@ impl ReadFile for StdRead {
     fn len(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
     }
+
+    fn skip(&mut self, n: u64) -> io::Result<()> {
+        let n = i64::try_from(n).map_err(|_| io::Error::other("a skip past 2^63 bytes"))?;
+        self.0.seek(SeekFrom::Current(n)).map(|_| ())
+    }
 }
 
 impl WriteFile for StdWrite {

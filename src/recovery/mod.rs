@@ -63,7 +63,8 @@ pub(crate) mod semantics;
 pub(crate) mod truncate;
 
 pub use report::{
-    Damage, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed, TornTail,
+    Damage, LogSeek, RecoveryMode, RecoveryReport, Repair, Salvage, SeekFallback, SkippedSnapshot,
+    SnapshotUsed, TornTail,
 };
 
 use std::collections::BTreeSet;
@@ -76,8 +77,9 @@ use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::recovery::apply::{Failed, Parallel, Sequential, Sink};
 use crate::recovery::replay::Replayer;
+use crate::snapshot::LogPoint;
 use crate::snapshot::meta::Meta;
-use crate::wal::segment::{self, End, HEADER_LEN, HeaderError};
+use crate::wal::segment::{self, End, HEADER_LEN, HeaderError, Refused, Resume, ScanFrom};
 use crate::wal::writer::SegmentInfo;
 use plan::{Cut, Kept, LogEnd, Plan, Tail};
 
@@ -208,6 +210,8 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
     let mut report = plan.report();
     report.segments_read = progress.segments_read;
     report.segments_skipped = progress.segments_skipped;
+    report.records_read_not_replayed = progress.read_not_replayed;
+    report.seek = progress.seek;
     report.clean_shutdown = progress.clean_shutdown;
     report.records_replayed = replayer.positions;
     report.replay_threads = threads;
@@ -241,6 +245,10 @@ struct Progress {
     /// See [`RecoveryReport::clean_shutdown`]: set once the last segment
     /// is read.
     clean_shutdown: Option<bool>,
+    /// See [`RecoveryReport::records_read_not_replayed`].
+    read_not_replayed: u64,
+    /// See [`RecoveryReport::seek`].
+    seek: Option<LogSeek>,
 }
 
 /// Replays the plan's log into `sink`: from its start to its `replay_to`
@@ -291,7 +299,23 @@ fn replay(
             return Ok(at.damage(None, Damage::new(&at.path, 0, kind)));
         }
         progress.segments_read += 1;
-        let scan = match read_segment(fs, plan, &at, idx == last_idx, sink, replayer, progress)? {
+        let mut from = ScanFrom {
+            resume: None,
+            bounded_room_after_close: idx == last_idx,
+        };
+        if idx == first_idx
+            && let Some(point) = plan.point.filter(|_| named < start)
+        {
+            let seek = seek(fs, &at.path, point, start - named)?;
+            if seek.fallback.is_none() {
+                from.resume = Some(Resume {
+                    offset: seek.offset,
+                    records: seek.records_not_read,
+                });
+            }
+            progress.seek = Some(seek);
+        }
+        let scan = match read_segment(fs, plan, &at, from, sink, replayer, progress)? {
             ControlFlow::Continue(scan) => scan,
             ControlFlow::Break(stop) => return Ok(stop),
         };
@@ -342,6 +366,25 @@ fn replay(
         tail,
         store_id,
     }))
+}
+
+/// Checks the point the base snapshot recorded in the segment at `path`,
+/// whose first `below` records it covers: where replay starts in it.
+fn seek(fs: &dyn FileSystem, path: &Path, point: LogPoint, below: u64) -> Result<LogSeek> {
+    let offset = u64::from(point.offset);
+    let file = fs.open_read(path).map_err(Error::at("open", path))?;
+    let probed = segment::probe(path, file, offset, point.seed).map_err(Error::at("read", path))?;
+    let fallback = probed.err().map(|r| match r {
+        Refused::OtherSegment => SeekFallback::OtherSegment,
+        Refused::OutOfRange => SeekFallback::OutOfRange,
+        Refused::NoRecord => SeekFallback::NoRecord,
+    });
+    Ok(LogSeek {
+        segment: path.to_path_buf(),
+        offset,
+        records_not_read: if fallback.is_none() { below } else { 0 },
+        fallback,
+    })
 }
 
 /// The segment replay is reading, and the log before it.
@@ -414,18 +457,19 @@ fn read_segment(
     fs: &dyn FileSystem,
     plan: &Plan,
     at: &Reading,
-    is_last: bool,
+    from: ScanFrom,
     sink: &mut dyn Sink,
     replayer: &mut Replayer,
     progress: &mut Progress,
 ) -> Result<ControlFlow<Stop, segment::Scan>> {
     let (path, named) = (&at.path, at.named);
+    let is_last = from.bounded_room_after_close;
     let file = fs.open_read(path).map_err(Error::at("open", path))?;
     let len = file.len().map_err(Error::at("stat", path))?;
     let foreign = |h: &segment::Header| check_belongs(path, at, h);
     let mut reached = false;
-    let reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut scanned = segment::scan(path, reader, len, foreign, |pos, offset, nth, op| {
+    let mut not_replayed = 0;
+    let mut scanned = segment::scan_file(path, file, len, from, foreign, |pos, offset, nth, op| {
         if op.takes_position() && plan.replay_to.is_some_and(|to| pos >= to) {
             // Not damage: the error only stops the scan.
             reached = true;
@@ -439,9 +483,12 @@ fn read_segment(
         // one at the start position is part of the replay.
         if pos >= plan.start {
             replayer.op(pos, offset, nth, op, |rec| sink.push(rec, path))?;
+        } else if op.takes_position() {
+            not_replayed += 1;
         }
         Ok(())
     });
+    progress.read_not_replayed += not_replayed;
     if (scanned.is_ok() || reached)
         && let Err(e) = sink.drain(path)
     {

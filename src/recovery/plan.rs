@@ -105,6 +105,9 @@ pub(crate) struct Plan {
     skipped: Vec<SkippedSnapshot>,
     /// The position replay starts at: the base snapshot's, or 0.
     pub start: u64,
+    /// Where the base snapshot's position lies in its segment, if it
+    /// recorded it (version 6).
+    pub point: Option<snapshot::LogPoint>,
     /// Bytes of the segments replay reads.
     pub log_bytes: u64,
     /// Replay applies the appends before this position; `None`: the
@@ -138,6 +141,7 @@ impl Plan {
             base: None,
             skipped: Vec::new(),
             start: 0,
+            point: None,
             log_bytes: 0,
             replay_to: None,
             repairs: Vec::new(),
@@ -162,13 +166,21 @@ impl Plan {
         plan.segments.sort_unstable();
         let shards = plan.pick_base(fs)?;
         let first = plan.segments.iter().rev().find(|&&l| l <= plan.start);
+        // What replay reads: from the first segment on, less what a seek
+        // into that one skips (when its checks pass; if they fail, the
+        // replay's threads were chosen for less than it reads).
+        let skipped = match (first, plan.point) {
+            (Some(&f), Some(p)) if f < plan.start => u64::from(p.offset),
+            _ => 0,
+        };
         plan.log_bytes = listing
             .iter()
             .filter(|e| {
                 names::parse_segment_name(&e.name).is_some_and(|l| first.is_some_and(|&f| l >= f))
             })
             .map(|e| e.len)
-            .sum();
+            .sum::<u64>()
+            .saturating_sub(skipped);
         Ok((plan, shards))
     }
 
@@ -191,6 +203,7 @@ impl Plan {
             match loaded {
                 Ok((h, shards, meta)) => {
                     self.start = h.position;
+                    self.point = h.point;
                     self.base = Some(SnapshotUsed {
                         file: path,
                         position: h.position,

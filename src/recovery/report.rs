@@ -255,6 +255,51 @@ impl fmt::Display for Repair {
     }
 }
 
+/// Where replay started reading the segment that holds the snapshot's
+/// position. A snapshot of version 6 records the byte offset of the first
+/// record it does not cover; replay seeks there instead of reading the
+/// records below it, after checking that the segment is the one the
+/// snapshot was taken with and that a record (or the end of the records)
+/// lies there. docs/format.md (Recovering, step 3) has the rule.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogSeek {
+    /// The segment holding the snapshot's position.
+    pub segment: PathBuf,
+    /// The byte offset the snapshot recorded.
+    pub offset: u64,
+    /// Records of the segment below the snapshot's position that were not
+    /// read (0 after a fallback).
+    pub records_not_read: u64,
+    /// Why the recorded offset was not used, if it was not: the segment was
+    /// then read from its first record, as for a snapshot of version 5.
+    pub fallback: Option<SeekFallback>,
+}
+
+/// Why replay did not seek to the offset a snapshot recorded.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeekFallback {
+    /// The segment under that name is not the one the snapshot was taken
+    /// with (its records' CRC seed differs), or its header does not verify.
+    OtherSegment,
+    /// The offset lies before the first record or past the file's end.
+    OutOfRange,
+    /// No record that verifies and states that offset lies there, and the
+    /// bytes there are not the zeros of a preallocated segment's end.
+    NoRecord,
+}
+
+impl fmt::Display for SeekFallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SeekFallback::OtherSegment => "the segment is not the one the snapshot was taken with",
+            SeekFallback::OutOfRange => "the offset lies outside the segment's records",
+            SeekFallback::NoRecord => "no record lies at the offset",
+        })
+    }
+}
+
 /// What recovery found and did.
 ///
 /// ```
@@ -289,6 +334,15 @@ pub struct RecoveryReport {
     pub segments_skipped: usize,
     /// Log records replayed on top of the snapshot.
     pub records_replayed: u64,
+    /// Records read (their checksums verified, their bytes decoded) that
+    /// the snapshot already covers, so not replayed: those of the segment
+    /// holding the snapshot's position that lie below it, unless replay
+    /// could seek past them ([`seek`](Self::seek)). 0 is the goal.
+    pub records_read_not_replayed: u64,
+    /// Where replay started in the segment holding the snapshot's
+    /// position, when the snapshot recorded it (version 6) and the
+    /// position lies after that segment's first record.
+    pub seek: Option<LogSeek>,
     /// Threads that applied them: 2 when a long log (8 MiB or more) was
     /// replayed with a helper thread, else 1 (also when a record that did
     /// not apply sent recovery back to a sequential replay).
@@ -397,6 +451,30 @@ impl fmt::Display for RecoveryReport {
             "not read: {} segment(s) wholly below the snapshot's position",
             self.segments_skipped
         )?;
+        if let Some(s) = &self.seek {
+            match s.fallback {
+                None => writeln!(
+                    f,
+                    "seek: {} at byte {} ({} records below it not read)",
+                    s.segment.display(),
+                    s.offset,
+                    s.records_not_read
+                )?,
+                Some(why) => writeln!(
+                    f,
+                    "seek: not taken in {} at byte {} ({why}): read from its first record",
+                    s.segment.display(),
+                    s.offset
+                )?,
+            }
+        }
+        if self.records_read_not_replayed > 0 {
+            writeln!(
+                f,
+                "read, not replayed: {} records the snapshot covers",
+                self.records_read_not_replayed
+            )?;
+        }
         match &self.torn_tail {
             Some(t) if t.preallocated > 0 => writeln!(
                 f,

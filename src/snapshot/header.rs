@@ -10,10 +10,12 @@ use crate::codec::{Dec, Put, truncated};
 use crate::error::{Corruption, Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATSNP";
-/// The version this build writes: version 4 with each partition's end in
-/// the store section. It reads this one, [`VERSION_4`], [`VERSION_3`],
-/// [`VERSION_2`] and [`VERSION_1`].
-pub(crate) const VERSION: u16 = 5;
+/// The version this build writes when it knows where the snapshot's
+/// position lies in the log: version 5 with a [`LogPoint`] in the header.
+/// It reads this one, [`VERSION_5`] (which it still writes for a state
+/// that no log of this store holds: a replica's, a seeded one),
+/// [`VERSION_4`], [`VERSION_3`], [`VERSION_2`] and [`VERSION_1`].
+pub(crate) const VERSION: u16 = 6;
 /// Each partition's end in the store section.
 pub(crate) const VERSION_5: u16 = 5;
 /// Version 3's sections, then the entries in blocks of one shard each,
@@ -40,6 +42,18 @@ pub(super) const HAS_META: u8 = 1;
 /// [`Semantics::Kafka`]: crate::Semantics::Kafka
 pub(crate) const FLAG_KAFKA: u16 = 1;
 
+/// Where a snapshot's position lies in its log (version 6): the byte
+/// offset, in the segment that holds the position, of the first record
+/// the snapshot does not cover, and that segment's CRC seed, which comes
+/// from its first position, store id and salt and so names that one file.
+/// Recovery seeks there instead of reading the records below it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LogPoint {
+    /// Never 0 (the segment's header comes first).
+    pub offset: u32,
+    pub seed: u32,
+}
+
 /// What a snapshot's header says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Header {
@@ -51,22 +65,30 @@ pub(crate) struct Header {
     pub body_len: u64,
     /// [`FLAG_KAFKA`]: a Kafka-mode state (version 3 on).
     pub kafka: bool,
+    /// Where the position lies in the log (version 6 only).
+    pub point: Option<LogPoint>,
 }
 
+/// The header's bytes; `version` decides whether `point` is written (6) or
+/// the two fields that hold it are 0 (before 6).
 pub(super) fn encode_header(h: &Header) -> Vec<u8> {
+    let point = h.point.filter(|_| h.version >= VERSION_6);
     let mut b = Vec::with_capacity(HEADER_LEN);
     b.extend_from_slice(MAGIC);
     b.put_u16(h.version);
     b.put_u16(if h.kafka { FLAG_KAFKA } else { 0 });
-    b.put_u32(0);
+    b.put_u32(point.map_or(0, |p| p.offset));
     b.put_u64(h.position);
     b.put_u64(h.entries);
     b.put_u64(h.body_len);
     let c = crc32c::crc32c(&b);
     b.put_u32(c);
-    b.put_u32(0);
+    b.put_u32(point.map_or(0, |p| p.seed));
     b
 }
+
+/// A snapshot with a [`LogPoint`] in its header.
+pub(crate) const VERSION_6: u16 = 6;
 
 /// Parses and checks a header (magic, version, its own CRC).
 pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
@@ -101,7 +123,21 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
         });
     }
     let known_flags = if version >= VERSION_3 { FLAG_KAFKA } else { 0 };
-    if flags & !known_flags != 0 || reserved != 0 || reserved2 != 0 {
+    let (offset, seed) = (reserved, reserved2);
+    let point = if version >= VERSION_6 {
+        // A file without a point is a version-5 file: 0 here is damage.
+        if offset == 0 {
+            return Err(Error::corrupt(
+                path,
+                12,
+                Corruption::BadField("log point offset"),
+            ));
+        }
+        Some(LogPoint { offset, seed })
+    } else {
+        None
+    };
+    if flags & !known_flags != 0 || (point.is_none() && (reserved != 0 || reserved2 != 0)) {
         return Err(Error::corrupt(
             path,
             10,
@@ -114,6 +150,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
         entries,
         body_len,
         kafka: flags & FLAG_KAFKA != 0,
+        point,
     })
 }
 

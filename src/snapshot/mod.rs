@@ -37,7 +37,7 @@ mod tests;
 mod write;
 
 pub(crate) use header::{
-    HEADER_LEN, Header, MAGIC, POSITION_AT, UNSHARDED, VERSION_4, VERSION_5, parse_header,
+    HEADER_LEN, Header, LogPoint, MAGIC, POSITION_AT, UNSHARDED, VERSION_4, VERSION_5, parse_header,
 };
 pub(crate) use read::{
     Block, Prelude, Sink, load_block, read, read_blocks, read_kafka, read_meta, read_prelude,

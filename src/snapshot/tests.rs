@@ -58,7 +58,24 @@ fn sample_meta() -> Meta {
     meta
 }
 
+/// The log point [`write`] records.
+const POINT: LogPoint = LogPoint {
+    offset: 0x0102_0304,
+    seed: 0xa1b2_c3d4,
+};
+
 fn write(fs: &SimFs, dir: &Path, m: &ProducerStateManager, position: u64) -> PathBuf {
+    write_with(fs, dir, m, position, Some(POINT))
+}
+
+/// [`write`], with `point` or none (a version-5 file).
+fn write_with(
+    fs: &SimFs,
+    dir: &Path,
+    m: &ProducerStateManager,
+    position: u64,
+    point: Option<LogPoint>,
+) -> PathBuf {
     let mut w = Writer::create(fs, dir, position).unwrap();
     w.write_meta(&sample_meta()).unwrap();
     // By shard, as the store writes them; a flush after each shard
@@ -76,6 +93,11 @@ fn write(fs: &SimFs, dir: &Path, m: &ProducerStateManager, position: u64) -> Pat
         }
     }
     blocks.flush(&mut w).unwrap();
+    // Where the position lies in the log: the store writes one when it
+    // knows it (version 6).
+    if let Some(p) = point {
+        w.set_point(p);
+    }
     w.finish(fs, dir).unwrap()
 }
 
@@ -101,8 +123,10 @@ fn the_in_memory_encoding_is_the_file_byte_for_byte() {
     let dir = PathBuf::from("/d");
     fs.create_dir_all(&dir).unwrap();
     let m = sample_state();
-    let path = write(&fs, &dir, &m, 77);
+    // Without a point: a replica's state has no log of this store.
+    let path = write_with(&fs, &dir, &m, 77, None);
     let file = fs.read_file(&path).unwrap();
+    assert_eq!(&file[8..10], &VERSION_5.to_le_bytes());
     let with_act = m.iter().map(|(id, p, e)| {
         let a = act(&e, p);
         (id, p, e, a)
@@ -129,6 +153,11 @@ fn a_snapshot_round_trips_every_entry() {
     let bytes = fs.read_file(&path).unwrap();
     let (h, meta, entries) = load(&bytes).unwrap();
     assert_eq!((h.position, h.version), (77, VERSION));
+    assert_eq!(h.point, Some(POINT));
+    // The offset under the header's CRC, the seed after it (under the
+    // file's).
+    assert_eq!(&bytes[12..16], &POINT.offset.to_le_bytes());
+    assert_eq!(&bytes[44..48], &POINT.seed.to_le_bytes());
     assert_eq!(meta, sample_meta());
     assert_eq!(h.entries as usize, m.len());
     for (id, p, e, a) in entries {
@@ -217,6 +246,7 @@ fn old_file(m: &ProducerStateManager, position: u64, version: u16) -> Vec<u8> {
         entries: m.len() as u64,
         body_len: body.len() as u64,
         kafka: false,
+        point: None,
     });
     b.extend_from_slice(&body);
     let crc = crc32c::crc32c(&b);

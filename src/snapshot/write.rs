@@ -121,6 +121,8 @@ pub(crate) struct Writer {
     body_crc: u32,
     unsynced: u64,
     kafka: bool,
+    /// Where the position lies in the log, if known (version 6).
+    point: Option<LogPoint>,
     /// Issues the every-1-MiB fsyncs, if started (a big snapshot).
     syncer: Option<BackgroundSync>,
 }
@@ -161,6 +163,7 @@ impl Writer {
             body_crc: 0,
             unsynced: 0,
             kafka: false,
+            point: None,
             syncer: None,
         })
     }
@@ -223,15 +226,27 @@ impl Writer {
         (self.entries, framing + self.body_len)
     }
 
+    /// Records where the snapshot's position lies in the log: the file is
+    /// then of version 6, which lets recovery seek there. Without it the
+    /// file is of version 5.
+    pub(crate) fn set_point(&mut self, point: LogPoint) {
+        self.point = Some(point);
+    }
+
     /// Writes the trailer and the real header, fsyncs, renames into place
     /// and fsyncs the directory. Returns the final path.
     pub(crate) fn finish(mut self, fs: &dyn FileSystem, dir: &Path) -> Result<PathBuf> {
         let header = encode_header(&Header {
-            version: VERSION,
+            version: if self.point.is_some() {
+                VERSION
+            } else {
+                VERSION_5
+            },
             position: self.position,
             entries: self.entries,
             body_len: self.body_len,
             kafka: self.kafka,
+            point: self.point,
         });
         let crc = crc32c::crc32c_combine(
             crc32c::crc32c(&header),
@@ -299,12 +314,14 @@ pub(crate) fn encode_to_vec(
     let (bytes, count) = blocks.into_bytes();
     out.extend_from_slice(&bytes);
     let body_len = (out.len() - HEADER_LEN) as u64;
+    // No log holds this state's position: no point, version 5.
     let header = encode_header(&Header {
-        version: VERSION,
+        version: VERSION_5,
         position,
         entries: count,
         body_len,
         kafka: kafka.is_some(),
+        point: None,
     });
     if let Some(head) = out.get_mut(..HEADER_LEN) {
         head.copy_from_slice(&header);

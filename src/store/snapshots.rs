@@ -123,6 +123,8 @@ impl Snapshots {
             st.since_snapshot = (0, 0);
             p
         };
+        // Where the position lies in the log, for recovery to seek there.
+        log.writer().pin(position);
         let base = book.valid.last().copied();
         let written = self.write(fs, log, (position, base), sync);
         log.lock_state().keys.capture = None;
@@ -215,6 +217,7 @@ impl Snapshots {
                     }
                 }
                 blocks.flush(&mut w)?;
+                point(log, position, &mut w);
                 let (keys, bytes) = w.size();
                 return Ok((w.finish(fs, &self.dir)?, keys, bytes));
             }
@@ -238,6 +241,7 @@ impl Snapshots {
             // ahead of its log.
             sync()?;
         }
+        point(log, position, &mut w);
         let (keys, bytes) = w.size();
         Ok((w.finish(fs, &self.dir)?, keys, bytes))
     }
@@ -327,4 +331,20 @@ fn encode_shard(keys: &mut Keys, i: usize, blocks: &mut snapshot::Blocks) -> Res
     }
     c.done[i] = true;
     Ok(())
+}
+
+/// Gives the snapshot at `position` the point where that position lies in
+/// the log, if the writer knows it and it lies inside a segment (at a
+/// segment's start there is nothing to skip: no point, version 5). Called
+/// once every record below `position` is written.
+fn point(log: &GroupCommit<State>, position: u64, w: &mut snapshot::Writer) {
+    let found = log.writer().take_pin(position);
+    if let Some(p) = found.filter(|p| p.first_position < position)
+        && let Ok(offset) = u32::try_from(p.offset)
+    {
+        w.set_point(snapshot::LogPoint {
+            offset,
+            seed: p.seed,
+        });
+    }
 }

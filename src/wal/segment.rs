@@ -12,7 +12,7 @@ use super::prefix_crc::PrefixCrc;
 use super::record::{self, Bad, Decoded};
 use crate::codec::{Dec, Put};
 use crate::error::{Corruption, Error, Result};
-use crate::fs::read_full;
+use crate::fs::{ReadFile, read_full};
 
 pub(crate) const MAGIC: &[u8; 8] = b"PSTATWAL";
 /// The version this crate writes (the newest; it reads [`OLDEST_VERSION`]
@@ -249,6 +249,13 @@ struct Window<R> {
     /// Once [`Window::track_from`] is called: one past the last byte not
     /// zero read from there on (where tracking started, if none).
     written_end: Option<u64>,
+    /// Moves the reader forward without reading (see [`Window::skip_to`]).
+    skip: fn(&mut R, u64) -> std::io::Result<()>,
+}
+
+/// Skips by reading: for a reader that cannot seek.
+fn read_past<R: Read>(r: &mut R, n: u64) -> std::io::Result<()> {
+    std::io::copy(&mut r.by_ref().take(n), &mut std::io::sink()).map(|_| ())
 }
 
 const CHUNK: usize = 1 << 20;
@@ -280,6 +287,18 @@ impl<R: Read> Window<R> {
         }
         let rel = (at - self.base) as usize;
         Ok(self.buf.get(rel..).unwrap_or_default())
+    }
+
+    /// Moves the window to file offset `at` (not behind it), skipping the
+    /// bytes between without reading them.
+    fn skip_to(&mut self, at: u64) -> std::io::Result<()> {
+        let held_end = self.base + self.buf.len() as u64;
+        if at > held_end {
+            (self.skip)(&mut self.r, at - held_end)?;
+            self.buf.clear();
+            self.base = at;
+        }
+        Ok(())
     }
 
     /// From file offset `at` on, keeps where the bytes that are not zero
@@ -394,16 +413,130 @@ pub(crate) fn scan(
     reader: impl Read,
     file_len: u64,
     header: impl FnOnce(&Header) -> Result<()>,
-    mut each: impl FnMut(u64, u64, u32, &LogOp) -> Result<()>,
+    each: impl FnMut(u64, u64, u32, &LogOp) -> Result<()>,
 ) -> Result<Scan, HeaderError> {
-    let io_err = |e| HeaderError::Bad(Error::io("read", path, e));
-    let mut w = Window {
+    let w = Window {
         r: reader,
         buf: Vec::new(),
         base: 0,
         eof: false,
         written_end: None,
+        skip: read_past,
     };
+    scan_window(path, w, file_len, ScanFrom::default(), header, each)
+}
+
+/// [`scan`] of a segment file, from where `from` says: the reads it skips
+/// are seeks ([`ReadFile::skip`]).
+pub(crate) fn scan_file(
+    path: &Path,
+    file: Box<dyn ReadFile>,
+    file_len: u64,
+    from: ScanFrom,
+    header: impl FnOnce(&Header) -> Result<()>,
+    each: impl FnMut(u64, u64, u32, &LogOp) -> Result<()>,
+) -> Result<Scan, HeaderError> {
+    let w = Window {
+        r: file,
+        buf: Vec::new(),
+        base: 0,
+        eof: false,
+        written_end: None,
+        skip: |r, n| r.skip(n),
+    };
+    scan_window(path, w, file_len, from, header, each)
+}
+
+/// Where a scan starts, and how much of a preallocated segment's room it
+/// reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ScanFrom {
+    /// Start at this record instead of the first (after [`probe`] has
+    /// accepted it): the records before it are neither read nor counted
+    /// by the scan's `each`, but they count in [`Scan::records`].
+    pub resume: Option<Resume>,
+    /// When the records end in zeros right after a close marker, read at
+    /// most [`ROOM_CHECKED`] bytes of them (the rest is taken as the zeros
+    /// it was given: docs/format.md, "What recovery can and cannot
+    /// detect"). Otherwise the zeros are read to the end of the file.
+    pub bounded_room_after_close: bool,
+}
+
+/// A record to start a scan at: its byte offset, and the positions of
+/// the segment's records before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Resume {
+    pub offset: u64,
+    pub records: u64,
+}
+
+/// The most bytes of a preallocated segment's room after a close marker
+/// that a scan with [`ScanFrom::bounded_room_after_close`] reads.
+pub(crate) const ROOM_CHECKED: u64 = 1 << 20;
+
+/// Why a recorded point was not used to start a scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The segment's header does not verify, or its records' CRC seed is
+    /// not the one recorded: not the segment the point was taken in.
+    OtherSegment,
+    /// The point lies before the first record or past the file's end.
+    OutOfRange,
+    /// The bytes there are neither a record that verifies and states that
+    /// offset, nor zeros (the end of a preallocated segment's records).
+    NoRecord,
+}
+
+/// Whether a scan of the segment `file` may start at byte `offset`: its
+/// header verifies, its records' CRC seed is `seed` (the segment the point
+/// was recorded in, not one written since under the same name), and at
+/// `offset` lies a record that verifies under that seed and states that
+/// offset, or nothing (the file ends there), or zeros (a preallocated
+/// segment's end; the scan then reads them by the usual rules). Reads the
+/// header and at most one record's bytes.
+pub(crate) fn probe(
+    path: &Path,
+    mut file: Box<dyn ReadFile>,
+    offset: u64,
+    seed: u32,
+) -> std::io::Result<std::result::Result<(), Refused>> {
+    let file_len = file.len()?;
+    let mut head = vec![0u8; HEADER_LEN];
+    let n = read_full(&mut file, &mut head)?;
+    head.truncate(n);
+    let h = match parse_header(path, &head) {
+        Ok(h) if h.seed == seed => h,
+        _ => return Ok(Err(Refused::OtherSegment)),
+    };
+    if offset < h.len as u64 || offset > file_len {
+        return Ok(Err(Refused::OutOfRange));
+    }
+    file.skip(offset - h.len as u64)?;
+    let want =
+        usize::try_from(file_len - offset).map_or(record::MAX_LEN, |n| n.min(record::MAX_LEN));
+    let mut bytes = vec![0u8; want];
+    let n = read_full(&mut file, &mut bytes)?;
+    bytes.truncate(n);
+    let layout = record::Layout::of(h.version).with_kafka(h.kafka);
+    let zeros = h.preallocated && first_nonzero(&bytes).is_none();
+    if bytes.is_empty() || zeros || record::decode(&bytes, seed, layout, offset).is_ok() {
+        Ok(Ok(()))
+    } else {
+        Ok(Err(Refused::NoRecord))
+    }
+}
+
+/// [`scan`] through a window.
+// Over 100 lines on purpose: see `scan`.
+fn scan_window<R: Read>(
+    path: &Path,
+    mut w: Window<R>,
+    file_len: u64,
+    start: ScanFrom,
+    header: impl FnOnce(&Header) -> Result<()>,
+    mut each: impl FnMut(u64, u64, u32, &LogOp) -> Result<()>,
+) -> Result<Scan, HeaderError> {
+    let io_err = |e| HeaderError::Bad(Error::io("read", path, e));
     let head = w.at(0, HEADER_LEN).map_err(io_err)?;
     let h = parse_header(path, head.get(..HEADER_LEN).unwrap_or(head))?;
     header(&h).map_err(HeaderError::Bad)?;
@@ -411,6 +544,10 @@ pub(crate) fn scan(
     let layout = record::Layout::of(version).with_kafka(h.kafka);
     let mut at = h.len as u64;
     let mut records = 0u64;
+    if let Some(r) = start.resume.filter(|r| r.offset > at) {
+        w.skip_to(r.offset).map_err(io_err)?;
+        (at, records) = (r.offset, r.records);
+    }
     let mut closed = false;
     let mut group: Option<OpenGroup> = None;
     // The scan's result; a group still open at the end is not kept.
@@ -516,7 +653,9 @@ pub(crate) fn scan(
                 let mut from = at + 1;
                 if h.preallocated {
                     w.track_from(at);
-                    match first_nonzero_from(&mut w, at).map_err(io_err)? {
+                    let limit = (start.bounded_room_after_close && closed)
+                        .then_some(at.saturating_add(ROOM_CHECKED));
+                    match first_nonzero_from(&mut w, at, limit).map_err(io_err)? {
                         // A preallocated segment: its records end here,
                         // the rest is the room it was given.
                         None => {
@@ -574,16 +713,22 @@ fn first_nonzero(bytes: &[u8]) -> Option<usize> {
 }
 
 /// The offset of the first byte from `at` on that is not zero (`None`:
-/// zeros to the end of the file). Consecutive windows overlap by 8 bytes,
-/// so the window never moves past the 8 bytes before that byte: the
-/// search for later writes may start up to 7 bytes before it.
-fn first_nonzero_from<R: Read>(w: &mut Window<R>, mut at: u64) -> std::io::Result<Option<u64>> {
+/// zeros to the end of the file, or, with a `limit`, to past it: the
+/// bytes read are whole windows, so the search may look further).
+/// Consecutive windows overlap by 8 bytes, so the window never moves past
+/// the 8 bytes before that byte: the search for later writes may start up
+/// to 7 bytes before it.
+fn first_nonzero_from<R: Read>(
+    w: &mut Window<R>,
+    mut at: u64,
+    limit: Option<u64>,
+) -> std::io::Result<Option<u64>> {
     loop {
         let bytes = w.at(at, CHUNK)?;
         if let Some(i) = first_nonzero(bytes) {
             return Ok(Some(at + i as u64));
         }
-        if bytes.len() < CHUNK {
+        if bytes.len() < CHUNK || limit.is_some_and(|l| at + bytes.len() as u64 >= l) {
             return Ok(None);
         }
         at += (bytes.len() - 8) as u64;

@@ -470,6 +470,7 @@ fn crafted_bytes_after_damage_cost_what_zeros_cost() {
         base: 0,
         eof: false,
         written_end: None,
+        skip: read_past,
     };
     w.at(0, HEADER_LEN).unwrap();
     let mut p = PrefixCrc::new(record::MAX_LEN);
