@@ -47,16 +47,20 @@ fn append(
     }
 }
 
-/// The only snapshot file in the store's directory.
-fn snapshot_file(fs: &SimFs) -> PathBuf {
-    let snaps: Vec<PathBuf> = fs
+/// The only file of the store's directory whose name ends in `.{ext}`.
+fn only(fs: &SimFs, ext: &str) -> PathBuf {
+    let found: Vec<PathBuf> = fs
         .files()
         .into_iter()
         .map(|(p, _)| p)
-        .filter(|p| p.extension().is_some_and(|e| e == "snap"))
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
         .collect();
-    assert_eq!(snaps.len(), 1, "{snaps:?}");
-    snaps[0].clone()
+    assert_eq!(found.len(), 1, "{found:?}");
+    found[0].clone()
+}
+
+fn snapshot_file(fs: &SimFs) -> PathBuf {
+    only(fs, "snap")
 }
 
 /// A store of 300 appends, a snapshot, 60 more; closed cleanly or not.
@@ -173,14 +177,7 @@ fn copy(fs: &SimFs) -> SimFs {
 
 /// The store's only segment.
 fn segment(fs: &SimFs) -> PathBuf {
-    let segs: Vec<PathBuf> = fs
-        .files()
-        .into_iter()
-        .map(|(p, _)| p)
-        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
-        .collect();
-    assert_eq!(segs.len(), 1, "{segs:?}");
-    segs[0].clone()
+    only(fs, "wal")
 }
 
 #[test]

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use producer_state::fs::StdFs;
 use producer_state::{AppendRequest, Batch, ProducerStateStore, StoreOptions};
-use producer_state_bench::{arg, median};
+use producer_state_bench::{keys_rounds_dir, median};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -183,12 +183,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| arg(&args, name);
-    let keys: u64 = arg("--keys").map_or(Ok(1_000_000), |v| v.parse())?;
-    let rounds: u64 = arg("--rounds").map_or(Ok(5), |v| v.parse())?;
-    let tmp = tempfile::tempdir()?;
-    let base = arg("--dir").map_or_else(|| tmp.path().to_path_buf(), PathBuf::from);
+    let (keys, rounds, base, _tmp) = keys_rounds_dir(5)?;
     let per_keys = [1u64, 5];
     let built: Vec<PathBuf> = per_keys
         .iter()

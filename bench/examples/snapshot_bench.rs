@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use producer_state::fs::StdFs;
 use producer_state::{Batch, ProducerStateStore};
 use producer_state_bench::snapshot_store::{T0, build, opts};
-use producer_state_bench::{arg, median};
+use producer_state_bench::{keys_rounds_dir, median};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -96,12 +96,7 @@ fn round(dir: &Path, keys: u64, i: u64) -> Result<Round> {
 }
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| arg(&args, name);
-    let keys: u64 = arg("--keys").map_or(Ok(1_000_000), |v| v.parse())?;
-    let rounds: u64 = arg("--rounds").map_or(Ok(5), |v| v.parse())?;
-    let tmp = tempfile::tempdir()?;
-    let base = arg("--dir").map_or_else(|| tmp.path().to_path_buf(), PathBuf::from);
+    let (keys, rounds, base, _tmp) = keys_rounds_dir(5)?;
     let per_keys = [1u64, 5];
     let dirs: Vec<PathBuf> = per_keys
         .iter()

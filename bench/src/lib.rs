@@ -12,6 +12,21 @@ pub fn arg(args: &[String], name: &str) -> Option<String> {
         .cloned()
 }
 
+/// The 1M-key benches' command line: `--keys N` (1,000,000), `--rounds
+/// N` (`rounds`), `--dir PATH` (a temporary directory, kept alive by the
+/// returned guard). Returns keys, rounds, the directory and the guard.
+pub fn keys_rounds_dir(
+    rounds: u64,
+) -> Result<(u64, u64, std::path::PathBuf, tempfile::TempDir), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| arg(&args, name);
+    let keys: u64 = arg("--keys").map_or(Ok(1_000_000), |v| v.parse())?;
+    let rounds: u64 = arg("--rounds").map_or(Ok(rounds), |v| v.parse())?;
+    let tmp = tempfile::tempdir()?;
+    let base = arg("--dir").map_or_else(|| tmp.path().to_path_buf(), std::path::PathBuf::from);
+    Ok((keys, rounds, base, tmp))
+}
+
 /// The median of `v` (the upper one of an even count); `v` is not empty.
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -261,6 +261,18 @@ fn read_past<R: Read>(r: &mut R, n: u64) -> std::io::Result<()> {
 const CHUNK: usize = 1 << 20;
 
 impl<R: Read> Window<R> {
+    /// A window at the start of `r`, which `skip` moves forward.
+    fn new(r: R, skip: fn(&mut R, u64) -> std::io::Result<()>) -> Window<R> {
+        Window {
+            r,
+            buf: Vec::new(),
+            base: 0,
+            eof: false,
+            written_end: None,
+            skip,
+        }
+    }
+
     /// The bytes from file offset `at` on, with at least `want` of them
     /// unless the file ends first.
     fn at(&mut self, at: u64, want: usize) -> std::io::Result<&[u8]> {
@@ -415,14 +427,7 @@ pub(crate) fn scan(
     header: impl FnOnce(&Header) -> Result<()>,
     each: impl FnMut(u64, u64, u32, &LogOp) -> Result<()>,
 ) -> Result<Scan, HeaderError> {
-    let w = Window {
-        r: reader,
-        buf: Vec::new(),
-        base: 0,
-        eof: false,
-        written_end: None,
-        skip: read_past,
-    };
+    let w = Window::new(reader, read_past);
     scan_window(path, w, file_len, ScanFrom::default(), header, each)
 }
 
@@ -436,14 +441,7 @@ pub(crate) fn scan_file(
     header: impl FnOnce(&Header) -> Result<()>,
     each: impl FnMut(u64, u64, u32, &LogOp) -> Result<()>,
 ) -> Result<Scan, HeaderError> {
-    let w = Window {
-        r: file,
-        buf: Vec::new(),
-        base: 0,
-        eof: false,
-        written_end: None,
-        skip: |r, n| r.skip(n),
-    };
+    let w = Window::new(file, |r, n| r.skip(n));
     scan_window(path, w, file_len, from, header, each)
 }
 

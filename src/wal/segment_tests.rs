@@ -464,14 +464,7 @@ fn crafted_bytes_after_damage_cost_what_zeros_cost() {
     // prefixes, each byte fed once.
     let mut f = header(10, IDS, APPENDED_VERSION);
     f.extend([0x03u8, 0xff, 0, 0].repeat(1 << 19));
-    let mut w = Window {
-        r: Cursor::new(&f),
-        buf: Vec::new(),
-        base: 0,
-        eof: false,
-        written_end: None,
-        skip: read_past,
-    };
+    let mut w = Window::new(Cursor::new(&f), read_past);
     w.at(0, HEADER_LEN).unwrap();
     let mut p = PrefixCrc::new(record::MAX_LEN);
     let layout = record::Layout::of(VERSION);
