@@ -206,7 +206,13 @@ fn print_header(w: &mut dyn Write, out: &Output) -> io::Result<()> {
     }
     match (out.kind, out.position, out.entry_count) {
         ("snapshot", Some(p), _) => {
-            writeln!(w, "position:  {p} (covers log records before position {p})")?
+            writeln!(w, "position:  {p} (covers log records before position {p})")?;
+            if let Some(at) = out.log_point {
+                writeln!(
+                    w,
+                    "log point: byte {at} of the segment holding position {p} (where recovery starts reading it)"
+                )?;
+            }
         }
         ("segment", Some(p), Some(n)) => {
             writeln!(w, "positions: {p}..{} ({n} valid records)", p + n)?

@@ -19,6 +19,7 @@ pub(crate) fn inspect(path: &Path, out: &mut Output, show: &Show<'_>) -> Result<
         out.version = Some(s.version);
         out.semantics = Some(semantics_name(s.semantics));
         out.position = Some(s.position);
+        out.log_point = s.log_point;
         out.entry_count = Some(s.entries);
         if state.semantics() == producer_state::Semantics::Kafka {
             out.kafka_section_keys = Some((state.len() as u64).saturating_sub(s.entries));

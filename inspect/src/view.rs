@@ -327,6 +327,10 @@ pub(crate) struct Output {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) semantics: Option<&'static str>,
     pub(crate) position: Option<u64>,
+    /// A version-6 snapshot: the byte offset of its position in the
+    /// segment that holds it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) log_point: Option<u64>,
     pub(crate) entry_count: Option<u64>,
     /// A segment: its length, the bytes that hold something (header,
     /// records, a torn write) and its preallocated room (zeros).
@@ -443,6 +447,7 @@ impl Output {
             version: None,
             semantics: None,
             position: None,
+            log_point: None,
             entry_count: None,
             bytes: None,
             used_bytes: None,

@@ -649,8 +649,8 @@ fn bytes_after_a_preallocated_segments_room_are_a_torn_tail_not_a_crash_of_the_t
 
 #[test]
 fn a_snapshot_is_shown_with_the_version_its_header_states() {
-    // This build writes snapshot version 5; the committed golden file of
-    // version 1 must still say 1.
+    // This build writes snapshot version 6 (with its log point); the
+    // committed golden file of version 1 must still say 1.
     let d = tempfile::tempdir().unwrap();
     store(
         d.path(),
@@ -659,7 +659,8 @@ fn a_snapshot_is_shown_with_the_version_its_header_states() {
     let snap = files(d.path(), ".snap").pop().unwrap();
     let (code, out, _) = run(&[s(&snap)]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("producer-state snapshot, version 5"), "{out}");
+    assert!(out.contains("producer-state snapshot, version 6"), "{out}");
+    assert!(out.contains("log point: byte "), "{out}");
     let v1 = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/golden/snapshot-v1/00000000000000000040.snap"

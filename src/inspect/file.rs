@@ -128,10 +128,14 @@ pub fn detect(fs: &dyn FileSystem, path: &Path) -> Result<Option<FileKind>> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SnapshotSummary {
-    /// Its format version (1 to 4; docs/format.md, "Versions").
+    /// Its format version (1 to 6; docs/format.md, "Versions").
     pub version: u16,
     /// The log position it covers.
     pub position: u64,
+    /// Version 6: the byte offset, in the log segment that holds
+    /// `position`, where the first record the snapshot does not cover
+    /// starts (recovery seeks there, docs/format.md, Recovering, step 3).
+    pub log_point: Option<u64>,
     /// Number of entries.
     pub entries: u64,
     /// File size in bytes.
@@ -140,6 +144,20 @@ pub struct SnapshotSummary {
     /// Kafka-mode snapshot also holds a Kafka section (side table and
     /// aborted transactions), verified with the rest.
     pub semantics: crate::semantics::Semantics,
+}
+
+impl SnapshotSummary {
+    /// What the verified header `h` of a file of `len` bytes says.
+    fn of(h: &crate::snapshot::Header, len: u64) -> SnapshotSummary {
+        SnapshotSummary {
+            version: h.version,
+            position: h.position,
+            log_point: h.point.map(|p| u64::from(p.offset)),
+            entries: h.entries,
+            bytes: len,
+            semantics: semantics_of(h.kafka),
+        }
+    }
 }
 
 fn semantics_of(kafka: bool) -> crate::semantics::Semantics {
@@ -169,13 +187,7 @@ pub fn decode_snapshot(fs: &dyn FileSystem, path: &Path) -> Result<SnapshotSumma
             Ok(())
         },
     )?;
-    Ok(SnapshotSummary {
-        version: h.version,
-        position: h.position,
-        entries: h.entries,
-        bytes: len,
-        semantics: semantics_of(h.kafka),
-    })
+    Ok(SnapshotSummary::of(&h, len))
 }
 
 /// Verifies a snapshot as recovery loads it (every byte, and no key twice)
@@ -229,16 +241,7 @@ pub fn snapshot(
             }
         }
     };
-    Ok((
-        SnapshotSummary {
-            version: h.version,
-            position: h.position,
-            entries: h.entries,
-            bytes: len,
-            semantics: semantics_of(h.kafka),
-        },
-        state,
-    ))
+    Ok((SnapshotSummary::of(&h, len), state))
 }
 
 /// How a segment's records end.
