@@ -79,7 +79,8 @@ use crate::recovery::apply::{Failed, Parallel, Sequential, Sink};
 use crate::recovery::replay::Replayer;
 use crate::snapshot::LogPoint;
 use crate::snapshot::meta::Meta;
-use crate::wal::segment::{self, End, HEADER_LEN, HeaderError, Refused, Resume, ScanFrom};
+use crate::wal::resume::{Refused, Resume, ScanFrom};
+use crate::wal::segment::{self, End, HEADER_LEN, HeaderError};
 use crate::wal::writer::SegmentInfo;
 use plan::{Cut, Kept, LogEnd, Plan, Tail};
 
@@ -262,16 +263,7 @@ fn replay(
 ) -> Result<Stop> {
     let (start, segments) = (plan.start, &plan.segments);
     let Some(first_idx) = segments.iter().rposition(|&l| l <= start) else {
-        if segments.is_empty() && start == 0 {
-            let (next, last, tail, store_id) = (0, None, Tail::Clean, None);
-            return Ok(Stop::End(LogEnd {
-                next,
-                last,
-                tail,
-                store_id,
-            }));
-        }
-        return Ok(Stop::Damage(Box::new(plan.log_gone())));
+        return Ok(no_segment_holds_the_start(plan));
     };
     // Segments before `first_idx` end at or below the start (the next
     // one's name says so): none of their records is replayed, so none is
@@ -303,17 +295,8 @@ fn replay(
             resume: None,
             bounded_room_after_close: idx == last_idx,
         };
-        if idx == first_idx
-            && let Some(point) = plan.point.filter(|_| named < start)
-        {
-            let seek = seek(fs, &at.path, point, start - named)?;
-            if seek.fallback.is_none() {
-                from.resume = Some(Resume {
-                    offset: seek.offset,
-                    records: seek.records_not_read,
-                });
-            }
-            progress.seek = Some(seek);
+        if idx == first_idx {
+            from.resume = seek_in_first(fs, plan, &at, progress)?;
         }
         let scan = match read_segment(fs, plan, &at, from, sink, replayer, progress)? {
             ControlFlow::Continue(scan) => scan,
@@ -368,6 +351,28 @@ fn replay(
     }))
 }
 
+/// Where replay starts in the first segment it reads, `at` (the one that
+/// holds the plan's start): at the base snapshot's log point if it
+/// recorded one inside this segment and the point's checks pass (noted in
+/// `progress` either way), else at the first record (`None`).
+fn seek_in_first(
+    fs: &dyn FileSystem,
+    plan: &Plan,
+    at: &Reading,
+    progress: &mut Progress,
+) -> Result<Option<Resume>> {
+    let Some(point) = plan.point.filter(|_| at.named < plan.start) else {
+        return Ok(None);
+    };
+    let seek = seek(fs, &at.path, point, plan.start - at.named)?;
+    let resume = seek.fallback.is_none().then_some(Resume {
+        offset: seek.offset,
+        records: seek.records_not_read,
+    });
+    progress.seek = Some(seek);
+    Ok(resume)
+}
+
 /// Checks the point the base snapshot recorded in the segment at `path`,
 /// whose first `below` records it covers: where replay starts in it.
 fn seek(fs: &dyn FileSystem, path: &Path, point: LogPoint, below: u64) -> Result<LogSeek> {
@@ -385,6 +390,21 @@ fn seek(fs: &dyn FileSystem, path: &Path, point: LogPoint, below: u64) -> Result
         records_not_read: if fallback.is_none() { below } else { 0 },
         fallback,
     })
+}
+
+/// No segment starts at or before the plan's start: an empty log (a new
+/// store), or the log the base snapshot needs is gone.
+fn no_segment_holds_the_start(plan: &Plan) -> Stop {
+    if plan.segments.is_empty() && plan.start == 0 {
+        let (next, last, tail, store_id) = (0, None, Tail::Clean, None);
+        return Stop::End(LogEnd {
+            next,
+            last,
+            tail,
+            store_id,
+        });
+    }
+    Stop::Damage(Box::new(plan.log_gone()))
 }
 
 /// The segment replay is reading, and the log before it.

@@ -22,8 +22,10 @@
 
 pub(crate) mod frame;
 pub(crate) mod op;
+pub(crate) mod points;
 mod prefix_crc;
 pub(crate) mod record;
+pub(crate) mod resume;
 pub(crate) mod segment;
 pub(crate) mod txn_op;
 pub(crate) mod writer;

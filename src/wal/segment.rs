@@ -10,6 +10,7 @@ use super::frame;
 use super::op::{GroupKind, LogOp};
 use super::prefix_crc::PrefixCrc;
 use super::record::{self, Bad, Decoded};
+use super::resume::{ROOM_CHECKED, Refused, ScanFrom};
 use crate::codec::{Dec, Put};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::{ReadFile, read_full};
@@ -443,46 +444,6 @@ pub(crate) fn scan_file(
 ) -> Result<Scan, HeaderError> {
     let w = Window::new(file, |r, n| r.skip(n));
     scan_window(path, w, file_len, from, header, each)
-}
-
-/// Where a scan starts, and how much of a preallocated segment's room it
-/// reads.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ScanFrom {
-    /// Start at this record instead of the first (after [`probe`] has
-    /// accepted it): the records before it are neither read nor counted
-    /// by the scan's `each`, but they count in [`Scan::records`].
-    pub resume: Option<Resume>,
-    /// When the records end in zeros right after a close marker, read at
-    /// most [`ROOM_CHECKED`] bytes of them (the rest is taken as the zeros
-    /// it was given: docs/format.md, "What recovery can and cannot
-    /// detect"). Otherwise the zeros are read to the end of the file.
-    pub bounded_room_after_close: bool,
-}
-
-/// A record to start a scan at: its byte offset, and the positions of
-/// the segment's records before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Resume {
-    pub offset: u64,
-    pub records: u64,
-}
-
-/// The most bytes of a preallocated segment's room after a close marker
-/// that a scan with [`ScanFrom::bounded_room_after_close`] reads.
-pub(crate) const ROOM_CHECKED: u64 = 1 << 20;
-
-/// Why a recorded point was not used to start a scan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Refused {
-    /// The segment's header does not verify, or its records' CRC seed is
-    /// not the one recorded: not the segment the point was taken in.
-    OtherSegment,
-    /// The point lies before the first record or past the file's end.
-    OutOfRange,
-    /// The bytes there are neither a record that verifies and states that
-    /// offset, nor zeros (the end of a preallocated segment's records).
-    NoRecord,
 }
 
 /// Whether a scan of the segment `file` may start at byte `offset`: its

@@ -35,12 +35,12 @@
 //! store is not poisoned: the group goes into the active segment, which
 //! grows past its size, and the next group tries the roll again.
 
-use std::collections::VecDeque;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::frame;
+use super::points::{Points, SegmentPoint};
 use super::record;
 use super::segment::{self, Ids};
 use crate::directory::names;
@@ -224,45 +224,9 @@ pub(crate) struct LogWriter {
     next: Option<Next>,
     /// The active segment's second handle, once duplicated.
     sync_file: Option<SyncFile>,
-    /// Where the last few groups ended, newest last (see [`LogWriter::pin`]).
-    marks: VecDeque<(u64, SegmentPoint)>,
-    /// The position a snapshot asked about, and once known where it lies.
-    pin: Option<(u64, Option<Option<SegmentPoint>>)>,
+    /// Where recent groups ended, and the position a snapshot pinned.
+    points: Points,
 }
-
-/// Where a log position lies on disk: in the segment of `first_position`
-/// (whose record CRCs are seeded with `seed`), at byte `offset`, where the
-/// record of that position starts or will be written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct SegmentPoint {
-    pub first_position: u64,
-    pub seed: u32,
-    pub offset: u64,
-}
-
-/// In `buf`, sealed records written at byte `start` whose first position
-/// is `pos`: the byte where the record after position `p - 1`'s starts
-/// (`None` if `p` lies inside a record, or a record does not decode).
-fn offset_of(
-    buf: &[u8],
-    seed: u32,
-    layout: record::Layout,
-    (start, pos): (u64, u64),
-    p: u64,
-) -> Option<u64> {
-    let (mut at, mut n) = (0usize, pos);
-    while n < p {
-        let d = record::decode(buf.get(at..)?, seed, layout, start + at as u64).ok()?;
-        n += d.ops.filter(|op| op.takes_position()).count() as u64;
-        at += d.len;
-    }
-    (n == p).then_some(start + at as u64)
-}
-
-/// How many group ends [`LogWriter::pin`] can look back over: a snapshot
-/// pins its position right after choosing it, when only the groups being
-/// written or fsync'ed meanwhile can have followed it.
-const MARKS: usize = 64;
 
 impl LogWriter {
     /// Starts a new segment whose first record will have position `pos`.
@@ -316,8 +280,7 @@ impl LogWriter {
             layout,
             next: None,
             sync_file: None,
-            marks: VecDeque::new(),
-            pin: None,
+            points: Points::default(),
         };
         segments.push(SegmentInfo {
             first_position: pos,
@@ -386,70 +349,22 @@ impl LogWriter {
             layout,
             next: None,
             sync_file: None,
-            marks: VecDeque::new(),
-            pin: None,
+            points: Points::default(),
         };
         w.prepare_next();
         Ok(w)
     }
 
     /// Starts following where position `p` lies on disk, for a snapshot at
-    /// `p` ([`LogWriter::take_pin`] tells). Known at once if a recent group
-    /// ended at `p`; else found when the group holding `p` is written. A
-    /// position no group of this writer ended at or held (the log resumed
-    /// there, or the group was written too long ago) is not known: the
-    /// snapshot then records no point.
-    ///
-    /// The point is where the record after position `p - 1`'s starts: a
-    /// record that takes no position (a clock, an unknown-producer marker)
-    /// is written in the same group as the append it precedes, never at a
-    /// group's end, so the point is also where replay from `p` starts.
+    /// `p` ([`LogWriter::take_pin`] tells): see [`Points::pin`].
     pub(crate) fn pin(&mut self, p: u64) {
-        let known = (p <= self.next_position()).then(|| self.marked(p));
-        self.pin = Some((p, known));
+        let written = self.next_position();
+        self.points.pin(p, written);
     }
 
     /// Where the pinned position `p` lies on disk, if known; unpins.
     pub(crate) fn take_pin(&mut self, p: u64) -> Option<SegmentPoint> {
-        match self.pin.take() {
-            Some((pinned, Some(point))) if pinned == p => point,
-            _ => None,
-        }
-    }
-
-    /// The recent group end at position `p`, if there is one.
-    fn marked(&self, p: u64) -> Option<SegmentPoint> {
-        let found = self.marks.iter().rev().find(|(end, _)| *end == p);
-        found.map(|m| m.1)
-    }
-
-    /// Notes the group just written, positions `pos..pos + count` at bytes
-    /// `start..self.len` of the active segment: its end, and the pinned
-    /// position if it lies in it.
-    fn mark(&mut self, buf: &[u8], start: u64, pos: u64, count: u64) {
-        let end = pos + count;
-        let point = |offset| SegmentPoint {
-            first_position: self.first_position,
-            seed: self.seed,
-            offset,
-        };
-        if self.marks.len() == MARKS {
-            self.marks.pop_front();
-        }
-        self.marks.push_back((end, point(self.len)));
-        let Some((p, None)) = self.pin else {
-            return;
-        };
-        if p > end {
-            return;
-        }
-        let found = if p > pos {
-            let layout = record::Layout::of(segment::VERSION).with_kafka(self.layout.kafka);
-            offset_of(buf, self.seed, layout, (start, pos), p).map(point)
-        } else {
-            self.marked(p)
-        };
-        self.pin = Some((p, Some(found)));
+        self.points.take_pin(p)
     }
 
     /// The first positions of the live segments, oldest first.
@@ -605,7 +520,10 @@ impl LogWriter {
         self.alloc = self.alloc.max(self.len);
         self.records += count;
         if count > 0 {
-            self.mark(buf, start, pos, count);
+            let layout = record::Layout::of(segment::VERSION).with_kafka(self.layout.kafka);
+            let segment = (self.first_position, self.seed);
+            let (positions, bytes) = (pos..pos + count, start..self.len);
+            self.points.written(buf, layout, segment, positions, bytes);
         }
         self.prepare_next();
         Ok(())
