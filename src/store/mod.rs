@@ -57,6 +57,7 @@
 mod append_all;
 mod background;
 mod commit;
+mod kafka;
 mod keys;
 mod lifecycle;
 mod moves;
