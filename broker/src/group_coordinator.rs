@@ -27,7 +27,7 @@
 //! KIP-848 (ConsumerGroupHeartbeat is not served), and deleting groups or
 //! offsets.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -36,33 +36,9 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
+pub use crate::group::{Committed, GroupState, Joined, code};
+use crate::group::{Group, Member, check_member, rebalance_after_removal};
 use crate::records_log::{Malformed, Reader, RecordsLog, Writer};
-
-/// Kafka error codes the group coordinator answers with.
-pub mod code {
-    /// `OFFSET_METADATA_TOO_LARGE`.
-    pub const OFFSET_METADATA_TOO_LARGE: i16 = 12;
-    /// `ILLEGAL_GENERATION`.
-    pub const ILLEGAL_GENERATION: i16 = 22;
-    /// `INCONSISTENT_GROUP_PROTOCOL`.
-    pub const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
-    /// `INVALID_GROUP_ID`.
-    pub const INVALID_GROUP_ID: i16 = 24;
-    /// `UNKNOWN_MEMBER_ID`.
-    pub const UNKNOWN_MEMBER_ID: i16 = 25;
-    /// `INVALID_SESSION_TIMEOUT`.
-    pub const INVALID_SESSION_TIMEOUT: i16 = 26;
-    /// `REBALANCE_IN_PROGRESS`.
-    pub const REBALANCE_IN_PROGRESS: i16 = 27;
-    /// `KAFKA_STORAGE_ERROR`.
-    pub const KAFKA_STORAGE_ERROR: i16 = 56;
-    /// `MEMBER_ID_REQUIRED`.
-    pub const MEMBER_ID_REQUIRED: i16 = 79;
-    /// `UNSTABLE_OFFSET_COMMIT`.
-    pub const UNSTABLE_OFFSET_COMMIT: i16 = 88;
-    /// `COORDINATOR_NOT_AVAILABLE` (the broker is stopping).
-    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
-}
 
 /// The group settings, Kafka's names and defaults.
 #[derive(Clone, Debug)]
@@ -88,42 +64,6 @@ impl Default for GroupConfig {
     }
 }
 
-/// Where a group is in its rebalance.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GroupState {
-    /// No members.
-    Empty,
-    /// Waiting for members to (re)join.
-    PreparingRebalance,
-    /// Joined; waiting for the leader's assignment.
-    CompletingRebalance,
-    /// Every member has its assignment.
-    Stable,
-}
-
-impl GroupState {
-    /// Kafka's name for it.
-    pub fn name(self) -> &'static str {
-        match self {
-            GroupState::Empty => "Empty",
-            GroupState::PreparingRebalance => "PreparingRebalance",
-            GroupState::CompletingRebalance => "CompletingRebalance",
-            GroupState::Stable => "Stable",
-        }
-    }
-}
-
-/// A committed offset.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Committed {
-    /// The next offset to read.
-    pub offset: i64,
-    /// The leader epoch the client gave (-1: none).
-    pub leader_epoch: i32,
-    /// The client's metadata string.
-    pub metadata: String,
-}
-
 /// A group as DescribeGroups shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Described {
@@ -135,25 +75,6 @@ pub struct Described {
     pub protocol: Option<String>,
     /// Its members: (member id, client id).
     pub members: Vec<(String, String)>,
-}
-
-/// What a JoinGroup is answered with.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Joined {
-    /// The error code (0: joined).
-    pub error: i16,
-    /// The generation joined.
-    pub generation: i32,
-    /// The protocol (assignor) chosen.
-    pub protocol: Option<String>,
-    /// The protocol type (`consumer`).
-    pub protocol_type: Option<String>,
-    /// The leader's member id.
-    pub leader: String,
-    /// This member's id (also with `MEMBER_ID_REQUIRED`).
-    pub member_id: String,
-    /// For the leader: every member with its metadata for the protocol.
-    pub members: Vec<(String, Bytes)>,
 }
 
 /// A JoinGroup's parameters.
@@ -177,160 +98,6 @@ pub struct JoinRequest {
     /// Whether the request's version requires a known member id (v4+:
     /// a first join is answered `MEMBER_ID_REQUIRED` with its id).
     pub require_known_member_id: bool,
-}
-
-struct Member {
-    client_id: String,
-    session_timeout: Duration,
-    rebalance_timeout: Duration,
-    protocols: Vec<(String, Bytes)>,
-    assignment: Bytes,
-    last_seen: Instant,
-    /// A JoinGroup waiting for the rebalance to complete.
-    join: Option<oneshot::Sender<Joined>>,
-    /// A SyncGroup waiting for the leader's assignment.
-    sync: Option<oneshot::Sender<(i16, Bytes)>>,
-}
-
-struct Group {
-    state: GroupState,
-    generation: i32,
-    protocol_type: Option<String>,
-    protocol: Option<String>,
-    leader: Option<String>,
-    /// Members in the order they joined.
-    members: BTreeMap<u64, (String, Member)>,
-    next_order: u64,
-    /// Member ids handed out with `MEMBER_ID_REQUIRED`, not yet joined.
-    pending: HashMap<String, Instant>,
-    /// When the rebalance in progress completes whatever happens.
-    deadline: Option<Instant>,
-    /// The rebalance in progress began with no members: it waits out
-    /// `group.initial.rebalance.delay.ms` for members starting together.
-    initial: bool,
-    committed: BTreeMap<(String, i32), Committed>,
-    /// Offsets committed in transactions not yet ended, by producer id.
-    txn_pending: BTreeMap<i64, BTreeMap<(String, i32), Committed>>,
-}
-
-impl Group {
-    fn new() -> Group {
-        Group {
-            state: GroupState::Empty,
-            generation: 0,
-            protocol_type: None,
-            protocol: None,
-            leader: None,
-            members: BTreeMap::new(),
-            next_order: 0,
-            pending: HashMap::new(),
-            deadline: None,
-            initial: false,
-            committed: BTreeMap::new(),
-            txn_pending: BTreeMap::new(),
-        }
-    }
-
-    fn member(&mut self, id: &str) -> Option<&mut Member> {
-        self.members
-            .values_mut()
-            .find(|(m, _)| m == id)
-            .map(|(_, m)| m)
-    }
-
-    fn has(&self, id: &str) -> bool {
-        self.members.values().any(|(m, _)| m == id)
-    }
-
-    fn remove(&mut self, id: &str) {
-        self.members.retain(|_, (m, _)| m != id);
-        if self.leader.as_deref() == Some(id) {
-            self.leader = None;
-        }
-    }
-
-    /// Starts a rebalance (every member must rejoin) completing by
-    /// `deadline` at the latest.
-    fn prepare_rebalance(&mut self, deadline: Instant) {
-        if self.state != GroupState::PreparingRebalance {
-            self.state = GroupState::PreparingRebalance;
-            self.deadline = Some(deadline);
-            // Members waiting for an assignment learn of the rebalance.
-            for (_, m) in self.members.values_mut() {
-                if let Some(tx) = m.sync.take() {
-                    let _ = tx.send((code::REBALANCE_IN_PROGRESS, Bytes::new()));
-                }
-            }
-        }
-    }
-
-    /// Completes the rebalance: members that did not rejoin are removed,
-    /// a new generation is chosen with a protocol every member supports,
-    /// and every waiting JoinGroup is answered.
-    fn complete_join(&mut self) {
-        self.members.retain(|_, (_, m)| m.join.is_some());
-        self.deadline = None;
-        if self.members.is_empty() {
-            self.state = GroupState::Empty;
-            self.generation += 1;
-            self.protocol = None;
-            self.leader = None;
-            return;
-        }
-        self.generation += 1;
-        self.state = GroupState::CompletingRebalance;
-        if self.leader.as_ref().is_none_or(|l| !self.has(l)) {
-            self.leader = self.members.values().next().map(|(id, _)| id.clone());
-        }
-        // The first protocol of the leader's that every member supports.
-        let leader = self.leader.clone().unwrap_or_default();
-        let candidates: Vec<String> = self
-            .members
-            .values()
-            .find(|(id, _)| *id == leader)
-            .map(|(_, m)| m.protocols.iter().map(|(p, _)| p.clone()).collect())
-            .unwrap_or_default();
-        self.protocol = candidates.into_iter().find(|p| {
-            self.members
-                .values()
-                .all(|(_, m)| m.protocols.iter().any(|(q, _)| q == p))
-        });
-        let protocol = self.protocol.clone();
-        let listing: Vec<(String, Bytes)> = self
-            .members
-            .values()
-            .map(|(id, m)| {
-                let meta = m
-                    .protocols
-                    .iter()
-                    .find(|(p, _)| Some(p) == protocol.as_ref())
-                    .map(|(_, b)| b.clone())
-                    .unwrap_or_default();
-                (id.clone(), meta)
-            })
-            .collect();
-        for (id, m) in self.members.values_mut() {
-            if let Some(tx) = m.join.take() {
-                let _ = tx.send(Joined {
-                    error: 0,
-                    generation: self.generation,
-                    protocol: protocol.clone(),
-                    protocol_type: self.protocol_type.clone(),
-                    leader: leader.clone(),
-                    member_id: id.clone(),
-                    members: if *id == leader {
-                        listing.clone()
-                    } else {
-                        Vec::new()
-                    },
-                });
-            }
-        }
-    }
-
-    fn all_rejoined(&self) -> bool {
-        self.members.values().all(|(_, m)| m.join.is_some())
-    }
 }
 
 const KIND_COMMIT: u8 = 1;
@@ -446,17 +213,6 @@ impl std::fmt::Debug for GroupCoordinator {
     }
 }
 
-/// What validating a member of a group found.
-fn check_member(g: &Group, generation: i32, member_id: &str) -> std::result::Result<(), i16> {
-    if !g.has(member_id) {
-        return Err(code::UNKNOWN_MEMBER_ID);
-    }
-    if generation != g.generation {
-        return Err(code::ILLEGAL_GENERATION);
-    }
-    Ok(())
-}
-
 impl GroupCoordinator {
     /// Opens the offsets log at `path`.
     pub fn open(path: &Path, config: GroupConfig) -> Result<GroupCoordinator> {
@@ -513,16 +269,8 @@ impl GroupCoordinator {
                 ..Joined::default()
             })
         };
-        if req.group.is_empty() {
-            return Err(fail(code::INVALID_GROUP_ID, &req.member_id));
-        }
-        if req.session_timeout < self.config.min_session_timeout
-            || req.session_timeout > self.config.max_session_timeout
-        {
-            return Err(fail(code::INVALID_SESSION_TIMEOUT, &req.member_id));
-        }
-        if req.protocols.is_empty() || req.protocol_type.is_empty() {
-            return Err(fail(code::INCONSISTENT_GROUP_PROTOCOL, &req.member_id));
+        if let Some(error) = self.refused_join(&req) {
+            return Err(fail(error, &req.member_id));
         }
         let n = gs.next_member;
         gs.next_member += 1;
@@ -585,29 +333,26 @@ impl GroupCoordinator {
                 ),
             );
         }
-        if g.state != GroupState::PreparingRebalance {
-            // A new member, a changed subscription or a member rejoining
-            // after it lost its generation: everyone rejoins.
-            let was_empty = g.state == GroupState::Empty;
-            let deadline = if was_empty {
-                now + initial_delay
-            } else {
-                now + g
-                    .members
-                    .values()
-                    .map(|(_, m)| m.rebalance_timeout)
-                    .max()
-                    .unwrap_or_default()
-            };
-            g.prepare_rebalance(deadline);
-            g.initial = was_empty;
-        }
-        // Once every member has rejoined, a rebalance completes, unless it
-        // is a new group's, which waits out its delay ([`Self::tick`]).
-        if !g.initial && g.all_rejoined() {
-            g.complete_join();
-        }
+        g.joined(now, initial_delay);
         Ok(rx)
+    }
+
+    /// The error a JoinGroup is refused with before its group is looked at,
+    /// if any: no group id, a session timeout out of the configured range,
+    /// no protocol.
+    fn refused_join(&self, req: &JoinRequest) -> Option<i16> {
+        if req.group.is_empty() {
+            return Some(code::INVALID_GROUP_ID);
+        }
+        if req.session_timeout < self.config.min_session_timeout
+            || req.session_timeout > self.config.max_session_timeout
+        {
+            return Some(code::INVALID_SESSION_TIMEOUT);
+        }
+        if req.protocols.is_empty() || req.protocol_type.is_empty() {
+            return Some(code::INCONSISTENT_GROUP_PROTOCOL);
+        }
+        None
     }
 
     /// SyncGroup: the leader's assignment (`assignments`, from the leader
@@ -908,31 +653,6 @@ impl GroupCoordinator {
     }
 }
 
-/// After members left: a group with members left rebalances; without, it
-/// is empty.
-fn rebalance_after_removal(g: &mut Group, now: Instant) {
-    if g.members.is_empty() {
-        if g.state != GroupState::Empty {
-            g.state = GroupState::Empty;
-            g.generation += 1;
-            g.protocol = None;
-            g.leader = None;
-            g.deadline = None;
-        }
-        return;
-    }
-    let deadline = now
-        + g.members
-            .values()
-            .map(|(_, m)| m.rebalance_timeout)
-            .max()
-            .unwrap_or_default();
-    if g.state != GroupState::PreparingRebalance {
-        g.prepare_rebalance(deadline);
-        g.initial = false;
-    }
-}
-
 fn now_nanos() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -940,233 +660,5 @@ fn now_nanos() -> u128 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config() -> GroupConfig {
-        GroupConfig {
-            initial_rebalance_delay: Duration::from_millis(100),
-            ..GroupConfig::default()
-        }
-    }
-
-    fn join_req(group: &str, member: &str, session_ms: u64) -> JoinRequest {
-        JoinRequest {
-            group: group.into(),
-            member_id: member.into(),
-            client_id: "c".into(),
-            session_timeout: Duration::from_millis(session_ms),
-            rebalance_timeout: Duration::from_millis(2_000),
-            protocol_type: "consumer".into(),
-            protocols: vec![
-                ("range".into(), Bytes::from_static(b"sub")),
-                ("roundrobin".into(), Bytes::from_static(b"sub")),
-            ],
-            require_known_member_id: true,
-        }
-    }
-
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-    }
-
-    /// Drives `tick` until `f` completes (at most 10 s).
-    async fn with_ticks<T>(c: &GroupCoordinator, f: impl std::future::Future<Output = T>) -> T {
-        tokio::pin!(f);
-        for _ in 0..1000 {
-            tokio::select! {
-                v = &mut f => return v,
-                _ = tokio::time::sleep(Duration::from_millis(10)) => c.tick(Instant::now()),
-            }
-        }
-        panic!("did not complete within 10 s");
-    }
-
-    /// A first JoinGroup gets MEMBER_ID_REQUIRED and an id; joining with it
-    /// waits for the rebalance.
-    async fn member(c: &GroupCoordinator, group: &str, session_ms: u64) -> String {
-        let first = c
-            .join(join_req(group, "", session_ms), Instant::now())
-            .await;
-        assert_eq!(first.error, code::MEMBER_ID_REQUIRED);
-        first.member_id
-    }
-
-    #[test]
-    fn members_join_one_generation_get_the_leaders_assignment_and_rebalance_on_a_new_member() {
-        let dir = tempfile::tempdir().unwrap();
-        let c = std::sync::Arc::new(
-            GroupCoordinator::open(&dir.path().join("offsets.log"), config()).unwrap(),
-        );
-        rt().block_on(async {
-            let a = member(&c, "g", 10_000).await;
-            let b = member(&c, "g", 10_000).await;
-            let (ja, jb) = with_ticks(&c, async {
-                tokio::join!(
-                    c.join(join_req("g", &a, 10_000), Instant::now()),
-                    c.join(join_req("g", &b, 10_000), Instant::now())
-                )
-            })
-            .await;
-            assert_eq!((ja.error, jb.error), (0, 0));
-            assert_eq!((ja.generation, jb.generation), (1, 1));
-            assert_eq!(ja.protocol.as_deref(), Some("range"));
-            let (leader, follower) = if ja.leader == a { (ja, jb) } else { (jb, ja) };
-            assert_eq!(leader.members.len(), 2);
-            assert!(follower.members.is_empty());
-            let given = vec![
-                (a.clone(), Bytes::from_static(b"for a")),
-                (b.clone(), Bytes::from_static(b"for b")),
-            ];
-            let (sl, sf) = tokio::join!(
-                c.sync("g", 1, &leader.member_id, given, Instant::now()),
-                c.sync("g", 1, &follower.member_id, Vec::new(), Instant::now())
-            );
-            assert_eq!(sl.0, 0);
-            assert_eq!(sf.0, 0);
-            assert_eq!(c.describe("g").unwrap().state, GroupState::Stable);
-            assert_eq!(c.heartbeat("g", 1, &a, Instant::now()), 0);
-            assert_eq!(
-                c.heartbeat("g", 0, &a, Instant::now()),
-                code::ILLEGAL_GENERATION
-            );
-            assert_eq!(
-                c.heartbeat("g", 1, "nobody", Instant::now()),
-                code::UNKNOWN_MEMBER_ID
-            );
-            // A third member: the others learn of the rebalance by their
-            // heartbeat and rejoin; all three are in generation 2.
-            let d = member(&c, "g", 10_000).await;
-            let c2 = c.clone();
-            let pending =
-                tokio::spawn(
-                    async move { c2.join(join_req("g", &d, 10_000), Instant::now()).await },
-                );
-            let rejoin = async {
-                while c.heartbeat("g", 1, &a, Instant::now()) == 0 {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                assert_eq!(
-                    c.heartbeat("g", 1, &a, Instant::now()),
-                    code::REBALANCE_IN_PROGRESS
-                );
-                let (ja, jb) = tokio::join!(
-                    c.join(join_req("g", &a, 10_000), Instant::now()),
-                    c.join(join_req("g", &b, 10_000), Instant::now())
-                );
-                (pending.await.unwrap(), ja, jb)
-            };
-            let (jd, ja, jb) = with_ticks(&c, rejoin).await;
-            assert_eq!((jd.generation, ja.generation, jb.generation), (2, 2, 2));
-        });
-    }
-
-    #[test]
-    fn a_member_that_stops_heartbeating_is_removed_and_the_rest_rebalance() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = GroupConfig {
-            min_session_timeout: Duration::from_millis(100),
-            ..config()
-        };
-        let c = GroupCoordinator::open(&dir.path().join("offsets.log"), cfg).unwrap();
-        rt().block_on(async {
-            let a = member(&c, "g", 300).await;
-            let b = member(&c, "g", 300).await;
-            with_ticks(&c, async {
-                tokio::join!(
-                    c.join(join_req("g", &a, 300), Instant::now()),
-                    c.join(join_req("g", &b, 300), Instant::now())
-                )
-            })
-            .await;
-            // Only a heartbeats from now on.
-            let alive = async {
-                for _ in 0..100 {
-                    let code = c.heartbeat("g", 1, &a, Instant::now());
-                    if code == code::REBALANCE_IN_PROGRESS {
-                        return c.join(join_req("g", &a, 300), Instant::now()).await;
-                    }
-                    tokio::time::sleep(Duration::from_millis(30)).await;
-                }
-                panic!("no rebalance after b stopped");
-            };
-            let j = with_ticks(&c, alive).await;
-            assert_eq!(j.error, 0);
-            assert_eq!(j.members.len(), 1, "only a is left");
-            assert_eq!(c.describe("g").unwrap().members.len(), 1);
-        });
-    }
-
-    fn off(o: i64) -> Committed {
-        Committed {
-            offset: o,
-            leader_epoch: -1,
-            metadata: String::new(),
-        }
-    }
-
-    #[test]
-    fn offsets_are_durable_and_a_transactions_are_seen_only_once_it_commits() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("offsets.log");
-        let tp = ("t".to_string(), 0);
-        let tp1 = ("t".to_string(), 1);
-        {
-            let c = GroupCoordinator::open(&path, config()).unwrap();
-            // No member: a simple commit (generation -1).
-            c.commit("g", -1, "", &[(tp.clone(), off(10))], Instant::now())
-                .unwrap();
-            assert_eq!(
-                c.commit("g", 3, "ghost", &[(tp.clone(), off(11))], Instant::now()),
-                Err(code::UNKNOWN_MEMBER_ID)
-            );
-            c.txn_commit(
-                "g",
-                7,
-                -1,
-                "",
-                &[(tp.clone(), off(20)), (tp1.clone(), off(5))],
-            )
-            .unwrap();
-            let f = c.fetch("g", Some(std::slice::from_ref(&tp)), true);
-            assert_eq!(f[0].2, code::UNSTABLE_OFFSET_COMMIT);
-            let f = c.fetch("g", Some(std::slice::from_ref(&tp)), false);
-            assert_eq!(f[0].1, Some(off(10)));
-            c.txn_commit("g", 8, -1, "", &[(tp.clone(), off(99))])
-                .unwrap();
-            c.complete_txn("g", 8, false).unwrap();
-        }
-        // After a restart: the pending transaction is still pending, the
-        // aborted one is gone; committing makes its offsets the group's.
-        let c = GroupCoordinator::open(&path, config()).unwrap();
-        assert_eq!(
-            c.fetch("g", Some(std::slice::from_ref(&tp)), true)[0].2,
-            code::UNSTABLE_OFFSET_COMMIT
-        );
-        c.complete_txn("g", 7, true).unwrap();
-        let all = c.fetch("g", None, true);
-        assert_eq!(
-            all,
-            [
-                (tp.clone(), Some(off(20)), 0),
-                (tp1.clone(), Some(off(5)), 0)
-            ]
-        );
-        let long = Committed {
-            metadata: "m".repeat(5000),
-            ..off(1)
-        };
-        assert_eq!(
-            c.commit("g", -1, "", &[(tp.clone(), long)], Instant::now()),
-            Err(code::OFFSET_METADATA_TOO_LARGE)
-        );
-        assert_eq!(
-            c.fetch("other", Some(std::slice::from_ref(&tp)), false)[0].1,
-            None
-        );
-    }
-}
+#[path = "group_coordinator_tests.rs"]
+mod tests;

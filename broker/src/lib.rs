@@ -15,9 +15,11 @@
 #![warn(clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod agreement;
 pub mod batch;
 pub mod catalog;
 pub mod error;
+mod group;
 pub mod group_coordinator;
 pub mod limits;
 pub mod partition;

@@ -50,41 +50,16 @@
 //! restart the same holds because opening the log `fdatasync`s what it
 //! found ([`crate::plog`]).
 //!
-//! # Recovery: the state brought exactly to the log
+//! # Recovery
 //!
-//! Both are prefixes of one history (the accepted batches in log order), so
-//! after a crash a partition's state is either *behind* its log (its newest
-//! records were not yet on disk: the common case) or *ahead* of it (its
-//! records were flushed, the log's write was not done). On open:
-//!
-//! - *behind*: every idempotent batch of the log past the partition's end
-//!   in the state ([`ProducerStateStore::partition_end_offset`]) is
-//!   appended to the state again, in order, each of which must be
-//!   `ACCEPTED` (anything else means the state is not a prefix of this log,
-//!   and it is rebuilt). O(batches behind), read through the log's index;
-//! - then the agreement check: the newest batch each producer has in the
-//!   log must be exactly what the state holds as that producer's newest
-//!   (epoch, last sequence, offset), the state must know no producer the
-//!   log lacks (one the state expired itself is fine: the log still has
-//!   its batches) and no batch at or past the log's end. O(the partition's
-//!   producers);
-//! - *ahead*: the partition's state is cut back to the log's end with
-//!   [`ProducerStateStore::truncate_partition_to`], which reads a snapshot
-//!   and the store's log after it, not this partition's whole log. A state
-//!   left ahead would answer the client's retry of the lost batch with
-//!   `DUPLICATE` and an offset the log never had, losing an acknowledged
-//!   message;
-//! - any other disagreement (a state directory replaced, say), or a
-//!   truncation that cannot reach back (`TruncateBelowHistory`): the
-//!   partition's state is removed ([`ProducerStateStore::remove_partition`],
-//!   one logged group) and rebuilt from its whole log, O(log). A crash in
-//!   the middle leaves it behind or as it was, and the next open goes on.
+//! On open the partition's state is brought exactly to its log
+//! ([`crate::agreement`]).
 //!
 //! A write or fsync failure of either file poisons the partition: it answers
 //! `KAFKA_STORAGE_ERROR` until the broker restarts and recovery makes the
 //! two agree again (a failed fsync is never retried).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,10 +68,11 @@ use std::time::{Duration, Instant};
 
 use kafka_protocol::ResponseError;
 use producer_state::{
-    AppendOptions, Batch, BatchOutcome, FsyncPolicy, Marker, Origin, ProducerId,
-    ProducerStateStore, Semantics, StoreOptions,
+    AppendOptions, BatchOutcome, FsyncPolicy, Origin, ProducerId, ProducerStateStore, Semantics,
+    StoreOptions,
 };
 
+use crate::agreement::{LastBatch, marker_at, to_batch};
 use crate::batch::{self, BatchHeader, ControlMarker};
 use crate::error::{Error, Result};
 use crate::plog::{PartitionLog, ReadRange, sync_dir};
@@ -127,25 +103,6 @@ pub enum Produced {
         /// Why, for the log and the response's error message.
         message: String,
     },
-}
-
-/// What a log says of one producer at its end: its newest epoch (of a
-/// data batch or a marker) and its newest data batch (epoch, last
-/// sequence, offset).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct LastBatch {
-    epoch: i16,
-    data: Option<(i16, i32, i64)>,
-}
-
-impl LastBatch {
-    /// Notes a batch of the log (data or control) of this producer.
-    fn note(&mut self, h: &BatchHeader) {
-        self.epoch = h.producer_epoch;
-        if !h.is_control() {
-            self.data = Some((h.producer_epoch, h.last_sequence(), h.base_offset));
-        }
-    }
 }
 
 struct Inner {
@@ -261,202 +218,6 @@ pub fn known_producers(store: &ProducerStateStore) -> HashMap<i32, Vec<ProducerI
     out
 }
 
-/// Applies a batch read back from the partition log (`h`, its bytes
-/// `bytes`) to `store` as partition `key`, at the offset the log gave it,
-/// as Kafka's log recovery does (the replication origin: what the log
-/// holds was accepted once): a data batch with its transactional flag, a
-/// control batch as its COMMIT or ABORT marker. `None` for a batch that
-/// carries no producer state (not idempotent, or a control batch of
-/// another kind).
-fn append_logged(
-    store: &ProducerStateStore,
-    h: &BatchHeader,
-    bytes: &[u8],
-    name: &str,
-    key: i32,
-) -> Result<Option<std::result::Result<(), String>>> {
-    if !h.is_idempotent() {
-        return Ok(None);
-    }
-    let Ok(producer_id) = ProducerId::try_from(h.producer_id) else {
-        return Ok(None);
-    };
-    let state = |source| Error::State {
-        partition: name.to_string(),
-        source,
-    };
-    if h.is_control() {
-        let Some(m) = batch::control_marker(bytes) else {
-            return Ok(None);
-        };
-        let marker = marker_at(m, h.base_offset, h.max_timestamp);
-        let outcome = store
-            .append_marker(
-                producer_id,
-                key,
-                h.producer_epoch,
-                marker,
-                Origin::Replication,
-            )
-            .map_err(state)?;
-        return Ok(Some(if outcome.is_accepted() {
-            Ok(())
-        } else {
-            Err(outcome.to_string())
-        }));
-    }
-    let mut options = AppendOptions::replication();
-    if h.is_transactional() {
-        options = options.transactional().verified();
-    }
-    let outcome = store
-        .append_with(
-            producer_id,
-            key,
-            h.producer_epoch,
-            to_batch(h, h.base_offset),
-            options,
-        )
-        .map_err(state)?;
-    Ok(Some(if outcome.is_accepted() {
-        Ok(())
-    } else {
-        Err(outcome.to_string())
-    }))
-}
-
-/// The library's marker for a control record at `offset`.
-fn marker_at(m: ControlMarker, offset: i64, timestamp: i64) -> Marker {
-    if m.commit {
-        Marker::commit(m.coordinator_epoch, offset, timestamp)
-    } else {
-        Marker::abort(m.coordinator_epoch, offset, timestamp)
-    }
-}
-
-/// Applies to `store` every idempotent batch of `log` past `after`, in
-/// order: `Ok(Ok(n))` when each applied, `Ok(Err(why))` at the first that
-/// did not (the state is not a prefix of this log).
-fn replay(
-    store: &ProducerStateStore,
-    log: &PartitionLog,
-    after: i64,
-    name: &str,
-    key: i32,
-) -> Result<std::result::Result<u64, String>> {
-    let mut n = 0u64;
-    let mut refused = None;
-    log.for_each_batch_after(after, |h, bytes| {
-        if refused.is_some() {
-            return Ok(());
-        }
-        match append_logged(store, h, bytes, name, key)? {
-            None => {}
-            Some(Ok(())) => n += 1,
-            Some(Err(outcome)) => {
-                refused = Some(format!(
-                    "replaying the log past offset {after}: the batch at offset {} was {outcome}",
-                    h.base_offset
-                ));
-            }
-        }
-        Ok(())
-    })?;
-    Ok(refused.map_or(Ok(n), Err))
-}
-
-/// Why the partition's state and its log disagree, or `None` if they
-/// agree: every producer the state knows (`known`, and those of the log)
-/// must be at the log's newest epoch for it, with the log's newest data
-/// batch as its newest cached batch (or, with none cached, an epoch the
-/// marker that bumped it set), and nothing at or past the log's end; a
-/// producer of the log the state does not know must be one the state
-/// removed itself (expired: `was_removed`).
-fn disagreement(
-    store: &ProducerStateStore,
-    key: i32,
-    known: &[ProducerId],
-    log_last: &HashMap<i64, LastBatch>,
-    log_end: i64,
-) -> Option<String> {
-    let mut ids: BTreeSet<i64> = log_last.keys().copied().collect();
-    for id in known {
-        match id.as_numeric().and_then(|p| i64::try_from(p).ok()) {
-            Some(pid) => ids.insert(pid),
-            None => {
-                return Some(format!(
-                    "the state holds producer {id}, which no Kafka client has"
-                ));
-            }
-        };
-    }
-    for pid in ids {
-        let Ok(id) = u64::try_from(pid) else { continue };
-        let Some(st) = store.kafka_state(id, key) else {
-            if log_last.contains_key(&pid) && !store.was_removed(id, key) {
-                return Some(format!(
-                    "the log has producer {pid}, which the state does not know and did not expire"
-                ));
-            }
-            continue;
-        };
-        let newest = st
-            .batches
-            .last()
-            .and_then(|b| b.metadata.map(|m| (st.epoch, b.last_sequence, m.offset)));
-        if let Some((_, _, offset)) = newest
-            && offset >= log_end
-        {
-            return Some(format!(
-                "the state is ahead of the log: producer {pid} has a batch at offset {offset}, \
-                 the log ends at {log_end}"
-            ));
-        }
-        let Some(l) = log_last.get(&pid) else {
-            return Some(format!("the state knows producer {pid}, the log does not"));
-        };
-        let agrees = l.epoch == st.epoch
-            && match newest {
-                Some(n) => l.data == Some(n),
-                None => l.data.is_none_or(|(epoch, _, _)| epoch < st.epoch),
-            };
-        if !agrees {
-            return Some(format!(
-                "producer {pid}: the state's newest batch is {newest:?} at epoch {}, the log's {l:?}",
-                st.epoch
-            ));
-        }
-    }
-    None
-}
-
-fn to_batch(h: &BatchHeader, offset: i64) -> Batch {
-    Batch::new(h.base_sequence, h.last_sequence(), offset, h.max_timestamp)
-}
-
-/// Rebuilds the partition's state from its whole log: the partition is
-/// removed from the shared state (one logged group), then every batch of
-/// the log is appended, in order. A crash part-way leaves the state as it
-/// was (the removal not durable) or behind the log, and the next open
-/// rebuilds again or catches up. O(log).
-fn rebuild(store: &ProducerStateStore, log_path: &Path, name: &str, key: i32) -> Result<()> {
-    let state_err = |source| Error::State {
-        partition: name.to_string(),
-        source,
-    };
-    store.remove_partition(key).map_err(state_err)?;
-    PartitionLog::for_each_batch(log_path, |h, bytes| {
-        match append_logged(store, h, bytes, name, key)? {
-            None | Some(Ok(())) => Ok(()),
-            Some(Err(outcome)) => Err(Error::Rebuild {
-                partition: name.to_string(),
-                offset: h.base_offset,
-                outcome,
-            }),
-        }
-    })
-}
-
 /// Removes the per-partition state directories a broker before the shared
 /// state left in `dir` (derived data: the shared state has caught up with
 /// the log when this runs, and is made durable first by the caller).
@@ -514,69 +275,14 @@ impl Partition {
             );
             report.torn_bytes = t.bytes;
         }
-        let state_err = |source| Error::State {
-            partition: name.clone(),
-            source,
-        };
-        // Behind: catch up with the log. Nothing to replay when the state
-        // agrees or is ahead (its end is then past the log's newest
-        // batch, or past the log's end).
-        let end = store.partition_end_offset(key) - 1;
-        let refused = match replay(store, &log, end, &name, key)? {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::debug!(partition = %name, batches = n, after = end, "replayed the partition log into the producer state, which was behind it");
-                }
-                report.replayed = n;
-                None
-            }
-            Err(why) => Some(why),
-        };
         let log_end = log.next_offset();
-        let mut why = refused.or_else(|| disagreement(store, key, known, &log_last, log_end));
-        // Ahead: cut the partition's state back to the log's end.
-        if let Some(w) = &why
-            && store.partition_end_offset(key) > log_end
-        {
-            match store.truncate_partition_to(key, log_end) {
-                Ok(()) => {
-                    let now: Vec<ProducerId> = store
-                        .kafka_producers(key)
-                        .into_iter()
-                        .map(|(id, _)| id)
-                        .collect();
-                    match disagreement(store, key, &now, &log_last, log_end) {
-                        None => {
-                            tracing::warn!(partition = %name, reason = %w, to = log_end, "the producer state was ahead of the partition log; truncated it to the log's end");
-                            report.truncated = Some(w.clone());
-                            why = None;
-                        }
-                        Some(still) => why = Some(format!("{w}; truncated to {log_end}: {still}")),
-                    }
-                }
-                Err(producer_state::Error::TruncateBelowHistory { lowest, .. }) => {
-                    why = Some(format!("{w}; truncation reaches back to {lowest} only"));
-                }
-                Err(e) => return Err(state_err(e)),
-            }
-        }
-        if let Some(why) = why {
-            tracing::warn!(partition = %name, reason = %why, "rebuilding the producer state from the partition log");
-            rebuild(store, &log_path, &name, key)?;
-            let now: Vec<ProducerId> = store
-                .kafka_producers(key)
-                .into_iter()
-                .map(|(id, _)| id)
-                .collect();
-            if let Some(still) = disagreement(store, key, &now, &log_last, log_end) {
-                return Err(Error::Rebuild {
-                    partition: name,
-                    offset: log_end,
-                    outcome: format!("a rebuilt state that still disagrees: {still}"),
-                });
-            }
-            report.rebuilt = Some(why);
-        }
+        crate::agreement::bring_to_log(
+            store,
+            (&log, &log_path),
+            (&name, key),
+            (known, &log_last),
+            &mut report,
+        )?;
         tracing::debug!(
             partition = %name, next_offset = log_end, producers = log_last.len(),
             "partition open"
@@ -661,6 +367,42 @@ impl Partition {
             .collect()
     }
 
+    /// The append options of client batch `h` of `producer_id`: a
+    /// transactional batch is verified by `verify` (the coordinator's
+    /// answer, KIP-890), or refused.
+    fn options_for(
+        &self,
+        h: &BatchHeader,
+        producer_id: &ProducerId,
+        verify: Option<&dyn Fn() -> std::result::Result<(), i16>>,
+    ) -> std::result::Result<AppendOptions, Produced> {
+        let mut options = AppendOptions::client();
+        if !h.is_transactional() {
+            return Ok(options);
+        }
+        options = options.transactional();
+        match verify.map(|v| v()) {
+            Some(Ok(())) => Ok(options.verified()),
+            Some(Err(code)) => {
+                // As in Kafka, the verification began before the
+                // coordinator answered, and its state outlives the refusal
+                // (KIP-890): the producer's higher sequences are refused
+                // until an append succeeds.
+                let _ = self.store.start_transaction_verification(
+                    producer_id.clone(),
+                    self.key,
+                    h.producer_epoch,
+                    h.base_sequence,
+                );
+                Err(Produced::Refused {
+                    code,
+                    message: "the partition is not in the producer's ongoing transaction".into(),
+                })
+            }
+            None => Ok(options),
+        }
+    }
+
     fn produce_timed(
         &self,
         bytes: &mut [u8],
@@ -670,42 +412,10 @@ impl Partition {
             code: e.code(),
             message,
         };
-        let h = match batch::parse(bytes) {
+        let h = match validate(bytes) {
             Ok(h) => h,
-            // Kafka: a count that disagrees with the offsets is an invalid
-            // record (`LogValidator.validateBatch`); damage is corruption.
-            Err(e @ batch::BatchError::BadCount { .. }) => {
-                return refuse(ResponseError::InvalidRecord, e.to_string());
-            }
-            Err(e) => return refuse(ResponseError::CorruptMessage, e.to_string()),
+            Err(refused) => return refused,
         };
-        if h.is_idempotent() && h.base_sequence < 0 {
-            return refuse(
-                ResponseError::InvalidRecord,
-                format!(
-                    "invalid sequence number {} in a batch of producer {}",
-                    h.base_sequence, h.producer_id
-                ),
-            );
-        }
-        if h.size != bytes.len() {
-            return refuse(
-                ResponseError::InvalidRecord,
-                "a produce request must hold exactly one record batch per partition".into(),
-            );
-        }
-        if h.is_control() {
-            return refuse(
-                ResponseError::InvalidRecord,
-                "clients may not write control records".into(),
-            );
-        }
-        if h.is_transactional() && !h.is_idempotent() {
-            return refuse(
-                ResponseError::InvalidRecord,
-                "a transactional batch without a producer id".into(),
-            );
-        }
         let mut inner = self.lock();
         if let Some(f) = &inner.failed {
             return refuse(ResponseError::KafkaStorageError, f.clone());
@@ -719,31 +429,10 @@ impl Partition {
                     format!("producer id {} is negative", h.producer_id),
                 );
             };
-            let mut options = AppendOptions::client();
-            if h.is_transactional() {
-                options = options.transactional();
-                match verify.map(|v| v()) {
-                    Some(Ok(())) => options = options.verified(),
-                    Some(Err(code)) => {
-                        // As in Kafka, the verification began before the
-                        // coordinator answered, and its state outlives the
-                        // refusal (KIP-890): the producer's higher
-                        // sequences are refused until an append succeeds.
-                        let _ = self.store.start_transaction_verification(
-                            producer_id.clone(),
-                            self.key,
-                            h.producer_epoch,
-                            h.base_sequence,
-                        );
-                        return Produced::Refused {
-                            code,
-                            message: "the partition is not in the producer's ongoing transaction"
-                                .into(),
-                        };
-                    }
-                    None => {}
-                }
-            }
+            let options = match self.options_for(&h, &producer_id, verify) {
+                Ok(o) => o,
+                Err(refused) => return refused,
+            };
             let outcome = self.store.append_with(
                 producer_id,
                 self.key,
@@ -953,399 +642,54 @@ pub fn partition_dir(topics_dir: &Path, topic: &str, index: i32) -> PathBuf {
     topics_dir.join(format!("{topic}-{index}"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn batch(pid: i64, epoch: i16, seq: i32, count: i32) -> Vec<u8> {
-        let mut b = vec![0u8; batch::HEADER_LEN];
-        b.extend_from_slice(&[5u8; 8]);
-        let len = (b.len() - batch::LOG_OVERHEAD) as i32;
-        b[8..12].copy_from_slice(&len.to_be_bytes());
-        b[16] = 2;
-        b[23..27].copy_from_slice(&(count - 1).to_be_bytes());
-        b[43..51].copy_from_slice(&pid.to_be_bytes());
-        b[51..53].copy_from_slice(&epoch.to_be_bytes());
-        b[53..57].copy_from_slice(&seq.to_be_bytes());
-        b[57..61].copy_from_slice(&count.to_be_bytes());
-        let crc = crc32c::crc32c(&b[21..]);
-        b[17..21].copy_from_slice(&crc.to_be_bytes());
-        b
-    }
-
-    /// The shared state of the data directory holding partition `dir`.
-    fn state_dir(dir: &Path) -> PathBuf {
-        dir.parent().unwrap().join("state")
-    }
-
-    /// Opens partition `dir` as key `key` of its data directory's state.
-    fn open_key(dir: &Path, key: i32) -> (Partition, OpenReport) {
-        let store = Arc::new(open_state(dir.parent().unwrap(), PRODUCER_ID_EXPIRATION).unwrap());
-        let known = known_producers(&store);
-        let ids = known.get(&key).cloned().unwrap_or_default();
-        Partition::open(dir, ("t", key, key), &store, &ids).unwrap()
-    }
-
-    fn open(dir: &Path) -> (Partition, OpenReport) {
-        open_key(dir, 0)
-    }
-
-    /// Drops the partitions and closes their shared state.
-    fn close(ps: impl IntoIterator<Item = Partition>) {
-        let mut store = None;
-        for p in ps {
-            store = Some(p.store.clone());
+/// The batch a produce request carries, checked as Kafka checks a
+/// client's batch before anything is decided: exactly one batch that
+/// parses, a sequence not below 0, no control records, a transactional
+/// batch with a producer id. The refusal otherwise.
+fn validate(bytes: &[u8]) -> std::result::Result<BatchHeader, Produced> {
+    let refuse = |e: ResponseError, message: String| Produced::Refused {
+        code: e.code(),
+        message,
+    };
+    let h = match batch::parse(bytes) {
+        Ok(h) => h,
+        // Kafka: a count that disagrees with the offsets is an invalid
+        // record (`LogValidator.validateBatch`); damage is corruption.
+        Err(e @ batch::BatchError::BadCount { .. }) => {
+            return Err(refuse(ResponseError::InvalidRecord, e.to_string()));
         }
-        Arc::try_unwrap(store.unwrap()).unwrap().close().unwrap();
+        Err(e) => return Err(refuse(ResponseError::CorruptMessage, e.to_string())),
+    };
+    if h.is_idempotent() && h.base_sequence < 0 {
+        return Err(refuse(
+            ResponseError::InvalidRecord,
+            format!(
+                "invalid sequence number {} in a batch of producer {}",
+                h.base_sequence, h.producer_id
+            ),
+        ));
     }
-
-    #[test]
-    fn a_lost_state_directory_is_replayed_so_retries_stay_duplicates() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("t-0");
-        let (p, _) = open(&dir);
-        assert_eq!(
-            p.produce(&mut batch(7, 0, 0, 2)),
-            Produced::Appended { base_offset: 0 }
-        );
-        assert_eq!(
-            p.produce(&mut batch(7, 0, 2, 3)),
-            Produced::Appended { base_offset: 2 }
-        );
-        close([p]);
-        fs::remove_dir_all(state_dir(&dir)).unwrap();
-
-        let (p, report) = open(&dir);
-        // A fresh state is behind the log by all of it.
-        assert_eq!((report.replayed, &report.rebuilt), (2, &None), "{report:?}");
-        assert_eq!(report.max_producer_id, 7);
-        // Without the replay a fresh state would accept the retry of the
-        // first batch a second time.
-        assert_eq!(
-            p.produce(&mut batch(7, 0, 0, 2)),
-            Produced::Duplicate { base_offset: 0 }
-        );
-        assert_eq!(
-            p.produce(&mut batch(7, 0, 5, 1)),
-            Produced::Appended { base_offset: 5 }
-        );
-        close([p]);
+    if h.size != bytes.len() {
+        return Err(refuse(
+            ResponseError::InvalidRecord,
+            "a produce request must hold exactly one record batch per partition".into(),
+        ));
     }
-
-    fn copy_dir(from: &Path, to: &Path) {
-        fs::create_dir_all(to).unwrap();
-        for e in fs::read_dir(from).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                copy_dir(&e.path(), &to.join(e.file_name()));
-            } else {
-                fs::copy(e.path(), to.join(e.file_name())).unwrap();
-            }
-        }
+    if h.is_control() {
+        return Err(refuse(
+            ResponseError::InvalidRecord,
+            "clients may not write control records".into(),
+        ));
     }
-
-    /// Replaces the partition's state with `saved` (a copy taken earlier).
-    fn restore_state(dir: &Path, saved: &Path) {
-        fs::remove_dir_all(state_dir(dir)).unwrap();
-        copy_dir(saved, &state_dir(dir));
+    if h.is_transactional() && !h.is_idempotent() {
+        return Err(refuse(
+            ResponseError::InvalidRecord,
+            "a transactional batch without a producer id".into(),
+        ));
     }
-
-    #[test]
-    fn a_state_behind_the_log_is_caught_up_by_replaying_the_batches_past_it() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("t-0");
-        let saved = tmp.path().join("saved");
-        let (p, _) = open(&dir);
-        assert_eq!(
-            p.produce(&mut batch(7, 0, 0, 2)),
-            Produced::Appended { base_offset: 0 }
-        );
-        close([p]);
-        copy_dir(&state_dir(&dir), &saved);
-        let (p, _) = open(&dir);
-        assert_eq!(
-            p.produce(&mut batch(7, 0, 2, 3)),
-            Produced::Appended { base_offset: 2 }
-        );
-        assert_eq!(
-            p.produce(&mut batch(-1, -1, -1, 1)),
-            Produced::Appended { base_offset: 5 }
-        );
-        assert_eq!(
-            p.produce(&mut batch(8, 0, 0, 1)),
-            Produced::Appended { base_offset: 6 }
-        );
-        close([p]);
-        // What a crash leaves when the state's last records were not yet
-        // on disk (FsyncPolicy::Interval): a state that knows only b0.
-        restore_state(&dir, &saved);
-
-        let (p, report) = open(&dir);
-        assert_eq!(
-            (report.replayed, &report.rebuilt),
-            (2, &None),
-            "caught up by the two idempotent batches past offset 0: {report:?}"
-        );
-        // The client retries the batches it never heard about: the log has
-        // them, so they must be duplicates with their offsets, not appended
-        // again.
-        assert_eq!(
-            p.produce(&mut batch(7, 0, 2, 3)),
-            Produced::Duplicate { base_offset: 2 }
-        );
-        assert_eq!(
-            p.produce(&mut batch(8, 0, 0, 1)),
-            Produced::Duplicate { base_offset: 6 }
-        );
-        assert_eq!(
-            p.produce(&mut batch(7, 0, 5, 1)),
-            Produced::Appended { base_offset: 7 }
-        );
-        close([p]);
-        // The replayed state is the store's own now: it agrees on reopening.
-        let (p, report) = open(&dir);
-        assert_eq!((report.replayed, &report.rebuilt), (0, &None));
-        close([p]);
-    }
-
-    #[test]
-    fn a_state_of_another_history_is_rebuilt_from_the_log() {
-        let tmp = tempfile::tempdir().unwrap();
-        let other = tmp.path().join("a").join("t-0");
-        let dir = tmp.path().join("b").join("t-0");
-        let saved = tmp.path().join("saved");
-        // Another history: producer 9 at offset 0 (another data directory).
-        let (p, _) = open(&other);
-        p.produce(&mut batch(9, 0, 0, 1));
-        close([p]);
-        copy_dir(&state_dir(&other), &saved);
-        let (p, _) = open(&dir);
-        p.produce(&mut batch(7, 0, 0, 1));
-        p.produce(&mut batch(7, 0, 1, 1));
-        close([p]);
-        restore_state(&dir, &saved);
-
-        // Past the foreign state's offset 0 the log holds producer 7's
-        // sequence 1 (applied as log recovery applies, without checks),
-        // but the state knows producer 9, which the log does not.
-        let (p, report) = open(&dir);
-        let why = report.rebuilt.clone().expect("rebuilt");
-        assert!(why.contains("producer 9"), "{why}");
-        assert_eq!(
-            report.replayed, 1,
-            "the batch past offset 0, before the check"
-        );
-        assert_eq!(
-            p.produce(&mut batch(7, 0, 1, 1)),
-            Produced::Duplicate { base_offset: 1 }
-        );
-        assert_eq!(
-            p.produce(&mut batch(9, 0, 0, 1)),
-            Produced::Appended { base_offset: 2 },
-            "producer 9 is not in this log"
-        );
-        close([p]);
-    }
-
-    /// A state ahead of its log (its record flushed, the log's write lost)
-    /// is cut back to the log's end, that partition's alone: the other
-    /// partition of the same state keeps its producers, and nothing is
-    /// rebuilt.
-    #[test]
-    fn a_state_ahead_of_its_log_is_truncated_to_it_and_the_others_stay() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("t-0");
-        let next = tmp.path().join("t-1");
-        let (p, _) = open_key(&dir, 0);
-        let q = Partition::open(&next, ("t", 1, 1), &p.store, &[])
-            .unwrap()
-            .0;
-        for seq in 0..3 {
-            p.produce(&mut batch(7, 0, seq, 1));
-            q.produce(&mut batch(8, 0, seq, 1));
-        }
-        let cut = p.lock().log.plan(2, usize::MAX, true, 3).unwrap().pos;
-        close([p, q]);
-        // The log loses its last batch (offset 2); the state has it.
-        fs::OpenOptions::new()
-            .write(true)
-            .open(dir.join(LOG_FILE))
-            .unwrap()
-            .set_len(cut)
-            .unwrap();
-        let store = Arc::new(open_state(tmp.path(), PRODUCER_ID_EXPIRATION).unwrap());
-        let known = known_producers(&store);
-        assert_eq!(store.partition_end_offset(0), 3, "ahead of the log's 2");
-        let (p, report) =
-            Partition::open(&dir, ("t", 0, 0), &store, known.get(&0).unwrap()).unwrap();
-        let (q, other) =
-            Partition::open(&next, ("t", 1, 1), &store, known.get(&1).unwrap()).unwrap();
-        let why = report.truncated.clone().expect("truncated");
-        assert!(why.contains("ahead"), "{why}");
-        assert_eq!(
-            (&report.rebuilt, &other.truncated, &other.rebuilt),
-            (&None, &None, &None)
-        );
-        assert_eq!(store.partition_end_offset(0), 2);
-        assert_eq!(store.partition_end_offset(1), 3);
-        // The client's retry of the lost batch is written again, not
-        // answered as a duplicate at an offset the log never had.
-        assert_eq!(
-            p.produce(&mut batch(7, 0, 2, 1)),
-            Produced::Appended { base_offset: 2 }
-        );
-        assert_eq!(
-            q.produce(&mut batch(8, 0, 2, 1)),
-            Produced::Duplicate { base_offset: 2 }
-        );
-        drop(store);
-        close([p, q]);
-    }
-
-    #[test]
-    fn a_retry_racing_its_original_is_answered_only_once_the_original_is_durable() {
-        use std::sync::{Arc, mpsc};
-        use std::time::Duration;
-
-        let tmp = tempfile::tempdir().unwrap();
-        let (p, _) = open(&tmp.path().join("t-0"));
-        let p = Arc::new(p);
-        let (in_sync, wait_in_sync) = mpsc::channel();
-        let (release, wait_release) = mpsc::channel::<()>();
-        // Every append stops between its write and its fdatasync until
-        // `release` is dropped.
-        p.lock().log.before_sync = Some(crate::plog::SyncHook(Box::new(move || {
-            let _ = in_sync.send(());
-            let _ = wait_release.recv();
-        })));
-        let original = {
-            let p = p.clone();
-            std::thread::spawn(move || p.produce(&mut batch(4, 0, 0, 3)))
-        };
-        wait_in_sync.recv().unwrap();
-        // The original is in the in-memory state and written to the log,
-        // not durable: its retry (from a new connection) arrives now.
-        let (answered, answer) = mpsc::channel();
-        let retry = {
-            let p = p.clone();
-            std::thread::spawn(move || answered.send(p.produce(&mut batch(4, 0, 0, 3))))
-        };
-        assert!(
-            answer.recv_timeout(Duration::from_millis(300)).is_err(),
-            "the retry was answered before its original was durable"
-        );
-        drop(release);
-        assert_eq!(
-            original.join().unwrap(),
-            Produced::Appended { base_offset: 0 }
-        );
-        retry.join().unwrap().unwrap();
-        assert_eq!(
-            answer.recv().unwrap(),
-            Produced::Duplicate { base_offset: 0 }
-        );
-        assert_eq!(p.high_watermark(), 3);
-    }
-
-    #[test]
-    fn an_older_brokers_state_directories_are_removed_and_the_log_replayed() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("t-0");
-        let (p, _) = open(&dir);
-        p.produce(&mut batch(3, 0, 0, 1));
-        close([p]);
-        // What a broker with a store per partition left: its state dirs;
-        // the shared state is new.
-        fs::remove_dir_all(state_dir(&dir)).unwrap();
-        for name in LEGACY_STATE {
-            fs::create_dir(dir.join(name)).unwrap();
-            fs::write(dir.join(name).join("00000000000000000000.wal"), b"x").unwrap();
-        }
-        let (p, report) = open(&dir);
-        assert_eq!((report.replayed, &report.rebuilt), (1, &None));
-        assert!(remove_legacy_state(&dir).unwrap());
-        assert!(LEGACY_STATE.iter().all(|n| !dir.join(n).exists()));
-        assert!(!remove_legacy_state(&dir).unwrap());
-        assert_eq!(
-            p.produce(&mut batch(3, 0, 0, 1)),
-            Produced::Duplicate { base_offset: 0 }
-        );
-        close([p]);
-    }
-
-    /// A producer the state expired while its batches are still in the
-    /// partition log: a restart neither truncates nor rebuilds (the
-    /// state remembers that it expired the producer), and the producer's
-    /// next batch is accepted at its sequence, as Kafka since KIP-360
-    /// accepts it (no UNKNOWN_PRODUCER_ID on produce).
-    #[test]
-    fn an_expired_producer_causes_no_rebuild_and_continues_as_in_kafka() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("t-0");
-        let (p, _) = open(&dir);
-        // The test batches carry timestamp 0, older than the default
-        // expiration (a day) by decades.
-        assert_eq!(
-            p.produce(&mut batch(5, 0, 0, 2)),
-            Produced::Appended { base_offset: 0 }
-        );
-        assert_eq!(
-            p.produce(&mut batch(6, 0, 0, 1)),
-            Produced::Appended { base_offset: 2 }
-        );
-        assert_eq!(p.store.expire_now().unwrap(), 2);
-        assert!(p.producers().is_empty());
-        assert!(p.store.was_removed(5u64, 0));
-        close([p]);
-
-        let (p, report) = open(&dir);
-        assert_eq!(
-            (report.replayed, &report.truncated, &report.rebuilt),
-            (0, &None, &None),
-            "{report:?}"
-        );
-        assert!(p.producers().is_empty(), "expired, not replayed back");
-        // Producer 5 continues at sequence 2: Kafka (KIP-360) accepts the
-        // first batch of a producer without state at any sequence.
-        assert_eq!(
-            p.produce(&mut batch(5, 0, 2, 1)),
-            Produced::Appended { base_offset: 3 }
-        );
-        close([p]);
-        let (p, report) = open(&dir);
-        assert_eq!((report.replayed, &report.rebuilt), (0, &None), "{report:?}");
-        assert_eq!(
-            p.produce(&mut batch(5, 0, 2, 1)),
-            Produced::Duplicate { base_offset: 3 }
-        );
-        close([p]);
-    }
-
-    #[test]
-    fn rejections_map_to_kafka_error_codes_and_write_nothing() {
-        let tmp = tempfile::tempdir().unwrap();
-        let (p, _) = open(&tmp.path().join("t-0"));
-        p.produce(&mut batch(1, 2, 0, 1));
-        let code = |o: Produced| match o {
-            Produced::Refused { code, .. } => code,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(code(p.produce(&mut batch(1, 2, 5, 1))), 45);
-        assert_eq!(code(p.produce(&mut batch(1, 1, 1, 1))), 47);
-        let mut two = batch(1, 2, 1, 1);
-        two.extend(batch(1, 2, 2, 1));
-        assert_eq!(code(p.produce(&mut two)), 87);
-        assert_eq!(p.high_watermark(), 1);
-        // Without a producer id the broker cannot deduplicate: appended twice.
-        let b = batch(-1, -1, -1, 1);
-        assert_eq!(
-            p.produce(&mut b.clone()),
-            Produced::Appended { base_offset: 1 }
-        );
-        assert_eq!(
-            p.produce(&mut b.clone()),
-            Produced::Appended { base_offset: 2 }
-        );
-        close([p]);
-    }
+    Ok(h)
 }
+
+#[cfg(test)]
+#[path = "partition_tests.rs"]
+mod tests;

@@ -137,6 +137,35 @@ pub enum OpenLogError {
     },
 }
 
+/// The vote and purge record in `dir` (default when absent), and the
+/// committed hint (`None` when absent or unreadable: a hint only, module
+/// docs).
+fn read_meta(
+    fs: &dyn FileSystem,
+    dir: &Path,
+) -> Result<(Meta, Option<LogId<NodeId>>), OpenLogError> {
+    let meta_path = dir.join(META_FILE);
+    let read = read_file(fs, &meta_path).map_err(|source| OpenLogError::Io {
+        op: "read",
+        path: meta_path.clone(),
+        source,
+    })?;
+    let meta: Meta = match read {
+        Some(b) => serde_json::from_slice(&b).map_err(|_| OpenLogError::Corrupt {
+            path: meta_path.clone(),
+            offset: 0,
+            what: "not the vote and purge record",
+        })?,
+        None => Meta::default(),
+    };
+    let committed = read_file(fs, &dir.join(COMMITTED_FILE))
+        .ok()
+        .flatten()
+        .and_then(|b| serde_json::from_slice::<Option<LogId<NodeId>>>(&b).ok())
+        .flatten();
+    Ok((meta, committed))
+}
+
 impl LogStore {
     /// Opens (or creates) the log in `dir`, cutting a torn tail.
     pub fn open(dir: &Path) -> Result<(LogStore, LogOpened), OpenLogError> {
@@ -161,21 +190,7 @@ impl LogStore {
                 .ok_or_else(|| OpenLogError::Locked {
                     path: dir.to_path_buf(),
                 })?;
-        let meta_path = dir.join(META_FILE);
-        let meta: Meta = match read_file(fs.as_ref(), &meta_path).map_err(io("read", &meta_path))? {
-            Some(b) => serde_json::from_slice(&b).map_err(|_| OpenLogError::Corrupt {
-                path: meta_path.clone(),
-                offset: 0,
-                what: "not the vote and purge record",
-            })?,
-            None => Meta::default(),
-        };
-        // A hint only: unreadable is the same as absent (module docs).
-        let committed = read_file(fs.as_ref(), &dir.join(COMMITTED_FILE))
-            .ok()
-            .flatten()
-            .and_then(|b| serde_json::from_slice::<Option<LogId<NodeId>>>(&b).ok())
-            .flatten();
+        let (meta, committed) = read_meta(fs.as_ref(), dir)?;
         let path = dir.join(LOG_FILE);
         let mut bytes = read_file(fs.as_ref(), &path)
             .map_err(io("read", &path))?

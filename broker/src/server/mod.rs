@@ -397,23 +397,38 @@ fn advertised(key: ApiKey) -> Option<(i16, i16)> {
         .map(|&(_, min, max)| (min, max))
 }
 
-async fn handle(shared: &Arc<Shared>, buf: Bytes) -> Reply {
+/// A request read from its frame.
+struct Parsed {
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    client_id: String,
+    request: RequestKind,
+}
+
+/// Reads a request's header and body from its frame `buf`, or the reply
+/// that ends it there: a frame that is no request closes the connection,
+/// an unadvertised version gets `UNSUPPORTED_VERSION`.
+fn parse(buf: Bytes) -> Result<Parsed, Reply> {
     if buf.len() < 8 {
-        return Reply::Close(format!("a {}-byte frame is no request", buf.len()));
+        return Err(Reply::Close(format!(
+            "a {}-byte frame is no request",
+            buf.len()
+        )));
     }
     let raw_key = i16::from_be_bytes([buf[0], buf[1]]);
     let version = i16::from_be_bytes([buf[2], buf[3]]);
     let correlation_id = i32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
     let Ok(key) = ApiKey::try_from(raw_key) else {
-        return Reply::Close(format!("unknown API key {raw_key}"));
+        return Err(Reply::Close(format!("unknown API key {raw_key}")));
     };
     let mut buf = Budgeted::new(buf, MAX_FIELD_READS);
     let header = match RequestHeader::decode(&mut buf, key.request_header_version(version)) {
         Ok(h) => h,
         Err(e) => {
-            return Reply::Close(format!(
+            return Err(Reply::Close(format!(
                 "malformed {key:?} v{version} request header: {e:#}"
-            ));
+            )));
         }
     };
     let client_id = header.client_id.as_deref().unwrap_or("").to_string();
@@ -430,21 +445,52 @@ async fn handle(shared: &Arc<Shared>, buf: Bytes) -> Reply {
             let resp = ResponseKind::ApiVersions(unsupported::api_versions(
                 ResponseError::UnsupportedVersion.code(),
             ));
-            return encode_response(correlation_id, key, 0, &resp);
+            return Err(encode_response(correlation_id, key, 0, &resp));
         }
-        return unsupported::unsupported(key, version, correlation_id, buf.into_inner());
+        return Err(unsupported::unsupported(
+            key,
+            version,
+            correlation_id,
+            buf.into_inner(),
+        ));
     }
     let request = match decode::request(key, &mut buf, version) {
         Some(Ok(r)) => r,
-        None => return Reply::Close(format!("{key:?} is advertised but has no decoder")),
+        None => {
+            return Err(Reply::Close(format!(
+                "{key:?} is advertised but has no decoder"
+            )));
+        }
         Some(Err(_)) if buf.exhausted() => {
-            return Reply::Close(format!(
+            return Err(Reply::Close(format!(
                 "{key:?} v{version} request takes more than {MAX_FIELD_READS} fields to decode"
-            ));
+            )));
         }
         Some(Err(e)) => {
-            return Reply::Close(format!("malformed {key:?} v{version} request: {e:#}"));
+            return Err(Reply::Close(format!(
+                "malformed {key:?} v{version} request: {e:#}"
+            )));
         }
+    };
+    Ok(Parsed {
+        key,
+        version,
+        correlation_id,
+        client_id,
+        request,
+    })
+}
+
+async fn handle(shared: &Arc<Shared>, buf: Bytes) -> Reply {
+    let Parsed {
+        key,
+        version,
+        correlation_id,
+        client_id,
+        request,
+    } = match parse(buf) {
+        Ok(p) => p,
+        Err(reply) => return reply,
     };
     let broker = &shared.broker;
     let started = Instant::now();
