@@ -380,3 +380,33 @@ fn the_room_after_a_close_marker_is_checked_for_one_mib() {
         (marker as u64, Some(false))
     );
 }
+
+/// A truncation replays from its base snapshot as recovery does: from the
+/// snapshot's log point, not from its segment's first record. A bit
+/// flipped below that point (after a reopen, which does not read it
+/// either) is not read, so the truncation succeeds and gives the model's
+/// state; replayed from the segment's start it would be refused as damage.
+#[test]
+fn a_truncation_replays_from_its_base_snapshots_log_point() {
+    let (fs, mut model, clock, _) = store_with_snapshot(FsyncPolicy::Always, true);
+    let seg = segment(&fs);
+    let point = {
+        let b = fs.read_file(&snapshot_file(&fs)).unwrap();
+        u32::from_le_bytes(b[12..16].try_into().unwrap()) as usize
+    };
+    let mut log = fs.read_file(&seg).unwrap();
+    log[point / 2] ^= 0x10;
+    fs.overwrite(&seg, &log);
+    let store = reopen(&fs, &clock).unwrap();
+    // Above the snapshot's highest offset (its base), below the end.
+    let snap_high = workload(300)
+        .iter()
+        .filter_map(|r| r.metadata().map(|m| m.offset))
+        .max()
+        .unwrap();
+    let offset = snap_high + 50;
+    assert!(offset < model.high, "{offset} {}", model.high);
+    store.truncate_to(offset).unwrap();
+    model.truncate(offset).unwrap();
+    assert!(matches(&store, &model), "{}", diff(&store, &model));
+}

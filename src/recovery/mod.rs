@@ -378,7 +378,9 @@ fn seek_in_first(
 fn seek(fs: &dyn FileSystem, path: &Path, point: LogPoint, below: u64) -> Result<LogSeek> {
     let offset = u64::from(point.offset);
     let file = fs.open_read(path).map_err(Error::at("open", path))?;
-    let probed = segment::probe(path, file, offset, point.seed).map_err(Error::at("read", path))?;
+    let len = file.len().map_err(Error::at("stat", path))?;
+    let probed =
+        segment::probe(path, file, len, (offset, point.seed)).map_err(Error::at("read", path))?;
     let fallback = probed.err().map(|r| match r {
         Refused::OtherSegment => SeekFallback::OtherSegment,
         Refused::OutOfRange => SeekFallback::OutOfRange,

@@ -31,6 +31,7 @@ use crate::recovery::loader::load_file;
 use crate::recovery::replay::Replayer;
 use crate::snapshot;
 use crate::snapshot::meta::Meta;
+use crate::wal::resume::{Resume, ScanFrom};
 use crate::wal::segment::{self, End, HeaderError};
 
 /// Bytes of log from which two threads apply the replay (as recovery).
@@ -88,22 +89,23 @@ pub(crate) fn pick_base(
 
 /// The state of the history with every append at or above `offset`
 /// removed: the base replayed through `segments` (first positions,
-/// ascending: the live log) up to `end`. With `only`, that partition's
+/// ascending: the live log, of whose last segment the first `last_len`
+/// bytes hold every record) up to `end`. With `only`, that partition's
 /// keys alone are rebuilt (the others' are the base's).
 pub(crate) fn truncated_state(
     fs: &dyn FileSystem,
     dir: &Path,
     base: &Base,
-    (segments, end): (&[u64], u64),
+    (segments, last_len, end): (&[u64], u64, u64),
     offset: i64,
     only: Option<i32>,
 ) -> Result<Shards> {
-    let (mut shards, meta) = match &base.snapshot {
+    let (mut shards, meta, point) = match &base.snapshot {
         Some(path) => {
             let l = load_file(fs, path)?;
-            (l.shards, l.meta)
+            (l.shards, l.meta, l.header.point)
         }
-        None => (Shards::default(), Meta::default()),
+        None => (Shards::default(), Meta::default(), None),
     };
     let start = base.position;
     let segs = segments_from(dir, segments, start)?;
@@ -116,7 +118,11 @@ pub(crate) fn truncated_state(
         .sum();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut replayer = replayer(meta, offset, only);
-    let log = Log::whole(segs);
+    let log = Log {
+        segments: segs,
+        last_len,
+        point,
+    };
     if bytes >= PARALLEL_FROM && cores > 1 {
         std::thread::scope(|scope| {
             let mut sink = Parallel::new(scope, &mut shards, true);
@@ -159,11 +165,11 @@ pub(crate) fn truncated_kafka(
     fs: &dyn FileSystem,
     dir: &Path,
     base: &Base,
-    (segments, end): (&[u64], u64),
+    (segments, last_len, end): (&[u64], u64, u64),
     offset: i64,
     only: Option<i32>,
 ) -> Result<crate::engine::ProducerStateManager> {
-    kafka_replayed(fs, dir, base, (segments, None), end, |meta| {
+    kafka_replayed(fs, dir, base, (segments, last_len), end, |meta| {
         replayer(meta, offset, only)
     })
 }
@@ -180,14 +186,9 @@ pub(crate) fn kafka_state_at(
     (segments, last_len): (&[u64], u64),
     position: u64,
 ) -> Result<crate::engine::ProducerStateManager> {
-    kafka_replayed(
-        fs,
-        dir,
-        base,
-        (segments, Some(last_len)),
-        position,
-        |meta| Replayer::new(meta, None),
-    )
+    kafka_replayed(fs, dir, base, (segments, last_len), position, |meta| {
+        Replayer::new(meta, None)
+    })
 }
 
 /// The base's Kafka engine (an empty one at position 0) with the log
@@ -197,13 +198,16 @@ fn kafka_replayed(
     fs: &dyn FileSystem,
     dir: &Path,
     base: &Base,
-    (segments, last_len): (&[u64], Option<u64>),
+    (segments, last_len): (&[u64], u64),
     end: u64,
     make: impl FnOnce(Meta) -> Replayer,
 ) -> Result<crate::engine::ProducerStateManager> {
-    let mut meta = match &base.snapshot {
-        Some(path) => load_file(fs, path)?.meta,
-        None => Meta::default(),
+    let (mut meta, point) = match &base.snapshot {
+        Some(path) => {
+            let l = load_file(fs, path)?;
+            (l.meta, l.header.point)
+        }
+        None => (Meta::default(), None),
     };
     if meta.kafka.is_none() {
         meta.kafka = Some(Box::new(
@@ -213,6 +217,7 @@ fn kafka_replayed(
     let log = Log {
         segments: segments_from(dir, segments, base.position)?,
         last_len,
+        point,
     };
     let mut replayer = make(meta);
     // Kafka-mode records go to the engine, never to the sink.
@@ -226,21 +231,15 @@ fn kafka_replayed(
         .ok_or(Error::Internal("a Kafka-mode replay lost its engine"))
 }
 
-/// The segments a replay reads (first positions, ascending), and how many
-/// bytes of the last one, if not all.
+/// The segments a replay reads (first positions, ascending), how many
+/// bytes of the last one (what was written when the list was taken: the
+/// log may go on meanwhile, and a write in progress is not a record; the
+/// zeros of a preallocated segment's room are not read either), and where
+/// the base snapshot's position lies in the first one, if it recorded it.
 struct Log<'a> {
     segments: &'a [u64],
-    last_len: Option<u64>,
-}
-
-impl<'a> Log<'a> {
-    /// Every byte of every segment (nothing writes to them meanwhile).
-    fn whole(segments: &'a [u64]) -> Self {
-        Log {
-            segments,
-            last_len: None,
-        }
-    }
+    last_len: u64,
+    point: Option<snapshot::LogPoint>,
 }
 
 /// Replays `log` from position `start` to `end` into `sink`.
@@ -255,7 +254,7 @@ fn replay(
 ) -> Result<()> {
     let segments = log.segments;
     let mut expected = segments.first().copied().unwrap_or(start);
-    for &named in segments {
+    for (i, &named) in segments.iter().enumerate() {
         let path = dir.join(names::segment_name(named));
         if named != expected {
             let kind = Corruption::MissingRecords {
@@ -264,22 +263,32 @@ fn replay(
             };
             return Err(Error::corrupt(&path, 0, kind));
         }
-        let file = fs
-            .open_read(&path)
-            .map_err(|e| Error::io("open", &path, e))?;
+        let open = || fs.open_read(&path).map_err(|e| Error::io("open", &path, e));
+        let file = open()?;
         let mut len = file.len().map_err(|e| Error::io("stat", &path, e))?;
-        if Some(&named) == segments.last()
-            && let Some(written) = log.last_len
-        {
-            len = len.min(written);
+        if Some(&named) == segments.last() {
+            len = len.min(log.last_len);
         }
-        // Bounded by what the scan may read: the log may be written past
-        // `len` meanwhile, and a write in progress is not a record.
-        let reader = std::io::Read::take(std::io::BufReader::with_capacity(1 << 20, file), len);
-        let scan = segment::scan(
+        let mut from = ScanFrom::default();
+        // The base snapshot's records of the first segment are not read
+        // when it recorded where they end and a record (or the end) is
+        // there, as recovery does (docs/format.md, Recovering, step 3).
+        if let Some(p) = log.point.filter(|_| i == 0 && named < start) {
+            let at = (u64::from(p.offset), p.seed);
+            let probed =
+                segment::probe(&path, open()?, len, at).map_err(|e| Error::io("read", &path, e))?;
+            if probed.is_ok() {
+                from.resume = Some(Resume {
+                    offset: at.0,
+                    records: start - named,
+                });
+            }
+        }
+        let scan = segment::scan_file(
             &path,
-            reader,
+            file,
             len,
+            from,
             |h| {
                 if h.first_position == named {
                     Ok(())

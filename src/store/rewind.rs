@@ -183,7 +183,8 @@ impl ProducerStateStore {
             return Ok(());
         }
         let fs = shared.opts.fs.as_ref();
-        let segments = shared.log.writer().segments();
+        // Nothing is in flight: every record lies in the bytes written.
+        let (segments, written) = shared.log.writer().written();
         let from_zero = segments.first() == Some(&0);
         let base = match truncate::pick_base(fs, &shared.dir, &book.valid, from_zero, offset, only)?
         {
@@ -196,8 +197,14 @@ impl ProducerStateStore {
         };
         let next = st.log.next_position();
         if shared.kafka {
-            let cut =
-                truncate::truncated_kafka(fs, &shared.dir, &base, (&segments, next), offset, only)?;
+            let cut = truncate::truncated_kafka(
+                fs,
+                &shared.dir,
+                &base,
+                (&segments, written, next),
+                offset,
+                only,
+            )?;
             let pos = st.log_kafka_truncation(offset, &cut, only)?;
             drop(book);
             shared.finish_op(st, pos)?;
@@ -207,8 +214,14 @@ impl ProducerStateStore {
             shared.snapshot_due();
             return Ok(());
         }
-        let cut =
-            truncate::truncated_state(fs, &shared.dir, &base, (&segments, next), offset, only)?;
+        let cut = truncate::truncated_state(
+            fs,
+            &shared.dir,
+            &base,
+            (&segments, written, next),
+            offset,
+            only,
+        )?;
 
         let (removed, set) = difference(&st.keys.shards, &cut, only);
         st.life_stats.truncations += 1;

@@ -432,8 +432,9 @@ pub(crate) fn scan(
     scan_window(path, w, file_len, ScanFrom::default(), header, each)
 }
 
-/// [`scan`] of a segment file, from where `from` says: the reads it skips
-/// are seeks ([`ReadFile::skip`]).
+/// [`scan`] of the first `file_len` bytes of a segment file (a live log's
+/// last segment may be written past them), from where `from` says: the
+/// reads it skips are seeks ([`ReadFile::skip`]).
 pub(crate) fn scan_file(
     path: &Path,
     file: Box<dyn ReadFile>,
@@ -442,11 +443,18 @@ pub(crate) fn scan_file(
     header: impl FnOnce(&Header) -> Result<()>,
     each: impl FnMut(u64, u64, u32, &LogOp) -> Result<()>,
 ) -> Result<Scan, HeaderError> {
-    let w = Window::new(file, |r, n| r.skip(n));
+    let bounded = Read::take(file, file_len);
+    let w = Window::new(bounded, |r, n| {
+        r.get_mut().skip(n)?;
+        r.set_limit(r.limit().saturating_sub(n));
+        Ok(())
+    });
     scan_window(path, w, file_len, from, header, each)
 }
 
-/// Whether a scan of the segment `file` may start at byte `offset`: its
+/// Whether a scan of the first `file_len` bytes of the segment `file` (a
+/// live log's last segment may be written past them) may start at byte
+/// `offset`: its
 /// header verifies, its records' CRC seed is `seed` (the segment the point
 /// was recorded in, not one written since under the same name), and at
 /// `offset` lies a record that verifies under that seed and states that
@@ -456,10 +464,9 @@ pub(crate) fn scan_file(
 pub(crate) fn probe(
     path: &Path,
     mut file: Box<dyn ReadFile>,
-    offset: u64,
-    seed: u32,
+    file_len: u64,
+    (offset, seed): (u64, u32),
 ) -> std::io::Result<std::result::Result<(), Refused>> {
-    let file_len = file.len()?;
     let mut head = vec![0u8; HEADER_LEN];
     let n = read_full(&mut file, &mut head)?;
     head.truncate(n);
