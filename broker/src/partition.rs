@@ -53,7 +53,7 @@
 //! # Recovery
 //!
 //! On open the partition's state is brought exactly to its log
-//! ([`crate::agreement`]).
+//! (`agreement.rs`).
 //!
 //! A write or fsync failure of either file poisons the partition: it answers
 //! `KAFKA_STORAGE_ERROR` until the broker restarts and recovery makes the
