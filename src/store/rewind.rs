@@ -195,16 +195,10 @@ impl ProducerStateStore {
                 return Err(Error::TruncateBelowHistory { offset, lowest });
             }
         };
-        let next = st.log.next_position();
+        let log = (&segments[..], written, st.log.next_position());
+        let dir = &shared.dir;
         if shared.kafka {
-            let cut = truncate::truncated_kafka(
-                fs,
-                &shared.dir,
-                &base,
-                (&segments, written, next),
-                offset,
-                only,
-            )?;
+            let cut = truncate::truncated_kafka(fs, dir, &base, log, offset, only)?;
             let pos = st.log_kafka_truncation(offset, &cut, only)?;
             drop(book);
             shared.finish_op(st, pos)?;
@@ -214,14 +208,7 @@ impl ProducerStateStore {
             shared.snapshot_due();
             return Ok(());
         }
-        let cut = truncate::truncated_state(
-            fs,
-            &shared.dir,
-            &base,
-            (&segments, written, next),
-            offset,
-            only,
-        )?;
+        let cut = truncate::truncated_state(fs, dir, &base, log, offset, only)?;
 
         let (removed, set) = difference(&st.keys.shards, &cut, only);
         st.life_stats.truncations += 1;
