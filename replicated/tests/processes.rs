@@ -539,7 +539,7 @@ async fn three_processes_killed_and_cut_off_lose_no_acknowledged_append() {
             client.submit(batch(1_000, n)).await.unwrap();
             if n >= 100 && n % 10 == 0 {
                 let l = client.leader().unwrap();
-                if client.entries(l, held, 1).await.unwrap().is_empty() {
+                if client.entries(l, held + 1, 1).await.unwrap().is_empty() {
                     break 'purge true;
                 }
             }
