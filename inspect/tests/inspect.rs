@@ -80,6 +80,16 @@ fn a_clean_store_lists_its_files_and_state_and_verifies() {
     assert_eq!(v["verdict"], "ok");
     assert_eq!(v["entry_count"], 5);
     assert_eq!(v["recovery"]["would_open"], true);
+    // One segment from position 0: recovery would seek past every record
+    // the snapshot covers, and read none of them.
+    let seek = &v["recovery"]["seek"];
+    assert_eq!(seek["fallback"], serde_json::Value::Null, "{v}");
+    assert_eq!(
+        seek["records_not_read"], v["recovery"]["snapshot"]["position"],
+        "{v}"
+    );
+    assert_eq!(v["recovery"]["records_read_not_replayed"], 0, "{v}");
+    assert!(out.contains("would seek to byte "), "{out}");
     assert_eq!(v["entries"].as_array().unwrap().len(), 5);
     assert_eq!(
         v["entries"][0]["retained_batches"]
