@@ -12,7 +12,8 @@
 //! with `--max.partitions` raised to N). Everything runs on loopback, and
 //! every loop is bounded in time and count. `SCALE_COUNTS=1,100` runs fewer
 //! counts, `SCALE_SECS=2` shorter produce runs, `SCALE_RUNS=3` more runs
-//! (medians are printed).
+//! (medians are printed), `SCALE_STATE_SHARDS=2` the partitions over two
+//! producer-state stores (`--state-shards`; the default is one).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -57,6 +58,12 @@ impl Broker {
             .args(["--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
             .args(["--partitions", &partitions.to_string()])
             .args(["--max.partitions", &partitions.max(1000).to_string()])
+            // `SCALE_STATE_SHARDS=N`: the partitions over N producer-state
+            // stores (default 1, the broker's default).
+            .args([
+                "--state-shards",
+                &std::env::var("SCALE_STATE_SHARDS").unwrap_or_else(|_| "1".into()),
+            ])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -62,6 +62,15 @@ pub struct Config {
     /// timestamp a producer without an open transaction is forgotten
     /// (default a day, Kafka's).
     pub producer_id_expiration: std::time::Duration,
+    /// How many producer-state stores the partitions are spread over
+    /// (default 1: one store per data directory). Partition key `k` lives
+    /// in store `k % state_shards`: `DIR/state` for store 0, `DIR/state-i`
+    /// for the others. Changing it moves partitions to other stores, into
+    /// which their logs are replayed at open (the new store is behind
+    /// them); what the old store held of them stays there, unread, until
+    /// the count comes back and the agreement check compares it with the
+    /// log.
+    pub state_shards: usize,
 }
 
 impl Config {
@@ -77,6 +86,7 @@ impl Config {
             limits: Limits::default(),
             group: group_coordinator::GroupConfig::default(),
             producer_id_expiration: partition::PRODUCER_ID_EXPIRATION,
+            state_shards: 1,
         }
     }
 }
@@ -140,8 +150,9 @@ impl Stats {
 pub struct Broker {
     config: Config,
     topics_dir: PathBuf,
-    /// Every partition's producer state ([`partition`]).
-    state: Arc<ProducerStateStore>,
+    /// The producer-state stores ([`partition`]); partition key `k` lives
+    /// in `states[k % states.len()]` ([`Config::state_shards`]).
+    states: Vec<Arc<ProducerStateStore>>,
     topics: RwLock<BTreeMap<String, Arc<Topic>>>,
     /// The durable list of topics; its lock is held while a topic is
     /// created, so creations are one at a time.
@@ -258,12 +269,13 @@ fn topics_in(topics_dir: &Path, max_partitions: usize) -> Result<BTreeMap<String
 }
 
 /// Opens (or creates) the partitions of topic `name`, whose states are
-/// keys `t.first_key ..` of `state` (`known`: the producers the state knew
-/// of each key when the broker opened).
+/// keys `t.first_key ..` of `states` (each in the store of its key: see
+/// [`store_of`]; `known`: the producers the stores knew of each key when
+/// the broker opened).
 fn open_topic(
     topics_dir: &Path,
     (name, t): (&str, CatalogTopic),
-    state: &Arc<ProducerStateStore>,
+    states: &[Arc<ProducerStateStore>],
     known: &std::collections::HashMap<i32, Vec<ProducerId>>,
     stats: &Stats,
 ) -> Result<(Topic, i64)> {
@@ -275,7 +287,7 @@ fn open_topic(
         let (p, report) = Partition::open(
             &partition_dir(topics_dir, name, i),
             (name, i, key),
-            state,
+            store_of(states, key),
             ids,
         )?;
         max_pid = max_pid.max(report.max_producer_id);
@@ -293,6 +305,12 @@ fn open_topic(
     Ok((Topic { partitions }, max_pid))
 }
 
+/// The store of partition key `key`.
+fn store_of(states: &[Arc<ProducerStateStore>], key: i32) -> &Arc<ProducerStateStore> {
+    let i = (key.unsigned_abs() as usize) % states.len().max(1);
+    &states[i.min(states.len() - 1)]
+}
+
 impl Broker {
     /// Opens the broker's data directory (created if missing) and recovers
     /// every partition of every topic in its catalog, creating those a
@@ -307,23 +325,29 @@ impl Broker {
         let mut pids = ProducerIds::open(&config.dir)?;
         let mut topics = BTreeMap::new();
         let stats = Stats::default();
-        let state = Arc::new(partition::open_state(
-            &config.dir,
-            config.producer_id_expiration,
-        )?);
-        let known = partition::known_producers(&state);
+        let states = (0..config.state_shards.max(1))
+            .map(|i| {
+                partition::open_state(&config.dir, i, config.producer_id_expiration).map(Arc::new)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut known = std::collections::HashMap::new();
+        for state in &states {
+            known.extend(partition::known_producers(state));
+        }
         for (name, &t) in catalog.topics() {
-            let (topic, max_pid) = open_topic(&topics_dir, (name, t), &state, &known, &stats)?;
+            let (topic, max_pid) = open_topic(&topics_dir, (name, t), &states, &known, &stats)?;
             pids.at_least_above(max_pid);
             topics.insert(name.clone(), Arc::new(topic));
         }
         drop(known);
         // What the partitions replayed is durable before the per-partition
         // states of an older broker, which it replaces, go.
-        state.sync().map_err(|source| Error::State {
-            partition: "(all)".into(),
-            source,
-        })?;
+        for state in &states {
+            state.sync().map_err(|source| Error::State {
+                partition: "(all)".into(),
+                source,
+            })?;
+        }
         let mut migrated = 0usize;
         for (name, t) in catalog.topics() {
             for i in 0..t.partitions {
@@ -365,7 +389,7 @@ impl Broker {
             partitions_open: AtomicUsize::new(open),
             config,
             topics_dir,
-            state,
+            states,
             topics: RwLock::new(topics),
             catalog: Mutex::new(catalog),
             pids: Mutex::new(pids),
@@ -412,7 +436,11 @@ impl Broker {
     /// `producer_state_partitions_with_late_transactions`.
     pub fn late_transactions(&self, now_ms: i64) -> Vec<(String, i32, LateTransaction)> {
         let max = i64::from(txn_coordinator::MAX_TIMEOUT_MS);
-        let late = self.state.late_transactions(now_ms, max);
+        let late: Vec<LateTransaction> = self
+            .states
+            .iter()
+            .flat_map(|s| s.late_transactions(now_ms, max))
+            .collect();
         if late.is_empty() {
             return Vec::new();
         }
@@ -528,7 +556,7 @@ impl Broker {
         let (topic, _) = open_topic(
             &self.topics_dir,
             (name, entry),
-            &self.state,
+            &self.states,
             &none,
             &self.stats,
         )?;
@@ -554,7 +582,7 @@ impl Broker {
     /// `producer-state`, and the fsyncs its stores did in the background).
     pub fn timing_summary(&self) -> String {
         let (mut batches, mut state, mut log, mut total) = (0u64, 0u64, 0u64, 0u64);
-        let state_fsyncs = self.state.stats().log_fsyncs;
+        let state_fsyncs: u64 = self.states.iter().map(|s| s.stats().log_fsyncs).sum();
         for (_, t) in self.topics() {
             for p in &t.partitions {
                 let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -590,25 +618,34 @@ impl Broker {
         Ok(id)
     }
 
-    /// The producer state every partition shares.
+    /// The producer state of the first store: every partition's with the
+    /// default single store ([`Config::state_shards`]).
     pub fn state(&self) -> &ProducerStateStore {
-        &self.state
+        &self.states[0]
     }
 
-    /// Closes the producer state (durable, a clean shutdown marked) once
-    /// no partition shares it any more; a request still in flight holding
-    /// a partition leaves it to be closed when the last user drops it.
+    /// Every producer-state store, store `i` holding partition keys `k`
+    /// with `k % n == i`.
+    pub fn states(&self) -> &[Arc<ProducerStateStore>] {
+        &self.states
+    }
+
+    /// Closes the producer states (durable, a clean shutdown marked) once
+    /// no partition shares them any more; a request still in flight holding
+    /// a partition leaves its store to be closed when the last user drops
+    /// it.
     pub fn close(self) -> Result<()> {
         drop(self.topics.into_inner().unwrap_or_else(|p| p.into_inner()));
-        match Arc::try_unwrap(self.state) {
-            Ok(store) => store.close().map_err(|source| Error::State {
-                partition: "(all)".into(),
-                source,
-            }),
-            Err(shared) => shared.sync().map_err(|source| Error::State {
-                partition: "(all)".into(),
-                source,
-            }),
+        let state_err = |source| Error::State {
+            partition: "(all)".into(),
+            source,
+        };
+        for state in self.states {
+            match Arc::try_unwrap(state) {
+                Ok(store) => store.close().map_err(state_err)?,
+                Err(shared) => shared.sync().map_err(state_err)?,
+            }
         }
+        Ok(())
     }
 }

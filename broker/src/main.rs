@@ -112,6 +112,11 @@ struct Args {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     producer_id_expiration_ms: u64,
+    /// Producer-state stores the partitions are spread over (partition key
+    /// modulo N); changing it replays moved partitions' logs into their new
+    /// store at the next start.
+    #[arg(long = "state-shards", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    state_shards: u64,
 }
 
 impl Args {
@@ -223,6 +228,7 @@ async fn run(args: Args) -> Result<(), String> {
         advertised_port,
         partitions: args.partitions,
         producer_id_expiration: Duration::from_millis(args.producer_id_expiration_ms),
+        state_shards: args.state_shards as usize,
     };
     let broker = tokio::task::spawn_blocking(move || Broker::open(config))
         .await

@@ -185,19 +185,35 @@ pub fn state_options(expiration: Duration) -> StoreOptions {
         .producer_expiration(Some(expiration))
 }
 
-/// Opens the data directory's shared producer state (`DIR/state`). A
+/// The directory of producer-state store `shard` in a data directory:
+/// `state` for store 0 (the only one by default), `state-<shard>` for the
+/// others.
+pub fn state_dir_name(shard: usize) -> String {
+    if shard == 0 {
+        "state".to_string()
+    } else {
+        format!("state-{shard}")
+    }
+}
+
+/// Opens producer-state store `shard` of the data directory
+/// (`DIR/state`, or `DIR/state-<shard>`: [`state_dir_name`]). A
 /// state written under the strict rules (a broker before Kafka mode) is
 /// derived data: it is moved aside to `state.strict-<millis>` and every
 /// partition replays its log into a new one.
-pub fn open_state(dir: &Path, expiration: Duration) -> Result<ProducerStateStore> {
-    let path = dir.join("state");
+pub fn open_state(dir: &Path, shard: usize, expiration: Duration) -> Result<ProducerStateStore> {
+    let path = dir.join(state_dir_name(shard));
     let state_err = |source| Error::State {
         partition: "(all)".into(),
         source,
     };
     match ProducerStateStore::open_with(&path, state_options(expiration)) {
         Err(producer_state::Error::SemanticsMismatch { .. }) => {
-            let aside = dir.join(format!("state.strict-{}", crate::now_ms()));
+            let aside = dir.join(format!(
+                "{}.strict-{}",
+                state_dir_name(shard),
+                crate::now_ms()
+            ));
             tracing::warn!(from = %path.display(), to = %aside.display(), "the producer state was written under other rules; moved aside, the partition logs are replayed");
             fs::rename(&path, &aside).map_err(|e| Error::io("rename", &path, e))?;
             sync_dir(dir)?;

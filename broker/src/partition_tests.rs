@@ -25,7 +25,7 @@ fn state_dir(dir: &Path) -> PathBuf {
 
 /// Opens partition `dir` as key `key` of its data directory's state.
 fn open_key(dir: &Path, key: i32) -> (Partition, OpenReport) {
-    let store = Arc::new(open_state(dir.parent().unwrap(), PRODUCER_ID_EXPIRATION).unwrap());
+    let store = Arc::new(open_state(dir.parent().unwrap(), 0, PRODUCER_ID_EXPIRATION).unwrap());
     let known = known_producers(&store);
     let ids = known.get(&key).cloned().unwrap_or_default();
     Partition::open(dir, ("t", key, key), &store, &ids).unwrap()
@@ -218,7 +218,7 @@ fn a_state_ahead_of_its_log_is_truncated_to_it_and_the_others_stay() {
         .unwrap()
         .set_len(cut)
         .unwrap();
-    let store = Arc::new(open_state(tmp.path(), PRODUCER_ID_EXPIRATION).unwrap());
+    let store = Arc::new(open_state(tmp.path(), 0, PRODUCER_ID_EXPIRATION).unwrap());
     let known = known_producers(&store);
     assert_eq!(store.partition_end_offset(0), 3, "ahead of the log's 2");
     let (p, report) = Partition::open(&dir, ("t", 0, 0), &store, known.get(&0).unwrap()).unwrap();

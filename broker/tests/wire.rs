@@ -26,19 +26,28 @@ struct Running {
 }
 
 fn start(dir: &Path, partitions: i32) -> Running {
+    start_sharded(dir, partitions, 1)
+}
+
+/// [`start`] with the partitions spread over `shards` producer-state
+/// stores.
+fn start_sharded(dir: &Path, partitions: i32, shards: usize) -> Running {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_max_level(tracing::Level::DEBUG)
         .try_init();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let broker = Broker::open(Config::new(
-        dir,
-        &addr.ip().to_string(),
-        i32::from(addr.port()),
-        partitions,
-    ))
-    .unwrap();
+    let config = Config {
+        state_shards: shards,
+        ..Config::new(
+            dir,
+            &addr.ip().to_string(),
+            i32::from(addr.port()),
+            partitions,
+        )
+    };
+    let broker = Broker::open(config).unwrap();
     let g = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let recovered = (
         g(&broker.stats.batches_replayed),
@@ -228,6 +237,49 @@ fn a_crash_between_the_state_write_and_the_log_write_is_repaired_on_restart() {
     assert_eq!(values, ["m0", "m1", "m2", "m3"]);
     // Producer ids survive the restart: the next one is new.
     assert!(producer_id(&mut c) > pid);
+    b.stop();
+}
+
+/// With the partitions spread over two producer-state stores, each
+/// partition's state lives in the store of its key (`state`, `state-1`),
+/// retries are duplicates across a restart, and starting again with one
+/// store replays the moved partitions' logs into it, so a retry is still a
+/// duplicate with its original offset.
+#[test]
+fn partitions_spread_over_two_stores_keep_their_state_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start_sharded(dir.path(), 4, 2);
+    let mut c = Client::connect(b.addr);
+    create_topic(&mut c, "t");
+    let pid = producer_id(&mut c);
+    let batches: Vec<_> = (0..4)
+        .map(|p| batch(pid, 0, 0, &[&format!("m{p}")]))
+        .collect();
+    for (p, b) in batches.iter().enumerate() {
+        assert_eq!(produce(&mut c, "t", p as i32, b.clone()), (0, 0));
+    }
+    drop(c);
+    b.stop();
+    assert!(dir.path().join("state-1").is_dir());
+
+    let b = start_sharded(dir.path(), 4, 2);
+    assert_eq!(b.recovered, (0, 0, 0), "nothing to repair");
+    let mut c = Client::connect(b.addr);
+    for (p, b) in batches.iter().enumerate() {
+        assert_eq!(produce(&mut c, "t", p as i32, b.clone()), (0, 0), "p{p}");
+    }
+    drop(c);
+    b.stop();
+
+    // One store again: the partitions that lived in `state-1` are missing
+    // from `state`, which is behind their logs: it replays them.
+    let b = start_sharded(dir.path(), 4, 1);
+    assert_eq!(b.recovered, (2, 0, 0), "two partitions' batches replayed");
+    let mut c = Client::connect(b.addr);
+    for (p, b) in batches.iter().enumerate() {
+        assert_eq!(produce(&mut c, "t", p as i32, b.clone()), (0, 0), "p{p}");
+    }
+    assert_eq!(latest_offset(&mut c, "t", 1), 1, "written once");
     b.stop();
 }
 

@@ -157,15 +157,24 @@ fn legacy_stores(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The stores under a data directory: the shared state, any strict-mode
-/// state moved aside, then each partition's store of an older broker.
+/// The stores under a data directory: the shared state, the other stores
+/// of a broker run with `--state-shards`, any strict-mode state moved
+/// aside, then each partition's store of an older broker.
 fn data_dir_stores(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut stores = Vec::new();
     if is_dir(&dir.join(STATE)) {
         stores.push(dir.join(STATE));
     }
     for (name, d) in names(dir)? {
-        if d && name.starts_with(STATE_ASIDE) {
+        // The other stores of a broker started with `--state-shards N`
+        // (`state-<i>`), and states moved aside (`state.strict-<millis>`,
+        // `state-<i>.strict-<millis>`).
+        let shard = name.strip_prefix("state-").is_some_and(|r| {
+            r.split('.')
+                .next()
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        });
+        if d && (name.starts_with(STATE_ASIDE) || shard) {
             stores.push(dir.join(name));
         }
     }
