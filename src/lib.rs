@@ -223,12 +223,13 @@ pub use outcome::{
     AppendOutcome, BatchOutcome, KafkaError, OutOfOrderReason, ParseOutcomeError, TxnStateReason,
 };
 pub use recovery::{
-    Damage, LogSeek, RecoveryMode, RecoveryReport, Repair, Salvage, SeekFallback, SkippedSnapshot,
-    SnapshotUsed, TornTail,
+    Damage, LogSeek, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed,
+    TornTail,
 };
 pub use semantics::Semantics;
 pub use snapshot::export::PartitionExport;
 pub use store::{AtCapacity, FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
+pub use wal::resume::SeekFallback;
 
 // Brokers share one store between their request threads, and move errors
 // into `Box<dyn Error + Send + Sync>` or `anyhow`: a change that made one

@@ -59,12 +59,13 @@ pub(crate) mod loader;
 mod plan;
 pub(crate) mod replay;
 pub(crate) mod report;
+pub(crate) mod seek;
 pub(crate) mod semantics;
 pub(crate) mod truncate;
 
 pub use report::{
-    Damage, LogSeek, RecoveryMode, RecoveryReport, Repair, Salvage, SeekFallback, SkippedSnapshot,
-    SnapshotUsed, TornTail,
+    Damage, LogSeek, RecoveryMode, RecoveryReport, Repair, Salvage, SkippedSnapshot, SnapshotUsed,
+    TornTail,
 };
 
 use std::collections::BTreeSet;
@@ -77,9 +78,8 @@ use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::recovery::apply::{Failed, Parallel, Sequential, Sink};
 use crate::recovery::replay::Replayer;
-use crate::snapshot::LogPoint;
 use crate::snapshot::meta::Meta;
-use crate::wal::resume::{Refused, Resume, ScanFrom};
+use crate::wal::resume::{Resume, ScanFrom};
 use crate::wal::segment::{self, End, HEADER_LEN, HeaderError};
 use crate::wal::writer::SegmentInfo;
 use plan::{Cut, Kept, LogEnd, Plan, Tail};
@@ -364,34 +364,9 @@ fn seek_in_first(
     let Some(point) = plan.point.filter(|_| at.named < plan.start) else {
         return Ok(None);
     };
-    let seek = seek(fs, &at.path, point, plan.start - at.named)?;
-    let resume = seek.fallback.is_none().then_some(Resume {
-        offset: seek.offset,
-        records: seek.records_not_read,
-    });
+    let (seek, resume) = seek::checked(fs, &at.path, point, plan.start - at.named, None)?;
     progress.seek = Some(seek);
     Ok(resume)
-}
-
-/// Checks the point the base snapshot recorded in the segment at `path`,
-/// whose first `below` records it covers: where replay starts in it.
-fn seek(fs: &dyn FileSystem, path: &Path, point: LogPoint, below: u64) -> Result<LogSeek> {
-    let offset = u64::from(point.offset);
-    let file = fs.open_read(path).map_err(Error::at("open", path))?;
-    let len = file.len().map_err(Error::at("stat", path))?;
-    let probed =
-        segment::probe(path, file, len, (offset, point.seed)).map_err(Error::at("read", path))?;
-    let fallback = probed.err().map(|r| match r {
-        Refused::OtherSegment => SeekFallback::OtherSegment,
-        Refused::OutOfRange => SeekFallback::OutOfRange,
-        Refused::NoRecord => SeekFallback::NoRecord,
-    });
-    Ok(LogSeek {
-        segment: path.to_path_buf(),
-        offset,
-        records_not_read: if fallback.is_none() { below } else { 0 },
-        fallback,
-    })
 }
 
 /// No segment starts at or before the plan's start: an empty log (a new
@@ -485,7 +460,7 @@ fn read_segment(
     progress: &mut Progress,
 ) -> Result<ControlFlow<Stop, segment::Scan>> {
     let (path, named) = (&at.path, at.named);
-    let is_last = from.bounded_room_after_close;
+    let is_last = at.idx + 1 == plan.segments.len();
     let file = fs.open_read(path).map_err(Error::at("open", path))?;
     let len = file.len().map_err(Error::at("stat", path))?;
     let foreign = |h: &segment::Header| check_belongs(path, at, h);

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{Corruption, Error};
+use crate::wal::resume::SeekFallback;
 
 /// What recovery does with damage other than a torn tail.
 #[non_exhaustive]
@@ -274,30 +275,6 @@ pub struct LogSeek {
     /// Why the recorded offset was not used, if it was not: the segment was
     /// then read from its first record, as for a snapshot of version 5.
     pub fallback: Option<SeekFallback>,
-}
-
-/// Why replay did not seek to the offset a snapshot recorded.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SeekFallback {
-    /// The segment under that name is not the one the snapshot was taken
-    /// with (its records' CRC seed differs), or its header does not verify.
-    OtherSegment,
-    /// The offset lies before the first record or past the file's end.
-    OutOfRange,
-    /// No record that verifies and states that offset lies there, and the
-    /// bytes there are not the zeros of a preallocated segment's end.
-    NoRecord,
-}
-
-impl fmt::Display for SeekFallback {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SeekFallback::OtherSegment => "the segment is not the one the snapshot was taken with",
-            SeekFallback::OutOfRange => "the offset lies outside the segment's records",
-            SeekFallback::NoRecord => "no record lies at the offset",
-        })
-    }
 }
 
 /// What recovery found and did.

@@ -29,9 +29,10 @@ use crate::fs::FileSystem;
 use crate::recovery::apply::{Parallel, Sequential, Sink};
 use crate::recovery::loader::load_file;
 use crate::recovery::replay::Replayer;
+use crate::recovery::seek;
 use crate::snapshot;
 use crate::snapshot::meta::Meta;
-use crate::wal::resume::{Resume, ScanFrom};
+use crate::wal::resume::ScanFrom;
 use crate::wal::segment::{self, End, HeaderError};
 
 /// Bytes of log from which two threads apply the replay (as recovery).
@@ -263,8 +264,9 @@ fn replay(
             };
             return Err(Error::corrupt(&path, 0, kind));
         }
-        let open = || fs.open_read(&path).map_err(|e| Error::io("open", &path, e));
-        let file = open()?;
+        let file = fs
+            .open_read(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
         let mut len = file.len().map_err(|e| Error::io("stat", &path, e))?;
         if Some(&named) == segments.last() {
             len = len.min(log.last_len);
@@ -274,15 +276,7 @@ fn replay(
         // when it recorded where they end and a record (or the end) is
         // there, as recovery does (docs/format.md, Recovering, step 3).
         if let Some(p) = log.point.filter(|_| i == 0 && named < start) {
-            let at = (u64::from(p.offset), p.seed);
-            let probed =
-                segment::probe(&path, open()?, len, at).map_err(|e| Error::io("read", &path, e))?;
-            if probed.is_ok() {
-                from.resume = Some(Resume {
-                    offset: at.0,
-                    records: start - named,
-                });
-            }
+            from.resume = seek::checked(fs, &path, p, start - named, Some(len))?.1;
         }
         let scan = segment::scan_file(
             &path,

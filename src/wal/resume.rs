@@ -4,6 +4,8 @@
 //! only the first MiB of the zeros after the records (rule 4).
 //! `segment::probe` checks a recorded point before a scan starts there.
 
+use std::fmt;
+
 /// Where a scan starts, and how much of a preallocated segment's room it
 /// reads.
 #[derive(Clone, Copy, Debug, Default)]
@@ -31,15 +33,27 @@ pub(crate) struct Resume {
 /// that a scan with [`ScanFrom::bounded_room_after_close`] reads.
 pub(crate) const ROOM_CHECKED: u64 = 1 << 20;
 
-/// Why a recorded point was not used to start a scan.
+/// Why replay did not seek to the offset a snapshot recorded (a
+/// snapshot's log point): what `segment::probe` found there.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Refused {
-    /// The segment's header does not verify, or its records' CRC seed is
-    /// not the one recorded: not the segment the point was taken in.
+pub enum SeekFallback {
+    /// The segment under that name is not the one the snapshot was taken
+    /// with (its records' CRC seed differs), or its header does not verify.
     OtherSegment,
-    /// The point lies before the first record or past the file's end.
+    /// The offset lies before the first record or past the file's end.
     OutOfRange,
-    /// The bytes there are neither a record that verifies and states that
-    /// offset, nor zeros (the end of a preallocated segment's records).
+    /// No record that verifies and states that offset lies there, and the
+    /// bytes there are not the zeros of a preallocated segment's end.
     NoRecord,
+}
+
+impl fmt::Display for SeekFallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SeekFallback::OtherSegment => "the segment is not the one the snapshot was taken with",
+            SeekFallback::OutOfRange => "the offset lies outside the segment's records",
+            SeekFallback::NoRecord => "no record lies at the offset",
+        })
+    }
 }

@@ -10,7 +10,7 @@ use super::frame;
 use super::op::{GroupKind, LogOp};
 use super::prefix_crc::PrefixCrc;
 use super::record::{self, Bad, Decoded};
-use super::resume::{ROOM_CHECKED, Refused, ScanFrom};
+use super::resume::{ROOM_CHECKED, ScanFrom, SeekFallback};
 use crate::codec::{Dec, Put};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::{ReadFile, read_full};
@@ -466,16 +466,16 @@ pub(crate) fn probe(
     mut file: Box<dyn ReadFile>,
     file_len: u64,
     (offset, seed): (u64, u32),
-) -> std::io::Result<std::result::Result<(), Refused>> {
+) -> std::io::Result<std::result::Result<(), SeekFallback>> {
     let mut head = vec![0u8; HEADER_LEN];
     let n = read_full(&mut file, &mut head)?;
     head.truncate(n);
     let h = match parse_header(path, &head) {
         Ok(h) if h.seed == seed => h,
-        _ => return Ok(Err(Refused::OtherSegment)),
+        _ => return Ok(Err(SeekFallback::OtherSegment)),
     };
     if offset < h.len as u64 || offset > file_len {
-        return Ok(Err(Refused::OutOfRange));
+        return Ok(Err(SeekFallback::OutOfRange));
     }
     file.skip(offset - h.len as u64)?;
     let want =
@@ -488,7 +488,7 @@ pub(crate) fn probe(
     if bytes.is_empty() || zeros || record::decode(&bytes, seed, layout, offset).is_ok() {
         Ok(Ok(()))
     } else {
-        Ok(Err(Refused::NoRecord))
+        Ok(Err(SeekFallback::NoRecord))
     }
 }
 
