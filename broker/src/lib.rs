@@ -307,8 +307,12 @@ fn open_topic(
 
 /// The store of partition key `key`.
 fn store_of(states: &[Arc<ProducerStateStore>], key: i32) -> &Arc<ProducerStateStore> {
-    let i = (key.unsigned_abs() as usize) % states.len().max(1);
-    &states[i.min(states.len() - 1)]
+    &states[shard_of(key, states.len())]
+}
+
+/// Which of `n` stores (at least one) holds partition key `key`.
+fn shard_of(key: i32, n: usize) -> usize {
+    key.unsigned_abs() as usize % n
 }
 
 impl Broker {
@@ -330,9 +334,14 @@ impl Broker {
                 partition::open_state(&config.dir, i, config.producer_id_expiration).map(Arc::new)
             })
             .collect::<Result<Vec<_>>>()?;
+        // Each key's producers as its own store knows them: another store
+        // may still hold a key it served before `state_shards` changed.
         let mut known = std::collections::HashMap::new();
-        for state in &states {
-            known.extend(partition::known_producers(state));
+        for (i, state) in states.iter().enumerate() {
+            let own = partition::known_producers(state)
+                .into_iter()
+                .filter(|(key, _)| shard_of(*key, states.len()) == i);
+            known.extend(own);
         }
         for (name, &t) in catalog.topics() {
             let (topic, max_pid) = open_topic(&topics_dir, (name, t), &states, &known, &stats)?;
