@@ -28,8 +28,17 @@ const MARKS: usize = 64;
 pub(crate) struct Points {
     /// Where the last few groups ended (position, point), newest last.
     marks: VecDeque<(u64, SegmentPoint)>,
-    /// The position a snapshot asked about, and once known where it lies.
-    pin: Option<(u64, Option<Option<SegmentPoint>>)>,
+    /// The position a snapshot asked about.
+    pin: Option<Pin>,
+}
+
+/// A pinned position: waiting for the group that holds it, or looked up
+/// (`None`: it lies inside a record, or no group of this writer ended at
+/// it).
+#[derive(Clone, Copy)]
+enum Pin {
+    Waiting(u64),
+    Known(u64, Option<SegmentPoint>),
 }
 
 impl Points {
@@ -45,14 +54,17 @@ impl Points {
     /// is written in the same group as the append it precedes, never at a
     /// group's end, so the point is also where replay from `p` starts.
     pub(crate) fn pin(&mut self, p: u64, written: u64) {
-        let known = (p <= written).then(|| self.marked(p));
-        self.pin = Some((p, known));
+        self.pin = Some(if p <= written {
+            Pin::Known(p, self.marked(p))
+        } else {
+            Pin::Waiting(p)
+        });
     }
 
     /// Where the pinned position `p` lies on disk, if known; unpins.
     pub(crate) fn take_pin(&mut self, p: u64) -> Option<SegmentPoint> {
         match self.pin.take() {
-            Some((pinned, Some(point))) if pinned == p => point,
+            Some(Pin::Known(pinned, point)) if pinned == p => point,
             _ => None,
         }
     }
@@ -82,7 +94,7 @@ impl Points {
             self.marks.pop_front();
         }
         self.marks.push_back((positions.end, point(bytes.end)));
-        let Some((p, None)) = self.pin else {
+        let Some(Pin::Waiting(p)) = self.pin else {
             return;
         };
         if p > positions.end {
@@ -93,7 +105,7 @@ impl Points {
         } else {
             self.marked(p)
         };
-        self.pin = Some((p, Some(found)));
+        self.pin = Some(Pin::Known(p, found));
     }
 }
 
