@@ -391,3 +391,79 @@ fn rejections_map_to_kafka_error_codes_and_write_nothing() {
     );
     close([p]);
 }
+
+/// `batch`, marked transactional.
+fn txn_batch(pid: i64, epoch: i16, seq: i32, count: i32) -> Vec<u8> {
+    let mut b = batch(pid, epoch, seq, count);
+    b[21..23].copy_from_slice(&0x10i16.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    b
+}
+
+const ABORT: ControlMarker = ControlMarker {
+    commit: false,
+    coordinator_epoch: 1,
+};
+
+/// An ABORT marker the state holds and the log lost (a crash between the
+/// two writes): the state keeps it (the agreement check compares data
+/// batches), and the coordinator, whose transaction is still prepared,
+/// writes the marker again when the broker opens: the state accepts it
+/// and lists the transaction once, so a `read_committed` reader is told
+/// to skip it once, and the next transaction of the producer is not.
+#[test]
+fn a_marker_the_log_lost_is_written_again_and_aborts_its_transaction_once() {
+    let ok = || Ok(());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t-0");
+    let (p, _) = open(&dir);
+    assert_eq!(
+        p.produce_verified(&mut txn_batch(7, 0, 0, 2), &ok),
+        Produced::Appended { base_offset: 0 }
+    );
+    assert_eq!(
+        p.produce_verified(&mut txn_batch(7, 0, 2, 2), &ok),
+        Produced::Appended { base_offset: 2 }
+    );
+    assert_eq!(p.last_stable_offset(), 0);
+    assert_eq!(p.write_marker(7, 0, ABORT, 1).unwrap(), 4);
+    assert_eq!(p.last_stable_offset(), 5);
+    assert_eq!(p.aborted_between(0, 5), vec![(7, 0)]);
+    let cut = p.lock().log.plan(4, usize::MAX, true, 5).unwrap().pos;
+    close([p]);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(LOG_FILE))
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+
+    let (p, report) = open(&dir);
+    assert_eq!((report.truncated, report.rebuilt), (None, None));
+    assert_eq!(p.high_watermark(), 4);
+    assert_eq!(p.aborted_between(0, 4), vec![(7, 0)]);
+    assert_eq!(p.write_marker(7, 0, ABORT, 2).unwrap(), 4);
+    assert_eq!(p.last_stable_offset(), 5);
+    assert_eq!(p.aborted_between(0, 5), vec![(7, 0)]);
+    // The next transaction, committed: only the first is skipped.
+    assert_eq!(
+        p.produce_verified(&mut txn_batch(7, 0, 4, 1), &ok),
+        Produced::Appended { base_offset: 5 }
+    );
+    let commit = ControlMarker {
+        commit: true,
+        ..ABORT
+    };
+    assert_eq!(p.write_marker(7, 0, commit, 3).unwrap(), 6);
+    assert_eq!(p.last_stable_offset(), 7);
+    assert_eq!(p.aborted_between(0, 7), vec![(7, 0)]);
+    close([p]);
+    let (p, report) = open(&dir);
+    assert_eq!((report.truncated, report.rebuilt), (None, None));
+    assert_eq!(
+        (p.last_stable_offset(), p.aborted_between(0, 7)),
+        (7, vec![(7, 0)])
+    );
+    close([p]);
+}
