@@ -237,7 +237,16 @@ class Transformer(threading.Thread):
         self.committed_txns = 0
         self.aborted_txns = 0
         self.restarts = 0
+        self.dropped_batches = 0
+        self.gaps = 0
+        self.skipped = 0
+        self.expected = {}
+        self.rebalanced = False
         self.error = None
+        # What each transaction carried and how it ended, printed when the
+        # output is not exactly once: (time, {partition: (first, last)} of
+        # the input it transformed, the offsets it sent, outcome).
+        self.journal = []
 
     def producer(self):
         p = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": "transformer",
@@ -254,11 +263,35 @@ class Transformer(threading.Thread):
                 time.sleep(0.5)
 
     def rewind(self, c):
+        """Seeks each assigned partition to the group's committed offset,
+        the next input offset to transform."""
         for tp in c.assignment():
             committed = retried("the group's committed offsets", self.deadline,
                                 lambda: c.committed([tp], timeout=10))[0]
-            c.seek(TopicPartition(tp.topic, tp.partition,
-                                  committed.offset if committed.offset >= 0 else OFFSET_BEGINNING))
+            at = committed.offset if committed.offset >= 0 else 0
+            self.expected[tp.partition] = at
+            c.seek(TopicPartition(tp.topic, tp.partition, at))
+
+    def take(self, msgs):
+        """The messages of `msgs` that continue each partition's input
+        where the last committed transaction (or rewind) left it, and the
+        next offset of each partition they leave; `None` when a message
+        leaves a gap (the consumer is not where the group's offsets are:
+        the batch is dropped and the consumer rewound). Messages below a
+        partition's next offset were transformed already and are
+        skipped."""
+        batch, nxt = [], {}
+        for m in msgs:
+            part = m.partition()
+            want = nxt.get(part, self.expected.get(part))
+            if want is not None and m.offset() < want:
+                self.skipped += 1
+                continue
+            if want is not None and m.offset() > want:
+                return None, None
+            batch.append(m)
+            nxt[part] = m.offset() + 1
+        return batch, nxt
 
     def run(self):
         try:
@@ -271,22 +304,56 @@ class Transformer(threading.Thread):
                       "isolation.level": "read_committed", "enable.auto.commit": False,
                       "auto.offset.reset": "earliest", "session.timeout.ms": 10000,
                       "log.connection.close": False, **NO_REBOOTSTRAP})
-        c.subscribe(["pipeline-in"])
+        # The input is contiguous (one idempotent producer, no
+        # transactions), so the transformer can hold the consumer to the
+        # group's committed offsets exactly: a rebalance (a broker restart
+        # forgets the group's members) can land inside consume(), whose
+        # batch may then mix messages of the old assignment with the new
+        # one's, and position() answers for the new one (or -1001, which
+        # send_offsets_to_transaction leaves out: the output would be
+        # committed without its offsets). Such a batch, and one that does
+        # not continue where the committed offsets are, is dropped and the
+        # consumer rewound; every transaction commits the offsets of
+        # exactly the messages it transformed.
+        def rebalanced(_consumer, _partitions):
+            self.rebalanced = True
+        c.subscribe(["pipeline-in"], on_assign=rebalanced, on_revoke=rebalanced,
+                    on_lost=rebalanced)
         p = self.producer()
         while not self.stop.is_set():
+            self.rebalanced = False
             msgs = [m for m in c.consume(self.args.pipeline_batch, 0.5) if not m.error()]
+            if self.rebalanced and msgs:
+                self.dropped_batches += 1
+                self.rewind(c)
+                continue
+            msgs, nxt = self.take(msgs)
+            if msgs is None:
+                self.gaps += 1
+                # A gap that rewinding does not close is the input's own:
+                # a message the broker lost.
+                if self.gaps > 100:
+                    raise RuntimeError(f"the input has a gap: after {self.expected}")
+                self.rewind(c)
+                continue
             if not msgs:
                 continue
+            spans = {part: (min(m.offset() for m in msgs if m.partition() == part), at - 1)
+                     for part, at in nxt.items()}
+            offsets = [TopicPartition("pipeline-in", part, at) for part, at in sorted(nxt.items())]
+            sent = [(tp.partition, tp.offset) for tp in offsets]
             try:
                 p.begin_transaction()
                 for m in msgs:
                     p.produce("pipeline-out", value=b"out:" + m.value(), partition=m.partition())
-                p.send_offsets_to_transaction(c.position(c.assignment()),
-                                              c.consumer_group_metadata(), 30)
+                p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), 30)
                 p.commit_transaction(30)
                 self.committed_txns += 1
+                self.expected.update(nxt)
+                self.journal.append((time.time(), spans, sent, "committed"))
             except KafkaException as e:
                 err = e.args[0]
+                self.journal.append((time.time(), spans, sent, err.str()))
                 if err.txn_requires_abort():
                     try:
                         p.abort_transaction(30)
@@ -305,6 +372,48 @@ class Transformer(threading.Thread):
         c.close()
 
 
+class Churn(threading.Thread):
+    """Rebalances the transformer's group `count` times: a second member
+    joins, holds its share of the input for a moment without committing,
+    and leaves; each join and each leave is a rebalance of the
+    transformer."""
+
+    def __init__(self, bootstrap, count, deadline):
+        super().__init__(daemon=True)
+        self.bootstrap, self.count, self.deadline = bootstrap, count, deadline
+        self.stop = threading.Event()
+        self.joins = 0
+
+    def run(self):
+        for _ in range(self.count):
+            if self.stop.wait(random.uniform(0.5, 3.0)) or self.deadline.left() < 60:
+                return
+            c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "transformer",
+                          "isolation.level": "read_committed", "enable.auto.commit": False,
+                          "session.timeout.ms": 6000, "log.connection.close": False})
+            c.subscribe(["pipeline-in"])
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < random.uniform(0.5, 2.0) and not self.stop.is_set():
+                c.poll(0.1)
+            c.close()
+            self.joins += 1
+
+
+def explain(inputs, out, journal):
+    """Prints, for the input messages not exactly once in the output, where
+    each copy is and which transactions carried them."""
+    at = {}
+    for part, off, v in out:
+        at.setdefault(v, []).append((part, off))
+    odd = [v for v in inputs if len(at.get(b"out:" + v, [])) != 1]
+    print(f"  not exactly once: {len(odd)} input messages, the first of them:")
+    for v in odd[:5]:
+        print(f"    {v!r} at {at.get(b'out:' + v, [])} of pipeline-out")
+    print("  the transformer's transactions (time, input spans, offsets sent, outcome):")
+    for e in journal:
+        print(f"    {e[0]:.3f} {e[1]} {e[2]} {e[3]}")
+
+
 def pipeline(args, bootstrap_proxy, broker, deadline):
     n = args.pipeline_messages
     p = Producer({"bootstrap.servers": f"127.0.0.1:{broker.port}", "enable.idempotence": True})
@@ -316,6 +425,8 @@ def pipeline(args, bootstrap_proxy, broker, deadline):
     p.flush(60)
     t = Transformer(bootstrap_proxy, args, deadline)
     t.start()
+    churn = Churn(f"127.0.0.1:{broker.port}", args.pipeline_churn, deadline)
+    churn.start()
     kills = 0
     t0 = time.monotonic()
     for k in range(args.pipeline_kills):
@@ -343,7 +454,9 @@ def pipeline(args, bootstrap_proxy, broker, deadline):
                   f"transactions {t.committed_txns} committed, {t.aborted_txns} aborted, "
                   f"{t.restarts} restarts", flush=True)
     t.stop.set()
+    churn.stop.set()
     t.join(60)
+    churn.join(60)
     c.close()
     elapsed = time.monotonic() - t0
     if t.error:
@@ -355,11 +468,14 @@ def pipeline(args, bootstrap_proxy, broker, deadline):
     ok = sorted(vals) == want
     print(f"[pipeline] {n} messages through the transformer in {elapsed:.1f}s: {t.committed_txns} "
           f"transactions committed, {t.aborted_txns} aborted, {t.restarts} producer restarts, "
+          f"{t.dropped_batches} batches dropped at a rebalance, {t.gaps} at a gap, "
+          f"{t.skipped} messages skipped as transformed already, "
           f"{kills} broker kills; committed output {len(vals)}, duplicates {dups}: exactly once: {ok}")
     problems = []
     if not ok:
         missing = len(set(want) - set(vals))
         problems.append(f"pipeline: {missing} input messages missing from the output, {dups} twice")
+        explain(inputs, out, t.journal)
     if not done:
         problems.append("pipeline: the group never committed the whole input")
     return problems
@@ -375,9 +491,12 @@ def main():
     ap.add_argument("--per-txn", type=int, default=20)
     ap.add_argument("--pipeline-messages", type=int, default=5000)
     ap.add_argument("--pipeline-kills", type=int, default=3)
+    ap.add_argument("--pipeline-churn", type=int, default=0,
+                    help="times a second member joins and leaves the transformer's group")
     ap.add_argument("--pipeline-batch", type=int, default=50, help="messages per transaction at most")
     ap.add_argument("--produce-drop", type=float, default=0.05)
     ap.add_argument("--random-drop", type=float, default=0.01)
+    ap.add_argument("--pipeline-only", action="store_true", help="run the pipeline check alone")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
@@ -396,9 +515,10 @@ def main():
     try:
         broker.start(advertise=f"127.0.0.1:{bport}")
         direct = f"127.0.0.1:{bport}"
-        problems += transactions(args, direct, deadline)
-        problems += fencing(direct, deadline)
-        problems += timeout(direct, deadline)
+        if not args.pipeline_only:
+            problems += transactions(args, direct, deadline)
+            problems += fencing(direct, deadline)
+            problems += timeout(direct, deadline)
         broker.stop()
         broker.start()
         proxy = start_proxy(args.proxy, pport, bport, args.seed, stats, args.produce_drop, args.random_drop)
