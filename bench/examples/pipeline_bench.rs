@@ -6,7 +6,8 @@
 //! `cargo run --release -p producer-state-bench --example pipeline_bench`
 //! (about 30 s). `--batches N` per round (default 2,000), `--rounds N`
 //! (default 5; the table shows medians), `--dir PATH` the disk (default a
-//! temporary directory).
+//! temporary directory), `--in-flight N` the deeper side (default 5: the
+//! goal's; others show how batches per commit follow the depth).
 //!
 //! Default options (`FsyncPolicy::Always`, 64 MiB segments), in both
 //! semantics. One in flight: one thread appends sequence after sequence,
@@ -99,13 +100,14 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let batches: i32 = arg(&args, "--batches").map_or(Ok(2_000), |v| v.parse())?;
     let rounds: usize = arg(&args, "--rounds").map_or(Ok(5), |v| v.parse())?;
+    let depth: i32 = arg(&args, "--in-flight").map_or(Ok(5), |v| v.parse())?;
     let tmp = tempfile::tempdir()?;
     let base = arg(&args, "--dir").map_or_else(|| tmp.path().to_path_buf(), Into::into);
     println!(
         "one producer, one partition, {batches} batches per round, {rounds} rounds, default options (Always)"
     );
     println!(
-        "| semantics | 1 in flight batches/s | 5 in flight batches/s | 5 / 1 | batches per group commit, 1 / 5 in flight | goal |"
+        "| semantics | 1 in flight batches/s | {depth} in flight batches/s | {depth} / 1 | batches per group commit, 1 / {depth} in flight | goal |"
     );
     println!("|---|---|---|---|---|---|");
     for semantics in [Semantics::Strict, Semantics::Kafka] {
@@ -115,7 +117,7 @@ fn main() -> Result<()> {
             let (rate, per) = round(&dir, semantics, 1, batches)?;
             one.push(rate);
             per1.push(per);
-            let (rate, per) = round(&dir, semantics, 5, batches)?;
+            let (rate, per) = round(&dir, semantics, depth, batches)?;
             five.push(rate);
             per5.push(per);
         }
