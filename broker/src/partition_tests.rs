@@ -35,6 +35,17 @@ fn open(dir: &Path) -> (Partition, OpenReport) {
     open_key(dir, 0)
 }
 
+/// Cuts partition `dir`'s log file to `len` bytes, as a crash that lost
+/// its tail would.
+fn cut_log(dir: &Path, len: u64) {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(LOG_FILE))
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
 /// Drops the partitions and closes their shared state.
 fn close(ps: impl IntoIterator<Item = Partition>) {
     let mut store = None;
@@ -212,12 +223,7 @@ fn a_state_ahead_of_its_log_is_truncated_to_it_and_the_others_stay() {
     let cut = p.lock().log.plan(2, usize::MAX, true, 3).unwrap().pos;
     close([p, q]);
     // The log loses its last batch (offset 2); the state has it.
-    fs::OpenOptions::new()
-        .write(true)
-        .open(dir.join(LOG_FILE))
-        .unwrap()
-        .set_len(cut)
-        .unwrap();
+    cut_log(&dir, cut);
     let store = Arc::new(open_state(tmp.path(), 0, PRODUCER_ID_EXPIRATION).unwrap());
     let known = known_producers(&store);
     assert_eq!(store.partition_end_offset(0), 3, "ahead of the log's 2");
@@ -432,12 +438,7 @@ fn a_marker_the_log_lost_is_written_again_and_aborts_its_transaction_once() {
     assert_eq!(p.aborted_between(0, 5), vec![(7, 0)]);
     let cut = p.lock().log.plan(4, usize::MAX, true, 5).unwrap().pos;
     close([p]);
-    fs::OpenOptions::new()
-        .write(true)
-        .open(dir.join(LOG_FILE))
-        .unwrap()
-        .set_len(cut)
-        .unwrap();
+    cut_log(&dir, cut);
 
     let (p, report) = open(&dir);
     assert_eq!((report.truncated, report.rebuilt), (None, None));
