@@ -399,16 +399,23 @@ class Churn(threading.Thread):
             self.joins += 1
 
 
-def explain(inputs, out, journal):
+def explain(inputs, out, journal, partitions):
     """Prints, for the input messages not exactly once in the output, where
-    each copy is and which transactions carried them."""
+    each copy is and which of the transformer's transactions carried them
+    (input message i is offset i // partitions of partition i % partitions:
+    one idempotent producer wrote them in order): a copy from a committed
+    transaction whose offsets did not cover it points at the offsets, one
+    from a transaction that did not commit at the broker's aborts."""
     at = {}
     for part, off, v in out:
         at.setdefault(v, []).append((part, off))
-    odd = [v for v in inputs if len(at.get(b"out:" + v, [])) != 1]
+    odd = [i for i, v in enumerate(inputs) if len(at.get(b"out:" + v, [])) != 1]
     print(f"  not exactly once: {len(odd)} input messages, the first of them:")
-    for v in odd[:5]:
-        print(f"    {v!r} at {at.get(b'out:' + v, [])} of pipeline-out")
+    for i in odd[:5]:
+        part, off = i % partitions, i // partitions
+        carried = [e for e in journal if part in e[1] and e[1][part][0] <= off <= e[1][part][1]]
+        print(f"    {inputs[i]!r} (input {part}/{off}) at {at.get(b'out:' + inputs[i], [])} "
+              f"of pipeline-out; carried by {[(round(e[0], 3), e[3]) for e in carried]}")
     print("  the transformer's transactions (time, input spans, offsets sent, outcome):")
     for e in journal:
         print(f"    {e[0]:.3f} {e[1]} {e[2]} {e[3]}")
@@ -475,7 +482,7 @@ def pipeline(args, bootstrap_proxy, broker, deadline):
     if not ok:
         missing = len(set(want) - set(vals))
         problems.append(f"pipeline: {missing} input messages missing from the output, {dups} twice")
-        explain(inputs, out, t.journal)
+        explain(inputs, out, t.journal, args.partitions)
     if not done:
         problems.append("pipeline: the group never committed the whole input")
     return problems
