@@ -381,6 +381,106 @@ fn the_room_after_a_close_marker_is_checked_for_one_mib() {
     );
 }
 
+/// The store's newest segment.
+fn last_segment(fs: &SimFs) -> PathBuf {
+    fs.files()
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .max()
+        .unwrap()
+}
+
+/// A reopen after a clean close removes the close marker, durably, before
+/// it appends. Otherwise, if a crash lost the first pages of the next
+/// group (they read back as they were: the marker, then the room's zeros)
+/// and kept its later ones (sectors persisted out of order, inside one
+/// group's write and fsync), the next open would take the marker for a
+/// clean shutdown, check one MiB of zeros after it and never see the
+/// records beyond, which a later session could then resume into. Without
+/// the marker that open reads the room to its end, finds them and cuts
+/// them as a torn write.
+#[test]
+fn records_written_after_a_clean_reopen_are_not_hidden_behind_its_marker() {
+    let fs = SimFs::new();
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let o = |fs: &SimFs| opts(fs, &clock, FsyncPolicy::Always).segment_size(16 << 20);
+    let req = |i: u64| {
+        AppendRequest::batch(
+            i % 1000,
+            0,
+            0,
+            Batch::new((i / 1000) as i32, (i / 1000) as i32, i as i64, 0),
+        )
+    };
+    // Past the 64 KiB, 256 KiB, 1 MiB and 4 MiB segments, into the 16 MiB
+    // one.
+    let store = ProducerStateStore::open_with(dir(), o(&fs)).unwrap();
+    let mut n = 0;
+    while fs
+        .files()
+        .iter()
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "wal"))
+        .count()
+        < 5
+    {
+        let all: Vec<AppendRequest> = (n..n + 100).map(req).collect();
+        assert!(
+            store
+                .append_all(&all)
+                .into_iter()
+                .all(|o| o.unwrap().is_accepted())
+        );
+        n += 100;
+    }
+    let closed_at = store.next_position();
+    store.close().unwrap();
+    let last = last_segment(&fs);
+    let records_end = fs
+        .read_file(&last)
+        .unwrap()
+        .iter()
+        .rposition(|&b| b != 0)
+        .unwrap()
+        + 1;
+
+    let store = ProducerStateStore::open_with(dir(), o(&fs)).unwrap();
+    assert_eq!(store.recovery_report().clean_shutdown, Some(true));
+    // What is durable once the open is done, before any append.
+    let durable = fs.read_file(&last).unwrap();
+    assert!(
+        durable[..records_end].ends_with(&[0u8; 17]),
+        "the marker is gone from the disk"
+    );
+    // One group of about 11 MiB: one write, one fsync.
+    let all: Vec<AppendRequest> = (n..n + 200_000).map(req).collect();
+    assert!(
+        store
+            .append_all(&all)
+            .into_iter()
+            .all(|o| o.unwrap().is_accepted())
+    );
+    let image = fs.crash_image(Unsynced::Keep);
+    drop(store);
+    let mut bytes = image.read_file(&last).unwrap();
+    let written = bytes.iter().rposition(|&b| b != 0).unwrap();
+    // Well past the MiB checked after a marker, and the reads that check
+    // makes at once.
+    let lost = (records_end - 17)..(records_end + (6 << 20));
+    assert!(
+        written > lost.end + (64 << 10),
+        "records beyond the lost pages"
+    );
+    bytes[lost.clone()].copy_from_slice(&durable[lost]);
+    image.overwrite(&last, &bytes);
+
+    let store = ProducerStateStore::open_with(dir(), o(&image)).unwrap();
+    let r = store.recovery_report();
+    assert_eq!(r.clean_shutdown, Some(false), "{r}");
+    assert!(r.torn_tail.is_some(), "the later records are found: {r}");
+    assert_eq!(store.next_position(), closed_at, "and none is replayed");
+}
+
 /// A truncation replays from its base snapshot as recovery does: from the
 /// snapshot's log point, not from its segment's first record. A bit
 /// flipped below that point (after a reopen, which does not read it

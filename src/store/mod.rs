@@ -218,7 +218,12 @@ impl ProducerStateStore {
         }
         let writer = match rec.active {
             Some(active) => {
-                LogWriter::resume(fs.clone(), &dir, rec.segments, active, opts.layout())?
+                let mut w =
+                    LogWriter::resume(fs.clone(), &dir, rec.segments, active, opts.layout())?;
+                if rec.report.clean_shutdown == Some(true) {
+                    w.reopen_after_close()?;
+                }
+                w
             }
             None => LogWriter::create(
                 fs.clone(),

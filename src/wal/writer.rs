@@ -566,6 +566,35 @@ impl LogWriter {
         Ok(())
     }
 
+    /// After an open that found the active segment's records ending with
+    /// a close marker: removes the marker (zeros in a preallocated
+    /// segment, else a shorter file) and fsyncs that before anything is
+    /// appended. A marker left in place would stay the last record that
+    /// decodes if a crash later lost the first pages written after it but
+    /// kept later ones (sectors persisted out of order), and the next open
+    /// would take that for a clean shutdown and check only the first MiB
+    /// of the room (docs/format.md, rule 4), missing the records beyond.
+    /// Without the marker that open reads the room to its end. Positions
+    /// do not move: a marker takes none.
+    pub(crate) fn reopen_after_close(&mut self) -> Result<()> {
+        let marker = frame::HEADER as u64;
+        if self.roll_first || self.len < segment::HEADER_LEN as u64 + marker {
+            return Ok(());
+        }
+        let at = self.len - marker;
+        let preallocated = self.alloc > self.len;
+        let cut = if preallocated {
+            self.file.write_zeros(at, marker)
+        } else {
+            self.file.set_len(at)
+        };
+        cut.and_then(|()| self.file.sync_data())
+            .map_err(|e| Error::io("remove the close marker", &self.path, e))?;
+        self.len = at;
+        self.synced = at;
+        Ok(())
+    }
+
     /// Writes a close marker and fsyncs it: the last thing a clean close
     /// does, so that the next open can report a clean shutdown. Skipped
     /// (`Ok`) when the active segment has an older version, which has no
