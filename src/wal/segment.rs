@@ -474,10 +474,13 @@ pub(crate) fn probe(
         Ok(h) if h.seed == seed => h,
         _ => return Ok(Err(SeekFallback::OtherSegment)),
     };
-    if offset < h.len as u64 || offset > file_len {
+    // The cursor is where the header read stopped: `n` bytes in, which is
+    // past a short header (versions 1 and 2, never given a point).
+    let read = n as u64;
+    if offset < (h.len as u64).max(read) || offset > file_len {
         return Ok(Err(SeekFallback::OutOfRange));
     }
-    file.skip(offset - h.len as u64)?;
+    file.skip(offset - read)?;
     let want =
         usize::try_from(file_len - offset).map_or(record::MAX_LEN, |n| n.min(record::MAX_LEN));
     let mut bytes = vec![0u8; want];
