@@ -27,6 +27,7 @@ use std::fmt::Debug;
 use hashbrown::HashTable;
 
 use crate::engine::entry::{Head, ProducerEntry, Window};
+use crate::engine::hash::HashedKey;
 pub(crate) use crate::engine::hash::{hash_key, hash_numeric};
 pub(crate) use crate::engine::slot::{Activity, Apply, Ask, Decide, Decided, Extra};
 use crate::engine::slot::{
@@ -186,18 +187,11 @@ impl<X: Extra> StateMap<X> {
     /// durable store installing what an accepted append computed), with
     /// the key's hash already computed. True if the key is new.
     #[inline]
-    pub(crate) fn insert_hashed(
-        &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
-        entry: &ProducerEntry,
-        x: X,
-    ) -> bool {
-        by_kind!(self, id, partition, |table, key| upsert(
+    pub(crate) fn insert_hashed(&mut self, k: HashedKey<'_>, entry: &ProducerEntry, x: X) -> bool {
+        by_kind!(self, k.id, k.partition, |table, key| upsert(
             table,
             &mut self.arena,
-            hash,
+            k.hash,
             key,
             entry,
             x
@@ -232,15 +226,11 @@ impl<X: Extra> StateMap<X> {
     #[inline]
     pub(crate) fn insert_new_hashed(
         &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
+        k: HashedKey<'_>,
         entry: &ProducerEntry,
         x: X,
     ) -> bool {
-        self.insert_vacant(hash, id, partition, x, |arena| {
-            State::from_entry(entry, arena)
-        })
+        self.insert_vacant(k, x, |arena| State::from_entry(entry, arena))
     }
 
     /// The one probe of [`StateMap::insert_new_hashed`] and
@@ -251,16 +241,14 @@ impl<X: Extra> StateMap<X> {
     #[inline(always)]
     fn insert_vacant(
         &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
+        k: HashedKey<'_>,
         x: X,
         st: impl FnOnce(&mut Arena) -> State,
     ) -> bool {
-        by_kind!(self, id, partition, |table, key| insert_vacant_in(
+        by_kind!(self, k.id, k.partition, |table, key| insert_vacant_in(
             table,
             &mut self.arena,
-            hash,
+            k.hash,
             key,
             (x, st)
         ))
@@ -302,7 +290,7 @@ impl<X: Extra> StateMap<X> {
             NO_WINDOW
         };
         let st = State { head, win };
-        let new = self.insert_vacant(hash, &id, partition, x, |_| st);
+        let new = self.insert_vacant(HashedKey::hashed(hash, &id, partition), x, |_| st);
         if !new && win != NO_WINDOW {
             self.arena.windows.pop();
         }
@@ -537,8 +525,7 @@ mod tests {
         let e = ProducerEntry::start(0, 0, 0, None);
         let id = |k: u64| ProducerId::from(k);
         let put = |m: &mut StateMap<Activity>, k: u64| {
-            let h = hash_key(&id(k), 0);
-            assert!(m.insert_hashed(h, &id(k), 0, &e, Activity::new(k as i64)));
+            assert!(m.insert_hashed(HashedKey::new(&id(k), 0), &e, Activity::new(k as i64)));
         };
         for k in 0..3_900 {
             put(&mut m, k);
@@ -655,7 +642,7 @@ mod tests {
         }
         let e = ProducerEntry::from_parts(9, 77, &[]).unwrap();
         let insert = |m: &mut StateMap, id: ProducerId, p: i32| {
-            m.insert_new_hashed(hash_key(&id, p), &id, p, &e, ())
+            m.insert_new_hashed(HashedKey::new(&id, p), &e, ())
         };
         let before = m.get(&ProducerId::from(5u64), 5);
         assert!(!insert(&mut m, ProducerId::from(5u64), 5), "the key exists");

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::file::{read, to_entry};
 use crate::directory::names;
+use crate::engine::hash::HashedKey;
 use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 use crate::engine::shards::Shards;
 use crate::error::{Error, Result};
@@ -104,7 +105,7 @@ pub fn seed_store_with(
                     // its offsets bound what truncation must undo.
                     meta.high = meta.high.max(k.last_offset);
                     meta.ends.note(*partition, k.last_offset);
-                    if !shards.insert_new(&id, *partition, &e, k.timestamp) {
+                    if !shards.insert_new(HashedKey::new(&id, *partition), &e, k.timestamp) {
                         return Err(twice(k.producer_id, *partition));
                     }
                     report.imported += 1;

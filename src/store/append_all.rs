@@ -9,7 +9,7 @@ use super::state::{State, Submit};
 use super::{ProducerStateStore, Shared, WARM, check_seed};
 use crate::batch::AppendRequest;
 use crate::engine::map::hash_key;
-use crate::engine::shards::warm;
+use crate::engine::shards::{KeyTarget, warm};
 use crate::error::Result;
 use crate::outcome::BatchOutcome;
 

@@ -27,6 +27,7 @@
 
 use crate::batch::{AppendOptions, BatchMetadata, Origin};
 use crate::engine::entry::ProducerEntry;
+use crate::engine::hash::HashedKey;
 use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 use crate::engine::kafka::rules::{self, KafkaCurrent, VerificationCheck};
 use crate::engine::kafka::side::{FullEntry, KafkaProducerState, SideTable};
@@ -608,7 +609,7 @@ impl KafkaState {
         let full = FullEntry::from_kafka(k);
         match full.as_regular() {
             Some(e) => {
-                map.insert_hashed(hash_key(&id, partition), &id, partition, &e, ());
+                map.insert_hashed(HashedKey::new(&id, partition), &e, ());
             }
             None => {
                 if let Some(first) = full.txn_first_offset {
