@@ -31,16 +31,17 @@ use crate::engine::hash::HashedKey;
 pub(crate) use crate::engine::hash::{hash_key, hash_numeric};
 pub(crate) use crate::engine::slot::{Activity, Apply, Ask, Decide, Decided, Extra};
 use crate::engine::slot::{
-    Arena, NO_WINDOW, NamedSlot, NumSlot, Slot, State, append_decided_in, append_in,
-    insert_vacant_in, join_pid, split_pid, take_slot, upsert,
+    Arena, NO_WINDOW, NamedSlot, NumSlot, State, append_decided_in, append_in, insert_vacant_in,
+    join_pid, split_pid, take_slot, upsert,
 };
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
 
 /// Runs `$body` on the table of the key's kind, with `$table` bound to it
-/// and `$key` to the key in that kind's [`Slot::Key`] terms: the one
-/// dispatch between numeric and named keys, so each operation is written
-/// once, generic over [`Slot`].
+/// and `$key` to the key in that kind's terms
+/// ([`SlotKey::Ref`](crate::engine::slot::SlotKey::Ref) and the partition):
+/// the one dispatch between numeric and named keys, so each operation is
+/// written once, generic over [`SlotKey`](crate::engine::slot::SlotKey).
 macro_rules! by_kind {
     ($map:ident, $id:expr, $partition:expr, |$table:ident, $key:ident| $body:expr) => {
         match $id.as_numeric() {
@@ -214,7 +215,7 @@ impl<X: Extra> StateMap<X> {
     /// loading a snapshot never rehashes or moves the arena.
     pub(crate) fn reserve(&mut self, keys: usize, windows: usize) {
         self.numeric
-            .reserve(keys, |s| hash_numeric(join_pid(s.pid), s.partition));
+            .reserve(keys, |s| hash_numeric(join_pid(s.key), s.partition));
         self.arena.windows.reserve(windows);
     }
 
@@ -318,7 +319,7 @@ impl<X: Extra> StateMap<X> {
         let a = &self.arena;
         let mut freed = Vec::new();
         self.numeric.retain(|s| {
-            let id = ProducerId::numeric(join_pid(s.pid));
+            let id = ProducerId::numeric(join_pid(s.key));
             let kept = keep(&id, s.partition, &s.st.to_entry(a));
             if !kept {
                 freed.push(s.st.win);
@@ -326,7 +327,7 @@ impl<X: Extra> StateMap<X> {
             kept
         });
         self.named.retain(|s| {
-            let kept = keep(&s.id, s.partition, &s.st.to_entry(a));
+            let kept = keep(&s.key, s.partition, &s.st.to_entry(a));
             if !kept {
                 freed.push(s.st.win);
             }
@@ -350,7 +351,7 @@ impl<X: Extra> StateMap<X> {
         let a = &self.arena;
         let numeric = self.numeric.iter().map(move |s| {
             (
-                ProducerId::numeric(join_pid(s.pid)),
+                ProducerId::numeric(join_pid(s.key)),
                 s.partition,
                 s.st.to_entry(a),
                 s.x,
@@ -359,7 +360,7 @@ impl<X: Extra> StateMap<X> {
         let named = self
             .named
             .iter()
-            .map(move |s| (s.id.clone(), s.partition, s.st.to_entry(a), s.x));
+            .map(move |s| (s.key.clone(), s.partition, s.st.to_entry(a), s.x));
         numeric.chain(named)
     }
 
@@ -377,11 +378,11 @@ impl<X: Extra> StateMap<X> {
             }
         };
         for s in self.numeric.iter() {
-            let id = ProducerId::numeric(join_pid(s.pid));
+            let id = ProducerId::numeric(join_pid(s.key));
             f(&id, s.partition, &s.st.head, window(&s.st), s.x);
         }
         for s in self.named.iter() {
-            f(&s.id, s.partition, &s.st.head, window(&s.st), s.x);
+            f(&s.key, s.partition, &s.st.head, window(&s.st), s.x);
         }
     }
 
@@ -399,12 +400,12 @@ impl<X: Extra> StateMap<X> {
     ) {
         for s in self.numeric.iter() {
             if keep(s.x) {
-                f(s.x, hash_numeric(join_pid(s.pid), s.partition));
+                f(s.x, hash_numeric(join_pid(s.key), s.partition));
             }
         }
         for s in self.named.iter() {
             if keep(s.x) {
-                f(s.x, hash_key(&s.id, s.partition));
+                f(s.x, hash_key(&s.key, s.partition));
             }
         }
     }
@@ -419,13 +420,13 @@ impl<X: Extra> StateMap<X> {
         let numeric = self
             .numeric
             .iter_hash(hash)
-            .filter(move |s| hash_numeric(join_pid(s.pid), s.partition) == hash)
-            .map(|s| (ProducerId::numeric(join_pid(s.pid)), s.partition, s.x));
+            .filter(move |s| hash_numeric(join_pid(s.key), s.partition) == hash)
+            .map(|s| (ProducerId::numeric(join_pid(s.key)), s.partition, s.x));
         let named = self
             .named
             .iter_hash(hash)
-            .filter(move |s| hash_key(&s.id, s.partition) == hash)
-            .map(|s| (s.id.clone(), s.partition, s.x));
+            .filter(move |s| hash_key(&s.key, s.partition) == hash)
+            .map(|s| (s.key.clone(), s.partition, s.x));
         numeric.chain(named)
     }
 
@@ -444,23 +445,23 @@ impl<X: Extra> StateMap<X> {
     ) -> usize {
         let mut n = 0;
         while let Ok(e) = self.numeric.find_entry(hash, |s| {
-            hash_numeric(join_pid(s.pid), s.partition) == hash
-                && take(&ProducerId::numeric(join_pid(s.pid)), s.partition, s.x)
+            hash_numeric(join_pid(s.key), s.partition) == hash
+                && take(&ProducerId::numeric(join_pid(s.key)), s.partition, s.x)
         }) {
             let (s, _) = e.remove();
             self.arena.release(s.st.win);
-            removed(ProducerId::numeric(join_pid(s.pid)), s.partition);
+            removed(ProducerId::numeric(join_pid(s.key)), s.partition);
             n += 1;
         }
         if self.named.is_empty() {
             return n;
         }
         while let Ok(e) = self.named.find_entry(hash, |s| {
-            hash_key(&s.id, s.partition) == hash && take(&s.id, s.partition, s.x)
+            hash_key(&s.key, s.partition) == hash && take(&s.key, s.partition, s.x)
         }) {
             let (s, _) = e.remove();
             self.arena.release(s.st.win);
-            removed(s.id, s.partition);
+            removed(s.key, s.partition);
             n += 1;
         }
         n
@@ -484,7 +485,7 @@ impl<X: Extra> StateMap<X> {
     pub(crate) fn touch(&self, bucket: usize) -> u32 {
         self.numeric
             .get_bucket(bucket)
-            .map_or(0, |s| s.pid[0] ^ s.st.win)
+            .map_or(0, |s| s.key[0] ^ s.st.win)
     }
 
     /// Every key with its extra.
@@ -492,8 +493,8 @@ impl<X: Extra> StateMap<X> {
         let numeric = self
             .numeric
             .iter()
-            .map(|s| (ProducerId::numeric(join_pid(s.pid)), s.partition, s.x));
-        let named = self.named.iter().map(|s| (s.id.clone(), s.partition, s.x));
+            .map(|s| (ProducerId::numeric(join_pid(s.key)), s.partition, s.x));
+        let named = self.named.iter().map(|s| (s.key.clone(), s.partition, s.x));
         numeric.chain(named)
     }
 }
