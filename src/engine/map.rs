@@ -124,6 +124,7 @@ impl<X: Extra> StateMap<X> {
     /// its retained batches) and applies it in place, leaving `x` in the
     /// slot, when told to: one probe, as [`StateMap::append`] does for the
     /// strict rules.
+    #[inline]
     pub(crate) fn append_decided(
         &mut self,
         hash: u64,

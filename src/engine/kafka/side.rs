@@ -297,6 +297,7 @@ impl SideTable {
             .map(|k| &k.entry)
     }
 
+    #[inline]
     pub(super) fn get_mut(&mut self, id: &ProducerId, partition: i32) -> Option<&mut FullEntry> {
         self.0
             .find_mut(hash_key(id, partition), is_key(id, partition))
