@@ -98,6 +98,19 @@ impl<'a> Dec<'a> {
     pub(crate) fn u64(&mut self) -> Option<u64> {
         self.array().map(u64::from_le_bytes)
     }
+    /// The start every file header of this crate shares: the 8-byte
+    /// `magic`, then the format version and the flags (each 0 where the
+    /// bytes end: the caller checks the length and the checksum).
+    pub(crate) fn magic_version_flags(
+        &mut self,
+        magic: &[u8; 8],
+    ) -> Result<(u16, u16), Corruption> {
+        if self.bytes(8) != Some(&magic[..]) {
+            return Err(Corruption::BadMagic);
+        }
+        Ok((self.u16().unwrap_or(0), self.u16().unwrap_or(0)))
+    }
+
     pub(crate) fn i16(&mut self) -> Option<i16> {
         self.u16().map(|v| v as i16)
     }

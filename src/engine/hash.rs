@@ -68,3 +68,35 @@ pub(crate) fn hash_key(id: &ProducerId, partition: i32) -> u64 {
         hash_long(id.shared_name().unwrap_or_default(), partition)
     }
 }
+
+/// A key with its hash already computed: what the map and the shards take
+/// to insert or install a key, so that a caller that hashed the key once
+/// (to find its shard, or to warm its slot) does not hash it again.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HashedKey<'a> {
+    pub(crate) hash: u64,
+    pub(crate) id: &'a ProducerId,
+    pub(crate) partition: i32,
+}
+
+impl<'a> HashedKey<'a> {
+    /// The key `(id, partition)`, hashed with [`hash_key`].
+    #[inline(always)]
+    pub(crate) fn new(id: &'a ProducerId, partition: i32) -> HashedKey<'a> {
+        HashedKey {
+            hash: hash_key(id, partition),
+            id,
+            partition,
+        }
+    }
+
+    /// The key `(id, partition)` with its hash `hash`, computed before.
+    #[inline(always)]
+    pub(crate) fn hashed(hash: u64, id: &'a ProducerId, partition: i32) -> HashedKey<'a> {
+        HashedKey {
+            hash,
+            id,
+            partition,
+        }
+    }
+}

@@ -27,19 +27,21 @@ use std::fmt::Debug;
 use hashbrown::HashTable;
 
 use crate::engine::entry::{Head, ProducerEntry, Window};
+use crate::engine::hash::HashedKey;
 pub(crate) use crate::engine::hash::{hash_key, hash_numeric};
 pub(crate) use crate::engine::slot::{Activity, Apply, Ask, Decide, Decided, Extra};
 use crate::engine::slot::{
-    Arena, NO_WINDOW, NamedSlot, NumSlot, Slot, State, append_decided_in, append_in,
-    insert_vacant_in, join_pid, split_pid, take_slot, upsert,
+    Arena, NO_WINDOW, NamedSlot, NumSlot, State, append_decided_in, append_in, insert_vacant_in,
+    join_pid, split_pid, take_slot, upsert,
 };
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
 
 /// Runs `$body` on the table of the key's kind, with `$table` bound to it
-/// and `$key` to the key in that kind's [`Slot::Key`] terms: the one
-/// dispatch between numeric and named keys, so each operation is written
-/// once, generic over [`Slot`].
+/// and `$key` to the key in that kind's terms
+/// ([`SlotKey::Ref`](crate::engine::slot::SlotKey::Ref) and the partition):
+/// the one dispatch between numeric and named keys, so each operation is
+/// written once, generic over [`SlotKey`](crate::engine::slot::SlotKey).
 macro_rules! by_kind {
     ($map:ident, $id:expr, $partition:expr, |$table:ident, $key:ident| $body:expr) => {
         match $id.as_numeric() {
@@ -122,6 +124,7 @@ impl<X: Extra> StateMap<X> {
     /// its retained batches) and applies it in place, leaving `x` in the
     /// slot, when told to: one probe, as [`StateMap::append`] does for the
     /// strict rules.
+    #[inline]
     pub(crate) fn append_decided(
         &mut self,
         hash: u64,
@@ -186,18 +189,11 @@ impl<X: Extra> StateMap<X> {
     /// durable store installing what an accepted append computed), with
     /// the key's hash already computed. True if the key is new.
     #[inline]
-    pub(crate) fn insert_hashed(
-        &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
-        entry: &ProducerEntry,
-        x: X,
-    ) -> bool {
-        by_kind!(self, id, partition, |table, key| upsert(
+    pub(crate) fn insert_hashed(&mut self, k: HashedKey<'_>, entry: &ProducerEntry, x: X) -> bool {
+        by_kind!(self, k.id, k.partition, |table, key| upsert(
             table,
             &mut self.arena,
-            hash,
+            k.hash,
             key,
             entry,
             x
@@ -220,7 +216,7 @@ impl<X: Extra> StateMap<X> {
     /// loading a snapshot never rehashes or moves the arena.
     pub(crate) fn reserve(&mut self, keys: usize, windows: usize) {
         self.numeric
-            .reserve(keys, |s| hash_numeric(join_pid(s.pid), s.partition));
+            .reserve(keys, |s| hash_numeric(join_pid(s.key), s.partition));
         self.arena.windows.reserve(windows);
     }
 
@@ -232,15 +228,11 @@ impl<X: Extra> StateMap<X> {
     #[inline]
     pub(crate) fn insert_new_hashed(
         &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
+        k: HashedKey<'_>,
         entry: &ProducerEntry,
         x: X,
     ) -> bool {
-        self.insert_vacant(hash, id, partition, x, |arena| {
-            State::from_entry(entry, arena)
-        })
+        self.insert_vacant(k, x, |arena| State::from_entry(entry, arena))
     }
 
     /// The one probe of [`StateMap::insert_new_hashed`] and
@@ -251,16 +243,14 @@ impl<X: Extra> StateMap<X> {
     #[inline(always)]
     fn insert_vacant(
         &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
+        k: HashedKey<'_>,
         x: X,
         st: impl FnOnce(&mut Arena) -> State,
     ) -> bool {
-        by_kind!(self, id, partition, |table, key| insert_vacant_in(
+        by_kind!(self, k.id, k.partition, |table, key| insert_vacant_in(
             table,
             &mut self.arena,
-            hash,
+            k.hash,
             key,
             (x, st)
         ))
@@ -302,7 +292,7 @@ impl<X: Extra> StateMap<X> {
             NO_WINDOW
         };
         let st = State { head, win };
-        let new = self.insert_vacant(hash, &id, partition, x, |_| st);
+        let new = self.insert_vacant(HashedKey::hashed(hash, &id, partition), x, |_| st);
         if !new && win != NO_WINDOW {
             self.arena.windows.pop();
         }
@@ -330,7 +320,7 @@ impl<X: Extra> StateMap<X> {
         let a = &self.arena;
         let mut freed = Vec::new();
         self.numeric.retain(|s| {
-            let id = ProducerId::numeric(join_pid(s.pid));
+            let id = ProducerId::numeric(join_pid(s.key));
             let kept = keep(&id, s.partition, &s.st.to_entry(a));
             if !kept {
                 freed.push(s.st.win);
@@ -338,7 +328,7 @@ impl<X: Extra> StateMap<X> {
             kept
         });
         self.named.retain(|s| {
-            let kept = keep(&s.id, s.partition, &s.st.to_entry(a));
+            let kept = keep(&s.key, s.partition, &s.st.to_entry(a));
             if !kept {
                 freed.push(s.st.win);
             }
@@ -362,7 +352,7 @@ impl<X: Extra> StateMap<X> {
         let a = &self.arena;
         let numeric = self.numeric.iter().map(move |s| {
             (
-                ProducerId::numeric(join_pid(s.pid)),
+                ProducerId::numeric(join_pid(s.key)),
                 s.partition,
                 s.st.to_entry(a),
                 s.x,
@@ -371,7 +361,7 @@ impl<X: Extra> StateMap<X> {
         let named = self
             .named
             .iter()
-            .map(move |s| (s.id.clone(), s.partition, s.st.to_entry(a), s.x));
+            .map(move |s| (s.key.clone(), s.partition, s.st.to_entry(a), s.x));
         numeric.chain(named)
     }
 
@@ -389,11 +379,11 @@ impl<X: Extra> StateMap<X> {
             }
         };
         for s in self.numeric.iter() {
-            let id = ProducerId::numeric(join_pid(s.pid));
+            let id = ProducerId::numeric(join_pid(s.key));
             f(&id, s.partition, &s.st.head, window(&s.st), s.x);
         }
         for s in self.named.iter() {
-            f(&s.id, s.partition, &s.st.head, window(&s.st), s.x);
+            f(&s.key, s.partition, &s.st.head, window(&s.st), s.x);
         }
     }
 
@@ -411,12 +401,12 @@ impl<X: Extra> StateMap<X> {
     ) {
         for s in self.numeric.iter() {
             if keep(s.x) {
-                f(s.x, hash_numeric(join_pid(s.pid), s.partition));
+                f(s.x, hash_numeric(join_pid(s.key), s.partition));
             }
         }
         for s in self.named.iter() {
             if keep(s.x) {
-                f(s.x, hash_key(&s.id, s.partition));
+                f(s.x, hash_key(&s.key, s.partition));
             }
         }
     }
@@ -431,13 +421,13 @@ impl<X: Extra> StateMap<X> {
         let numeric = self
             .numeric
             .iter_hash(hash)
-            .filter(move |s| hash_numeric(join_pid(s.pid), s.partition) == hash)
-            .map(|s| (ProducerId::numeric(join_pid(s.pid)), s.partition, s.x));
+            .filter(move |s| hash_numeric(join_pid(s.key), s.partition) == hash)
+            .map(|s| (ProducerId::numeric(join_pid(s.key)), s.partition, s.x));
         let named = self
             .named
             .iter_hash(hash)
-            .filter(move |s| hash_key(&s.id, s.partition) == hash)
-            .map(|s| (s.id.clone(), s.partition, s.x));
+            .filter(move |s| hash_key(&s.key, s.partition) == hash)
+            .map(|s| (s.key.clone(), s.partition, s.x));
         numeric.chain(named)
     }
 
@@ -456,23 +446,23 @@ impl<X: Extra> StateMap<X> {
     ) -> usize {
         let mut n = 0;
         while let Ok(e) = self.numeric.find_entry(hash, |s| {
-            hash_numeric(join_pid(s.pid), s.partition) == hash
-                && take(&ProducerId::numeric(join_pid(s.pid)), s.partition, s.x)
+            hash_numeric(join_pid(s.key), s.partition) == hash
+                && take(&ProducerId::numeric(join_pid(s.key)), s.partition, s.x)
         }) {
             let (s, _) = e.remove();
             self.arena.release(s.st.win);
-            removed(ProducerId::numeric(join_pid(s.pid)), s.partition);
+            removed(ProducerId::numeric(join_pid(s.key)), s.partition);
             n += 1;
         }
         if self.named.is_empty() {
             return n;
         }
         while let Ok(e) = self.named.find_entry(hash, |s| {
-            hash_key(&s.id, s.partition) == hash && take(&s.id, s.partition, s.x)
+            hash_key(&s.key, s.partition) == hash && take(&s.key, s.partition, s.x)
         }) {
             let (s, _) = e.remove();
             self.arena.release(s.st.win);
-            removed(s.id, s.partition);
+            removed(s.key, s.partition);
             n += 1;
         }
         n
@@ -496,7 +486,7 @@ impl<X: Extra> StateMap<X> {
     pub(crate) fn touch(&self, bucket: usize) -> u32 {
         self.numeric
             .get_bucket(bucket)
-            .map_or(0, |s| s.pid[0] ^ s.st.win)
+            .map_or(0, |s| s.key[0] ^ s.st.win)
     }
 
     /// Every key with its extra.
@@ -504,8 +494,8 @@ impl<X: Extra> StateMap<X> {
         let numeric = self
             .numeric
             .iter()
-            .map(|s| (ProducerId::numeric(join_pid(s.pid)), s.partition, s.x));
-        let named = self.named.iter().map(|s| (s.id.clone(), s.partition, s.x));
+            .map(|s| (ProducerId::numeric(join_pid(s.key)), s.partition, s.x));
+        let named = self.named.iter().map(|s| (s.key.clone(), s.partition, s.x));
         numeric.chain(named)
     }
 }
@@ -537,8 +527,7 @@ mod tests {
         let e = ProducerEntry::start(0, 0, 0, None);
         let id = |k: u64| ProducerId::from(k);
         let put = |m: &mut StateMap<Activity>, k: u64| {
-            let h = hash_key(&id(k), 0);
-            assert!(m.insert_hashed(h, &id(k), 0, &e, Activity::new(k as i64)));
+            assert!(m.insert_hashed(HashedKey::new(&id(k), 0), &e, Activity::new(k as i64)));
         };
         for k in 0..3_900 {
             put(&mut m, k);
@@ -655,7 +644,7 @@ mod tests {
         }
         let e = ProducerEntry::from_parts(9, 77, &[]).unwrap();
         let insert = |m: &mut StateMap, id: ProducerId, p: i32| {
-            m.insert_new_hashed(hash_key(&id, p), &id, p, &e, ())
+            m.insert_new_hashed(HashedKey::new(&id, p), &e, ())
         };
         let before = m.get(&ProducerId::from(5u64), 5);
         assert!(!insert(&mut m, ProducerId::from(5u64), 5), "the key exists");

@@ -21,7 +21,7 @@
 
 pub(crate) mod entry;
 pub(crate) mod filter;
-mod hash;
+pub(crate) mod hash;
 pub(crate) mod info;
 pub(crate) mod kafka;
 pub(crate) mod map;
@@ -32,8 +32,9 @@ mod slot;
 
 use crate::batch::{AppendOptions, AppendRequest, Batch};
 use crate::engine::entry::ProducerEntry;
+use crate::engine::hash::HashedKey;
 use crate::engine::kafka::state::KafkaState;
-use crate::engine::map::{Apply, Ask, StateMap, hash_key};
+use crate::engine::map::{Apply, Ask, StateMap};
 use crate::engine::rules::UnknownProducer;
 use crate::error::{Error, Result};
 use crate::id::ProducerId;
@@ -231,7 +232,7 @@ impl ProducerStateManager {
             return false;
         }
         self.map
-            .insert_new_hashed(hash_key(id, partition), id, partition, e, ())
+            .insert_new_hashed(HashedKey::new(id, partition), e, ())
     }
 
     /// The compact keys (the seed-format entries of a snapshot), with the
@@ -299,7 +300,7 @@ impl ProducerStateManager {
         e: &ProducerEntry,
     ) {
         self.map
-            .insert_new_hashed(hash_key(id, partition), id, partition, e, ());
+            .insert_new_hashed(HashedKey::new(id, partition), e, ());
     }
 }
 

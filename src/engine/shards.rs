@@ -16,8 +16,9 @@ use hashbrown::HashTable;
 
 use crate::batch::AppendRequest;
 use crate::engine::entry::{Head, ProducerEntry, Window};
+use crate::engine::hash::HashedKey;
 use crate::engine::info::ProducerInfo;
-use crate::engine::map::{Activity, Apply, Ask, StateMap, hash_key};
+use crate::engine::map::{Activity, Apply, Ask, StateMap};
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
 
@@ -81,21 +82,54 @@ impl ShardMut<'_> {
     /// Inserts an entry for a key of this shard that has none; false if
     /// the key exists.
     #[inline]
-    pub(crate) fn insert_new(
+    pub(crate) fn insert_new(&mut self, k: HashedKey<'_>, e: &ProducerEntry, act: i64) -> bool {
+        let new = self.map.insert_new_hashed(k, e, Activity::new(act));
+        self.count_new(k.partition, new)
+    }
+
+    /// Sets the entry and activity of a key of this shard, replacing what
+    /// was there; true if the key is new.
+    #[inline]
+    pub(crate) fn install(&mut self, k: HashedKey<'_>, e: &ProducerEntry, act: i64) -> bool {
+        let new = self.map.insert_hashed(k, e, Activity::new(act));
+        self.count_new(k.partition, new)
+    }
+
+    /// Classifies and applies an append in this shard, counting a new key;
+    /// also says whether the key is new.
+    #[inline(always)]
+    fn append(
         &mut self,
         hash: u64,
-        id: &ProducerId,
-        partition: i32,
-        e: &ProducerEntry,
-        act: i64,
-    ) -> bool {
-        let new = self
+        r: &AppendRequest,
+        how: Apply<Activity>,
+    ) -> (BatchOutcome, bool) {
+        let before = self.map.len();
+        let o = self
             .map
-            .insert_new_hashed(hash, id, partition, e, Activity::new(act));
+            .append_hashed(hash, &r.producer_id, r.partition, Ask::of(r), how);
+        let created = self.map.len() != before;
+        (o, self.count_new(r.partition, created))
+    }
+
+    /// Counts a key of `partition` when `new` says it was just created;
+    /// gives `new` back.
+    #[inline(always)]
+    fn count_new(&mut self, partition: i32, new: bool) -> bool {
         if new {
             self.parts.add(partition);
         }
         new
+    }
+
+    /// Removes a key of this shard; false if it had no state.
+    #[inline]
+    fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        let removed = self.map.remove_hashed(hash, id, partition);
+        if removed {
+            self.parts.sub(partition);
+        }
+        removed
     }
 }
 
@@ -148,57 +182,6 @@ pub(crate) fn shard_of(hash: u64) -> usize {
     ((hash >> 40) as usize) % SHARDS
 }
 
-/// Classifies and applies an append in one shard, counting a new key;
-/// also says whether the key is new.
-#[inline(always)]
-fn append_to(
-    map: &mut Map,
-    parts: &mut PartitionCounts,
-    hash: u64,
-    r: &AppendRequest,
-    how: Apply<Activity>,
-) -> (BatchOutcome, bool) {
-    let before = map.len();
-    let o = map.append_hashed(hash, &r.producer_id, r.partition, Ask::of(r), how);
-    let created = map.len() != before;
-    if created {
-        parts.add(r.partition);
-    }
-    (o, created)
-}
-
-#[inline]
-fn install_in(
-    map: &mut Map,
-    parts: &mut PartitionCounts,
-    hash: u64,
-    id: &ProducerId,
-    partition: i32,
-    e: &ProducerEntry,
-    act: i64,
-) -> bool {
-    let new = map.insert_hashed(hash, id, partition, e, Activity::new(act));
-    if new {
-        parts.add(partition);
-    }
-    new
-}
-
-#[inline]
-fn remove_in(
-    map: &mut Map,
-    parts: &mut PartitionCounts,
-    hash: u64,
-    id: &ProducerId,
-    partition: i32,
-) -> bool {
-    let removed = map.remove_hashed(hash, id, partition);
-    if removed {
-        parts.sub(partition);
-    }
-    removed
-}
-
 /// Looks every key of `keys` (hash, request) up in `contains` once, so
 /// that the loop that then applies them finds their slots in cache. For
 /// keys spread over a table larger than the caches, each lookup is two
@@ -220,11 +203,6 @@ pub(crate) fn warm<'r>(
 pub(crate) const WARM_CHUNK: usize = 32;
 
 impl Shards {
-    #[inline]
-    fn map(&self, hash: u64) -> &Map {
-        &self.maps[shard_of(hash)]
-    }
-
     /// Classifies an append and applies it (with its activity) if
     /// accepted; also says whether it created the key.
     #[inline]
@@ -234,14 +212,7 @@ impl Shards {
         r: &AppendRequest,
         how: Apply<Activity>,
     ) -> (BatchOutcome, bool) {
-        let s = shard_of(hash);
-        append_to(&mut self.maps[s], &mut self.parts[s], hash, r, how)
-    }
-
-    /// See [`StateMap::contains_hashed`].
-    #[inline(always)]
-    pub(crate) fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
-        self.map(hash).contains_hashed(hash, id, partition)
+        self.shard_mut(hash).append(hash, r, how)
     }
 
     pub(crate) fn get(&self, hash: u64, id: &ProducerId, partition: i32) -> Option<ProducerEntry> {
@@ -267,32 +238,16 @@ impl Shards {
     }
 
     /// Inserts an entry for a key that has none; false if the key exists.
-    pub(crate) fn insert_new(
-        &mut self,
-        id: &ProducerId,
-        partition: i32,
-        e: &ProducerEntry,
-        act: i64,
-    ) -> bool {
-        self.insert_new_hashed(hash_key(id, partition), id, partition, e, act)
+    #[inline]
+    pub(crate) fn insert_new(&mut self, k: HashedKey<'_>, e: &ProducerEntry, act: i64) -> bool {
+        self.shard_mut(k.hash).insert_new(k, e, act)
     }
 
-    /// [`Shards::insert_new`] with the key's hash already computed.
+    /// Sets the entry and activity of a key, replacing what was there;
+    /// true if the key is new.
     #[inline]
-    pub(crate) fn insert_new_hashed(
-        &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
-        e: &ProducerEntry,
-        act: i64,
-    ) -> bool {
-        let s = shard_of(hash);
-        ShardMut {
-            map: &mut self.maps[s],
-            parts: &mut self.parts[s],
-        }
-        .insert_new(hash, id, partition, e, act)
+    pub(crate) fn install(&mut self, k: HashedKey<'_>, e: &ProducerEntry, act: i64) -> bool {
+        self.shard_mut(k.hash).install(k, e, act)
     }
 
     /// Every shard apart, in order, so that threads can fill different
@@ -319,35 +274,6 @@ impl Shards {
             m.reserve(per(keys), per(windows));
         }
         s
-    }
-
-    /// Sets the entry and activity of the key with hash `hash`, replacing
-    /// what was there; true if the key is new.
-    #[inline]
-    pub(crate) fn install(
-        &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
-        e: &ProducerEntry,
-        act: i64,
-    ) -> bool {
-        let s = shard_of(hash);
-        install_in(
-            &mut self.maps[s],
-            &mut self.parts[s],
-            hash,
-            id,
-            partition,
-            e,
-            act,
-        )
-    }
-
-    /// Removes a key; false if it had no state.
-    pub(crate) fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
-        let s = shard_of(hash);
-        remove_in(&mut self.maps[s], &mut self.parts[s], hash, id, partition)
     }
 
     /// Removes the keys with hash `hash` that `take` accepts (see
@@ -439,35 +365,54 @@ pub(crate) struct ShardsPart<'a> {
     first: usize,
 }
 
-/// What replay does to one key: what [`ShardsPart`] and [`Shards`] apply.
+/// Shards a key's hash leads into: the whole [`Shards`] or a
+/// [`ShardsPart`]. What replay does to one key is written once, over the
+/// shard that holds it.
 pub(crate) trait KeyTarget {
-    fn append(&mut self, hash: u64, r: &AppendRequest, how: Apply<Activity>) -> BatchOutcome;
-    fn install(&mut self, hash: u64, info: &ProducerInfo);
-    fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool;
-    fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool;
+    /// The shard of the key with hash `hash`.
+    fn shard_mut(&mut self, hash: u64) -> ShardMut<'_>;
+
+    /// The map of the shard of the key with hash `hash`.
+    fn map(&self, hash: u64) -> &Map;
+
+    /// Classifies an append and applies it (with its activity) if
+    /// accepted.
+    #[inline]
+    fn apply(&mut self, hash: u64, r: &AppendRequest, how: Apply<Activity>) -> BatchOutcome {
+        self.shard_mut(hash).append(hash, r, how).0
+    }
+
+    /// Sets a key's entry and activity, replacing what was there.
+    fn install_info(&mut self, hash: u64, i: &ProducerInfo) {
+        let k = HashedKey::hashed(hash, &i.producer_id, i.partition);
+        self.shard_mut(hash).install(k, &i.entry, i.last_activity);
+    }
+
+    /// Removes a key; false if it had no state.
+    fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        self.shard_mut(hash).remove(hash, id, partition)
+    }
+
+    /// See [`StateMap::contains_hashed`].
+    #[inline(always)]
+    fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
+        self.map(hash).contains_hashed(hash, id, partition)
+    }
 }
 
 impl KeyTarget for Shards {
-    #[inline]
-    fn append(&mut self, hash: u64, r: &AppendRequest, how: Apply<Activity>) -> BatchOutcome {
-        Shards::append(self, hash, r, how).0
+    #[inline(always)]
+    fn shard_mut(&mut self, hash: u64) -> ShardMut<'_> {
+        let s = shard_of(hash);
+        ShardMut {
+            map: &mut self.maps[s],
+            parts: &mut self.parts[s],
+        }
     }
-    fn install(&mut self, hash: u64, i: &ProducerInfo) {
-        Shards::install(
-            self,
-            hash,
-            &i.producer_id,
-            i.partition,
-            &i.entry,
-            i.last_activity,
-        );
-    }
-    fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
-        Shards::remove(self, hash, id, partition)
-    }
-    #[inline]
-    fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
-        Shards::contains(self, hash, id, partition)
+
+    #[inline(always)]
+    fn map(&self, hash: u64) -> &Map {
+        &self.maps[shard_of(hash)]
     }
 }
 
@@ -480,36 +425,25 @@ impl ShardsPart<'_> {
 }
 
 impl KeyTarget for ShardsPart<'_> {
-    #[inline]
-    fn append(&mut self, hash: u64, r: &AppendRequest, how: Apply<Activity>) -> BatchOutcome {
+    #[inline(always)]
+    fn shard_mut(&mut self, hash: u64) -> ShardMut<'_> {
         let s = shard_of(hash) - self.first;
-        append_to(&mut self.maps[s], &mut self.parts[s], hash, r, how).0
+        ShardMut {
+            map: &mut self.maps[s],
+            parts: &mut self.parts[s],
+        }
     }
-    fn install(&mut self, hash: u64, i: &ProducerInfo) {
-        let s = shard_of(hash) - self.first;
-        install_in(
-            &mut self.maps[s],
-            &mut self.parts[s],
-            hash,
-            &i.producer_id,
-            i.partition,
-            &i.entry,
-            i.last_activity,
-        );
-    }
-    fn remove(&mut self, hash: u64, id: &ProducerId, partition: i32) -> bool {
-        let s = shard_of(hash) - self.first;
-        remove_in(&mut self.maps[s], &mut self.parts[s], hash, id, partition)
-    }
-    #[inline]
-    fn contains(&self, hash: u64, id: &ProducerId, partition: i32) -> bool {
-        self.maps[shard_of(hash) - self.first].contains_hashed(hash, id, partition)
+
+    #[inline(always)]
+    fn map(&self, hash: u64) -> &Map {
+        &self.maps[shard_of(hash) - self.first]
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::hash::hash_key;
     use crate::engine::rules::UnknownProducer;
 
     #[test]
@@ -538,8 +472,8 @@ mod tests {
         assert_eq!(count(&s, 0), 0);
         let id = ProducerId::named("n");
         let e = ProducerEntry::start(0, 0, 0, None);
-        s.install(hash_key(&id, 9), &id, 9, &e, 1);
-        s.install(hash_key(&id, 9), &id, 9, &e, 2);
+        s.install(HashedKey::new(&id, 9), &e, 1);
+        s.install(HashedKey::new(&id, 9), &e, 2);
         assert_eq!(count(&s, 9), 1);
         assert_eq!(s.activity(hash_key(&id, 9), &id, 9), Some(2));
         assert_eq!(s.len(), 1334);

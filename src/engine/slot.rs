@@ -54,23 +54,22 @@ pub(super) struct State {
     pub(super) win: u32,
 }
 
-/// A numeric key's slot: 24 bytes plus the extra, 4-byte aligned (the
-/// producer id is split into two `u32`s so the struct has no padding).
+/// One slot of a table: a key of one kind (`K`, see [`SlotKey`]), its
+/// partition, its state and its extra.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct NumSlot<X> {
-    pub(super) pid: [u32; 2],
+pub(super) struct KeySlot<K, X> {
+    pub(super) key: K,
     pub(super) partition: i32,
     pub(super) st: State,
     pub(super) x: X,
 }
 
-#[derive(Clone, Debug)]
-pub(super) struct NamedSlot<X> {
-    pub(super) id: ProducerId,
-    pub(super) partition: i32,
-    pub(super) st: State,
-    pub(super) x: X,
-}
+/// A numeric key's slot: 24 bytes plus the extra, 4-byte aligned (the
+/// producer id is split into two `u32`s so the struct has no padding).
+pub(super) type NumSlot<X> = KeySlot<[u32; 2], X>;
+
+/// A named key's slot.
+pub(super) type NamedSlot<X> = KeySlot<ProducerId, X>;
 
 /// Whether a named slot holds this (named) id.
 #[inline(always)]
@@ -272,110 +271,118 @@ impl Ask {
     }
 }
 
-/// A slot kind (numeric or named), as the table operations that are
-/// written once for both need it: how to tell a slot's key, make a slot,
-/// reach its state and extra, and hash it again when the table is rebuilt.
-pub(super) trait Slot<X>: Sized {
-    /// A key in this kind's terms (a split numeric id, or a name), with its
-    /// partition.
-    type Key<'a>: Copy;
-    fn is(&self, key: Self::Key<'_>) -> bool;
-    fn make(key: Self::Key<'_>, st: State, x: X) -> Self;
-    fn parts(&mut self) -> (&mut State, &mut X);
-    fn rehash(&self) -> u64;
+/// A slot's key kind (a split numeric id, or a name), as the table
+/// operations written once for both kinds need it: how to tell a slot's
+/// key, own a key to make a slot, and hash a slot's key again when the
+/// table is rebuilt.
+pub(super) trait SlotKey: Sized {
+    /// A key in this kind's terms, as a lookup names it.
+    type Ref<'a>: Copy;
+    /// Whether a slot of this key and `partition` holds `key`.
+    fn holds(&self, partition: i32, key: (Self::Ref<'_>, i32)) -> bool;
+    fn own(key: Self::Ref<'_>) -> Self;
+    fn rehash(&self, partition: i32) -> u64;
 }
 
-impl<X> Slot<X> for NumSlot<X> {
-    type Key<'a> = ([u32; 2], i32);
+impl SlotKey for [u32; 2] {
+    type Ref<'a> = [u32; 2];
     #[inline(always)]
-    fn is(&self, (pid, partition): Self::Key<'_>) -> bool {
-        self.pid == pid && self.partition == partition
+    fn holds(&self, partition: i32, (pid, p): (Self::Ref<'_>, i32)) -> bool {
+        *self == pid && partition == p
     }
     #[inline(always)]
-    fn make((pid, partition): Self::Key<'_>, st: State, x: X) -> Self {
-        NumSlot {
-            pid,
+    fn own(pid: Self::Ref<'_>) -> Self {
+        pid
+    }
+    #[inline(always)]
+    fn rehash(&self, partition: i32) -> u64 {
+        hash_numeric(join_pid(*self), partition)
+    }
+}
+
+impl SlotKey for ProducerId {
+    type Ref<'a> = &'a ProducerId;
+    #[inline(always)]
+    fn holds(&self, partition: i32, (id, p): (Self::Ref<'_>, i32)) -> bool {
+        partition == p && same_name(self, id)
+    }
+    #[inline(always)]
+    fn own(id: Self::Ref<'_>) -> Self {
+        id.clone()
+    }
+    #[inline(always)]
+    fn rehash(&self, partition: i32) -> u64 {
+        hash_key(self, partition)
+    }
+}
+
+/// A key with its partition, in its kind's terms.
+pub(super) type Key<'a, K> = (<K as SlotKey>::Ref<'a>, i32);
+
+impl<K: SlotKey, X> KeySlot<K, X> {
+    /// Whether this slot holds `key`.
+    #[inline(always)]
+    pub(super) fn is(&self, key: Key<'_, K>) -> bool {
+        self.key.holds(self.partition, key)
+    }
+
+    #[inline(always)]
+    fn make((key, partition): Key<'_, K>, st: State, x: X) -> Self {
+        KeySlot {
+            key: K::own(key),
             partition,
             st,
             x,
         }
     }
-    #[inline(always)]
-    fn parts(&mut self) -> (&mut State, &mut X) {
-        (&mut self.st, &mut self.x)
-    }
-    #[inline(always)]
-    fn rehash(&self) -> u64 {
-        hash_numeric(join_pid(self.pid), self.partition)
-    }
-}
 
-impl<X> Slot<X> for NamedSlot<X> {
-    type Key<'a> = (&'a ProducerId, i32);
-    #[inline(always)]
-    fn is(&self, (id, partition): Self::Key<'_>) -> bool {
-        self.partition == partition && same_name(&self.id, id)
-    }
-    #[inline(always)]
-    fn make((id, partition): Self::Key<'_>, st: State, x: X) -> Self {
-        NamedSlot {
-            id: id.clone(),
-            partition,
-            st,
-            x,
-        }
-    }
-    #[inline(always)]
-    fn parts(&mut self) -> (&mut State, &mut X) {
-        (&mut self.st, &mut self.x)
-    }
     #[inline(always)]
     fn rehash(&self) -> u64 {
-        hash_key(&self.id, self.partition)
+        self.key.rehash(self.partition)
     }
 }
 
 /// Removes the slot of `key`, giving back its state (its window is the
 /// caller's to release).
 #[inline]
-pub(super) fn take_slot<S: Slot<X>, X>(
-    table: &mut HashTable<S>,
+pub(super) fn take_slot<K: SlotKey, X>(
+    table: &mut HashTable<KeySlot<K, X>>,
     hash: u64,
-    key: S::Key<'_>,
+    key: Key<'_, K>,
 ) -> Option<State> {
-    let (mut slot, _) = table.find_entry(hash, |s| s.is(key)).ok()?.remove();
-    Some(*slot.parts().0)
+    let (slot, _) = table.find_entry(hash, |s| s.is(key)).ok()?.remove();
+    Some(slot.st)
 }
 
 /// Inserts a slot for `key`, which has none, keeping the table's room.
 #[inline(always)]
-pub(super) fn insert_new_slot<S: Slot<X>, X>(
-    table: &mut HashTable<S>,
+pub(super) fn insert_new_slot<K: SlotKey, X>(
+    table: &mut HashTable<KeySlot<K, X>>,
     hash: u64,
-    key: S::Key<'_>,
+    key: Key<'_, K>,
     st: State,
     x: X,
 ) {
-    keep_room(table, S::rehash);
-    table.insert_unique(hash, S::make(key, st, x), S::rehash);
+    keep_room(table, KeySlot::rehash);
+    table.insert_unique(hash, KeySlot::make(key, st, x), KeySlot::rehash);
 }
 
 /// Inserts `key` with the state `st` makes (called only if the key is
 /// absent, with the arena) in one probe, or returns false and changes
 /// nothing.
 #[inline(always)]
-pub(super) fn insert_vacant_in<S: Slot<X>, X>(
-    table: &mut HashTable<S>,
+pub(super) fn insert_vacant_in<K: SlotKey, X>(
+    table: &mut HashTable<KeySlot<K, X>>,
     arena: &mut Arena,
     hash: u64,
-    key: S::Key<'_>,
+    key: Key<'_, K>,
     (x, st): (X, impl FnOnce(&mut Arena) -> State),
 ) -> bool {
-    keep_room(table, S::rehash);
-    match table.entry(hash, |s| s.is(key), S::rehash) {
+    keep_room(table, KeySlot::rehash);
+    match table.entry(hash, |s| s.is(key), KeySlot::rehash) {
         hashbrown::hash_table::Entry::Occupied(_) => false,
         hashbrown::hash_table::Entry::Vacant(v) => {
-            v.insert(S::make(key, st(arena), x));
+            v.insert(KeySlot::make(key, st(arena), x));
             true
         }
     }
@@ -384,16 +391,16 @@ pub(super) fn insert_vacant_in<S: Slot<X>, X>(
 /// Classifies an append against one slot (or its absence) and applies it
 /// if accepted. Generic over the two slot kinds.
 #[inline(always)]
-pub(super) fn append_in<S: Slot<X>, X: Extra>(
-    table: &mut HashTable<S>,
+pub(super) fn append_in<K: SlotKey, X: Extra>(
+    table: &mut HashTable<KeySlot<K, X>>,
     arena: &mut Arena,
     hash: u64,
-    key: S::Key<'_>,
+    key: Key<'_, K>,
     ask: Ask,
     how: Apply<X>,
 ) -> BatchOutcome {
     if let Some(slot) = table.find_mut(hash, |s| s.is(key)) {
-        let (st, x) = slot.parts();
+        let KeySlot { st, x, .. } = slot;
         let cur = st.head.current();
         let outcome = rules::classify(Some(cur), ask.epoch, ask.first, ask.last, |f, l| {
             st.find(arena, f, l)
@@ -461,16 +468,16 @@ impl<F> Decide for F where
 
 /// [`StateMap::append_decided`] for one slot kind.
 #[inline(always)]
-pub(super) fn append_decided_in<S: Slot<X>, X: Extra>(
-    table: &mut HashTable<S>,
+pub(super) fn append_decided_in<K: SlotKey, X: Extra>(
+    table: &mut HashTable<KeySlot<K, X>>,
     arena: &mut Arena,
     hash: u64,
-    key: S::Key<'_>,
+    key: Key<'_, K>,
     (ask, x): (Ask, X),
     decide: impl Decide,
 ) -> (BatchOutcome, Decided) {
     if let Some(slot) = table.find_mut(hash, |s| s.is(key)) {
-        let (st, slot_x) = slot.parts();
+        let KeySlot { st, x: slot_x, .. } = slot;
         let (outcome, decided) = {
             let (st, a): (&State, &Arena) = (st, arena);
             decide(Some((st.head.current(), st.head.windowed())), &|f, l| {
@@ -497,16 +504,16 @@ pub(super) fn append_decided_in<S: Slot<X>, X: Extra>(
 
 /// Sets one slot's state to `entry`, creating the slot if needed; true if
 /// it was created.
-pub(super) fn upsert<S: Slot<X>, X: Extra>(
-    table: &mut HashTable<S>,
+pub(super) fn upsert<K: SlotKey, X: Extra>(
+    table: &mut HashTable<KeySlot<K, X>>,
     arena: &mut Arena,
     hash: u64,
-    key: S::Key<'_>,
+    key: Key<'_, K>,
     entry: &ProducerEntry,
     x: X,
 ) -> bool {
     if let Some(slot) = table.find_mut(hash, |s| s.is(key)) {
-        let (st, sx) = slot.parts();
+        let KeySlot { st, x: sx, .. } = slot;
         st.replace(entry, arena);
         *sx = x;
         false

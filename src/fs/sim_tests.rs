@@ -10,15 +10,32 @@ fn setup() -> (SimFs, PathBuf) {
     (fs, dir)
 }
 
-#[test]
-fn only_synced_bytes_and_synced_entries_survive_a_crash() {
+/// [`setup`] with a new file `a` in the directory, open for writing.
+fn setup_file() -> (SimFs, PathBuf, PathBuf, Box<dyn WriteFile>) {
     let (fs, dir) = setup();
     let a = dir.join("a");
-    let mut f = fs.create_new(&a).unwrap();
+    let f = fs.create_new(&a).unwrap();
+    (fs, dir, a, f)
+}
+
+/// What a crash that treats unsynced writes as `unsynced` leaves of `path`.
+fn after_crash(fs: &SimFs, path: &Path, unsynced: Unsynced) -> Option<Vec<u8>> {
+    fs.crash_image(unsynced).read_file(path)
+}
+
+/// Asserts that such a crash leaves `want` in `path`.
+#[track_caller]
+fn assert_crash_leaves(fs: &SimFs, path: &Path, unsynced: Unsynced, want: &[u8]) {
+    assert_eq!(after_crash(fs, path, unsynced).as_deref(), Some(want));
+}
+
+#[test]
+fn only_synced_bytes_and_synced_entries_survive_a_crash() {
+    let (fs, dir, a, mut f) = setup_file();
     f.write_all(b"hello").unwrap();
     f.sync_data().unwrap();
     // Data synced but the entry not: the file is gone after a crash.
-    assert_eq!(fs.crash_image(Unsynced::Keep).read_file(&a), None);
+    assert_eq!(after_crash(&fs, &a, Unsynced::Keep), None);
     fs.sync_dir(&dir).unwrap();
     f.write_all(b" world").unwrap();
     let img = fs.crash_image(Unsynced::Drop);
@@ -98,37 +115,24 @@ fn unsynced_directory_changes_survive_in_any_combination() {
 
 #[test]
 fn truncation_and_overwrite_of_synced_bytes_are_undone_by_a_crash() {
-    let (fs, dir) = setup();
-    let a = dir.join("a");
-    let mut f = fs.create_new(&a).unwrap();
+    let (fs, dir, a, mut f) = setup_file();
     f.write_all(b"abcdef").unwrap();
     f.sync_data().unwrap();
     fs.sync_dir(&dir).unwrap();
     f.set_len(2).unwrap();
     f.write_all_at(0, b"Z").unwrap();
     assert_eq!(fs.read_file(&a).as_deref(), Some(&b"Zb"[..]));
-    assert_eq!(
-        fs.crash_image(Unsynced::Drop).read_file(&a).as_deref(),
-        Some(&b"abcdef"[..])
-    );
+    assert_crash_leaves(&fs, &a, Unsynced::Drop, b"abcdef");
     // The page cache flushed in time: everything written survives.
-    assert_eq!(
-        fs.crash_image(Unsynced::Keep).read_file(&a).as_deref(),
-        Some(&b"Zb"[..])
-    );
+    assert_crash_leaves(&fs, &a, Unsynced::Keep, b"Zb");
     f.sync_data().unwrap();
-    assert_eq!(
-        fs.crash_image(Unsynced::Drop).read_file(&a).as_deref(),
-        Some(&b"Zb"[..])
-    );
+    assert_crash_leaves(&fs, &a, Unsynced::Drop, b"Zb");
 }
 
 #[test]
 fn an_overwrite_of_durable_bytes_survives_whole_in_part_or_not_at_all() {
     // A preallocated file: 4 KiB of zeros, written and fsync'ed.
-    let (fs, dir) = setup();
-    let a = dir.join("a");
-    let mut f = fs.create_new(&a).unwrap();
+    let (fs, dir, a, mut f) = setup_file();
     f.write_zeros(0, 4096).unwrap();
     f.sync_data().unwrap();
     fs.sync_dir(&dir).unwrap();
@@ -140,7 +144,7 @@ fn an_overwrite_of_durable_bytes_survives_whole_in_part_or_not_at_all() {
     assert_eq!(new.len(), 4096);
     let mut durable = new.clone();
     durable[100..1300].fill(0);
-    let image = |u| fs.crash_image(u).read_file(&a).unwrap();
+    let image = |u| after_crash(&fs, &a, u).unwrap();
     assert_eq!(image(Unsynced::Drop), durable);
     assert_eq!(image(Unsynced::Keep), new);
     let (mut partly, mut prefixes) = (0, 0);
@@ -192,19 +196,14 @@ fn faults_hit_the_chosen_operation() {
 
 #[test]
 fn a_partial_write_fault_fails_an_operation_that_is_not_a_write_with_no_effect() {
-    let (fs, dir) = setup();
-    let a = dir.join("a");
-    let mut f = fs.create_new(&a).unwrap();
+    let (fs, dir, a, mut f) = setup_file();
     fs.sync_dir(&dir).unwrap();
     f.write_all(b"abc").unwrap();
     fs.set_fault(fs.ops(), Fault::PartialWrite);
     let e = f.sync_data().unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::StorageFull);
     // The fsync did not happen: a crash keeps nothing of the bytes.
-    assert_eq!(
-        fs.crash_image(Unsynced::Drop).read_file(&a).as_deref(),
-        Some(&b""[..])
-    );
+    assert_crash_leaves(&fs, &a, Unsynced::Drop, b"");
     fs.set_fault(fs.ops(), Fault::PartialWrite);
     assert!(fs.rename(&a, &dir.join("b")).is_err());
     assert!(fs.read_file(&a).is_some() && fs.read_file(&dir.join("b")).is_none());
@@ -213,17 +212,12 @@ fn a_partial_write_fault_fails_an_operation_that_is_not_a_write_with_no_effect()
     assert_eq!(fs.read_file(&a).as_deref(), Some(&b"abc"[..]));
     // Without a fault, the same operations go through.
     f.sync_data().unwrap();
-    assert_eq!(
-        fs.crash_image(Unsynced::Drop).read_file(&a).as_deref(),
-        Some(&b"abc"[..])
-    );
+    assert_crash_leaves(&fs, &a, Unsynced::Drop, b"abc");
 }
 
 #[test]
 fn sectors_mode_zeroes_some_sectors_of_the_unsynced_tail() {
-    let (fs, dir) = setup();
-    let a = dir.join("a");
-    let mut f = fs.create_new(&a).unwrap();
+    let (fs, dir, a, mut f) = setup_file();
     fs.sync_dir(&dir).unwrap();
     f.write_all(&[7u8; 100]).unwrap();
     f.sync_data().unwrap();
@@ -231,10 +225,7 @@ fn sectors_mode_zeroes_some_sectors_of_the_unsynced_tail() {
     let mut saw_zero = false;
     let mut saw_nine = false;
     for seed in 0..8 {
-        let d = fs
-            .crash_image(Unsynced::Sectors(seed))
-            .read_file(&a)
-            .unwrap();
+        let d = after_crash(&fs, &a, Unsynced::Sectors(seed)).unwrap();
         assert_eq!(d.len(), 4196);
         assert!(d[..100].iter().all(|&b| b == 7));
         saw_zero |= d[100..].contains(&0);

@@ -8,6 +8,7 @@ use std::path::Path;
 use crate::directory::names;
 use crate::engine::ProducerStateManager;
 use crate::engine::entry::ProducerEntry;
+use crate::engine::hash::HashedKey;
 use crate::engine::info::ProducerInfo;
 use crate::engine::kafka::entry::KafkaProducerEntry;
 use crate::engine::kafka::side::KafkaProducerState;
@@ -213,7 +214,7 @@ pub fn snapshot(
         |id, p, e, act| {
             // The rule recovery's loader applies: a key twice is damage.
             // It also stops a body of zeros (a hole) at its second entry.
-            if !shards.insert_new(&id, p, &e, act) {
+            if !shards.insert_new(HashedKey::new(&id, p), &e, act) {
                 return Err(Error::corrupt(path, 0, Corruption::DuplicateKey));
             }
             t.tick(t.n + 1);

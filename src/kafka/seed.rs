@@ -6,11 +6,13 @@ use std::path::{Path, PathBuf};
 
 use super::file::{read, to_entry};
 use crate::directory::names;
+use crate::engine::hash::HashedKey;
 use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 use crate::engine::shards::Shards;
 use crate::error::{Error, Result};
 use crate::fs::{FileSystem, StdFs};
 use crate::snapshot;
+use crate::snapshot::meta::Meta;
 
 /// A Kafka entry a seed did not import: where it was, whose it was, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,45 +96,33 @@ pub fn seed_store_with(
 ) -> Result<SeedReport> {
     let _lock = lock_new(fs, dir)?;
     let mut shards = Shards::default();
-    let mut meta = crate::snapshot::meta::Meta::default();
-    let mut report = SeedReport::default();
-    for (path, partition) in sources {
-        for k in read_verified(fs, path)? {
-            match to_entry(&k) {
-                Ok((id, e)) => {
-                    // Kafka's lastTimestamp is the key's last activity;
-                    // its offsets bound what truncation must undo.
-                    meta.high = meta.high.max(k.last_offset);
-                    meta.ends.note(*partition, k.last_offset);
-                    if !shards.insert_new(&id, *partition, &e, k.timestamp) {
-                        return Err(twice(k.producer_id, *partition));
-                    }
-                    report.imported += 1;
-                }
-                Err(reason) => report.skipped.push(SkippedEntry {
-                    file: path.clone(),
-                    producer_id: k.producer_id,
-                    reason,
-                }),
+    let (meta, mut report) = import(fs, sources, |partition, k| {
+        let (id, e) = match to_entry(k) {
+            Ok(entry) => entry,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        // Kafka's lastTimestamp is the key's last activity; its offsets
+        // bound what truncation must undo.
+        if !shards.insert_new(HashedKey::new(&id, partition), &e, k.timestamp) {
+            return Err(twice(k.producer_id, partition));
+        }
+        Ok(Ok(k.last_offset))
+    })?;
+    report.snapshot = write_snapshot(fs, dir, &meta, |w| {
+        let mut blocks = snapshot::Blocks::default();
+        for i in 0..crate::engine::shards::SHARDS {
+            for info in shards.infos(i) {
+                blocks.push(
+                    i as u16,
+                    &info.producer_id,
+                    info.partition,
+                    &info.entry,
+                    info.last_activity,
+                );
             }
         }
-    }
-    let mut w = snapshot::Writer::create(fs, dir, 0)?;
-    w.write_meta(&meta)?;
-    let mut blocks = snapshot::Blocks::default();
-    for i in 0..crate::engine::shards::SHARDS {
-        for info in shards.infos(i) {
-            blocks.push(
-                i as u16,
-                &info.producer_id,
-                info.partition,
-                &info.entry,
-                info.last_activity,
-            );
-        }
-    }
-    blocks.flush(&mut w)?;
-    report.snapshot = w.finish(fs, dir)?;
+        blocks.flush(w)
+    })?;
     Ok(report)
 }
 
@@ -197,20 +187,50 @@ pub fn seed_kafka_store_with(
     let _lock = lock_new(fs, dir)?;
     let mut engine =
         crate::engine::ProducerStateManager::with_semantics(crate::semantics::Semantics::Kafka);
-    let mut meta = crate::snapshot::meta::Meta::default();
+    let (meta, mut report) = import(fs, sources, |partition, k| {
+        match engine.add_kafka_entry(partition, k)? {
+            // The offsets a truncation must undo: the newest batch, and an
+            // open transaction's start.
+            Ok(true) => Ok(Ok(k.last_offset.max(k.current_txn_first_offset))),
+            Ok(false) => Err(twice(k.producer_id, partition)),
+            Err(reason) => Ok(Err(reason)),
+        }
+    })?;
+    // What the store's own snapshot of a Kafka-mode state holds: the store
+    // section, the Kafka section (side table), then the compact keys.
+    report.snapshot = write_snapshot(fs, dir, &meta, |w| {
+        if let Some(side) = engine.kafka_side() {
+            w.write_kafka(side)?;
+        }
+        let mut blocks = snapshot::Blocks::default();
+        for (id, partition, e, activity) in engine.compact_entries() {
+            blocks.push(snapshot::UNSHARDED, &id, partition, &e, activity);
+        }
+        blocks.flush(w)
+    })?;
+    Ok(report)
+}
+
+/// Hands every entry of `sources` (each file verified whole first) to
+/// `add` with its partition, and counts what it says: the highest offset
+/// a truncation must undo for an imported entry, or why the entry has no
+/// place in the store (reported as skipped). Gives the store section the
+/// imported entries make and the report so far.
+fn import(
+    fs: &dyn FileSystem,
+    sources: &[(PathBuf, i32)],
+    mut add: impl FnMut(i32, &KafkaProducerEntry) -> Result<Result<i64, Unrepresentable>>,
+) -> Result<(Meta, SeedReport)> {
+    let mut meta = Meta::default();
     let mut report = SeedReport::default();
     for (path, partition) in sources {
         for k in read_verified(fs, path)? {
-            match engine.add_kafka_entry(*partition, &k)? {
-                Ok(true) => {
-                    // The offsets a truncation must undo: the newest batch,
-                    // and an open transaction's start.
-                    let high = k.last_offset.max(k.current_txn_first_offset);
+            match add(*partition, &k)? {
+                Ok(high) => {
                     meta.high = meta.high.max(high);
                     meta.ends.note(*partition, high);
                     report.imported += 1;
                 }
-                Ok(false) => return Err(twice(k.producer_id, *partition)),
                 Err(reason) => report.skipped.push(SkippedEntry {
                     file: path.clone(),
                     producer_id: k.producer_id,
@@ -219,20 +239,21 @@ pub fn seed_kafka_store_with(
             }
         }
     }
-    // What the store's own snapshot of a Kafka-mode state holds: the store
-    // section, the Kafka section (side table), then the compact keys.
+    Ok((meta, report))
+}
+
+/// Writes the seeded store's snapshot at position 0: the store section
+/// `meta`, then what `body` writes. Gives its path.
+fn write_snapshot(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    meta: &Meta,
+    body: impl FnOnce(&mut snapshot::Writer) -> Result<()>,
+) -> Result<PathBuf> {
     let mut w = snapshot::Writer::create(fs, dir, 0)?;
-    w.write_meta(&meta)?;
-    if let Some(side) = engine.kafka_side() {
-        w.write_kafka(side)?;
-    }
-    let mut blocks = snapshot::Blocks::default();
-    for (id, partition, e, activity) in engine.compact_entries() {
-        blocks.push(snapshot::UNSHARDED, &id, partition, &e, activity);
-    }
-    blocks.flush(&mut w)?;
-    report.snapshot = w.finish(fs, dir)?;
-    Ok(report)
+    w.write_meta(meta)?;
+    body(&mut w)?;
+    w.finish(fs, dir)
 }
 
 /// Takes the store's lock on `dir` and checks that it holds no store yet.

@@ -78,7 +78,7 @@ fn apply_one(
 ) -> std::result::Result<(), crate::outcome::BatchOutcome> {
     match &rec.op {
         KeyOp::Append(r, how) => {
-            let o = target.append(rec.hash, r, *how);
+            let o = target.apply(rec.hash, r, *how);
             if o.is_accepted() { Ok(()) } else { Err(o) }
         }
         KeyOp::Remove(id, p) => {
@@ -86,7 +86,7 @@ fn apply_one(
             Ok(())
         }
         KeyOp::Set(i) => {
-            target.install(rec.hash, i);
+            target.install_info(rec.hash, i);
             Ok(())
         }
     }

@@ -30,6 +30,7 @@ use std::path::Path;
 use std::sync::mpsc;
 
 use crate::engine::entry::ProducerEntry;
+use crate::engine::hash::HashedKey;
 use crate::engine::shards::{SHARDS, ShardMut, Shards};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
@@ -90,7 +91,10 @@ impl snapshot::Sink for Loader<'_> {
                 Err(Error::corrupt(self.path, 0, Corruption::DuplicateKey))
             };
         }
-        if self.shards.insert_new_hashed(hash, &id, p, &e, act) {
+        if self
+            .shards
+            .insert_new(HashedKey::hashed(hash, &id, p), &e, act)
+        {
             Ok(())
         } else {
             Err(Error::corrupt(self.path, 0, Corruption::DuplicateKey))

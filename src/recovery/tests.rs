@@ -180,15 +180,20 @@ fn a_dry_run_is_the_plan_an_open_then_makes() {
     assert_eq!(again.next_position, 3);
 }
 
+/// Options for a store on `fs` that snapshots only when told (and then
+/// before the call returns).
+fn sim_store_options(fs: &SimFs) -> crate::StoreOptions {
+    crate::StoreOptions::default()
+        .file_system(std::sync::Arc::new(fs.clone()))
+        .background_snapshots(false)
+}
+
 #[test]
 fn a_skipped_snapshot_says_where_and_what_as_values() {
-    use crate::{ProducerStateStore, StoreOptions};
+    use crate::ProducerStateStore;
     let fs = SimFs::new();
     let dir = PathBuf::from("/s");
-    let opts = StoreOptions::default()
-        .file_system(std::sync::Arc::new(fs.clone()))
-        .background_snapshots(false);
-    let s = ProducerStateStore::open_with(&dir, opts).unwrap();
+    let s = ProducerStateStore::open_with(&dir, sim_store_options(&fs)).unwrap();
     for k in 0..5u64 {
         s.append(k, 0, 0, 0).unwrap();
     }
@@ -220,17 +225,15 @@ fn a_skipped_snapshot_says_where_and_what_as_values() {
 
 #[test]
 fn segments_wholly_below_the_snapshot_are_not_read() {
+    use crate::ProducerStateStore;
     use crate::inspect::{Effect, Role};
-    use crate::{ProducerStateStore, StoreOptions};
     // Small segments and one snapshot at 120: several segments end
     // below it.
     let fs = SimFs::new();
     let dir = PathBuf::from("/s");
-    let opts = StoreOptions::default()
-        .file_system(std::sync::Arc::new(fs.clone()))
+    let opts = sim_store_options(&fs)
         .segment_size(1024)
-        .snapshot_every_records(None)
-        .background_snapshots(false);
+        .snapshot_every_records(None);
     let st = ProducerStateStore::open_with(&dir, opts).unwrap();
     for i in 0..150u64 {
         if i == 120 {

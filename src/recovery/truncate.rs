@@ -88,19 +88,25 @@ pub(crate) fn pick_base(
     Ok(Err(lowest))
 }
 
+/// What a replay reads: the directory (through `fs`), the base it starts
+/// from, and the live log's segments (first positions, ascending) up to
+/// position `end`. Of the last segment only the first `last_len` bytes are
+/// read: what was written when the list was taken (the log may go on
+/// meanwhile).
+pub(crate) struct History<'a> {
+    pub(crate) fs: &'a dyn FileSystem,
+    pub(crate) dir: &'a Path,
+    pub(crate) base: &'a Base,
+    pub(crate) segments: &'a [u64],
+    pub(crate) last_len: u64,
+    pub(crate) end: u64,
+}
+
 /// The state of the history with every append at or above `offset`
-/// removed: the base replayed through `segments` (first positions,
-/// ascending: the live log, of whose last segment the first `last_len`
-/// bytes hold every record) up to `end`. With `only`, that partition's
-/// keys alone are rebuilt (the others' are the base's).
-pub(crate) fn truncated_state(
-    fs: &dyn FileSystem,
-    dir: &Path,
-    base: &Base,
-    (segments, last_len, end): (&[u64], u64, u64),
-    offset: i64,
-    only: Option<i32>,
-) -> Result<Shards> {
+/// removed: the base replayed through the log of `h`. With `only`, that
+/// partition's keys alone are rebuilt (the others' are the base's).
+pub(crate) fn truncated_state(h: &History<'_>, offset: i64, only: Option<i32>) -> Result<Shards> {
+    let History { fs, dir, base, .. } = *h;
     let (mut shards, meta, point) = match &base.snapshot {
         Some(path) => {
             let l = load_file(fs, path)?;
@@ -109,7 +115,7 @@ pub(crate) fn truncated_state(
         None => (Shards::default(), Meta::default(), None),
     };
     let start = base.position;
-    let segs = segments_from(dir, segments, start)?;
+    let segs = segments_from(dir, h.segments, start)?;
     let bytes: u64 = segs
         .iter()
         .map(|&s| {
@@ -121,17 +127,17 @@ pub(crate) fn truncated_state(
     let mut replayer = replayer(meta, offset, only);
     let log = Log {
         segments: segs,
-        last_len,
+        last_len: h.last_len,
         point,
     };
     if bytes >= PARALLEL_FROM && cores > 1 {
         std::thread::scope(|scope| {
             let mut sink = Parallel::new(scope, &mut shards, true);
-            replay(fs, dir, log, start, end, &mut replayer, &mut sink)
+            replay(fs, dir, log, start, h.end, &mut replayer, &mut sink)
         })?;
     } else {
         let mut sink = Sequential::dropping(&mut shards);
-        replay(fs, dir, log, start, end, &mut replayer, &mut sink)?;
+        replay(fs, dir, log, start, h.end, &mut replayer, &mut sink)?;
     }
     Ok(shards)
 }
@@ -160,49 +166,31 @@ fn segments_from<'a>(dir: &Path, segments: &'a [u64], start: u64) -> Result<&'a 
 /// A Kafka-mode store's state with every batch and marker at or above
 /// `offset` removed (Kafka's `truncateAndReload`: the producers, their
 /// open transactions and the aborted list as of the log below it): the
-/// base's engine replayed as [`crate::recovery::replay`] says for a target
-/// offset. With `only`, that partition alone is rebuilt.
+/// base's engine replayed through the log of `h` as
+/// [`crate::recovery::replay`] says for a target offset. With `only`, that
+/// partition alone is rebuilt.
 pub(crate) fn truncated_kafka(
-    fs: &dyn FileSystem,
-    dir: &Path,
-    base: &Base,
-    (segments, last_len, end): (&[u64], u64, u64),
+    h: &History<'_>,
     offset: i64,
     only: Option<i32>,
 ) -> Result<crate::engine::ProducerStateManager> {
-    kafka_replayed(fs, dir, base, (segments, last_len), end, |meta| {
-        replayer(meta, offset, only)
-    })
+    kafka_replayed(h, |meta| replayer(meta, offset, only))
 }
 
-/// The Kafka-mode state at `position`: the base's engine with the log
-/// replayed up to `position`, never classified (as recovery replays it).
-/// Every record below `position` must be durable. The log may go on
-/// meanwhile: of the last of `segments` only its first `last_len` bytes
-/// (what was written when the list was taken) are read.
-pub(crate) fn kafka_state_at(
-    fs: &dyn FileSystem,
-    dir: &Path,
-    base: &Base,
-    (segments, last_len): (&[u64], u64),
-    position: u64,
-) -> Result<crate::engine::ProducerStateManager> {
-    kafka_replayed(fs, dir, base, (segments, last_len), position, |meta| {
-        Replayer::new(meta, None)
-    })
+/// The Kafka-mode state at the end of `h`: the base's engine with the log
+/// replayed up to it, never classified (as recovery replays it). Every
+/// record below the end must be durable.
+pub(crate) fn kafka_state_at(h: &History<'_>) -> Result<crate::engine::ProducerStateManager> {
+    kafka_replayed(h, |meta| Replayer::new(meta, None))
 }
 
-/// The base's Kafka engine (an empty one at position 0) with the log
-/// replayed into it up to `end` by the replayer `make` builds around it;
-/// `last_len` as [`Log`] says.
+/// The base's Kafka engine (an empty one at position 0) with the log of
+/// `h` replayed into it by the replayer `make` builds around it.
 fn kafka_replayed(
-    fs: &dyn FileSystem,
-    dir: &Path,
-    base: &Base,
-    (segments, last_len): (&[u64], u64),
-    end: u64,
+    h: &History<'_>,
     make: impl FnOnce(Meta) -> Replayer,
 ) -> Result<crate::engine::ProducerStateManager> {
+    let History { fs, dir, base, .. } = *h;
     let (mut meta, point) = match &base.snapshot {
         Some(path) => {
             let l = load_file(fs, path)?;
@@ -216,15 +204,15 @@ fn kafka_replayed(
         ));
     }
     let log = Log {
-        segments: segments_from(dir, segments, base.position)?,
-        last_len,
+        segments: segments_from(dir, h.segments, base.position)?,
+        last_len: h.last_len,
         point,
     };
     let mut replayer = make(meta);
     // Kafka-mode records go to the engine, never to the sink.
     let mut shards = Shards::default();
     let mut sink = Sequential::dropping(&mut shards);
-    replay(fs, dir, log, base.position, end, &mut replayer, &mut sink)?;
+    replay(fs, dir, log, base.position, h.end, &mut replayer, &mut sink)?;
     replayer
         .meta
         .kafka

@@ -11,7 +11,8 @@ use super::read::read_kafka;
 use super::write::encode_to_vec;
 use crate::engine::ProducerStateManager;
 use crate::engine::entry::ProducerEntry;
-use crate::engine::map::{StateMap, hash_key};
+use crate::engine::hash::HashedKey;
+use crate::engine::map::StateMap;
 use crate::error::{Corruption, Error, Result};
 use crate::id::ProducerId;
 #[cfg(doc)]
@@ -77,7 +78,7 @@ impl ProducerStateManager {
         let source = source.as_ref();
         let mut map = StateMap::default();
         let read = |id: ProducerId, partition, entry: ProducerEntry, _activity| {
-            if map.insert_new_hashed(hash_key(&id, partition), &id, partition, &entry, ()) {
+            if map.insert_new_hashed(HashedKey::new(&id, partition), &entry, ()) {
                 Ok(())
             } else {
                 Err(Error::corrupt(source, 0, Corruption::DuplicateKey))

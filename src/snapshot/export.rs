@@ -262,11 +262,7 @@ impl PartitionExport {
             return Err(bad(0, crate::codec::truncated(HEADER_LEN + 4, bytes.len())));
         }
         let mut d = Dec::new(bytes);
-        if d.bytes(8) != Some(&MAGIC[..]) {
-            return Err(bad(0, Corruption::BadMagic));
-        }
-        let version = d.u16().unwrap_or(0);
-        let flags = d.u16().unwrap_or(0);
+        let (version, flags) = d.magic_version_flags(MAGIC).map_err(|k| bad(0, k))?;
         let partition = d.i32().unwrap_or(0);
         let count = d.u64().unwrap_or(0);
         let body = bytes.get(..body_end).unwrap_or_default();

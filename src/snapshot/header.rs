@@ -96,11 +96,9 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
         return Err(Error::corrupt(path, 0, truncated(HEADER_LEN, bytes.len())));
     };
     let mut d = Dec::new(h);
-    if d.bytes(8) != Some(&MAGIC[..]) {
-        return Err(Error::corrupt(path, 0, Corruption::BadMagic));
-    }
-    let version = d.u16().unwrap_or(0);
-    let flags = d.u16().unwrap_or(0);
+    let (version, flags) = d
+        .magic_version_flags(MAGIC)
+        .map_err(|k| Error::corrupt(path, 0, k))?;
     let reserved = d.u32().unwrap_or(0);
     let position = d.u64().unwrap_or(0);
     let entries = d.u64().unwrap_or(0);

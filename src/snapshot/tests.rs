@@ -20,6 +20,14 @@ use crate::id::ProducerId;
 use crate::snapshot::meta::Meta;
 use std::io::Cursor;
 
+/// A simulated file system with the directory `/d` in it.
+fn sim_dir() -> (SimFs, PathBuf) {
+    let fs = SimFs::new();
+    let dir = PathBuf::from("/d");
+    fs.create_dir_all(&dir).unwrap();
+    (fs, dir)
+}
+
 fn sample_state() -> ProducerStateManager {
     let mut m = ProducerStateManager::new();
     for pid in 0..50u64 {
@@ -119,9 +127,7 @@ fn load(bytes: &[u8]) -> Result<(Header, Meta, Entries)> {
 
 #[test]
 fn the_in_memory_encoding_is_the_file_byte_for_byte() {
-    let fs = SimFs::new();
-    let dir = PathBuf::from("/d");
-    fs.create_dir_all(&dir).unwrap();
+    let (fs, dir) = sim_dir();
     let m = sample_state();
     // Without a point: a replica's state has no log of this store.
     let path = write_with(&fs, &dir, &m, 77, None);
@@ -140,9 +146,7 @@ fn the_in_memory_encoding_is_the_file_byte_for_byte() {
 
 #[test]
 fn a_snapshot_round_trips_every_entry() {
-    let fs = SimFs::new();
-    let dir = PathBuf::from("/d");
-    fs.create_dir_all(&dir).unwrap();
+    let (fs, dir) = sim_dir();
     let m = sample_state();
     let path = write(&fs, &dir, &m, 77);
     assert_eq!(path, dir.join("00000000000000000077.snap"));
@@ -168,9 +172,7 @@ fn a_snapshot_round_trips_every_entry() {
 
 #[test]
 fn every_truncation_and_bit_flip_is_an_error_never_a_panic() {
-    let fs = SimFs::new();
-    let dir = PathBuf::from("/d");
-    fs.create_dir_all(&dir).unwrap();
+    let (fs, dir) = sim_dir();
     let mut m = ProducerStateManager::new();
     m.append(1u64, 0, 0, 0);
     m.append_batch("n", 0, 0, Batch::new(0, 3, 5, 6));
@@ -295,9 +297,7 @@ fn version_1_2_and_3_files_still_read_to_the_same_state() {
 
 #[test]
 fn a_damaged_store_section_is_corruption() {
-    let fs = SimFs::new();
-    let dir = PathBuf::from("/d");
-    fs.create_dir_all(&dir).unwrap();
+    let (fs, dir) = sim_dir();
     let bytes = fs.read_file(&write(&fs, &dir, &sample_state(), 5)).unwrap();
     // The section's length claims more than the body holds.
     let mut b = bytes.clone();

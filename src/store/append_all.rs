@@ -9,7 +9,7 @@ use super::state::{State, Submit};
 use super::{ProducerStateStore, Shared, WARM, check_seed};
 use crate::batch::AppendRequest;
 use crate::engine::map::hash_key;
-use crate::engine::shards::warm;
+use crate::engine::shards::{KeyTarget, warm};
 use crate::error::Result;
 use crate::outcome::BatchOutcome;
 
@@ -47,11 +47,8 @@ impl ProducerStateStore {
                         break Ok(BatchOutcome::Accepted);
                     }
                     Submit::Wait { group, pos } => {
-                        // Our own queued records may be what it waits for:
-                        // make sure somebody commits them.
-                        shared.commit(st);
-                        let waited = shared.await_durable(group, pos);
-                        st = shared.lock_state();
+                        let waited;
+                        (st, waited) = shared.commit_and_relock(st, group, pos);
                         if let Err(e) = waited {
                             break Err(e);
                         }
@@ -59,24 +56,52 @@ impl ProducerStateStore {
                 }
             });
         }
-        if let Some(&(_, group, pos)) = queued.last() {
-            shared.commit(st);
-            if shared.await_durable(group, pos).is_err() {
-                let st = shared.lock_state();
-                for &(i, _, pos) in &queued {
-                    if let Some(f) = st.log.failed()
-                        && st.log.durable() <= pos
-                    {
-                        out[i] = Err(f.error_for(Some(pos)));
-                    }
-                }
-            }
-        }
+        settle(shared, st, &queued, &mut out);
         out
     }
 }
 
+/// `Always`: commits what `append_all` queued and waits for it; an
+/// append whose record was lost gets the failure.
+pub(super) fn settle(
+    shared: &Shared,
+    st: MutexGuard<'_, State>,
+    queued: &[(usize, u64, u64)],
+    out: &mut [Result<BatchOutcome>],
+) {
+    let Some(&(_, group, pos)) = queued.last() else {
+        return;
+    };
+    shared.commit(st);
+    if shared.await_durable(group, pos).is_err() {
+        let st = shared.lock_state();
+        for &(i, _, pos) in queued {
+            if let Some(f) = st.log.failed()
+                && st.log.durable() <= pos
+                && let Some(o) = out.get_mut(i)
+            {
+                *o = Err(f.error_for(Some(pos)));
+            }
+        }
+    }
+}
+
 impl Shared {
+    /// `append_all`'s wait for a key with a record in flight: commits what
+    /// the call queued so far (its own records may be what it waits for),
+    /// waits for the record at `pos` (of commit group `group`) and takes
+    /// the lock again, whatever the wait gave.
+    pub(super) fn commit_and_relock<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        group: u64,
+        pos: u64,
+    ) -> (MutexGuard<'a, State>, Result<()>) {
+        self.commit(st);
+        let waited = self.await_durable(group, pos);
+        (self.lock_state(), waited)
+    }
+
     /// [`ProducerStateStore::append_all`] under a buffered policy: classify,
     /// apply and encode every request under one lock.
     fn append_all_buffered(

@@ -23,10 +23,11 @@ use hashbrown::HashTable;
 use super::order::Order;
 use crate::batch::AppendRequest;
 use crate::engine::entry::ProducerEntry;
+use crate::engine::hash::HashedKey;
 use crate::engine::info::ProducerInfo;
 use crate::engine::map::{Activity, Apply};
 use crate::engine::rules::{self, UnknownProducer};
-use crate::engine::shards::{SHARDS, Shards, shard_of};
+use crate::engine::shards::{KeyTarget, SHARDS, Shards, shard_of};
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
 use crate::recovery::replay::append_offset;
@@ -280,17 +281,10 @@ impl Keys {
     }
 
     /// Sets a key's committed state; true if the key is new.
-    pub(super) fn install(
-        &mut self,
-        hash: u64,
-        id: &ProducerId,
-        partition: i32,
-        entry: &ProducerEntry,
-        act: i64,
-    ) -> bool {
-        let new = self.shards.install(hash, id, partition, entry, act);
+    pub(super) fn install(&mut self, k: HashedKey<'_>, entry: &ProducerEntry, act: i64) -> bool {
+        let new = self.shards.install(k, entry, act);
         if let Some(o) = &mut self.order {
-            o.note(act, hash);
+            o.note(act, k.hash);
         }
         new
     }
@@ -358,7 +352,11 @@ impl Keys {
                     pos,
                 } => {
                     self.save_pre_image(hash, &r.producer_id, r.partition, pos);
-                    self.install(hash, &r.producer_id, r.partition, &entry, act);
+                    self.install(
+                        HashedKey::hashed(hash, &r.producer_id, r.partition),
+                        &entry,
+                        act,
+                    );
                     let offset = append_offset(&r, pos);
                     self.meta.high = self.meta.high.max(offset);
                     self.meta.ends.note(r.partition, offset);
@@ -375,7 +373,8 @@ impl Keys {
                 Queued::Set { entries, pos } => {
                     for (hash, i) in entries {
                         self.save_pre_image(hash, &i.producer_id, i.partition, pos);
-                        self.install(hash, &i.producer_id, i.partition, &i.entry, i.last_activity);
+                        let k = HashedKey::hashed(hash, &i.producer_id, i.partition);
+                        self.install(k, &i.entry, i.last_activity);
                         self.settle(hash, &i.producer_id, i.partition, pos);
                     }
                 }

@@ -371,14 +371,7 @@ impl ProducerStateStore {
                         .await_durable(group, pos)
                         .map(|()| BatchOutcome::Accepted);
                 }
-                Submit::Wait { group, pos } => {
-                    drop(st);
-                    shared.await_durable(group, pos)?;
-                    st = shared.lock_state();
-                    if let Some(f) = st.log.failed() {
-                        return Err(f.error_for(None));
-                    }
-                }
+                Submit::Wait { group, pos } => st = shared.relock_after(st, group, pos)?,
             }
         }
     }
@@ -688,6 +681,25 @@ impl Shared {
 
     fn await_durable(&self, group: u64, pos: u64) -> Result<()> {
         self.log.await_durable(group, pos)
+    }
+
+    /// Lets go of the state lock until the record at `pos` (of commit
+    /// group `group`) is durable, then takes it again: what an operation on
+    /// a key with a record in flight does before it tries again. The
+    /// store's failure if it failed meanwhile.
+    fn relock_after<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        group: u64,
+        pos: u64,
+    ) -> Result<MutexGuard<'a, State>> {
+        drop(st);
+        self.await_durable(group, pos)?;
+        let st = self.lock_state();
+        if let Some(f) = st.log.failed() {
+            return Err(f.error_for(None));
+        }
+        Ok(st)
     }
 
     fn sync(&self) -> Result<()> {

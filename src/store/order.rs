@@ -461,13 +461,15 @@ fn take(
 mod tests {
     use super::*;
     use crate::engine::entry::ProducerEntry;
+    use crate::engine::hash::HashedKey;
     use crate::engine::map::hash_key;
+    use crate::engine::shards::KeyTarget;
 
     fn install(s: &mut Shards, order: &mut Order, id: &ProducerId, p: i32, act: i64) {
         let e = ProducerEntry::start(0, 0, 0, None);
-        let h = hash_key(id, p);
-        s.install(h, id, p, &e, act);
-        order.note(act, h);
+        let k = HashedKey::new(id, p);
+        s.install(k, &e, act);
+        order.note(act, k.hash);
     }
 
     fn state(keys: &[(u64, i64)]) -> Shards {
@@ -475,7 +477,7 @@ mod tests {
         let e = ProducerEntry::start(0, 0, 0, None);
         for &(k, act) in keys {
             let id = ProducerId::numeric(k);
-            s.install(hash_key(&id, 0), &id, 0, &e, act);
+            s.install(HashedKey::new(&id, 0), &e, act);
         }
         s
     }

@@ -195,10 +195,16 @@ impl ProducerStateStore {
                 return Err(Error::TruncateBelowHistory { offset, lowest });
             }
         };
-        let log = (&segments[..], written, st.log.next_position());
-        let dir = &shared.dir;
+        let history = truncate::History {
+            fs,
+            dir: &shared.dir,
+            base: &base,
+            segments: &segments,
+            last_len: written,
+            end: st.log.next_position(),
+        };
         if shared.kafka {
-            let cut = truncate::truncated_kafka(fs, dir, &base, log, offset, only)?;
+            let cut = truncate::truncated_kafka(&history, offset, only)?;
             let pos = st.log_kafka_truncation(offset, &cut, only)?;
             drop(book);
             shared.finish_op(st, pos)?;
@@ -208,7 +214,7 @@ impl ProducerStateStore {
             shared.snapshot_due();
             return Ok(());
         }
-        let cut = truncate::truncated_state(fs, dir, &base, log, offset, only)?;
+        let cut = truncate::truncated_state(&history, offset, only)?;
 
         let (removed, set) = difference(&st.keys.shards, &cut, only);
         st.life_stats.truncations += 1;

@@ -199,13 +199,14 @@ impl Snapshots {
                         position: 0,
                     },
                 };
-                let k = truncate::kafka_state_at(
+                let k = truncate::kafka_state_at(&truncate::History {
                     fs,
-                    &self.dir,
-                    &base,
-                    (&segments, last_len),
-                    position,
-                )?;
+                    dir: &self.dir,
+                    base: &base,
+                    segments: &segments,
+                    last_len,
+                    end: position,
+                })?;
                 if let Some(side) = k.kafka_side() {
                     w.write_kafka(side)?;
                 }

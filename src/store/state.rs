@@ -7,10 +7,11 @@
 
 use super::commit::{Host, LogQueue};
 use crate::batch::AppendRequest;
+use crate::engine::hash::HashedKey;
 use crate::engine::info::ProducerInfo;
 use crate::engine::map::{Activity, Apply};
 use crate::engine::rules::UnknownProducer;
-use crate::engine::shards::{SHARDS, WARM_CHUNK};
+use crate::engine::shards::{KeyTarget, SHARDS, WARM_CHUNK};
 use crate::error::Error;
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
@@ -436,13 +437,8 @@ impl State {
             for (hash, info) in &chunk {
                 st.keys
                     .save_pre_image(*hash, &info.producer_id, info.partition, pos);
-                let new = st.keys.install(
-                    *hash,
-                    &info.producer_id,
-                    info.partition,
-                    &info.entry,
-                    info.last_activity,
-                );
+                let k = HashedKey::hashed(*hash, &info.producer_id, info.partition);
+                let new = st.keys.install(k, &info.entry, info.last_activity);
                 st.spec_len += usize::from(new);
             }
         })

@@ -23,8 +23,7 @@
 //! append once it is in the log, before it is replicated. A failed write
 //! poisons the store as in strict mode: reopen to see what survived.
 
-use std::sync::MutexGuard;
-
+use super::append_all::settle;
 use super::keys::Queued;
 use super::state::State;
 use super::{Shared, check_name};
@@ -488,14 +487,7 @@ impl Shared {
                     self.await_durable(group, pos)?;
                     return Ok(answer);
                 }
-                KafkaSubmit::Wait { group, pos } => {
-                    drop(st);
-                    self.await_durable(group, pos)?;
-                    st = self.lock_state();
-                    if let Some(f) = st.log.failed() {
-                        return Err(f.error_for(None));
-                    }
-                }
+                KafkaSubmit::Wait { group, pos } => st = self.relock_after(st, group, pos)?,
             }
         }
     }
@@ -531,9 +523,8 @@ impl Shared {
                         break Ok(answer.batch());
                     }
                     Ok(KafkaSubmit::Wait { group, pos }) => {
-                        self.commit(st);
-                        let waited = self.await_durable(group, pos);
-                        st = self.lock_state();
+                        let waited;
+                        (st, waited) = self.commit_and_relock(st, group, pos);
                         if let Err(e) = waited {
                             break Err(e);
                         }
@@ -549,31 +540,6 @@ impl Shared {
         }
         settle(self, st, &queued, &mut out);
         out
-    }
-}
-
-/// `Always`: commits what `append_all` queued and waits for it; an
-/// append whose record was lost gets the failure.
-fn settle(
-    shared: &Shared,
-    st: MutexGuard<'_, State>,
-    queued: &[(usize, u64, u64)],
-    out: &mut [Result<BatchOutcome>],
-) {
-    let Some(&(_, group, pos)) = queued.last() else {
-        return;
-    };
-    shared.commit(st);
-    if shared.await_durable(group, pos).is_err() {
-        let st = shared.lock_state();
-        for &(i, _, pos) in queued {
-            if let Some(f) = st.log.failed()
-                && st.log.durable() <= pos
-                && let Some(o) = out.get_mut(i)
-            {
-                *o = Err(f.error_for(Some(pos)));
-            }
-        }
     }
 }
 

@@ -133,11 +133,7 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header, HeaderEr
     }
     let bad = |offset, kind| HeaderError::Bad(Error::corrupt(path, offset, kind));
     let mut d = Dec::new(bytes);
-    if d.bytes(8) != Some(&MAGIC[..]) {
-        return Err(bad(0, Corruption::BadMagic));
-    }
-    let version = d.u16().unwrap_or(0);
-    let flags = d.u16().unwrap_or(0);
+    let (version, flags) = d.magic_version_flags(MAGIC).map_err(|k| bad(0, k))?;
     let pos = d.u64().unwrap_or(0);
     // Versions 1 and 2 keep the header CRC at 20, version 3 (and every
     // later version) at 36.

@@ -12,7 +12,7 @@ use crate::engine::entry::{Head, ProducerEntry, RETAINED_BATCHES, Window};
 use crate::engine::kafka::entry::KafkaProducerEntry;
 use crate::engine::kafka::rules::{KafkaCurrent, first_sequence_of, sequence_span};
 use crate::engine::kafka::txn::Marker;
-use crate::engine::map::hash_key;
+use crate::engine::map::{Ask, hash_key};
 use crate::id::ProducerId;
 
 /// One key's state as Kafka's broker holds it.
@@ -115,14 +115,13 @@ impl FullEntry {
 
     /// Caches an accepted batch; a transactional one with no transaction
     /// open opens one at its offset, which is returned.
-    pub(super) fn add_batch(
-        &mut self,
-        epoch: i16,
-        first: i32,
-        last: i32,
-        meta: Option<BatchMetadata>,
-        options: AppendOptions,
-    ) -> Option<i64> {
+    pub(super) fn add_batch(&mut self, ask: Ask, options: AppendOptions) -> Option<i64> {
+        let Ask {
+            epoch,
+            first,
+            last,
+            meta,
+        } = ask;
         self.set_epoch(epoch);
         if self.batches.len() == RETAINED_BATCHES {
             self.batches.pop_front();
@@ -298,6 +297,7 @@ impl SideTable {
             .map(|k| &k.entry)
     }
 
+    #[inline]
     pub(super) fn get_mut(&mut self, id: &ProducerId, partition: i32) -> Option<&mut FullEntry> {
         self.0
             .find_mut(hash_key(id, partition), is_key(id, partition))

@@ -27,6 +27,7 @@
 
 use crate::batch::{AppendOptions, BatchMetadata, Origin};
 use crate::engine::entry::ProducerEntry;
+use crate::engine::hash::HashedKey;
 use crate::engine::kafka::entry::{KafkaProducerEntry, Unrepresentable};
 use crate::engine::kafka::rules::{self, KafkaCurrent, VerificationCheck};
 use crate::engine::kafka::side::{FullEntry, KafkaProducerState, SideTable};
@@ -85,12 +86,6 @@ impl KafkaState {
         ask: Ask,
         options: AppendOptions,
     ) -> BatchOutcome {
-        let Ask {
-            epoch,
-            first,
-            last,
-            meta,
-        } = ask;
         let origin = options.origin();
         // ReplicaManager starts the verification before the append, for a
         // transactional write of a producer without an open transaction on
@@ -104,16 +99,27 @@ impl KafkaState {
             && !self.verification_off
             && !self.txn_open(id, partition)
         {
-            let sequence = if origin == Origin::Client { first } else { -1 };
-            let now = meta.map_or(-1, |m| m.timestamp);
-            self.verifying.start(id, partition, sequence, epoch, now);
+            let sequence = if origin == Origin::Client {
+                ask.first
+            } else {
+                -1
+            };
+            let now = ask.meta.map_or(-1, |m| m.timestamp);
+            self.verifying
+                .start(id, partition, sequence, ask.epoch, now);
         }
         let verification = VerificationCheck {
             required: !self.verification_off,
             lowest_sequence: self.verifying.get(id, partition).map(|v| v.lowest_sequence),
         };
         let out = self.place(map, (id, partition), (ask, options), |cur, find| {
-            rules::classify_data(cur, (epoch, first, last), options, verification, find)
+            rules::classify_data(
+                cur,
+                (ask.epoch, ask.first, ask.last),
+                options,
+                verification,
+                find,
+            )
         });
         // UnifiedLog.updateProducers: a transactional batch that passed
         // validation ends the verification; a duplicate or a refusal does
@@ -206,18 +212,12 @@ impl KafkaState {
             &dyn Fn(i32, i32) -> Option<Option<BatchMetadata>>,
         ) -> BatchOutcome,
     ) -> BatchOutcome {
-        let Ask {
-            epoch,
-            first,
-            last,
-            meta,
-        } = ask;
         if !self.full.is_empty()
             && let Some(e) = self.full.get_mut(id, partition)
         {
             let out = classify(Some(e.current()), &|f, l| e.find(f, l));
             if out.is_accepted()
-                && let Some(opened) = e.add_batch(epoch, first, last, meta, options)
+                && let Some(opened) = e.add_batch(ask, options)
             {
                 self.txns.open(partition, id, opened);
             }
@@ -241,12 +241,12 @@ impl KafkaState {
             // not below 0, and a window of consecutive batches of one
             // epoch (a new epoch or an empty window starts one over).
             let fits = !options.is_transactional()
-                && first >= 0
-                && last >= 0
+                && ask.first >= 0
+                && ask.last >= 0
                 && cur.is_none_or(|(c, windowed)| {
-                    epoch != c.epoch || !windowed || first == next_sequence(c.last_sequence)
+                    ask.epoch != c.epoch || !windowed || ask.first == next_sequence(c.last_sequence)
                 });
-            let new_session = cur.is_some_and(|(c, _)| c.epoch != epoch);
+            let new_session = cur.is_some_and(|(c, _)| c.epoch != ask.epoch);
             (
                 out,
                 if fits {
@@ -264,7 +264,7 @@ impl KafkaState {
             Some(e) => FullEntry::from_regular(&e),
             None => FullEntry::EMPTY,
         };
-        if let Some(opened) = full.add_batch(epoch, first, last, meta, options) {
+        if let Some(opened) = full.add_batch(ask, options) {
             self.txns.open(partition, id, opened);
         }
         self.full.insert_new(id.clone(), partition, full);
@@ -608,7 +608,7 @@ impl KafkaState {
         let full = FullEntry::from_kafka(k);
         match full.as_regular() {
             Some(e) => {
-                map.insert_hashed(hash_key(&id, partition), &id, partition, &e, ());
+                map.insert_hashed(HashedKey::new(&id, partition), &e, ());
             }
             None => {
                 if let Some(first) = full.txn_first_offset {
@@ -632,26 +632,33 @@ mod tests {
         })
     }
 
+    /// An empty compact map and side state.
+    fn empty() -> (StateMap, KafkaState) {
+        (StateMap::default(), KafkaState::default())
+    }
+
+    /// A batch of `id` on partition 0 at epoch 0: sequences
+    /// `first..=last` at offset `off`.
+    fn batch(
+        k: &mut KafkaState,
+        map: &mut StateMap,
+        id: &ProducerId,
+        (first, last, off): (i32, i32, i64),
+        options: AppendOptions,
+    ) -> BatchOutcome {
+        k.append(map, id, 0, Ask::new(0, first, last, meta(off)), options)
+    }
+
     #[test]
     fn plain_producers_stay_in_the_map_and_transactional_ones_move() {
-        let mut map = StateMap::default();
-        let mut k = KafkaState::default();
+        let (mut map, mut k) = empty();
         let id = ProducerId::from(1u64);
         let c = AppendOptions::client();
-        assert!(
-            k.append(&mut map, &id, 0, Ask::new(0, 5, 6, meta(0)), c)
-                .is_accepted()
-        );
-        assert!(
-            k.append(&mut map, &id, 0, Ask::new(0, 7, 7, meta(2)), c)
-                .is_accepted()
-        );
+        assert!(batch(&mut k, &mut map, &id, (5, 6, 0), c).is_accepted());
+        assert!(batch(&mut k, &mut map, &id, (7, 7, 2), c).is_accepted());
         assert_eq!((map.len(), k.len()), (1, 0));
         let t = c.transactional().verified();
-        assert!(
-            k.append(&mut map, &id, 0, Ask::new(0, 8, 8, meta(3)), t)
-                .is_accepted()
-        );
+        assert!(batch(&mut k, &mut map, &id, (8, 8, 3), t).is_accepted());
         assert_eq!((map.len(), k.len()), (0, 1));
         let s = k.state(&map, &id, 0).unwrap();
         assert_eq!(s.current_txn_first_offset, Some(3));
@@ -661,23 +668,16 @@ mod tests {
 
     #[test]
     fn a_replicated_gap_moves_the_key_and_keeps_the_window_exact() {
-        let mut map = StateMap::default();
-        let mut k = KafkaState::default();
+        let (mut map, mut k) = empty();
         let id = ProducerId::from(13u64);
         let r = AppendOptions::replication();
         for (f, off) in [(0, 72), (5, 73), (5, 74)] {
-            assert!(
-                k.append(&mut map, &id, 0, Ask::new(0, f, f, meta(off)), r)
-                    .is_accepted()
-            );
+            assert!(batch(&mut k, &mut map, &id, (f, f, off), r).is_accepted());
         }
         let c = AppendOptions::client();
-        assert!(
-            k.append(&mut map, &id, 0, Ask::new(0, 6, 6, meta(75)), c)
-                .is_accepted()
-        );
+        assert!(batch(&mut k, &mut map, &id, (6, 6, 75), c).is_accepted());
         assert_eq!(
-            k.append(&mut map, &id, 0, Ask::new(0, 5, 5, meta(99)), c),
+            batch(&mut k, &mut map, &id, (5, 5, 99), c),
             BatchOutcome::Duplicate { original: meta(73) }
         );
         let seqs: Vec<_> = k
@@ -692,8 +692,7 @@ mod tests {
 
     #[test]
     fn snapshot_entries_round_trip_through_load() {
-        let mut map = StateMap::default();
-        let mut k = KafkaState::default();
+        let (mut map, mut k) = empty();
         let c = AppendOptions::client();
         let t = c.transactional().verified();
         let (a, b) = (ProducerId::from(1u64), ProducerId::from(2u64));
@@ -701,7 +700,7 @@ mod tests {
         k.append(&mut map, &b, 4, Ask::new(2, 0, 0, meta(4)), t);
         let mut entries = k.snapshot_entries(&map, 4);
         entries.sort();
-        let (mut map2, mut k2) = (StateMap::default(), KafkaState::default());
+        let (mut map2, mut k2) = empty();
         assert!(k2.load(&mut map2, 4, &entries).is_empty());
         let mut again = k2.snapshot_entries(&map2, 4);
         again.sort();
