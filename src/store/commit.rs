@@ -472,6 +472,11 @@ impl<S: Host> GroupCommit<S> {
         }
     }
 
+    /// Whether the record at `pos` is durable already (no lock taken).
+    pub(super) fn durable_past(&self, pos: u64) -> bool {
+        self.signal.durable.load(Ordering::Acquire) > pos
+    }
+
     /// Waits until the record at `pos`, in group `group`, is durable.
     pub(super) fn await_durable(&self, group: u64, pos: u64) -> Result<()> {
         self.signal.await_group(group);
