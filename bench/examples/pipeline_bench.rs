@@ -7,7 +7,9 @@
 //! (about 30 s). `--batches N` per round (default 2,000), `--rounds N`
 //! (default 5; the table shows medians), `--dir PATH` the disk (default a
 //! temporary directory), `--in-flight N` the deeper side (default 5: the
-//! goal's; others show how batches per commit follow the depth).
+//! goal's; others show how batches per commit follow the depth),
+//! `--dispatch` to run the deeper side as one connection would with
+//! `append_pipelined` (below).
 //!
 //! Default options (`FsyncPolicy::Always`, 64 MiB segments), in both
 //! semantics. One in flight: one thread appends sequence after sequence,
@@ -15,8 +17,11 @@
 //! `t, t + 5, ...` and hands each to the store in sequence order (after
 //! its predecessor was handed over, as a broker dispatches a connection's
 //! requests in the order they came); a batch that still reaches the store
-//! before its predecessor is answered OUT_OF_ORDER and sent again. Rounds interleave the sides; each starts from an empty
-//! directory.
+//! before its predecessor is answered OUT_OF_ORDER and sent again. With
+//! `--dispatch`, one thread hands the batches over with `append_pipelined`,
+//! keeping N handed over and not yet answered, and answers them in order
+//! with `Pending::wait`, handing the next over as each is answered. Rounds
+//! interleave the sides; each starts from an empty directory.
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
