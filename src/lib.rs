@@ -228,7 +228,8 @@ pub use recovery::{
 };
 pub use semantics::Semantics;
 pub use snapshot::export::PartitionExport;
-pub use store::{AtCapacity, FsyncPolicy, Pending, ProducerStateStore, StoreOptions, StoreStats};
+pub use store::pipelined::Pending;
+pub use store::{AtCapacity, FsyncPolicy, ProducerStateStore, StoreOptions, StoreStats};
 pub use wal::resume::SeekFallback;
 
 // Brokers share one store between their request threads, and move errors

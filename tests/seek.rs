@@ -305,13 +305,7 @@ fn the_room_after_a_close_marker_is_checked_for_one_mib() {
     let store = ProducerStateStore::open_with(dir(), o(&fs)).unwrap();
     // Past the 64 KiB, 256 KiB and 1 MiB segments: the fourth has 4 MiB.
     let mut i = 0u64;
-    while fs
-        .files()
-        .iter()
-        .filter(|(p, _)| p.extension().is_some_and(|e| e == "wal"))
-        .count()
-        < 4
-    {
+    while segments(&fs) < 4 {
         let r = AppendRequest::batch(
             i % 1000,
             0,
@@ -381,6 +375,14 @@ fn the_room_after_a_close_marker_is_checked_for_one_mib() {
     );
 }
 
+/// How many segments the store has.
+fn segments(fs: &SimFs) -> usize {
+    fs.files()
+        .iter()
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "wal"))
+        .count()
+}
+
 /// The store's newest segment.
 fn last_segment(fs: &SimFs) -> PathBuf {
     fs.files()
@@ -417,13 +419,7 @@ fn records_written_after_a_clean_reopen_are_not_hidden_behind_its_marker() {
     // one.
     let store = ProducerStateStore::open_with(dir(), o(&fs)).unwrap();
     let mut n = 0;
-    while fs
-        .files()
-        .iter()
-        .filter(|(p, _)| p.extension().is_some_and(|e| e == "wal"))
-        .count()
-        < 5
-    {
+    while segments(&fs) < 5 {
         let all: Vec<AppendRequest> = (n..n + 100).map(req).collect();
         assert!(
             store

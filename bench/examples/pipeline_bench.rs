@@ -93,12 +93,7 @@ fn round(dir: &Path, semantics: Semantics, in_flight: i32, batches: i32) -> Resu
     for h in hs {
         h.join().map_err(|_| "appender panicked")??;
     }
-    let secs = start.elapsed().as_secs_f64();
-    let st = store.stats();
-    let fsyncs = (st.log_fsyncs - before.log_fsyncs).max(1);
-    let written = st.records_written - before.records_written;
-    assert_eq!(written, batches as u64, "every batch written once");
-    Ok((f64::from(batches) / secs, written as f64 / fsyncs as f64))
+    Ok(rates(&store, &before, start, batches))
 }
 
 /// One round of one connection that pipelines: it hands `depth` batches
@@ -139,12 +134,23 @@ fn dispatch_round(
             return Err("out of time".into());
         }
     }
+    Ok(rates(&store, &before, start, batches))
+}
+
+/// Batches per second since `start` and batches per group commit since
+/// `before`, once every one of `batches` was written.
+fn rates(
+    store: &ProducerStateStore,
+    before: &producer_state::StoreStats,
+    start: Instant,
+    batches: i32,
+) -> (f64, f64) {
     let secs = start.elapsed().as_secs_f64();
     let st = store.stats();
     let fsyncs = (st.log_fsyncs - before.log_fsyncs).max(1);
     let written = st.records_written - before.records_written;
     assert_eq!(written, batches as u64, "every batch written once");
-    Ok((f64::from(batches) / secs, written as f64 / fsyncs as f64))
+    (f64::from(batches) / secs, written as f64 / fsyncs as f64)
 }
 
 fn main() -> Result<()> {
