@@ -686,15 +686,17 @@ impl Shared {
 
     /// Lets go of the state lock until the record at `pos` (of commit
     /// group `group`) is durable, then takes it again: what an operation on
-    /// a key with a record in flight does before it tries again. The
-    /// store's failure if it failed meanwhile.
+    /// a key with a record in flight does before it tries again. Leads a
+    /// group commit if nobody does: a pipelined append queues its record
+    /// without one (`append_pipelined`). The store's failure if it failed
+    /// meanwhile.
     fn relock_after<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
         group: u64,
         pos: u64,
     ) -> Result<MutexGuard<'a, State>> {
-        drop(st);
+        self.commit(st);
         self.await_durable(group, pos)?;
         let st = self.lock_state();
         if let Some(f) = st.log.failed() {

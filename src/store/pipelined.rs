@@ -116,15 +116,10 @@ impl ProducerStateStore {
                 Err(state) => break state,
                 Ok(wait) => wait,
             };
-            // That record may be queued with nobody writing it yet.
-            shared.commit(st);
-            if let Err(e) = shared.await_durable(group, pos) {
-                return pending(State::Done(Err(e)));
-            }
-            st = shared.lock_state();
-            if let Some(f) = st.log.failed() {
-                return pending(State::Done(Err(f.error_for(None))));
-            }
+            st = match shared.relock_after(st, group, pos) {
+                Ok(st) => st,
+                Err(e) => return pending(State::Done(Err(e))),
+            };
         };
         // Nobody is asked to write it yet: the first `wait` leads a group
         // commit with every request queued meanwhile.
