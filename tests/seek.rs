@@ -415,18 +415,18 @@ fn records_written_after_a_clean_reopen_are_not_hidden_behind_its_marker() {
             Batch::new((i / 1000) as i32, (i / 1000) as i32, i as i64, 0),
         )
     };
+    // One append_all call: one group, one write, one fsync.
+    let accept_all = |store: &ProducerStateStore, seqs: std::ops::Range<u64>| {
+        let all: Vec<AppendRequest> = seqs.map(req).collect();
+        let outcomes = store.append_all(&all);
+        assert!(outcomes.into_iter().all(|o| o.unwrap().is_accepted()));
+    };
     // Past the 64 KiB, 256 KiB, 1 MiB and 4 MiB segments, into the 16 MiB
     // one.
     let store = ProducerStateStore::open_with(dir(), o(&fs)).unwrap();
     let mut n = 0;
     while segments(&fs) < 5 {
-        let all: Vec<AppendRequest> = (n..n + 100).map(req).collect();
-        assert!(
-            store
-                .append_all(&all)
-                .into_iter()
-                .all(|o| o.unwrap().is_accepted())
-        );
+        accept_all(&store, n..n + 100);
         n += 100;
     }
     let closed_at = store.next_position();
@@ -449,13 +449,7 @@ fn records_written_after_a_clean_reopen_are_not_hidden_behind_its_marker() {
         "the marker is gone from the disk"
     );
     // One group of about 11 MiB: one write, one fsync.
-    let all: Vec<AppendRequest> = (n..n + 200_000).map(req).collect();
-    assert!(
-        store
-            .append_all(&all)
-            .into_iter()
-            .all(|o| o.unwrap().is_accepted())
-    );
+    accept_all(&store, n..n + 200_000);
     let image = fs.crash_image(Unsynced::Keep);
     drop(store);
     let mut bytes = image.read_file(&last).unwrap();
