@@ -275,23 +275,23 @@ class Transformer(threading.Thread):
     def take(self, msgs):
         """The messages of `msgs` that continue each partition's input
         where the last committed transaction (or rewind) left it, and the
-        next offset of each partition they leave; `None` when a message
-        leaves a gap (the consumer is not where the group's offsets are:
-        the batch is dropped and the consumer rewound). Messages below a
-        partition's next offset were transformed already and are
-        skipped."""
-        batch, nxt = [], {}
+        span of input offsets they cover per partition, (first, last);
+        `None` when a message leaves a gap (the consumer is not where the
+        group's offsets are: the batch is dropped and the consumer
+        rewound). Messages below a partition's next offset were
+        transformed already and are skipped."""
+        batch, spans = [], {}
         for m in msgs:
-            part = m.partition()
-            want = nxt.get(part, self.expected.get(part))
-            if want is not None and m.offset() < want:
+            part, off = m.partition(), m.offset()
+            want = spans[part][1] + 1 if part in spans else self.expected.get(part)
+            if want is not None and off < want:
                 self.skipped += 1
                 continue
-            if want is not None and m.offset() > want:
+            if want is not None and off > want:
                 return None, None
             batch.append(m)
-            nxt[part] = m.offset() + 1
-        return batch, nxt
+            spans[part] = (spans.get(part, (off, off))[0], off)
+        return batch, spans
 
     def run(self):
         try:
@@ -327,7 +327,7 @@ class Transformer(threading.Thread):
                 self.dropped_batches += 1
                 self.rewind(c)
                 continue
-            msgs, nxt = self.take(msgs)
+            msgs, spans = self.take(msgs)
             if msgs is None:
                 self.gaps += 1
                 # A gap that rewinding does not close is the input's own:
@@ -338,10 +338,9 @@ class Transformer(threading.Thread):
                 continue
             if not msgs:
                 continue
-            spans = {part: (min(m.offset() for m in msgs if m.partition() == part), at - 1)
-                     for part, at in nxt.items()}
-            offsets = [TopicPartition("pipeline-in", part, at) for part, at in sorted(nxt.items())]
-            sent = [(tp.partition, tp.offset) for tp in offsets]
+            # The offsets to commit: each partition's next input offset.
+            sent = [(part, last + 1) for part, (_, last) in sorted(spans.items())]
+            offsets = [TopicPartition("pipeline-in", part, at) for part, at in sent]
             try:
                 p.begin_transaction()
                 for m in msgs:
@@ -349,7 +348,7 @@ class Transformer(threading.Thread):
                 p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), 30)
                 p.commit_transaction(30)
                 self.committed_txns += 1
-                self.expected.update(nxt)
+                self.expected.update(sent)
                 self.journal.append((time.time(), spans, sent, "committed"))
             except KafkaException as e:
                 err = e.args[0]
@@ -382,7 +381,6 @@ class Churn(threading.Thread):
         super().__init__(daemon=True)
         self.bootstrap, self.count, self.deadline = bootstrap, count, deadline
         self.stop = threading.Event()
-        self.joins = 0
 
     def run(self):
         for _ in range(self.count):
@@ -396,7 +394,6 @@ class Churn(threading.Thread):
             while time.monotonic() - t0 < random.uniform(0.5, 2.0) and not self.stop.is_set():
                 c.poll(0.1)
             c.close()
-            self.joins += 1
 
 
 def explain(inputs, out, journal, partitions):
