@@ -246,6 +246,30 @@ async fn chaos(
     done
 }
 
+/// A short run can end before the router has dropped or duplicated a
+/// message (seeds differ, and the machine's speed decides how many
+/// messages a run sends). Appends keep flowing under the same faults
+/// until both have happened, at most 500 of them or 30 s, so that the
+/// check after the run asserts that faults were met rather than hoping.
+/// Producer 998 has partition 0 to itself; what it gets is checked with
+/// everything else against the reference.
+async fn keep_traffic_until_faults(cluster: &Cluster) {
+    let seen = || {
+        let stats = cluster.router().stats();
+        stats.dropped.load(std::sync::atomic::Ordering::Relaxed) > 0
+            && stats.duplicated.load(std::sync::atomic::Ordering::Relaxed) > 0
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut sequence = 0;
+    while !seen() && sequence < 500 && Instant::now() < until {
+        let append = Command::Append(Append::single(998u64, 0, 0, sequence));
+        // A submit cut off by a fault may still commit: the reference
+        // replays the committed log, whatever the answer here was.
+        let _ = tokio::time::timeout(Duration::from_secs(2), cluster.submit(append)).await;
+        sequence += 1;
+    }
+}
+
 async fn run_seed(seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     let applied: Arc<Mutex<Applied>> = Arc::default();
@@ -307,6 +331,7 @@ async fn run_seed(seed: u64) {
     for h in producers {
         h.await.unwrap();
     }
+    keep_traffic_until_faults(&cluster).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let chaos_log = chaos.await.unwrap();
 
