@@ -162,12 +162,12 @@ pub(crate) fn put_id(buf: &mut Vec<u8>, id: &ProducerId) {
 
 /// Reads what [`put_id`] wrote.
 pub(crate) fn decode_id(d: &mut Dec<'_>) -> Result<ProducerId, Corruption> {
-    let short = Corruption::BadField("producer id (too short)");
-    let id = match d.u8().ok_or(short.clone())? {
-        0 => ProducerId::numeric(d.u64().ok_or(short.clone())?),
+    let short = || Corruption::BadField("producer id (too short)");
+    let id = match d.u8().ok_or_else(short)? {
+        0 => ProducerId::numeric(d.u64().ok_or_else(short)?),
         1 => {
-            let n = d.u16().ok_or(short.clone())? as usize;
-            let name = d.bytes(n).ok_or(short.clone())?;
+            let n = d.u16().ok_or_else(short)? as usize;
+            let name = d.bytes(n).ok_or_else(short)?;
             let name = std::str::from_utf8(name)
                 .map_err(|_| Corruption::BadField("producer name (not UTF-8)"))?;
             ProducerId::named(name)

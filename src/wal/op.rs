@@ -458,8 +458,8 @@ pub(super) fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<LogOp, Corrupt
 
 fn decode_key(d: &mut Dec<'_>) -> Result<(ProducerId, i32), Corruption> {
     let id = decode_id(d)?;
-    let short = Corruption::BadField("removed key (too short)");
-    Ok((id, d.i32().ok_or(short)?))
+    let short = || Corruption::BadField("removed key (too short)");
+    Ok((id, d.i32().ok_or_else(short)?))
 }
 
 #[cfg(test)]
