@@ -13,7 +13,7 @@ use common::store_util::{dir, sim_opts};
 use producer_state::fs::SimFs;
 use producer_state::{
     AppendOptions, Batch, BatchOutcome, Error, ManualClock, Marker, Origin, OutOfOrderReason,
-    ProducerStateStore, Semantics, StoreOptions, TxnStateReason, VerificationState,
+    ProducerId, ProducerStateStore, Semantics, StoreOptions, TxnStateReason, VerificationState,
 };
 
 const DAY: i64 = 86_400_000;
@@ -176,15 +176,32 @@ fn stream(seed: u64, n: usize) -> Vec<Step> {
     out
 }
 
+/// Producer 1 (partition 1) has a name, the others (partition 0) numeric
+/// ids: the log holds both kinds of every record, and a partition's
+/// truncation passes over the other partition's records of either kind.
+fn producer(pid: u64) -> ProducerId {
+    if pid == 1 {
+        ProducerId::named("producer one")
+    } else {
+        ProducerId::numeric(pid)
+    }
+}
+
 fn on_engine(
     m: &mut producer_state::ProducerStateManager,
-    &(pid, epoch, data, marker, offset): &Step,
+    &(n, epoch, data, marker, offset): &Step,
 ) {
-    let p = (pid % 2) as i32;
+    let (pid, p) = (producer(n), (n % 2) as i32);
     if let Some((first, last, t)) = data {
         let o = if t { txn() } else { AppendOptions::client() };
-        m.append_with(pid, p, epoch, Batch::new(first, last, offset, offset), o)
-            .unwrap();
+        m.append_with(
+            pid.clone(),
+            p,
+            epoch,
+            Batch::new(first, last, offset, offset),
+            o,
+        )
+        .unwrap();
     }
     if let Some(commit) = marker {
         let mk = if commit {
@@ -197,12 +214,18 @@ fn on_engine(
     }
 }
 
-fn on_store(s: &ProducerStateStore, &(pid, epoch, data, marker, offset): &Step) {
-    let p = (pid % 2) as i32;
+fn on_store(s: &ProducerStateStore, &(n, epoch, data, marker, offset): &Step) {
+    let (pid, p) = (producer(n), (n % 2) as i32);
     if let Some((first, last, t)) = data {
         let o = if t { txn() } else { AppendOptions::client() };
-        s.append_with(pid, p, epoch, Batch::new(first, last, offset, offset), o)
-            .unwrap();
+        s.append_with(
+            pid.clone(),
+            p,
+            epoch,
+            Batch::new(first, last, offset, offset),
+            o,
+        )
+        .unwrap();
     }
     if let Some(commit) = marker {
         let mk = if commit {

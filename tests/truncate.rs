@@ -304,3 +304,28 @@ fn an_import_counts_at_its_highest_batch_offset_even_if_not_its_newest() {
         );
     }
 }
+
+/// A partition's truncation passes over other partitions' records unread,
+/// but never the append an accept-any record belongs to: the permission
+/// is that append's, and handed to the next one read it would bring back
+/// an append of this partition that no longer applies.
+#[test]
+fn a_partition_truncation_keeps_accept_any_with_the_append_it_belongs_to() {
+    let fs = SimFs::new();
+    let o = opts(&fs).unknown_producer(producer_state::UnknownProducer::AcceptAny);
+    let s = ProducerStateStore::open_with(dir(), o).unwrap();
+    // Partition 0: key 1 at offset 100, then its next batch at offset 50
+    // (a client's offsets need not grow).
+    s.append_request(&batch(1, 0, 0, 1, 100)).unwrap();
+    // Partition 1: key 9 unknown, accepted at sequence 5 (an accept-any
+    // record, then the append).
+    s.append_request(&batch(9, 1, 5, 1, 0)).unwrap();
+    s.append_request(&batch(1, 0, 1, 1, 50)).unwrap();
+    assert_eq!(s.get(1u64, 0).map(|e| e.last_sequence()), Some(1));
+    // Cutting partition 0 at 80 removes key 1's first batch; its second
+    // (sequence 1 of a key without state, logged without permission) no
+    // longer applies.
+    s.truncate_partition_to(0, 80).unwrap();
+    assert_eq!(s.get(1u64, 0), None);
+    assert_eq!(s.get(9u64, 1).map(|e| e.last_sequence()), Some(5));
+}

@@ -294,6 +294,7 @@ fn replay(
         let mut from = ScanFrom {
             resume: None,
             bounded_room_after_close: idx == last_idx,
+            only_partition: None,
         };
         if idx == first_idx {
             from.resume = seek_in_first(fs, plan, &at, progress)?;

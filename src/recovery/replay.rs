@@ -243,6 +243,11 @@ impl Replayer {
         }
     }
 
+    /// The partition a partition's truncation rebuilds (`None`: all).
+    pub(crate) fn only(&self) -> Option<i32> {
+        self.only
+    }
+
     /// Whether a key of `partition` is rebuilt.
     fn mine(&self, partition: i32) -> bool {
         self.only.is_none_or(|o| o == partition)

@@ -12,7 +12,10 @@
 //!
 //! This reads only what a durable, recovered log holds: the store calls it
 //! with every record durable and nothing in flight, so any damage found is
-//! an error, never a cut.
+//! an error, never a cut. A partition's replay passes over the other
+//! partitions' single-partition records by their framing, without
+//! checksumming them (`ScanFrom::only_partition`): nothing of them reaches
+//! the state it rebuilds, and its cost follows the partition's records.
 //!
 //! The same replay builds a Kafka-mode snapshot's state
 //! ([`kafka_state_at`]): the state at the snapshot's position, from the
@@ -259,7 +262,10 @@ fn replay(
         if Some(&named) == segments.last() {
             len = len.min(log.last_len);
         }
-        let mut from = ScanFrom::default();
+        let mut from = ScanFrom {
+            only_partition: replayer.only(),
+            ..ScanFrom::default()
+        };
         // The base snapshot's records of the first segment are not read
         // when it recorded where they end and a record (or the end) is
         // there, as recovery does (docs/format.md, Recovering, step 3).

@@ -14,7 +14,7 @@ use crate::codec::{set_u32, u32_at};
 pub(crate) const HEADER: usize = 17;
 /// Where the fields of a version-3 header are.
 pub(super) const AT_LEN: usize = 4;
-const AT_OFFSET: usize = 8;
+pub(super) const AT_OFFSET: usize = 8;
 const AT_UNSYNCED: usize = 12;
 pub(super) const AT_KIND: usize = 16;
 /// The longest name a record holds (its length is a `u16`).

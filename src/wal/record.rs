@@ -6,7 +6,7 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use super::frame::{AT_KIND, AT_LEN, HEADER, MAX_NAME, crc, put};
+use super::frame::{AT_KIND, AT_LEN, AT_OFFSET, HEADER, MAX_NAME, crc, put};
 use super::op::{self, LogOp};
 use super::txn_op;
 use crate::batch::{AppendRequest, BatchMetadata};
@@ -381,6 +381,62 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, layout: Layout, at: u64) -> Result
     Ok(Decoded { ops, len, close })
 }
 
+/// The partition and length of the record at `bytes[0]` when it holds
+/// one operation on one partition that a replay of another partition may
+/// pass over without decoding it: an append of a batch or of a named
+/// producer (kinds 2 to 4) or, in a Kafka-flagged segment, a batch or a
+/// marker (kinds 16 to 19). What is checked keeps the scan on record
+/// boundaries: the record is complete, its length is exactly what its kind
+/// and name length make, and it says it was written at `at`. Its checksum
+/// is not: the caller passes over the record's payload unread, and nothing
+/// of it reaches the state it rebuilds. `None` for every other record, and
+/// in segments before version 3 (no written offset): those are decoded.
+#[inline(always)]
+fn one_partition(bytes: &[u8], layout: Layout, at: u64) -> Option<(i32, usize)> {
+    if !layout.positioned() {
+        return None;
+    }
+    let len = u32_at(bytes, AT_LEN)? as usize;
+    let rec = bytes.get(..len)?;
+    if u64::from(u32_at(rec, AT_OFFSET)?) != at {
+        return None;
+    }
+    let kind = *rec.get(AT_KIND)?;
+    let (numeric, tail) = match kind {
+        KIND_NUMERIC_BATCH => (true, BATCH_TAIL),
+        KIND_NAMED_SINGLE => (false, SINGLE_TAIL),
+        KIND_NAMED_BATCH => (false, BATCH_TAIL),
+        other if layout.kafka => txn_op::one_partition_kind(other)?,
+        _ => return None,
+    };
+    let id_len = if numeric {
+        8
+    } else {
+        2 + usize::from(Dec::new(rec.get(HEADER..)?).u16()?)
+    };
+    if len != HEADER + id_len + tail {
+        return None;
+    }
+    let partition = Dec::new(rec.get(HEADER + id_len..)?).i32()?;
+    Some((partition, len))
+}
+
+/// How many records from `bytes[0]` on (written at `at`) hold one
+/// operation on a partition other than `only` ([`one_partition`]), one
+/// after the other, and their bytes: what a replay of `only` passes over
+/// before the next record it must decode (or the end of `bytes`).
+pub(crate) fn pass_over(bytes: &[u8], layout: Layout, at: u64, only: i32) -> (u64, usize) {
+    let (mut records, mut off) = (0u64, 0usize);
+    while let Some(rest) = bytes.get(off..)
+        && let Some((partition, len)) = one_partition(rest, layout, at + off as u64)
+        && partition != only
+    {
+        records += 1;
+        off += len;
+    }
+    (records, off)
+}
+
 /// Whether `len` is the length of a kind-1 record of 1 to the layout's
 /// most appends.
 fn packed_len_ok(len: usize, layout: Layout) -> bool {
@@ -391,27 +447,30 @@ fn packed_len_ok(len: usize, layout: Layout) -> bool {
 
 /// Decodes the payload of a record of kind 2, 3 or 4 (one append).
 fn decode_payload(kind: u8, d: &mut Dec<'_>) -> Result<AppendRequest, Corruption> {
-    let short = Corruption::BadLength(d.remaining() as u64);
+    // Built only on the error path: `ok_or` would build (and clone) it
+    // for every field of every record replayed.
+    let remaining = d.remaining() as u64;
+    let short = || Corruption::BadLength(remaining);
     let id = match kind {
-        KIND_NUMERIC_BATCH => ProducerId::numeric(d.u64().ok_or(short.clone())?),
+        KIND_NUMERIC_BATCH => ProducerId::numeric(d.u64().ok_or_else(short)?),
         KIND_NAMED_SINGLE | KIND_NAMED_BATCH => {
-            let n = d.u16().ok_or(short.clone())? as usize;
-            let name = d.bytes(n).ok_or(short.clone())?;
+            let n = d.u16().ok_or_else(short)? as usize;
+            let name = d.bytes(n).ok_or_else(short)?;
             let name = std::str::from_utf8(name)
                 .map_err(|_| Corruption::BadField("producer name (not UTF-8)"))?;
             ProducerId::named(name)
         }
         other => return Err(Corruption::BadKind(other)),
     };
-    let partition = d.i32().ok_or(short.clone())?;
-    let epoch = d.i16().ok_or(short.clone())?;
-    let first = d.i32().ok_or(short.clone())?;
+    let partition = d.i32().ok_or_else(short)?;
+    let epoch = d.i16().ok_or_else(short)?;
+    let first = d.i32().ok_or_else(short)?;
     let request = if kind == KIND_NAMED_SINGLE {
         AppendRequest::single(id, partition, epoch, first)
     } else {
-        let last = d.i32().ok_or(short.clone())?;
-        let offset = d.i64().ok_or(short.clone())?;
-        let timestamp = d.i64().ok_or(short)?;
+        let last = d.i32().ok_or_else(short)?;
+        let offset = d.i64().ok_or_else(short)?;
+        let timestamp = d.i64().ok_or_else(short)?;
         let mut r = AppendRequest::single(id, partition, epoch, first);
         r.last = last;
         r.metadata = Some(BatchMetadata { offset, timestamp });
@@ -758,5 +817,63 @@ mod tests {
         assert_eq!(MAX_PACKED_LEN, 65_537);
         assert_eq!(Layout::of(2).min_len(), 25);
         assert_eq!(Layout::of(2).max_len(), 65_580);
+    }
+
+    /// A partition's replay passes over exactly the records that hold one
+    /// operation on another partition, in every kind that has one (numeric
+    /// and named appends, Kafka batches and markers), and stops at what it
+    /// must decode: its own partition's records, records of several
+    /// appends (kind 1), records of other kinds, a record that says it was
+    /// written elsewhere, and a record the window holds only part of.
+    #[test]
+    fn a_partition_replay_passes_over_the_records_of_other_partitions_only() {
+        use crate::engine::kafka::txn::Marker;
+        use crate::wal::txn_op;
+        let batch = |id: ProducerId, p: i32| AppendRequest::batch(id, p, 0, Batch::new(0, 0, 5, 6));
+        let mut buf = Vec::new();
+        let mut open = usize::MAX;
+        // Five records of partition 1: every kind with one partition.
+        encode(&mut buf, &mut open, &batch(ProducerId::numeric(1), 1));
+        encode(&mut buf, &mut open, &AppendRequest::single("a", 1, 0, 0));
+        encode(&mut buf, &mut open, &batch(ProducerId::named("bb"), 1));
+        txn_op::encode_batch(&mut buf, &batch(ProducerId::numeric(2), 1), true);
+        txn_op::encode_marker(
+            &mut buf,
+            &ProducerId::named("c"),
+            1,
+            0,
+            &Marker::commit(0, 7, 8),
+        );
+        let five = buf.len();
+        // Then one of partition 0.
+        encode(&mut buf, &mut open, &batch(ProducerId::numeric(3), 0));
+        let six = buf.len();
+        // Then two numeric singles of partition 1, packed in one record.
+        encode(&mut buf, &mut open, &AppendRequest::single(4u64, 1, 0, 0));
+        encode(&mut buf, &mut open, &AppendRequest::single(5u64, 1, 0, 0));
+        seal(&mut buf, sd(9), 0, 0);
+        let kafka = Layout::of(6).with_kafka(true);
+        assert_eq!(pass_over(&buf, kafka, 0, 0), (5, five));
+        // The first decodes to what it was: the bytes are a valid record.
+        assert!(decode(&buf, sd(9), kafka, 0).is_ok());
+        assert_eq!(pass_over(&buf[five..], kafka, five as u64, 0), (0, 0));
+        assert_eq!(
+            pass_over(&buf[five..], kafka, five as u64, 1),
+            (1, six - five)
+        );
+        assert_eq!(pass_over(&buf[six..], kafka, six as u64, 0), (0, 0));
+        // Without the Kafka flag, the transaction kinds are decoded.
+        assert_eq!(pass_over(&buf, Layout::of(6), 0, 0).0, 3);
+        // Before version 3 nothing says where a record was written.
+        assert_eq!(pass_over(&buf, Layout::of(2), 0, 0), (0, 0));
+        // Read as if written elsewhere: off the record boundaries.
+        assert_eq!(pass_over(&buf, kafka, 1, 0), (0, 0));
+        // A window cut inside the third record stops before it.
+        let one = u32_at(&buf, AT_LEN).unwrap() as usize;
+        let second_end = one + u32_at(&buf[one..], AT_LEN).unwrap() as usize;
+        assert_eq!(
+            pass_over(&buf[..second_end + 3], kafka, 0, 0),
+            (2, second_end)
+        );
     }
 }

@@ -19,6 +19,14 @@ pub(crate) struct ScanFrom {
     /// it was given: docs/format.md, "What recovery can and cannot
     /// detect"). Otherwise the zeros are read to the end of the file.
     pub bounded_room_after_close: bool,
+    /// A replay of this partition alone: records that hold one operation
+    /// on another partition ([`super::record::pass_over`]) are passed
+    /// over by their length, counted but neither checksummed, decoded nor
+    /// handed to the scan's `each`, so that a partition's truncation costs
+    /// what its own records cost more than what the others' do. Not inside
+    /// a group (its members are read whole), and not right after an
+    /// accepted-unknown record (it belongs to the next append).
+    pub only_partition: Option<i32>,
 }
 
 /// A record to start a scan at: its byte offset, and the positions of

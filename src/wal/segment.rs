@@ -515,6 +515,9 @@ fn scan_window<R: Read>(
     }
     let mut closed = false;
     let mut group: Option<OpenGroup> = None;
+    // The last operation read was an accepted-unknown record: the next
+    // append is read whatever its partition (`ScanFrom::only_partition`).
+    let mut after_unknown = false;
     // The scan's result; a group still open at the end is not kept.
     let done =
         |records: u64, at: u64, end: End, closed: bool, group: Option<OpenGroup>, room: u64| {
@@ -555,11 +558,22 @@ fn scan_window<R: Read>(
         if bytes.is_empty() {
             return Ok(done(records, at, End::Clean, closed, group, 0));
         }
+        if let Some(only) = start.only_partition
+            && group.is_none()
+            && !after_unknown
+            && let (passed @ 1.., len) = record::pass_over(bytes, layout, at, only)
+        {
+            records += passed;
+            closed = false;
+            at += len as u64;
+            continue;
+        }
         match record::decode(bytes, seed, layout, at) {
             Ok(Decoded {
                 ops, len, close, ..
             }) => {
                 for (nth, op) in ops.enumerate() {
+                    after_unknown = matches!(op, LogOp::AcceptedUnknown);
                     let pos = first_position + records;
                     let nth = nth as u32;
                     match (&mut group, &op) {

@@ -213,6 +213,19 @@ pub(super) fn is_kind(kind: u8) -> bool {
     (KIND_BATCH_NUMERIC..=KIND_KAFKA_PARTITION).contains(&kind)
 }
 
+/// For the transaction records that hold one operation on one partition
+/// (batches and markers): whether the id is numeric, and the bytes after
+/// it, the partition first ([`super::record::one_partition`]).
+pub(super) fn one_partition_kind(kind: u8) -> Option<(bool, usize)> {
+    match kind {
+        KIND_BATCH_NUMERIC => Some((true, BATCH_TAIL)),
+        KIND_BATCH_NAMED => Some((false, BATCH_TAIL)),
+        KIND_MARKER_NUMERIC => Some((true, MARKER_TAIL)),
+        KIND_MARKER_NAMED => Some((false, MARKER_TAIL)),
+        _ => None,
+    }
+}
+
 /// Whether `len` can be the length of a record of transaction `kind`.
 pub(super) fn len_ok(kind: u8, len: usize) -> bool {
     let named =
