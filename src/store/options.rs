@@ -174,37 +174,27 @@ impl fmt::Debug for StoreOptions {
 }
 
 impl StoreOptions {
-    /// When the log is fsync'ed. Default [`FsyncPolicy::Always`].
-    pub fn fsync(mut self, policy: FsyncPolicy) -> Self {
-        self.fsync = policy;
-        self
-    }
+    setters! {
+        /// When the log is fsync'ed. Default [`FsyncPolicy::Always`].
+        fsync(policy: FsyncPolicy) => fsync;
 
-    /// Take a snapshot after this many accepted appends (`None`: never by
-    /// count). Default 1,000,000. Recovery replays at most about this many
-    /// records; a snapshot costs one pass over the state.
-    pub fn snapshot_every_records(mut self, n: Option<u64>) -> Self {
-        self.snapshot_every_records = n;
-        self
-    }
+        /// Take a snapshot after this many accepted appends (`None`: never by
+        /// count). Default 1,000,000. Recovery replays at most about this many
+        /// records; a snapshot costs one pass over the state.
+        snapshot_every_records(n: Option<u64>) => snapshot_every_records;
 
-    /// Take a snapshot after this many bytes of log (`None`: never by size).
-    /// Default 64 MiB.
-    pub fn snapshot_every_bytes(mut self, n: Option<u64>) -> Self {
-        self.snapshot_every_bytes = n;
-        self
-    }
+        /// Take a snapshot after this many bytes of log (`None`: never by size).
+        /// Default 64 MiB.
+        snapshot_every_bytes(n: Option<u64>) => snapshot_every_bytes;
 
-    /// Roll to a new log segment once the active one holds this many bytes
-    /// (a soft limit: one group of records never spans two segments).
-    /// Default 64 MiB; at least 1 KiB and at most 1 GiB (a segment never
-    /// grows past 4 GiB, the most its records' offsets can describe).
-    /// Preallocated segments start smaller and grow to it: a new store's
-    /// first segment is 64 KiB (or this size, if smaller), each next one
-    /// 4 times its predecessor.
-    pub fn segment_size(mut self, bytes: u64) -> Self {
-        self.segment_size = bytes;
-        self
+        /// Roll to a new log segment once the active one holds this many bytes
+        /// (a soft limit: one group of records never spans two segments).
+        /// Default 64 MiB; at least 1 KiB and at most 1 GiB (a segment never
+        /// grows past 4 GiB, the most its records' offsets can describe).
+        /// Preallocated segments start smaller and grow to it: a new store's
+        /// first segment is 64 KiB (or this size, if smaller), each next one
+        /// 4 times its predecessor.
+        segment_size(bytes: u64) => segment_size;
     }
 
     /// Derives the store id and every segment's salt from `seed` instead
@@ -217,54 +207,44 @@ impl StoreOptions {
         self
     }
 
-    /// How many snapshots to keep (at least 2, so that recovery can fall
-    /// back to an older one; the log is kept back to the oldest). Default 2.
-    pub fn keep_snapshots(mut self, n: usize) -> Self {
-        self.keep_snapshots = n;
-        self
-    }
+    setters! {
+        /// How many snapshots to keep (at least 2, so that recovery can fall
+        /// back to an older one; the log is kept back to the oldest). Default 2.
+        keep_snapshots(n: usize) => keep_snapshots;
 
-    /// What recovery does with damage other than a torn tail. Default
-    /// [`RecoveryMode::Strict`].
-    pub fn recovery(mut self, mode: RecoveryMode) -> Self {
-        self.recovery = mode;
-        self
-    }
+        /// What recovery does with damage other than a torn tail. Default
+        /// [`RecoveryMode::Strict`].
+        recovery(mode: RecoveryMode) => recovery;
 
-    /// Run automatic snapshots on a background thread (default `true`). With
-    /// `false` the append that crosses a threshold takes the snapshot before
-    /// it returns: slower for that append, but deterministic, which tests
-    /// under a simulated file system want. The same goes for preparing
-    /// the next preallocated segment ([`StoreOptions::preallocate`]): with
-    /// `false` the append that rolls to it prepares it.
-    pub fn background_snapshots(mut self, on: bool) -> Self {
-        self.background_snapshots = on;
-        self
-    }
+        /// Run automatic snapshots on a background thread (default `true`). With
+        /// `false` the append that crosses a threshold takes the snapshot before
+        /// it returns: slower for that append, but deterministic, which tests
+        /// under a simulated file system want. The same goes for preparing
+        /// the next preallocated segment ([`StoreOptions::preallocate`]): with
+        /// `false` the append that rolls to it prepares it.
+        background_snapshots(on: bool) => background_snapshots;
 
-    /// Preallocate log segments (default `true`): each segment is written
-    /// full of zeros to `segment_size` and fsync'ed before it is used, so
-    /// that an append overwrites blocks that are allocated and written and
-    /// its `fdatasync` commits no file-system metadata (about 1.4x more
-    /// durable appends per second for one appender on ext4 here). The next
-    /// segment is prepared while the active one fills.
-    ///
-    /// The price: every segment takes its size on disk from the start, and
-    /// one more is kept ready (up to two segments' worth of zeros at any
-    /// time); the zeros are written once per segment (disk bandwidth, not
-    /// latency: off the append path with background work); the first open
-    /// writes the first segment's zeros. Sizes grow with the log (64 KiB,
-    /// then 4 times the one before, up to
-    /// [`StoreOptions::segment_size`]), so an empty store costs 64 KiB of
-    /// disk, not a full segment. Recovery reads the
-    /// zeros after the last record as the log's clean end (the header's
-    /// preallocated flag, format version 5, docs/format.md). With `false`
-    /// segments grow by appends and each fsync of a group that extends the
-    /// file also commits its new length. Builds before version 5 refuse a
-    /// version-5 segment either way (`Error::UnsupportedVersion`).
-    pub fn preallocate(mut self, on: bool) -> Self {
-        self.preallocate = on;
-        self
+        /// Preallocate log segments (default `true`): each segment is written
+        /// full of zeros to `segment_size` and fsync'ed before it is used, so
+        /// that an append overwrites blocks that are allocated and written and
+        /// its `fdatasync` commits no file-system metadata (about 1.4x more
+        /// durable appends per second for one appender on ext4 here). The next
+        /// segment is prepared while the active one fills.
+        ///
+        /// The price: every segment takes its size on disk from the start, and
+        /// one more is kept ready (up to two segments' worth of zeros at any
+        /// time); the zeros are written once per segment (disk bandwidth, not
+        /// latency: off the append path with background work); the first open
+        /// writes the first segment's zeros. Sizes grow with the log (64 KiB,
+        /// then 4 times the one before, up to
+        /// [`StoreOptions::segment_size`]), so an empty store costs 64 KiB of
+        /// disk, not a full segment. Recovery reads the
+        /// zeros after the last record as the log's clean end (the header's
+        /// preallocated flag, format version 5, docs/format.md). With `false`
+        /// segments grow by appends and each fsync of a group that extends the
+        /// file also commits its new length. Builds before version 5 refuse a
+        /// version-5 segment either way (`Error::UnsupportedVersion`).
+        preallocate(on: bool) => preallocate;
     }
 
     pub(super) fn layout(&self) -> crate::wal::writer::Layout {
@@ -277,72 +257,53 @@ impl StoreOptions {
         }
     }
 
-    /// How long a key may go without an accepted append before it expires
-    /// (`None`: never). Default 24 hours, Kafka's
-    /// `producer.id.expiration.ms`. A key expires when `now - last
-    /// activity >= expiration`, `now` read from [`StoreOptions::clock`] by
-    /// the sweep; its last activity is its last accepted batch's timestamp,
-    /// or the clock when its last single-sequence append was accepted. An
-    /// expired key has no state (rule 1 applies to it again). Sweeps run
-    /// every [`StoreOptions::expiration_interval`] and on
-    /// [`expire_now`](crate::ProducerStateStore::expire_now); each one is
-    /// logged, so recovery never decides an expiration again. Must be above
-    /// zero.
-    pub fn producer_expiration(mut self, expiration: Option<Duration>) -> Self {
-        self.expiration = expiration;
-        self
-    }
+    setters! {
+        /// How long a key may go without an accepted append before it expires
+        /// (`None`: never). Default 24 hours, Kafka's
+        /// `producer.id.expiration.ms`. A key expires when `now - last
+        /// activity >= expiration`, `now` read from [`StoreOptions::clock`] by
+        /// the sweep; its last activity is its last accepted batch's timestamp,
+        /// or the clock when its last single-sequence append was accepted. An
+        /// expired key has no state (rule 1 applies to it again). Sweeps run
+        /// every [`StoreOptions::expiration_interval`] and on
+        /// [`expire_now`](crate::ProducerStateStore::expire_now); each one is
+        /// logged, so recovery never decides an expiration again. Must be above
+        /// zero.
+        producer_expiration(expiration: Option<Duration>) => expiration;
 
-    /// How often a background thread sweeps for expired keys (`None`: only
-    /// [`expire_now`](crate::ProducerStateStore::expire_now) does). Default
-    /// 10 minutes, Kafka's `producer.id.expiration.check.interval.ms`. A
-    /// sweep holds the store's lock for one shard (a 256th of the state) at
-    /// a time. Must be above zero.
-    pub fn expiration_interval(mut self, every: Option<Duration>) -> Self {
-        self.expiration_interval = every;
-        self
-    }
+        /// How often a background thread sweeps for expired keys (`None`: only
+        /// [`expire_now`](crate::ProducerStateStore::expire_now) does). Default
+        /// 10 minutes, Kafka's `producer.id.expiration.check.interval.ms`. A
+        /// sweep holds the store's lock for one shard (a 256th of the state) at
+        /// a time. Must be above zero.
+        expiration_interval(every: Option<Duration>) => expiration_interval;
 
-    /// The most (producer id, partition) keys the store holds (`None`: no
-    /// bound, the default). At the bound a new key evicts the least
-    /// recently active keys or is refused, as [`StoreOptions::at_capacity`]
-    /// says. Must be above zero. A store reopened with a lower bound than
-    /// it holds evicts down to it at its next new key.
-    pub fn max_producers(mut self, max: Option<usize>) -> Self {
-        self.max_producers = max;
-        self
-    }
+        /// The most (producer id, partition) keys the store holds (`None`: no
+        /// bound, the default). At the bound a new key evicts the least
+        /// recently active keys or is refused, as [`StoreOptions::at_capacity`]
+        /// says. Must be above zero. A store reopened with a lower bound than
+        /// it holds evicts down to it at its next new key.
+        max_producers(max: Option<usize>) => max_producers;
 
-    /// What a store at [`StoreOptions::max_producers`] does with a new key.
-    /// Default [`AtCapacity::EvictLeastRecentlyUsed`].
-    pub fn at_capacity(mut self, policy: AtCapacity) -> Self {
-        self.at_capacity = policy;
-        self
-    }
+        /// What a store at [`StoreOptions::max_producers`] does with a new key.
+        /// Default [`AtCapacity::EvictLeastRecentlyUsed`].
+        at_capacity(policy: AtCapacity) => at_capacity;
 
-    /// What rule 1 does with a key that has no state. Default
-    /// [`UnknownProducer::RequireZero`]; [`UnknownProducer::AcceptAny`] is
-    /// Kafka's behaviour since KIP-360. The log records each append it lets
-    /// through at a sequence other than 0, so a store reopened with the
-    /// other policy replays it unchanged.
-    pub fn unknown_producer(mut self, policy: UnknownProducer) -> Self {
-        self.unknown = policy;
-        self
-    }
+        /// What rule 1 does with a key that has no state. Default
+        /// [`UnknownProducer::RequireZero`]; [`UnknownProducer::AcceptAny`] is
+        /// Kafka's behaviour since KIP-360. The log records each append it lets
+        /// through at a sequence other than 0, so a store reopened with the
+        /// other policy replays it unchanged.
+        unknown_producer(policy: UnknownProducer) => unknown;
 
-    /// The clock the store reads (default [`SystemClock`], the wall
-    /// clock): for the activity of single-sequence appends and the "now"
-    /// of expiration sweeps. Tests pass a [`ManualClock`](crate::ManualClock).
-    /// Recovery never reads it.
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
+        /// The clock the store reads (default [`SystemClock`], the wall
+        /// clock): for the activity of single-sequence appends and the "now"
+        /// of expiration sweeps. Tests pass a [`ManualClock`](crate::ManualClock).
+        /// Recovery never reads it.
+        clock(clock: Arc<dyn Clock>) => clock;
 
-    /// The file system to use. Default [`StdFs`]; tests use [`crate::fs::SimFs`].
-    pub fn file_system(mut self, fs: Arc<dyn FileSystem>) -> Self {
-        self.fs = fs;
-        self
+        /// The file system to use. Default [`StdFs`]; tests use [`crate::fs::SimFs`].
+        file_system(fs: Arc<dyn FileSystem>) => fs;
     }
 
     /// Adds a label to every metric this store reports (see
@@ -361,17 +322,16 @@ impl StoreOptions {
         self.metric_labels.push((key.into(), value.into()));
         self
     }
-    /// Kafka's `transaction.partition.verification.enable` (KIP-890),
-    /// only under [`Semantics::Kafka`]: on by default, as in Kafka. Off, a
-    /// transactional batch that opens a transaction needs no
-    /// [`AppendOptions::verified`](crate::AppendOptions::verified), and no
-    /// verification state is started (see
-    /// [`ProducerStateManager::set_transaction_verification`](crate::ProducerStateManager::set_transaction_verification)).
-    /// A setting of the running broker, as in Kafka: not recorded in the
-    /// directory, so a reopen may change it.
-    pub fn transaction_verification(mut self, enabled: bool) -> Self {
-        self.transaction_verification = enabled;
-        self
+    setters! {
+        /// Kafka's `transaction.partition.verification.enable` (KIP-890),
+        /// only under [`Semantics::Kafka`]: on by default, as in Kafka. Off, a
+        /// transactional batch that opens a transaction needs no
+        /// [`AppendOptions::verified`](crate::AppendOptions::verified), and no
+        /// verification state is started (see
+        /// [`ProducerStateManager::set_transaction_verification`](crate::ProducerStateManager::set_transaction_verification)).
+        /// A setting of the running broker, as in Kafka: not recorded in the
+        /// directory, so a reopen may change it.
+        transaction_verification(enabled: bool) => transaction_verification;
     }
 
     /// The verdicts the store gives (default [`Semantics::Strict`]).
