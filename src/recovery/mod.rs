@@ -57,6 +57,7 @@
 pub(crate) mod apply;
 pub(crate) mod loader;
 mod plan;
+pub(crate) mod reach;
 pub(crate) mod replay;
 pub(crate) mod report;
 pub(crate) mod seek;
@@ -104,6 +105,9 @@ pub(crate) struct Recovered {
     pub snapshots: Vec<u64>,
     /// Positions of every snapshot file on disk.
     pub snapshot_files: BTreeSet<u64>,
+    /// How far a partition's truncation must read, as far as the records
+    /// replayed tell.
+    pub reach: reach::Reach,
     pub report: RecoveryReport,
 }
 
@@ -174,7 +178,7 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
     };
     let (progress, replayer) = loop {
         let mut progress = Progress::default();
-        let mut replayer = Replayer::new(meta, None);
+        let mut replayer = Replayer::new(meta, None).tracking(plan.start);
         let stop = if threads == 2 {
             std::thread::scope(|scope| {
                 let mut sink = Parallel::new(scope, &mut shards, false);
@@ -218,6 +222,9 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
     report.replay_threads = threads;
     report.keys = shards.len() + replayer.meta.kafka.as_ref().map_or(0, |k| k.len());
     let (segments, active) = plan.kept_segments();
+    let reach = replayer
+        .reach
+        .unwrap_or_else(|| reach::Reach::new(report.next_position));
     let rec = Recovered {
         shards,
         meta: replayer.meta,
@@ -227,6 +234,7 @@ fn recover_inner(fs: &dyn FileSystem, dir: &Path, mode: RecoveryMode) -> Result<
         store_id: plan.end.and_then(|e| e.store_id),
         snapshots: plan.valid_snapshots(),
         snapshot_files: plan.snapshot_files.clone(),
+        reach,
         report,
     };
     Ok((plan, rec))
@@ -295,6 +303,7 @@ fn replay(
             resume: None,
             bounded_room_after_close: idx == last_idx,
             only_partition: None,
+            stop_at: None,
         };
         if idx == first_idx {
             from.resume = seek_in_first(fs, plan, &at, progress)?;

@@ -25,6 +25,7 @@ use crate::engine::map::{Activity, Apply, hash_key};
 use crate::engine::rules::UnknownProducer;
 use crate::error::{Error, Result};
 use crate::recovery::apply::{KeyOp, Rec};
+use crate::recovery::reach::Reach;
 use crate::semantics::Semantics;
 use crate::snapshot::meta::Meta;
 use crate::wal::op::{GroupKind, LogOp, RemoveReason};
@@ -202,6 +203,9 @@ pub(crate) struct Replayer {
     group: Option<(GroupKind, i64, u32)>,
     /// Operations taking a position that were handled.
     pub positions: u64,
+    /// What a partition's truncation must read, learnt from the records
+    /// replayed (recovery's replay only).
+    pub reach: Option<Reach>,
 }
 
 impl Replayer {
@@ -217,6 +221,16 @@ impl Replayer {
             skipping: 0,
             group: None,
             positions: 0,
+            reach: None,
+        }
+    }
+
+    /// The same replayer, learning from position `from` on what a
+    /// partition's truncation must read ([`Reach`]).
+    pub(crate) fn tracking(self, from: u64) -> Replayer {
+        Replayer {
+            reach: Some(Reach::new(from)),
+            ..self
         }
     }
 
@@ -264,6 +278,9 @@ impl Replayer {
         mut push: impl FnMut(Rec) -> Result<()>,
     ) -> Result<()> {
         self.positions += u64::from(op.takes_position());
+        if let Some(reach) = &mut self.reach {
+            reach.op(pos, op);
+        }
         if self.meta.kafka.is_some() {
             return self.kafka(pos, op);
         }

@@ -377,3 +377,43 @@ fn a_record_that_does_not_apply_is_found_exactly_after_a_parallel_replay() {
         assert_eq!(again.next_position, record);
     }
 }
+
+/// Recovery learns from what it replays how far a partition's truncation
+/// must read: from its replay start on, each partition's appends (in runs
+/// of 256) and the records of other kinds.
+#[test]
+fn recovery_learns_how_far_a_partitions_truncation_reads() {
+    use crate::ProducerStateStore;
+    use crate::batch::Batch;
+    let fs = SimFs::new();
+    let dir = PathBuf::from("/s");
+    let s = ProducerStateStore::open_with(&dir, sim_store_options(&fs)).unwrap();
+    let batch = |k: u64, p: i32, i: i32| {
+        s.append_batch(k, p, 0, Batch::new(i, i, i64::from(i), 0))
+            .unwrap()
+    };
+    // Positions 0..10: partition 0 at offsets 0..10; then a snapshot.
+    for i in 0..10 {
+        batch(1, 0, i);
+    }
+    s.snapshot().unwrap();
+    // Positions 10..610: partitions 0 and 1 in turn, offsets 10..310 and
+    // 0..300.
+    for i in 10..310 {
+        batch(1, 0, i);
+        batch(2, 1, i - 10);
+    }
+    s.close().unwrap();
+    let rec = recover(&fs, &dir, RecoveryMode::Strict).unwrap();
+    let snapshot = rec.report.snapshot.map(|u| u.position);
+    assert_eq!((rec.report.next_position, snapshot), (610, Some(10)));
+    // Before the replay's start nothing is known: read to it.
+    assert_eq!(rec.reach.stop(0, 5, 0), 10);
+    // Partition 0 cut at 20: its first run (offsets 10..=265, the last at
+    // position 10 + 2 * 255) holds appends below the cut, the second none.
+    assert_eq!(rec.reach.stop(0, 20, 10), 521);
+    // Cut at its end: every append of it matters, the last at 608.
+    assert_eq!(rec.reach.stop(0, 310, 10), 609);
+    // Partition 1 cut at 0: nothing of it after the base matters.
+    assert_eq!(rec.reach.stop(1, 0, 10), 10);
+}

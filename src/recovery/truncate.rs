@@ -234,7 +234,8 @@ struct Log<'a> {
     point: Option<snapshot::LogPoint>,
 }
 
-/// Replays `log` from position `start` to `end` into `sink`.
+/// Replays `log` from position `start` to `end` into `sink`; the scan
+/// stops at `end` (outside a group), which may lie before the log's end.
 fn replay(
     fs: &dyn FileSystem,
     dir: &Path,
@@ -244,7 +245,10 @@ fn replay(
     replayer: &mut Replayer,
     sink: &mut dyn Sink,
 ) -> Result<()> {
-    let segments = log.segments;
+    // The segments that hold a position below `end` (the first one holds
+    // the start); those after it are not read.
+    let needed = log.segments.iter().take_while(|&&s| s < end).count();
+    let segments = log.segments.get(..needed.max(1)).unwrap_or(log.segments);
     let mut expected = segments.first().copied().unwrap_or(start);
     for (i, &named) in segments.iter().enumerate() {
         let path = dir.join(names::segment_name(named));
@@ -259,11 +263,12 @@ fn replay(
             .open_read(&path)
             .map_err(|e| Error::io("open", &path, e))?;
         let mut len = file.len().map_err(|e| Error::io("stat", &path, e))?;
-        if Some(&named) == segments.last() {
+        if Some(&named) == log.segments.last() {
             len = len.min(log.last_len);
         }
         let mut from = ScanFrom {
             only_partition: replayer.only(),
+            stop_at: Some(end),
             ..ScanFrom::default()
         };
         // The base snapshot's records of the first segment are not read

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use crate::batch::AppendRequest;
 use crate::error::{Error, Result};
+use crate::recovery::reach::Reach;
 use crate::telemetry::{Group, Poison, Telemetry};
 use crate::wal::record::RecordBuf;
 #[cfg(test)]
@@ -196,6 +197,9 @@ pub(super) struct LogQueue<T> {
     flusher: Option<Thread>,
     failed: Option<Failure>,
     stats: LogStats,
+    /// What a partition's truncation must read of the log (every record
+    /// pushed is noted with its position).
+    reach: Reach,
 }
 
 impl<T> LogQueue<T> {
@@ -216,7 +220,19 @@ impl<T> LogQueue<T> {
             flusher: None,
             failed: None,
             stats: LogStats::default(),
+            reach: Reach::new(next_position),
         }
+    }
+
+    /// The queue with what recovery learnt of the log before
+    /// `next_position` ([`Reach`]).
+    pub(super) fn with_reach(self, reach: Reach) -> LogQueue<T> {
+        LogQueue { reach, ..self }
+    }
+
+    /// How far a partition's truncation must read ([`Reach`]).
+    pub(super) fn reach(&self) -> &Reach {
+        &self.reach
     }
 
     /// Encodes `r` into the forming group; returns its position.
@@ -225,18 +241,39 @@ impl<T> LogQueue<T> {
         self.buf.push(r);
         let pos = self.next_position;
         self.next_position += 1;
+        let offset = r.metadata.map_or(pos as i64, |m| m.offset);
+        self.reach.append(r.partition, offset, pos);
         pos
     }
 
     /// Encodes records other than packable appends: `encode` appends them
     /// and says how many positions they take. Returns the first of those
     /// positions (the next position if they take none) and what `encode`
-    /// returned.
+    /// returned. Records that take positions may touch any partition
+    /// ([`Reach::other`]); one partition's batch or marker goes through
+    /// [`LogQueue::push_partition_op`].
     pub(super) fn push_op<R>(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> (u64, R)) -> (u64, R) {
         let (positions, r) = self.buf.push_with(encode);
         let pos = self.next_position;
         self.next_position += positions;
+        if positions > 0 {
+            self.reach.other(pos + positions - 1);
+        }
         (pos, r)
+    }
+
+    /// [`LogQueue::push_op`] for one record of one operation on
+    /// `partition` at `offset` (a Kafka-mode batch or marker).
+    pub(super) fn push_partition_op(
+        &mut self,
+        (partition, offset): (i32, i64),
+        encode: impl FnOnce(&mut Vec<u8>),
+    ) -> u64 {
+        self.buf.push_with(encode);
+        let pos = self.next_position;
+        self.next_position += 1;
+        self.reach.append(partition, offset, pos);
+        pos
     }
 
     /// The group and position of the last record queued that is not yet

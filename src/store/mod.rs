@@ -244,7 +244,11 @@ impl ProducerStateStore {
             refuse: opts.at_capacity == AtCapacity::Refuse,
         };
         let keys = Keys::new(rec.shards, rec.meta, opts.max_producers.is_some());
-        let mut state = State::new(keys, LogQueue::new(rec.next_position), life);
+        let mut state = State::new(
+            keys,
+            LogQueue::new(rec.next_position).with_reach(rec.reach),
+            life,
+        );
         state.since_snapshot = (rec.report.records_replayed, 0);
         state.snapshot_every = (opts.snapshot_every_records, opts.snapshot_every_bytes);
         let book = Book {

@@ -195,13 +195,21 @@ impl ProducerStateStore {
                 return Err(Error::TruncateBelowHistory { offset, lowest });
             }
         };
+        // A partition's replay stops after the last record that can change
+        // its result: its own appends below `offset`, and records of other
+        // kinds (recovery::reach).
+        let log_end = st.log.next_position();
+        let replay_to = match only {
+            Some(p) => st.log.reach().stop(p, offset, base.position).min(log_end),
+            None => log_end,
+        };
         let history = truncate::History {
             fs,
             dir: &shared.dir,
             base: &base,
             segments: &segments,
             last_len: written,
-            end: st.log.next_position(),
+            end: replay_to,
         };
         if shared.kafka {
             let cut = truncate::truncated_kafka(&history, offset, only)?;

@@ -170,12 +170,14 @@ impl State {
                 }
                 self.answered[o.outcome() as usize] += 1;
                 let pos = if r.options.is_transactional() {
-                    self.log
-                        .push_op(|b| {
-                            txn_op::encode_batch(b, r, true);
-                            (1, ())
-                        })
-                        .0
+                    // Kafka batches carry their offset (a plain append's
+                    // stands in for none).
+                    let offset = r
+                        .metadata
+                        .map_or(self.log.next_position() as i64, |m| m.offset);
+                    self.log.push_partition_op((r.partition, offset), |b| {
+                        txn_op::encode_batch(b, r, true);
+                    })
                 } else {
                     self.log.push(r)
                 };
@@ -249,9 +251,8 @@ impl State {
         if !matches!(o, MarkerOutcome::Accepted { .. }) {
             return Ok(Logged::No(KafkaAnswer::Marker(o)));
         }
-        let (pos, ()) = self.log.push_op(|b| {
+        let pos = self.log.push_partition_op((partition, marker.offset), |b| {
             txn_op::encode_marker(b, id, partition, epoch, marker);
-            (1, ())
         });
         Ok(Logged::Yes {
             answer: KafkaAnswer::Marker(o),

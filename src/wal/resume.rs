@@ -27,6 +27,11 @@ pub(crate) struct ScanFrom {
     /// a group (its members are read whole), and not right after an
     /// accepted-unknown record (it belongs to the next append).
     pub only_partition: Option<i32>,
+    /// End the scan, clean, at the first record outside a group whose
+    /// position is at or past this one: what lies after it cannot change
+    /// what the caller rebuilds (a partition's truncation,
+    /// `recovery::reach`).
+    pub stop_at: Option<u64>,
 }
 
 /// A record to start a scan at: its byte offset, and the positions of

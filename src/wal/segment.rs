@@ -554,6 +554,12 @@ fn scan_window<R: Read>(
         later: at,
     };
     loop {
+        if start
+            .stop_at
+            .is_some_and(|s| group.is_none() && first_position + records >= s)
+        {
+            return Ok(done(records, at, End::Clean, false, None, 0));
+        }
         let bytes = w.at(at, record::MAX_LEN).map_err(io_err)?;
         if bytes.is_empty() {
             return Ok(done(records, at, End::Clean, closed, group, 0));
