@@ -163,9 +163,11 @@ pub async fn serve(
     listener: TcpListener,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let sweeper = Sweeper::start(broker.clone());
     let shared = Shared::new(broker);
     let ticker = {
         let shared = shared.clone();
+        let swept_here = sweeper.is_none();
         tokio::spawn(async move {
             // Group sessions and rebalances are timed in tenths of a second.
             let mut every = tokio::time::interval(Duration::from_millis(100));
@@ -173,9 +175,9 @@ pub async fn serve(
             loop {
                 every.tick().await;
                 shared.broker.groups().tick(Instant::now());
-                // Transactions past their transaction.timeout.ms: aborted
-                // (writing markers: a blocking thread), once a second.
-                if last_sweep.elapsed() >= Duration::from_secs(1) {
+                // Without a sweeper thread, the sweep runs here, on the
+                // runtime's blocking pool.
+                if swept_here && last_sweep.elapsed() >= Duration::from_secs(1) {
                     last_sweep = Instant::now();
                     let b = shared.broker.clone();
                     let _ = tokio::task::spawn_blocking(move || b.sweep_transactions()).await;
@@ -217,15 +219,60 @@ pub async fn serve(
         }
     }
     ticker.abort();
-    // Wait for the ticker to be dropped: it holds the broker, which the
-    // caller takes back once serve returns.
+    // Wait for the ticker and the sweeper to be dropped: they hold the
+    // broker, which the caller takes back once serve returns.
     let _ = ticker.await;
+    if let Some(s) = sweeper {
+        let _ = tokio::task::spawn_blocking(move || s.stop()).await;
+    }
     let drain = async { while conns.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(10), drain)
         .await
         .is_err()
     {
         tracing::warn!("connections did not finish within 10 s; aborting them");
+    }
+}
+
+/// The thread that aborts transactions past their `transaction.timeout.ms`
+/// once a second (writing markers blocks). A thread of its own rather
+/// than the runtime's blocking pool: a pool thread used every second never
+/// retires, and while other blocking work overlapped it (a topic of 10,000
+/// partitions created) the pool kept a second one alive, so an idle
+/// broker's thread count depended on its history and its partitions.
+struct Sweeper {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Sweeper {
+    /// `None` (and a warning) if the thread cannot be started: the sweep
+    /// then runs on the runtime's blocking pool.
+    fn start(broker: Arc<Broker>) -> Option<Sweeper> {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("producer-state-txn-sweep".into())
+            .spawn(move || {
+                // Until the sender is dropped (or sends).
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(Duration::from_secs(1))
+                {
+                    broker.sweep_transactions();
+                }
+            });
+        match thread {
+            Ok(thread) => Some(Sweeper { stop, thread }),
+            Err(e) => {
+                tracing::warn!(error = %e, "no thread for the transaction sweep; the runtime's blocking pool runs it");
+                None
+            }
+        }
+    }
+
+    /// Stops the thread after its current sweep and waits for it.
+    fn stop(self) {
+        drop(self.stop);
+        let _ = self.thread.join();
     }
 }
 
