@@ -321,11 +321,12 @@ fn one_count(partitions: usize, secs: f64, runs: usize) -> Row {
 }
 
 /// One partition's truncation in a Kafka-mode store with default options:
-/// partition 0 holds `batches` batches of 4 producers; the others hold
-/// `others_factor` times as many, spread over 100 partitions and
-/// interleaved with partition 0's appends. Partition 0 is cut at its
-/// middle. Returns the median seconds of `runs` runs (a fresh store each).
-fn truncation(batches: usize, others_factor: usize, runs: usize) -> f64 {
+/// partition 0 holds `batches` batches of `producers` producers; the
+/// others hold `others_factor` times as many, spread over 100 partitions
+/// of `producers` producers each and interleaved with partition 0's
+/// appends. Partition 0 is cut at its middle. Returns the median seconds
+/// of `runs` runs (a fresh store each).
+fn truncation(batches: usize, others_factor: usize, producers: usize, runs: usize) -> f64 {
     let times: Vec<f64> = (0..runs)
         .map(|_| {
             let tmp = tempfile::tempdir().unwrap();
@@ -351,10 +352,11 @@ fn truncation(batches: usize, others_factor: usize, runs: usize) -> f64 {
                 *o += 1;
             };
             for i in 0..batches {
-                append((i % 4) as u64, 0);
+                append((i % producers) as u64, 0);
                 for j in 0..others_factor {
                     let k = i * others_factor + j;
-                    append((k % 4) as u64 + 10, 1 + (k % 100) as i32);
+                    let producer = ((k / 100) % producers) as u64 + 10;
+                    append(producer, 1 + (k % 100) as i32);
                 }
             }
             let cut = (batches / 2) as i64;
@@ -428,13 +430,17 @@ fn main() {
         );
     }
     let batches: usize = env_or("SCALE_TRUNCATE_BATCHES", 20_000);
-    let alone = truncation(batches, 0, runs);
-    let crowded = truncation(batches, 100, runs);
-    println!(
-        "truncate one partition of {batches} batches to its middle: others empty {:.1} ms, \
-         others holding 100x {:.1} ms, ratio {:.2}",
-        alone * 1e3,
-        crowded * 1e3,
-        crowded / alone
-    );
+    // 4 producers a partition: the others hold 100x the batches; 400: and
+    // 100x the keys (40,000 against 400).
+    for producers in [4, 400] {
+        let alone = truncation(batches, 0, producers, runs);
+        let crowded = truncation(batches, 100, producers, runs);
+        println!(
+            "truncate one partition of {batches} batches of {producers} producers to its middle: \
+             others empty {:.1} ms, others holding 100x {:.1} ms, ratio {:.2}",
+            alone * 1e3,
+            crowded * 1e3,
+            crowded / alone
+        );
+    }
 }

@@ -52,13 +52,17 @@ struct Loader<'a> {
     meta: Meta,
     /// The header's entry count.
     entries: u64,
+    /// Load only this partition's keys, transactions and aborted lists
+    /// (a partition's truncation base); the file is verified whole.
+    only: Option<i32>,
 }
 
 impl snapshot::Sink for Loader<'_> {
     fn begin(&mut self, header: &snapshot::Header) {
         self.entries = header.entries;
-        // A Kafka-mode state's keys go to its engine (see `kafka`).
-        if !header.kafka {
+        // A Kafka-mode state's keys go to its engine (see `kafka`); one
+        // partition's keys are a few of the header's.
+        if !header.kafka && self.only.is_none() {
             // Every key may have a window; room that stays unused is
             // address space, not memory, until keys get windows later.
             self.shards = Shards::with_capacity(header.entries, header.entries);
@@ -69,9 +73,16 @@ impl snapshot::Sink for Loader<'_> {
         self.meta = meta;
     }
 
-    fn kafka(&mut self, kafka: crate::engine::kafka::state::KafkaState) {
+    fn kafka(&mut self, mut kafka: crate::engine::kafka::state::KafkaState) {
+        let room = match self.only {
+            Some(p) => {
+                kafka.retain_partition(p);
+                0
+            }
+            None => self.entries,
+        };
         self.meta.kafka = Some(Box::new(
-            crate::engine::ProducerStateManager::from_kafka_side(kafka, self.entries),
+            crate::engine::ProducerStateManager::from_kafka_side(kafka, room),
         ));
     }
 
@@ -84,6 +95,9 @@ impl snapshot::Sink for Loader<'_> {
         e: ProducerEntry,
         act: i64,
     ) -> Result<()> {
+        if self.only.is_some_and(|o| o != p) {
+            return Ok(());
+        }
         if let Some(k) = &mut self.meta.kafka {
             return if k.insert_loaded(&id, p, &e) {
                 Ok(())
@@ -109,32 +123,44 @@ pub(crate) struct Loaded {
     pub shards: Shards,
 }
 
-/// Reads, verifies and loads the snapshot `path` (of `len` bytes, open as
-/// `file`) into a fresh state.
-pub(crate) fn load(path: &Path, file: impl Read, len: u64) -> Result<Loaded> {
-    load_with(path, file, len, TWO_THREADS_FROM)
-}
-
 /// Loads and verifies the snapshot file at `path` into a fresh state.
 pub(crate) fn load_file(fs: &dyn FileSystem, path: &Path) -> Result<Loaded> {
-    let file = fs.open_read(path).map_err(Error::at("open", path))?;
-    let len = file.len().map_err(Error::at("stat", path))?;
-    load(path, file, len)
+    load_file_of(fs, path, None)
 }
 
-/// [`load`], on two threads if the body has at least `two_from` bytes.
-fn load_with(path: &Path, file: impl Read, len: u64, two_from: u64) -> Result<Loaded> {
+/// [`load_file`], keeping with `only` that partition's state alone: the
+/// whole file is read and verified, but the other partitions' keys,
+/// transactions and aborted lists are not built (a partition's
+/// truncation, whose cost then follows the partition's keys more than the
+/// store's). Its store section is the whole store's.
+pub(crate) fn load_file_of(fs: &dyn FileSystem, path: &Path, only: Option<i32>) -> Result<Loaded> {
+    let file = fs.open_read(path).map_err(Error::at("open", path))?;
+    let len = file.len().map_err(Error::at("stat", path))?;
+    load_with(path, file, len, TWO_THREADS_FROM, only)
+}
+
+/// [`load`], on two threads if the body has at least `two_from` bytes;
+/// with `only`, that partition's state alone ([`load_file_of`]).
+fn load_with(
+    path: &Path,
+    file: impl Read,
+    len: u64,
+    two_from: u64,
+    only: Option<i32>,
+) -> Result<Loaded> {
     let mut loader = Loader {
         path,
         shards: Shards::default(),
         meta: Meta::default(),
         entries: 0,
+        only,
     };
     // Small reads (headers) are buffered; a block's bytes, mostly longer
     // than the buffer, go straight from the file into the block.
     let mut r = std::io::BufReader::with_capacity(64 << 10, file);
     let mut pre = snapshot::read_prelude(path, &mut r, len, &mut loader)?;
-    if pre.header.version >= snapshot::VERSION_4 && !pre.header.kafka {
+    // One partition's keys go through the sink's filter, block by block.
+    if pre.header.version >= snapshot::VERSION_4 && !pre.header.kafka && only.is_none() {
         if len >= two_from {
             two_threads(path, &mut r, &mut pre, &mut loader.shards)?;
         } else {
@@ -321,8 +347,8 @@ mod tests {
         let bytes = file(20_000);
         let p = Path::new("s");
         let len = bytes.len() as u64;
-        let one = load_with(p, Cursor::new(&bytes), len, u64::MAX).unwrap();
-        let two = load_with(p, Cursor::new(&bytes), len, 0).unwrap();
+        let one = load_with(p, Cursor::new(&bytes), len, u64::MAX, None).unwrap();
+        let two = load_with(p, Cursor::new(&bytes), len, 0, None).unwrap();
         assert_eq!(one.header, two.header);
         assert_eq!(one.shards.len(), 20_001);
         assert_eq!(state(&one), state(&two));
@@ -348,7 +374,7 @@ mod tests {
             let mut b = bytes.clone();
             b[at] ^= 0x10;
             for two_from in [u64::MAX, 0] {
-                match load_with(p, Cursor::new(&b), len, two_from) {
+                match load_with(p, Cursor::new(&b), len, two_from, None) {
                     Err(e) => assert!(e.is_corruption(), "{at}: {e}"),
                     Ok(_) => panic!("{at}: a damaged file loaded"),
                 }
@@ -358,7 +384,7 @@ mod tests {
         // up): a duplicate, on either thread.
         let dup = with_first_block_twice(&bytes);
         for two_from in [u64::MAX, 0] {
-            let e = load_with(p, Cursor::new(&dup), dup.len() as u64, two_from)
+            let e = load_with(p, Cursor::new(&dup), dup.len() as u64, two_from, None)
                 .err()
                 .unwrap();
             assert!(

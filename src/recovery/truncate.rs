@@ -30,7 +30,7 @@ use crate::engine::shards::Shards;
 use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::recovery::apply::{Parallel, Sequential, Sink};
-use crate::recovery::loader::load_file;
+use crate::recovery::loader::load_file_of;
 use crate::recovery::replay::Replayer;
 use crate::recovery::seek;
 use crate::snapshot;
@@ -112,7 +112,7 @@ pub(crate) fn truncated_state(h: &History<'_>, offset: i64, only: Option<i32>) -
     let History { fs, dir, base, .. } = *h;
     let (mut shards, meta, point) = match &base.snapshot {
         Some(path) => {
-            let l = load_file(fs, path)?;
+            let l = load_file_of(fs, path, only)?;
             (l.shards, l.meta, l.header.point)
         }
         None => (Shards::default(), Meta::default(), None),
@@ -177,26 +177,28 @@ pub(crate) fn truncated_kafka(
     offset: i64,
     only: Option<i32>,
 ) -> Result<crate::engine::ProducerStateManager> {
-    kafka_replayed(h, |meta| replayer(meta, offset, only))
+    kafka_replayed(h, only, |meta| replayer(meta, offset, only))
 }
 
 /// The Kafka-mode state at the end of `h`: the base's engine with the log
 /// replayed up to it, never classified (as recovery replays it). Every
 /// record below the end must be durable.
 pub(crate) fn kafka_state_at(h: &History<'_>) -> Result<crate::engine::ProducerStateManager> {
-    kafka_replayed(h, |meta| Replayer::new(meta, None))
+    kafka_replayed(h, None, |meta| Replayer::new(meta, None))
 }
 
-/// The base's Kafka engine (an empty one at position 0) with the log of
-/// `h` replayed into it by the replayer `make` builds around it.
+/// The base's Kafka engine (an empty one at position 0; with `only`, of
+/// that partition alone) with the log of `h` replayed into it by the
+/// replayer `make` builds around it.
 fn kafka_replayed(
     h: &History<'_>,
+    only: Option<i32>,
     make: impl FnOnce(Meta) -> Replayer,
 ) -> Result<crate::engine::ProducerStateManager> {
     let History { fs, dir, base, .. } = *h;
     let (mut meta, point) = match &base.snapshot {
         Some(path) => {
-            let l = load_file(fs, path)?;
+            let l = load_file_of(fs, path, only)?;
             (l.meta, l.header.point)
         }
         None => (Meta::default(), None),

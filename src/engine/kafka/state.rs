@@ -519,6 +519,13 @@ impl KafkaState {
         out
     }
 
+    /// Forgets every partition but `partition`: its side-table keys and its
+    /// transaction index stay (a partition's truncation base).
+    pub(crate) fn retain_partition(&mut self, partition: i32) {
+        self.full.retain(|_, p, _| p == partition);
+        self.txns.retain_partition(partition);
+    }
+
     /// Forgets every side-table key of `partition` and the partition's
     /// transaction index (open and aborted transactions); the caller
     /// removes its compact keys. Verification states stay: a truncation

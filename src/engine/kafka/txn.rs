@@ -349,6 +349,11 @@ impl TxnIndex {
         self.partitions.entry(partition).or_default().aborted = list;
     }
 
+    /// Forgets every partition's transactions but `partition`'s.
+    pub(crate) fn retain_partition(&mut self, partition: i32) {
+        self.partitions.retain(|&p, _| p == partition);
+    }
+
     /// Forgets the partition's open and aborted transactions (the
     /// partition was removed).
     pub(crate) fn remove_partition(&mut self, partition: i32) {
