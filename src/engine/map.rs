@@ -489,6 +489,23 @@ impl<X: Extra> StateMap<X> {
             .map_or(0, |s| s.key[0] ^ s.st.win)
     }
 
+    /// The ids of `partition`'s keys, numeric first: one pass over the
+    /// slots that builds nothing for another partition's key (a
+    /// partition's view in a store of many).
+    pub(crate) fn ids_of(&self, partition: i32) -> Vec<ProducerId> {
+        let numeric = self
+            .numeric
+            .iter()
+            .filter(|s| s.partition == partition)
+            .map(|s| ProducerId::numeric(join_pid(s.key)));
+        let named = self
+            .named
+            .iter()
+            .filter(|s| s.partition == partition)
+            .map(|s| s.key.clone());
+        numeric.chain(named).collect()
+    }
+
     /// Every key with its extra.
     pub(crate) fn keys(&self) -> impl Iterator<Item = (ProducerId, i32, X)> + '_ {
         let numeric = self

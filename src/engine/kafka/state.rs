@@ -505,11 +505,7 @@ impl KafkaState {
 
     /// The keys of `partition`, map and side table, in no particular order.
     pub(crate) fn keys_of(&self, map: &StateMap, partition: i32) -> Vec<ProducerId> {
-        let mut out: Vec<ProducerId> = map
-            .iter()
-            .filter(|(_, p, _)| *p == partition)
-            .map(|(id, _, _)| id)
-            .collect();
+        let mut out = map.ids_of(partition);
         out.extend(
             self.full
                 .iter()
