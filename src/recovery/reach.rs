@@ -23,8 +23,6 @@
 
 use std::collections::HashMap;
 
-use crate::wal::op::LogOp;
-
 /// Appends in one run before a new one starts.
 const RUN: u32 = 256;
 /// Runs a partition keeps before its runs are merged in pairs.
@@ -110,25 +108,16 @@ impl Reach {
         self.other = Some(self.other.map_or(last, |o| o.max(last)));
     }
 
-    /// A replayed operation at `pos`, sorted as the store sorts what it
-    /// logs (recovery's replay).
-    pub(crate) fn op(&mut self, pos: u64, op: &LogOp) {
-        if pos < self.from || !op.takes_position() {
+    /// A replayed record at `pos` that takes a position: one partition's
+    /// append or marker (its partition and offset, as replay reads them),
+    /// or `None` for any other kind (recovery's replay).
+    pub(crate) fn note(&mut self, pos: u64, one: Option<(i32, i64)>) {
+        if pos < self.from {
             return;
         }
-        match op {
-            LogOp::Append(r) => {
-                let offset = r.metadata.map_or(pos as i64, |m| m.offset);
-                self.append(r.partition, offset, pos);
-            }
-            LogOp::KafkaBatch { request: r, .. } => {
-                let offset = r.metadata.map_or(pos as i64, |m| m.offset);
-                self.append(r.partition, offset, pos);
-            }
-            LogOp::TxnMarker {
-                partition, marker, ..
-            } => self.append(*partition, marker.offset, pos),
-            _ => self.other(pos),
+        match one {
+            Some((partition, offset)) => self.append(partition, offset, pos),
+            None => self.other(pos),
         }
     }
 
@@ -242,28 +231,5 @@ mod tests {
         }
         assert_eq!(same.stop(3, 8, 0), appends);
         assert_eq!(same.stop(3, 7, 0), 0);
-    }
-
-    #[test]
-    fn replayed_operations_feed_it_from_its_start() {
-        use crate::batch::{AppendRequest, Batch};
-        let mut r = Reach::new(5);
-        let batch = |p, o| LogOp::Append(AppendRequest::batch(1u64, p, 0, Batch::new(0, 0, o, 0)));
-        r.op(3, &batch(0, 1)); // before the start: not known, not needed
-        r.op(6, &batch(0, 100));
-        r.op(7, &LogOp::Clock(9)); // takes no position
-        assert_eq!(r.stop(0, 50, 0), 5);
-        assert_eq!(r.stop(0, 101, 0), 7);
-        // A single-sequence append counts at its position.
-        r.op(8, &LogOp::Append(AppendRequest::single(2u64, 0, 0, 0)));
-        assert_eq!(r.stop(0, 50, 0), 9);
-        r.op(
-            9,
-            &LogOp::Remove {
-                reason: crate::wal::op::RemoveReason::Expired,
-                keys: vec![],
-            },
-        );
-        assert_eq!(r.stop(4, 0, 0), 10);
     }
 }

@@ -278,8 +278,10 @@ impl Replayer {
         mut push: impl FnMut(Rec) -> Result<()>,
     ) -> Result<()> {
         self.positions += u64::from(op.takes_position());
-        if let Some(reach) = &mut self.reach {
-            reach.op(pos, op);
+        if op.takes_position()
+            && let Some(reach) = &mut self.reach
+        {
+            reach.note(pos, op_partition(op).zip(kafka_offset(op, pos)));
         }
         if self.meta.kafka.is_some() {
             return self.kafka(pos, op);

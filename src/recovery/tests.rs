@@ -417,3 +417,40 @@ fn recovery_learns_how_far_a_partitions_truncation_reads() {
     // Partition 1 cut at 0: nothing of it after the base matters.
     assert_eq!(rec.reach.stop(1, 0, 10), 10);
 }
+
+/// Recovery's replayer notes each record that takes a position, from its
+/// start on: one partition's append or marker at its offset (a
+/// single-sequence append at its position), any other kind as reaching
+/// every partition.
+#[test]
+fn replayed_operations_feed_the_reach_from_its_start() {
+    use crate::batch::{AppendRequest, Batch};
+    use crate::recovery::replay::Replayer;
+    use crate::wal::op::{LogOp, RemoveReason};
+    fn op(r: &mut Replayer, pos: u64, op: LogOp) {
+        r.op(pos, 0, 0, &op, |_| Ok(())).unwrap();
+    }
+    fn stop(r: &Replayer, partition: i32, offset: i64) -> u64 {
+        r.reach.as_ref().unwrap().stop(partition, offset, 0)
+    }
+    let mut r = Replayer::new(Meta::default(), None).tracking(5);
+    let batch = |p, o| LogOp::Append(AppendRequest::batch(1u64, p, 0, Batch::new(0, 0, o, 0)));
+    op(&mut r, 3, batch(0, 1)); // before the start: not known, not needed
+    op(&mut r, 6, batch(0, 100));
+    op(&mut r, 7, LogOp::Clock(9)); // takes no position
+    assert_eq!(stop(&r, 0, 50), 5);
+    assert_eq!(stop(&r, 0, 101), 7);
+    // A single-sequence append counts at its position.
+    op(
+        &mut r,
+        8,
+        LogOp::Append(AppendRequest::single(2u64, 0, 0, 0)),
+    );
+    assert_eq!(stop(&r, 0, 50), 9);
+    let remove = LogOp::Remove {
+        reason: RemoveReason::Expired,
+        keys: vec![],
+    };
+    op(&mut r, 9, remove);
+    assert_eq!(stop(&r, 4, 0), 10);
+}

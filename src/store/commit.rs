@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use crate::batch::AppendRequest;
 use crate::error::{Error, Result};
 use crate::recovery::reach::Reach;
+use crate::recovery::replay::append_offset;
 use crate::telemetry::{Group, Poison, Telemetry};
 use crate::wal::record::RecordBuf;
 #[cfg(test)]
@@ -241,8 +242,7 @@ impl<T> LogQueue<T> {
         self.buf.push(r);
         let pos = self.next_position;
         self.next_position += 1;
-        let offset = r.metadata.map_or(pos as i64, |m| m.offset);
-        self.reach.append(r.partition, offset, pos);
+        self.reach.append(r.partition, append_offset(r, pos), pos);
         pos
     }
 

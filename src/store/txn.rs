@@ -34,6 +34,7 @@ use crate::engine::map::hash_key;
 use crate::error::{Error, Result};
 use crate::id::ProducerId;
 use crate::outcome::BatchOutcome;
+use crate::recovery::replay::append_offset;
 use crate::semantics::Semantics;
 use crate::wal::op::{self, GroupKind, LogOp, RemoveReason};
 use crate::wal::txn_op;
@@ -170,11 +171,7 @@ impl State {
                 }
                 self.answered[o.outcome() as usize] += 1;
                 let pos = if r.options.is_transactional() {
-                    // Kafka batches carry their offset (a plain append's
-                    // stands in for none).
-                    let offset = r
-                        .metadata
-                        .map_or(self.log.next_position() as i64, |m| m.offset);
+                    let offset = append_offset(r, self.log.next_position());
                     self.log.push_partition_op((r.partition, offset), |b| {
                         txn_op::encode_batch(b, r, true);
                     })
