@@ -388,6 +388,134 @@ pub(crate) fn decode(buf: &[u8], form: Form) -> Option<std::result::Result<Decod
     )
 }
 
+/// The shape byte of an entry of `form`, checked: how many batches its
+/// window holds and whether its activity is its newest batch's timestamp
+/// ([`SHAPE_ACT_IS_TS`]).
+#[inline(always)]
+fn shape_of(shape: u8, form: Form) -> std::result::Result<(usize, bool), Corruption> {
+    let n = usize::from(shape & 7);
+    if shape & SHAPE_SECTIONS != 0 {
+        return Err(Corruption::BadField(
+            "entry shape (per-key sections: none defined in this version)",
+        ));
+    }
+    let act_is_ts = form == Form::V4 && shape & SHAPE_ACT_IS_TS != 0;
+    if (shape & 0xc0 != 0 && !act_is_ts) || n > RETAINED_BATCHES {
+        return Err(Corruption::BadField("entry shape"));
+    }
+    Ok((n, act_is_ts))
+}
+
+/// Whether the entry stores its activity, and the bytes of its fixed
+/// fields (partition, epoch, last sequence, and the activity if stored).
+#[inline(always)]
+fn fixed_of(form: Form, act_is_ts: bool) -> (bool, usize) {
+    let activity = form == Form::V3 || (form == Form::V4 && !act_is_ts);
+    (activity, if activity { 18 } else { 10 })
+}
+
+/// An activity taken from the newest batch's timestamp needs a batch with
+/// metadata (`mask`: the batches that have them).
+#[inline(always)]
+fn activity_of_mask(act_is_ts: bool, mask: u8) -> std::result::Result<(), Corruption> {
+    if act_is_ts && mask == 0 {
+        return Err(Corruption::BadField(
+            "entry shape (activity of a batch timestamp the entry does not have)",
+        ));
+    }
+    Ok(())
+}
+
+/// A window's widths, from the entry's shape and its 2-byte layout word.
+struct Widths {
+    /// The batches with metadata.
+    mask: u8,
+    /// Bytes of a span, of an offset delta, of a timestamp delta.
+    sw: usize,
+    ow: usize,
+    tw: usize,
+    /// Bytes of the window after the layout word.
+    need: usize,
+}
+
+/// The widths of a window of `n` batches, the layout word checked.
+#[inline(always)]
+fn widths(shape: u8, n: usize, layout: u16) -> std::result::Result<Widths, Corruption> {
+    let mask = (layout & 0x1f) as u8;
+    let m = mask.count_ones() as usize;
+    let sw = SPAN_BYTES
+        .get(usize::from(shape >> 4 & 3))
+        .copied()
+        .unwrap_or(4);
+    let ow = DELTA_BYTES
+        .get(usize::from(layout >> 5 & 7))
+        .copied()
+        .unwrap_or(8);
+    let tw = DELTA_BYTES
+        .get(usize::from(layout >> 8 & 7))
+        .copied()
+        .unwrap_or(8);
+    if layout >> 11 != 0 || mask >> n != 0 || (m < 2 && ow + tw != 0) {
+        return Err(Corruption::BadField("entry layout"));
+    }
+    let need = n * sw + if m > 0 { 16 + (m - 1) * (ow + tw) } else { 0 };
+    Ok(Widths {
+        mask,
+        sw,
+        ow,
+        tw,
+        need,
+    })
+}
+
+/// The partition of the entry of `form` at the start of `buf` and the
+/// bytes it takes, from its shape, key length, partition and layout word
+/// alone: [`decode`]'s checks of the entry's framing, none of its key's
+/// bytes or window's values. For a reader that passes over the entry
+/// unread (a partition's truncation base, over the other partitions'
+/// keys); `None` if the bytes end first.
+#[inline]
+pub(crate) fn measure(
+    buf: &[u8],
+    form: Form,
+) -> Option<std::result::Result<(i32, usize), Corruption>> {
+    let shape = *buf.first()?;
+    let (n, act_is_ts) = match shape_of(shape, form) {
+        Ok(s) => s,
+        Err(e) => return Some(Err(e)),
+    };
+    let start = if shape & SHAPE_NAMED == 0 {
+        9
+    } else {
+        3 + usize::from(u16::from_le_bytes([*buf.get(1)?, *buf.get(2)?]))
+    };
+    let (_, fixed) = fixed_of(form, act_is_ts);
+    let mut len = start + fixed;
+    if buf.len() < len {
+        return None;
+    }
+    let partition = uint_at(buf, start, 4) as u32 as i32;
+    let mut mask = 0;
+    if n > 0 {
+        if buf.len() < len + 2 {
+            return None;
+        }
+        let w = match widths(shape, n, uint_at(buf, len, 2) as u16) {
+            Ok(w) => w,
+            Err(e) => return Some(Err(e)),
+        };
+        mask = w.mask;
+        len += 2 + w.need;
+        if buf.len() < len {
+            return None;
+        }
+    }
+    if let Err(e) = activity_of_mask(act_is_ts, mask) {
+        return Some(Err(e));
+    }
+    Some(Ok((partition, len)))
+}
+
 /// A key decoded by [`decode_into`]: key, head (its window is where the
 /// caller put it), last activity and the bytes it took.
 pub(crate) type DecodedHead = (ProducerId, i32, Head, i64, usize);
@@ -408,16 +536,10 @@ pub(crate) fn decode_into(
     window: &mut Window,
 ) -> Option<std::result::Result<DecodedHead, Corruption>> {
     let shape = *buf.first()?;
-    let n = usize::from(shape & 7);
-    if shape & SHAPE_SECTIONS != 0 {
-        return Some(Err(Corruption::BadField(
-            "entry shape (per-key sections: none defined in this version)",
-        )));
-    }
-    let act_is_ts = form == Form::V4 && shape & SHAPE_ACT_IS_TS != 0;
-    if (shape & 0xc0 != 0 && !act_is_ts) || n > RETAINED_BATCHES {
-        return Some(Err(Corruption::BadField("entry shape")));
-    }
+    let (n, act_is_ts) = match shape_of(shape, form) {
+        Ok(s) => s,
+        Err(e) => return Some(Err(e)),
+    };
     let (id, start) = if shape & SHAPE_NAMED == 0 {
         if buf.len() < 9 {
             return None;
@@ -453,8 +575,7 @@ pub(crate) fn decode_into(
     };
     // From here, offsets are from `start`; `have` bytes are really there.
     let have = buf.len() - start;
-    let activity = form == Form::V3 || (form == Form::V4 && !act_is_ts);
-    let fixed = if activity { 18 } else { 10 };
+    let (activity, fixed) = fixed_of(form, act_is_ts);
     if have < fixed {
         return None;
     }
@@ -469,26 +590,14 @@ pub(crate) fn decode_into(
         if have < at + 2 {
             return None;
         }
-        let layout = ld(v, at, 2) as u16;
+        let w = match widths(shape, n, ld(v, at, 2) as u16) {
+            Ok(w) => w,
+            Err(e) => return Some(Err(e)),
+        };
         at += 2;
-        mask = (layout & 0x1f) as u8;
+        (mask, sw, ow, tw) = (w.mask, w.sw, w.ow, w.tw);
+        let need = w.need;
         let m = mask.count_ones() as usize;
-        sw = SPAN_BYTES
-            .get(usize::from(shape >> 4 & 3))
-            .copied()
-            .unwrap_or(4);
-        ow = DELTA_BYTES
-            .get(usize::from(layout >> 5 & 7))
-            .copied()
-            .unwrap_or(8);
-        tw = DELTA_BYTES
-            .get(usize::from(layout >> 8 & 7))
-            .copied()
-            .unwrap_or(8);
-        if layout >> 11 != 0 || mask >> n != 0 || (m < 2 && ow + tw != 0) {
-            return Some(Err(Corruption::BadField("entry layout")));
-        }
-        let need = n * sw + if m > 0 { 16 + (m - 1) * (ow + tw) } else { 0 };
         if have < at + need {
             return None;
         }
@@ -501,10 +610,8 @@ pub(crate) fn decode_into(
             act = ld(v, metas + 8, 8) as i64;
         }
     }
-    if act_is_ts && mask == 0 {
-        return Some(Err(Corruption::BadField(
-            "entry shape (activity of a batch timestamp the entry does not have)",
-        )));
+    if let Err(e) = activity_of_mask(act_is_ts, mask) {
+        return Some(Err(e));
     }
     // The spans, then the metadata, newest first, packed: each asked for
     // in order, each a load at a fixed offset of the view; the metadata
@@ -652,7 +759,15 @@ mod tests {
                         decode(&b[..cut], form).is_none_or(|r| r.is_err()),
                         "cut {cut}"
                     );
+                    // Its framing alone never reads past what is there.
+                    assert_eq!(measure(&b[..cut], form), None, "cut {cut}");
                 }
+                // Measured, it is the partition and the length decoded,
+                // with or without bytes after it.
+                assert_eq!(measure(&b, form), Some(Ok((p, b.len()))));
+                let mut longer = b.clone();
+                longer.extend([0xff; 9]);
+                assert_eq!(measure(&longer, form), Some(Ok((p, b.len()))));
                 // The flag means nothing to the older forms.
                 if flagged {
                     assert!(matches!(decode(&b, Form::V3), Some(Err(_))));
@@ -750,6 +865,40 @@ mod tests {
         flagged[0] |= SHAPE_ACT_IS_TS;
         flagged.truncate(1 + 8 + 10);
         assert!(bad_field(decode(&flagged, Form::V4)));
+        assert!(bad_field(measure(&flagged, Form::V4)));
+    }
+
+    #[test]
+    fn measuring_checks_the_framing_but_not_the_window() {
+        let mut e = ProducerEntry::start(0, 0, 0, None);
+        let meta = Some(crate::batch::BatchMetadata {
+            offset: 10,
+            timestamp: 20,
+        });
+        e.accept(true, 0, 0, 4, meta);
+        e.accept(false, 0, 5, 9, meta);
+        let mut b = Vec::new();
+        encode_entry_v4(&mut b, &ProducerId::numeric(1), 3, &e, 20);
+        assert_eq!(measure(&b, Form::V4), Some(Ok((3, b.len()))));
+        // Shape bits and layout words no version defines: refused by both.
+        for bit in [SHAPE_SECTIONS, 7] {
+            let mut bad = b.clone();
+            bad[0] |= bit;
+            assert!(bad_field(measure(&bad, Form::V4)), "{bit}");
+            assert!(bad_field(decode(&bad, Form::V4)), "{bit}");
+        }
+        let layout_at = 1 + 8 + 10;
+        let mut bad = b.clone();
+        bad[layout_at + 1] |= 0x80;
+        assert!(bad_field(measure(&bad, Form::V4)));
+        assert!(bad_field(decode(&bad, Form::V4)));
+        // A window whose values do not fit its last sequence: only a
+        // decode sees it (a reader that passes the key over needs none of
+        // its values).
+        let mut short = b.clone();
+        short[1 + 8 + 6..1 + 8 + 10].copy_from_slice(&3i32.to_le_bytes());
+        assert!(bad_field(decode(&short, Form::V4)));
+        assert_eq!(measure(&short, Form::V4), Some(Ok((3, b.len()))));
     }
 
     #[test]
@@ -759,6 +908,7 @@ mod tests {
         encode_entry(&mut b, &ProducerId::numeric(1), 0, &e, Some(5));
         b[0] |= SHAPE_SECTIONS;
         assert!(bad_field(decode_entry(&b, true)));
+        assert!(bad_field(measure(&b, Form::V3)));
         // The longest name with a full window of 8-byte deltas.
         let name = "n".repeat(u16::MAX as usize);
         let mut full = ProducerEntry::start(0, 0, 0, None);

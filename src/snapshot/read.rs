@@ -145,6 +145,13 @@ pub(crate) trait Sink {
     /// with the Kafka section of a Kafka-mode state (see [`FLAG_KAFKA`]).
     /// The default sets it aside: a reader that wants only the entries.
     fn kafka(&mut self, _kafka: crate::engine::kafka::state::KafkaState) {}
+    /// The one partition whose entries it wants, if it wants one: the
+    /// others' entries of a version-4 file are then passed over by their
+    /// framing ([`entry_codec::measure`]), neither decoded nor handed to
+    /// [`Sink::entry`] (an older file's still are: the sink must filter).
+    fn only(&self) -> Option<i32> {
+        None
+    }
     /// One decoded entry, the key's hash ([`crate::engine::map::hash_key`]) and
     /// its last activity; an error stops the read.
     fn entry(
@@ -230,8 +237,9 @@ pub(crate) fn read_rest(
     sink: &mut impl Sink,
 ) -> Result<()> {
     if pre.header.version >= VERSION_4 {
+        let only = sink.only();
         read_blocks(path, r, pre, |b| {
-            decode_block(path, b, |hash, id, p, e, act| {
+            decode_block(path, b, only, |hash, id, p, e, act| {
                 sink.entry(hash, id, p, e, act)
             })
         })
@@ -561,35 +569,54 @@ fn hash_in(path: &Path, here: u64, b: &Block, id: &ProducerId, partition: i32) -
 
 /// Decodes every entry of a block, checking that they fill it exactly,
 /// number what it says, and belong to its shard; hands each to `each`
-/// with its key's hash.
+/// with its key's hash. With `only`, the other partitions' entries are
+/// measured and passed over ([`Sink::only`]): they count, and must fill
+/// the block, but are not decoded, checked against the shard or handed on.
 #[inline]
 pub(crate) fn decode_block(
     path: &Path,
     b: &Block,
+    only: Option<i32>,
     mut each: impl FnMut(u64, ProducerId, i32, ProducerEntry, i64) -> Result<()>,
 ) -> Result<()> {
     let mut at = 0usize;
     let mut n = 0u32;
     while let Some(rest) = b.bytes.get(at..).filter(|r| !r.is_empty()) {
         let here = b.at + at as u64;
-        match entry_codec::decode(rest, entry_codec::Form::V4) {
-            Some(Ok((id, partition, e, act, len))) => {
-                let hash = hash_in(path, here, b, &id, partition)?;
-                each(hash, id, partition, e, act)?;
+        n += 1;
+        if let Some(p) = only {
+            let (partition, len) = entry_at(path, here, rest, entry_codec::measure)?;
+            if partition != p {
                 at += len;
-                n += 1;
-            }
-            Some(Err(kind)) => return Err(Error::corrupt(path, here, kind)),
-            None => {
-                return Err(Error::corrupt(
-                    path,
-                    here,
-                    Corruption::BadLength(rest.len() as u64),
-                ));
+                continue;
             }
         }
+        let (id, partition, e, act, len) = entry_at(path, here, rest, entry_codec::decode)?;
+        let hash = hash_in(path, here, b, &id, partition)?;
+        each(hash, id, partition, e, act)?;
+        at += len;
     }
     check_count(path, b, n)
+}
+
+/// What `read` makes of the version-4 entry at the start of `rest` (byte
+/// `here` of the file), or the error that says where it is wrong.
+#[inline(always)]
+fn entry_at<T>(
+    path: &Path,
+    here: u64,
+    rest: &[u8],
+    read: impl FnOnce(&[u8], entry_codec::Form) -> Option<std::result::Result<T, Corruption>>,
+) -> Result<T> {
+    match read(rest, entry_codec::Form::V4) {
+        Some(Ok(t)) => Ok(t),
+        Some(Err(kind)) => Err(Error::corrupt(path, here, kind)),
+        None => Err(Error::corrupt(
+            path,
+            here,
+            Corruption::BadLength(rest.len() as u64),
+        )),
+    }
 }
 
 /// A block's stated key count against the keys its bytes held.
@@ -623,21 +650,13 @@ pub(crate) fn load_block(
     let mut run = (0i32, 0u32);
     while let Some(rest) = b.bytes.get(at..).filter(|r| !r.is_empty()) {
         let here = b.at + at as u64;
-        let (new, (len, partition)) =
-            shard.load_new(
-                |w| match entry_codec::decode_into(rest, entry_codec::Form::V4, w) {
-                    Some(Ok((id, partition, head, act, len))) => {
-                        let hash = hash_in(path, here, b, &id, partition)?;
-                        Ok((hash, id, partition, head, act, (len, partition)))
-                    }
-                    Some(Err(kind)) => Err(Error::corrupt(path, here, kind)),
-                    None => Err(Error::corrupt(
-                        path,
-                        here,
-                        Corruption::BadLength(rest.len() as u64),
-                    )),
-                },
-            )?;
+        let (new, (len, partition)) = shard.load_new(|w| {
+            let (id, partition, head, act, len) = entry_at(path, here, rest, |r, form| {
+                entry_codec::decode_into(r, form, w)
+            })?;
+            let hash = hash_in(path, here, b, &id, partition)?;
+            Ok::<_, Error>((hash, id, partition, head, act, (len, partition)))
+        })?;
         if !new {
             return Err(Error::corrupt(path, 0, Corruption::DuplicateKey));
         }
