@@ -21,6 +21,7 @@
 //! drops appends that no longer apply (a key whose earlier append was
 //! passed over). docs/lifecycle.md states the rule.
 
+use crate::batch::AppendRequest;
 use crate::engine::map::{Activity, Apply, hash_key};
 use crate::engine::rules::UnknownProducer;
 use crate::error::{Error, Result};
@@ -304,23 +305,9 @@ impl Replayer {
             LogOp::Clock(ms) => self.meta.clock = *ms,
             LogOp::AcceptedUnknown => self.accept_any_next = true,
             LogOp::Append(r) => {
-                let unknown = if std::mem::take(&mut self.accept_any_next) {
-                    UnknownProducer::AcceptAny
-                } else {
-                    UnknownProducer::RequireZero
-                };
-                let offset = append_offset(r, pos);
-                if self.skip_from.is_some_and(|x| offset >= x) || !self.mine(r.partition) {
-                    return Ok(());
+                if let Some(how) = self.append(r, pos) {
+                    push(rec(KeyOp::Append(r.clone(), how)))?;
                 }
-                self.meta.high = self.meta.high.max(offset);
-                self.meta.ends.note(r.partition, offset);
-                let act = r.metadata.map_or(self.meta.clock, |m| m.timestamp);
-                let how = Apply {
-                    unknown,
-                    x: Activity::new(act),
-                };
-                push(rec(KeyOp::Append(r.clone(), how)))?;
             }
             LogOp::Group { kind, members, arg } => {
                 if self.undone(*kind, *arg) {
@@ -370,6 +357,30 @@ impl Replayer {
             }
         }
         Ok(())
+    }
+
+    /// How the append at `pos` applies, with the accept-any flag the
+    /// record before it left (which it clears); `None` when it is passed
+    /// over: at or above a truncation's offset, or of a partition this
+    /// replay does not rebuild. Moves the highest offset and the
+    /// partition's end to it.
+    fn append(&mut self, r: &AppendRequest, pos: u64) -> Option<Apply<Activity>> {
+        let unknown = if std::mem::take(&mut self.accept_any_next) {
+            UnknownProducer::AcceptAny
+        } else {
+            UnknownProducer::RequireZero
+        };
+        let offset = append_offset(r, pos);
+        if self.skip_from.is_some_and(|x| offset >= x) || !self.mine(r.partition) {
+            return None;
+        }
+        self.meta.high = self.meta.high.max(offset);
+        self.meta.ends.note(r.partition, offset);
+        let act = r.metadata.map_or(self.meta.clock, |m| m.timestamp);
+        Some(Apply {
+            unknown,
+            x: Activity::new(act),
+        })
     }
 
     /// A Kafka-mode operation: as the strict path for groups and for what
