@@ -137,6 +137,35 @@ pub enum OpenLogError {
     },
 }
 
+/// The log file's length and what its scan finds (records after
+/// `last_purged`), the file created with its header first if there is
+/// none or it is empty (the header is written whole or not at all).
+fn read_log(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    last_purged: Option<u64>,
+) -> Result<(usize, Scanned), OpenLogError> {
+    let path = dir.join(LOG_FILE);
+    let io = |op| {
+        let path = path.clone();
+        move |source| OpenLogError::Io { op, path, source }
+    };
+    let mut bytes = read_file(fs, &path)
+        .map_err(io("read"))?
+        .unwrap_or_default();
+    if bytes.is_empty() {
+        let header = log_file::new_header(dir);
+        write_atomically(fs, dir, LOG_FILE, &header, true).map_err(io("create"))?;
+        bytes = header.to_vec();
+    }
+    let scanned = log_file::scan(&bytes, last_purged).map_err(|d| OpenLogError::Corrupt {
+        path: path.clone(),
+        offset: d.offset,
+        what: d.what,
+    })?;
+    Ok((bytes.len(), scanned))
+}
+
 /// The vote and purge record in `dir` (default when absent), and the
 /// committed hint (`None` when absent or unreadable: a hint only, module
 /// docs).
@@ -192,27 +221,14 @@ impl LogStore {
                 })?;
         let (meta, committed) = read_meta(fs.as_ref(), dir)?;
         let path = dir.join(LOG_FILE);
-        let mut bytes = read_file(fs.as_ref(), &path)
-            .map_err(io("read", &path))?
-            .unwrap_or_default();
-        if bytes.is_empty() {
-            // New (the header is written whole or not at all).
-            let header = log_file::new_header(dir);
-            write_atomically(fs.as_ref(), dir, LOG_FILE, &header, true)
-                .map_err(io("create", &path))?;
-            bytes = header.to_vec();
-        }
-        let Scanned {
-            header,
-            mut entries,
-            end: at,
-        } = log_file::scan(&bytes, meta.last_purged.map(|p| p.index)).map_err(|d| {
-            OpenLogError::Corrupt {
-                path: path.clone(),
-                offset: d.offset,
-                what: d.what,
-            }
-        })?;
+        let (
+            len,
+            Scanned {
+                header,
+                mut entries,
+                end: at,
+            },
+        ) = read_log(fs.as_ref(), dir, meta.last_purged.map(|p| p.index))?;
         // The hint is written without an fsync, and openraft commits on a
         // follower up to what it accepted before that append is flushed: a
         // crash can keep a hint naming entries it lost. One the log does not
@@ -222,7 +238,7 @@ impl LogStore {
             meta.last_purged.is_some_and(|p| c.index <= p.index)
                 || entries.get(&c.index).is_some_and(|(_, e)| e.log_id == *c)
         });
-        let torn_bytes = (bytes.len() - at) as u64;
+        let torn_bytes = (len - at) as u64;
         let upgrade = log_file::upgraded(&header);
         let (header, at) = match upgrade {
             // A version-2 log: rewritten as version 3 (the same salt and
