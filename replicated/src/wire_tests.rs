@@ -1,7 +1,8 @@
 //! Tests of `wire.rs`.
 
 use super::*;
-use crate::command::Append;
+use crate::command::{Append, LifecycleOutcome, Outcome, Response};
+use openraft::{CommittedLeaderId, LeaderId};
 use openraft::{EntryPayload, Membership, StoredMembership};
 use std::collections::BTreeSet;
 
