@@ -13,9 +13,10 @@
 //! This reads only what a durable, recovered log holds: the store calls it
 //! with every record durable and nothing in flight, so any damage found is
 //! an error, never a cut. A partition's replay passes over the other
-//! partitions' single-partition records by their framing, without
-//! checksumming them (`ScanFrom::only_partition`): nothing of them reaches
-//! the state it rebuilds, and its cost follows the partition's records.
+//! partitions' single-partition records by their framing and checksum,
+//! without decoding them (`ScanFrom::only_partition`): nothing of them
+//! reaches the state it rebuilds, and its cost follows the partition's
+//! records.
 //!
 //! The same replay builds a Kafka-mode snapshot's state
 //! ([`kafka_state_at`]): the state at the snapshot's position, from the
@@ -119,8 +120,11 @@ pub(crate) fn truncated_state(h: &History<'_>, offset: i64, only: Option<i32>) -
     };
     let start = base.position;
     let segs = segments_from(dir, h.segments, start)?;
+    // The bytes of the segments the replay reads (those holding a
+    // position below its end), for the choice of one or two threads.
     let bytes: u64 = segs
         .iter()
+        .take_while(|&&s| s < h.end)
         .map(|&s| {
             let p = dir.join(names::segment_name(s));
             fs.open_read(&p).and_then(|f| f.len()).unwrap_or(0)

@@ -6,7 +6,7 @@
 
 #![deny(clippy::indexing_slicing)]
 
-use super::frame::{AT_KIND, AT_LEN, AT_OFFSET, HEADER, MAX_NAME, crc, put};
+use super::frame::{AT_KIND, AT_LEN, AT_OFFSET, HEADER, MAX_NAME, crc, put, stored_crc};
 use super::op::{self, LogOp};
 use super::txn_op;
 use crate::batch::{AppendRequest, BatchMetadata};
@@ -386,13 +386,16 @@ pub(crate) fn decode(bytes: &[u8], seed: u32, layout: Layout, at: u64) -> Result
 /// pass over without decoding it: an append of a batch or of a named
 /// producer (kinds 2 to 4) or, in a Kafka-flagged segment, a batch or a
 /// marker (kinds 16 to 19). What is checked keeps the scan on record
-/// boundaries: the record is complete, its length is exactly what its kind
-/// and name length make, and it says it was written at `at`. Its checksum
-/// is not: the caller passes over the record's payload unread, and nothing
-/// of it reaches the state it rebuilds. `None` for every other record, and
-/// in segments before version 3 (no written offset): those are decoded.
+/// boundaries and the partition true: the record is complete, its length
+/// is exactly what its kind and name length make, it says it was written
+/// at `at`, and its checksum (with the segment's `seed`) holds, so a
+/// damaged partition field cannot hide one of the replayed partition's own
+/// records. Its payload is not decoded: nothing of it reaches the state
+/// rebuilt. `None` for every other record, a damaged one, and in segments
+/// before version 3 (no written offset): those are decoded, and a damaged
+/// one is then the error it always was.
 #[inline(always)]
-fn one_partition(bytes: &[u8], layout: Layout, at: u64) -> Option<(i32, usize)> {
+fn one_partition(bytes: &[u8], seed: u32, layout: Layout, at: u64) -> Option<(i32, usize)> {
     if !layout.positioned() {
         return None;
     }
@@ -414,21 +417,28 @@ fn one_partition(bytes: &[u8], layout: Layout, at: u64) -> Option<(i32, usize)> 
     } else {
         2 + usize::from(Dec::new(rec.get(HEADER..)?).u16()?)
     };
-    if len != HEADER + id_len + tail {
+    if len != HEADER + id_len + tail || stored_crc(rec) != Some(crc(seed, rec)) {
         return None;
     }
     let partition = Dec::new(rec.get(HEADER + id_len..)?).i32()?;
     Some((partition, len))
 }
 
-/// How many records from `bytes[0]` on (written at `at`) hold one
-/// operation on a partition other than `only` ([`one_partition`]), one
-/// after the other, and their bytes: what a replay of `only` passes over
-/// before the next record it must decode (or the end of `bytes`).
-pub(crate) fn pass_over(bytes: &[u8], layout: Layout, at: u64, only: i32) -> (u64, usize) {
+/// How many records from `bytes[0]` on (written at `at`, in a segment
+/// whose CRC seed is `seed`) hold one operation on a partition other than
+/// `only` ([`one_partition`]), one after the other, and their bytes: what
+/// a replay of `only` passes over before the next record it must decode
+/// (or the end of `bytes`).
+pub(crate) fn pass_over(
+    bytes: &[u8],
+    seed: u32,
+    layout: Layout,
+    at: u64,
+    only: i32,
+) -> (u64, usize) {
     let (mut records, mut off) = (0u64, 0usize);
     while let Some(rest) = bytes.get(off..)
-        && let Some((partition, len)) = one_partition(rest, layout, at + off as u64)
+        && let Some((partition, len)) = one_partition(rest, seed, layout, at + off as u64)
         && partition != only
     {
         records += 1;

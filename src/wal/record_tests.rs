@@ -328,26 +328,44 @@ fn a_partition_replay_passes_over_the_records_of_other_partitions_only() {
     encode(&mut buf, &mut open, &AppendRequest::single(5u64, 1, 0, 0));
     seal(&mut buf, sd(9), 0, 0);
     let kafka = Layout::of(6).with_kafka(true);
-    assert_eq!(pass_over(&buf, kafka, 0, 0), (5, five));
+    assert_eq!(pass_over(&buf, sd(9), kafka, 0, 0), (5, five));
     // The first decodes to what it was: the bytes are a valid record.
     assert!(decode(&buf, sd(9), kafka, 0).is_ok());
-    assert_eq!(pass_over(&buf[five..], kafka, five as u64, 0), (0, 0));
     assert_eq!(
-        pass_over(&buf[five..], kafka, five as u64, 1),
+        pass_over(&buf[five..], sd(9), kafka, five as u64, 0),
+        (0, 0)
+    );
+    assert_eq!(
+        pass_over(&buf[five..], sd(9), kafka, five as u64, 1),
         (1, six - five)
     );
-    assert_eq!(pass_over(&buf[six..], kafka, six as u64, 0), (0, 0));
+    assert_eq!(pass_over(&buf[six..], sd(9), kafka, six as u64, 0), (0, 0));
     // Without the Kafka flag, the transaction kinds are decoded.
-    assert_eq!(pass_over(&buf, Layout::of(6), 0, 0).0, 3);
+    assert_eq!(pass_over(&buf, sd(9), Layout::of(6), 0, 0).0, 3);
     // Before version 3 nothing says where a record was written.
-    assert_eq!(pass_over(&buf, Layout::of(2), 0, 0), (0, 0));
+    assert_eq!(pass_over(&buf, sd(9), Layout::of(2), 0, 0), (0, 0));
     // Read as if written elsewhere: off the record boundaries.
-    assert_eq!(pass_over(&buf, kafka, 1, 0), (0, 0));
+    assert_eq!(pass_over(&buf, sd(9), kafka, 1, 0), (0, 0));
     // A window cut inside the third record stops before it.
     let one = u32_at(&buf, AT_LEN).unwrap() as usize;
     let second_end = one + u32_at(&buf[one..], AT_LEN).unwrap() as usize;
     assert_eq!(
-        pass_over(&buf[..second_end + 3], kafka, 0, 0),
+        pass_over(&buf[..second_end + 3], sd(9), kafka, 0, 0),
         (2, second_end)
     );
+    // Another segment's seed: no checksum holds, nothing is passed over.
+    assert_eq!(pass_over(&buf, sd(8), kafka, 0, 0), (0, 0));
+    // A flip in the second record's partition field (after its header and
+    // its name: 2 + 1 bytes) that makes it name partition 0's neighbour
+    // 3: its checksum no longer holds, so it is not passed over but
+    // decoded, and the decode refuses it. Without the check, a replay of
+    // partition 1 would have passed over one of its own records.
+    let mut flipped = buf.clone();
+    flipped[one + HEADER + 3] ^= 2;
+    assert_eq!(
+        pass_over(&flipped[one..], sd(9), kafka, one as u64, 1),
+        (0, 0)
+    );
+    assert_eq!(pass_over(&flipped, sd(9), kafka, 0, 0), (1, one));
+    assert!(decode(&flipped[one..], sd(9), kafka, one as u64).is_err());
 }

@@ -21,9 +21,10 @@ pub(crate) struct ScanFrom {
     pub bounded_room_after_close: bool,
     /// A replay of this partition alone: records that hold one operation
     /// on another partition ([`super::record::pass_over`]) are passed
-    /// over by their length, counted but neither checksummed, decoded nor
-    /// handed to the scan's `each`, so that a partition's truncation costs
-    /// what its own records cost more than what the others' do. Not inside
+    /// over by their length once their checksum holds, counted but neither
+    /// decoded nor handed to the scan's `each`, so that a partition's
+    /// truncation costs what its own records cost more than what the
+    /// others' do. Not inside
     /// a group (its members are read whole), and not right after an
     /// accepted-unknown record (it belongs to the next append).
     pub only_partition: Option<i32>,

@@ -567,7 +567,7 @@ fn scan_window<R: Read>(
         if let Some(only) = start.only_partition
             && group.is_none()
             && !after_unknown
-            && let (passed @ 1.., len) = record::pass_over(bytes, layout, at, only)
+            && let (passed @ 1.., len) = record::pass_over(bytes, seed, layout, at, only)
         {
             records += passed;
             closed = false;
