@@ -219,7 +219,7 @@ impl ProducerStateStore {
             if !shared.is_always() {
                 shared.sync()?;
             }
-            shared.snapshot_due();
+            snapshot_after(shared, only);
             return Ok(());
         }
         let cut = truncate::truncated_state(&history, offset, only)?;
@@ -243,15 +243,27 @@ impl ProducerStateStore {
         if !shared.is_always() {
             shared.sync()?;
         }
-        // A snapshot after it: the next truncation's base, and recovery
-        // need not replay the group.
-        shared.snapshot_due();
+        snapshot_after(shared, only);
         Ok(())
     }
 }
 
 /// Keys to remove (hash, id, partition) and keys to set (hash, state).
 type Difference = (Vec<(u64, ProducerId, i32)>, Vec<(u64, ProducerInfo)>);
+
+/// Asks for the snapshot that follows a store-wide truncation: the next
+/// truncation's base, and recovery need not replay the group. A
+/// partition's truncation asks for none. A snapshot copies every
+/// partition's state, so its cost is the store's, and a run of partition
+/// truncations (a broker whose crash cut many partition logs) would each
+/// wait for the one before; and retention would drop the older snapshots
+/// that the other partitions' truncations need as bases. Recovery
+/// replays the partition's group; the next automatic snapshot covers it.
+fn snapshot_after(shared: &super::Shared, only: Option<i32>) {
+    if only.is_none() {
+        shared.snapshot_due();
+    }
+}
 
 /// What turns the `live` keys into `cut`'s, for the keys of partition
 /// `only` (of every partition without): the keys to remove and the keys
