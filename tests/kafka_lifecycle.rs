@@ -408,6 +408,57 @@ type View = Vec<(
     Option<i64>,
 )>;
 
+/// A partition's truncation reads on through the records of other kinds
+/// that touch its partition (an expiration of one of its producers, far
+/// after its own appends) and stops before those that touch others alone
+/// (another partition's truncation and removal): the expired producer
+/// stays expired, as when the store's own bookkeeping says so, and as
+/// when recovery rebuilt it at a reopen.
+#[test]
+fn a_partition_truncation_reads_through_what_touches_its_partition() {
+    for reopen in [false, true] {
+        let fs = SimFs::new();
+        let clock = Arc::new(ManualClock::new(DAY));
+        let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap();
+        let batch = |pid: u64, p: i32, seq: i32, ts: i64| {
+            let b = Batch::new(seq, seq, i64::from(seq), ts);
+            assert!(s.append_batch(pid, p, 0, b).unwrap().is_accepted());
+        };
+        // Partition 0: producer 1, old; partition 1: producer 2, recent.
+        for seq in 0..10 {
+            batch(1, 0, seq, 1_000);
+        }
+        for seq in 0..50 {
+            batch(2, 1, seq, 2 * DAY);
+        }
+        clock.set(DAY + 2_000);
+        assert_eq!(s.expire_now().unwrap(), 1, "producer 1");
+        // After it: partition 1 and 2 appended to, 2 truncated, 3 removed.
+        for seq in 50..100 {
+            batch(2, 1, seq, 2 * DAY);
+        }
+        for seq in 0..20 {
+            batch(3, 2, seq, 2 * DAY);
+            batch(4, 3, seq, 2 * DAY);
+        }
+        s.truncate_partition_to(2, 10).unwrap();
+        s.remove_partition(3).unwrap();
+        let s = if reopen {
+            drop(s);
+            ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap()
+        } else {
+            s
+        };
+        s.truncate_partition_to(0, 5).unwrap();
+        assert!(s.kafka_state(1u64, 0).is_none(), "reopen {reopen}: expired");
+        assert!(s.was_removed(1u64, 0));
+        assert_eq!(s.partition_end_offset(0), 5);
+        assert_eq!(s.kafka_state(2u64, 1).map(|k| k.last_sequence), Some(99));
+        assert_eq!(s.kafka_state(3u64, 2).map(|k| k.last_sequence), Some(9));
+        assert!(s.kafka_producers(3).is_empty());
+    }
+}
+
 fn view(s: &ProducerStateStore) -> View {
     (0..2)
         .map(|p| {

@@ -2,26 +2,36 @@
 //!
 //! A partition's truncation replays the log after its base for that
 //! partition alone, and what it keeps of the partition is its appends and
-//! markers below the cut, and whatever else can touch the partition:
-//! removals, groups (truncations, imports, partition removals), forgotten
-//! aborts, partition states. Nothing after the last such record can change
-//! the result, so the replay may stop there instead of at the log's end.
-//! In a store shared by many partitions that is most of the log: a
-//! partition cut at its middle has its appends below the cut in the first
-//! half of the log after the base, and only its appends above the cut,
-//! which the replay drops, in the rest.
+//! markers below the cut, and whatever else touches the partition:
+//! removals of its keys, key states of it, its partition-state records and
+//! forgotten aborts, a group that truncates or removes it, and any record
+//! that may touch every partition (a store-wide truncation, an import's
+//! group record). Nothing after the last such record can change the
+//! result, so the replay may stop there instead of at the log's end. In a
+//! store shared by many partitions that is most of the log: a partition
+//! cut at its middle has its appends below the cut in the first half of
+//! the log after the base, and only its appends above the cut, which the
+//! replay drops, in the rest; and another partition's truncation, removal
+//! or import after it does not make it read on.
 //!
 //! [`Reach`] keeps, per partition, the lowest offset appended in runs of
-//! its appends (each run: its last position and lowest offset), and the
-//! position of the last record of any other kind, from the position it
-//! started at (the log's position at open, or recovery's replay start)
-//! on. It is kept in memory only: recovery rebuilds it from what it
-//! replays, and before its start nothing is known, so a replay reads at
-//! least that far. Runs are merged in pairs when a partition has
-//! [`MOST_RUNS`], so its memory stays below about 1 KiB per partition,
-//! and the answer coarsens only for the oldest appends.
+//! its appends (each run: its last position and lowest offset) and the
+//! last position of a record of another kind that touches it, and the
+//! position of the last record that may touch any partition, from the
+//! position it started at (the log's position at open, or recovery's
+//! replay start) on. What a record touches is [`Reach::mark`]'s one rule,
+//! which the live store and recovery both follow. It is kept in memory
+//! only: recovery rebuilds it from what it replays, and before its start
+//! nothing is known, so a replay reads at least that far. Runs are merged
+//! in pairs when a partition has [`MOST_RUNS`], so a partition keeps at
+//! most 64 runs of 24 bytes (about 1.5 KiB, with its table entry); each
+//! merge halves the resolution of every run, the newest included, so a
+//! replay may read up to a run's length past what it needs, and older runs
+//! coarsen more often.
 
 use std::collections::HashMap;
+
+use crate::wal::op::{GroupKind, LogOp};
 
 /// Appends in one run before a new one starts.
 const RUN: u32 = 256;
@@ -37,18 +47,25 @@ struct Run {
     count: u32,
 }
 
+/// One partition's marks: its runs of appends and markers, and the last
+/// position of a record of another kind that touches it.
+#[derive(Debug, Default)]
+struct Part {
+    runs: Vec<Run>,
+    touched: Option<u64>,
+}
+
 /// What a partition's truncation must read (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct Reach {
     /// Positions from here on are known.
     from: u64,
-    /// The last position of a record that is not one partition's append
-    /// or marker.
+    /// The last position of a record that may touch any partition.
     other: Option<u64>,
-    /// Each partition's runs, found through `index`; the last partition
-    /// appended to is remembered, so that appends of one partition in a
-    /// row (a batch of them, one busy partition) skip the hash lookup.
-    runs: Vec<Vec<Run>>,
+    /// Each partition's marks, found through `index`; the last partition
+    /// marked is remembered, so that appends of one partition in a row (a
+    /// batch of them, one busy partition) skip the hash lookup.
+    parts: Vec<Part>,
     index: HashMap<i32, usize>,
     last: Option<(i32, usize)>,
 }
@@ -62,28 +79,34 @@ impl Reach {
         }
     }
 
-    /// An append or a marker of `partition` at `offset`, at log position
-    /// `pos`.
+    /// The marks of `partition`, made if it has none.
     #[inline]
-    pub(crate) fn append(&mut self, partition: i32, offset: i64, pos: u64) {
+    fn part(&mut self, partition: i32) -> &mut Part {
         let i = match self.last {
             Some((p, i)) if p == partition => i,
             _ => {
-                let next = self.runs.len();
+                let next = self.parts.len();
                 let i = *self.index.entry(partition).or_insert(next);
                 if i == next {
-                    self.runs.push(Vec::new());
+                    self.parts.push(Part::default());
                 }
                 self.last = Some((partition, i));
                 i
             }
         };
-        let Some(runs) = self.runs.get_mut(i) else {
-            // Not reached (every index has its runs); if it were, every
-            // partition would read through this position: never too short.
-            self.other(pos);
-            return;
-        };
+        // Every index has its part (pushed with it); the resize only keeps
+        // the indexing below in bounds by construction.
+        if i >= self.parts.len() {
+            self.parts.resize_with(i + 1, Part::default);
+        }
+        &mut self.parts[i]
+    }
+
+    /// An append or a marker of `partition` at `offset`, at log position
+    /// `pos`.
+    #[inline]
+    pub(crate) fn append(&mut self, partition: i32, offset: i64, pos: u64) {
+        let runs = &mut self.part(partition).runs;
         if let Some(r) = runs.last_mut()
             && r.count < RUN
         {
@@ -102,22 +125,69 @@ impl Reach {
         });
     }
 
-    /// A record of another kind, whose last position is `last`.
+    /// A record that may touch any partition, whose last position is
+    /// `last`.
     #[inline]
     pub(crate) fn other(&mut self, last: u64) {
         self.other = Some(self.other.map_or(last, |o| o.max(last)));
     }
 
-    /// A replayed record at `pos` that takes a position: one partition's
-    /// append or marker (its partition and offset, as replay reads them),
-    /// or `None` for any other kind (recovery's replay).
-    pub(crate) fn note(&mut self, pos: u64, one: Option<(i32, i64)>) {
+    /// A record of another kind than an append or a marker that touches
+    /// `partition` alone, whose last position is `last`.
+    #[inline]
+    pub(crate) fn touch(&mut self, partition: i32, last: u64) {
+        let t = &mut self.part(partition).touched;
+        *t = Some(t.map_or(last, |o| o.max(last)));
+    }
+
+    /// The one rule for what a record of another kind than one
+    /// partition's append or marker touches (`last`: its last position):
+    /// a removal or key-state record, the partitions of its keys; a
+    /// partition-state record or a forgotten abort, its partition; a group
+    /// record of a partition's truncation or removal, that partition (its
+    /// completion changes that partition alone); any other group record (a
+    /// store-wide truncation, an import, whose record does not say its
+    /// partition) and any other record, every partition.
+    pub(crate) fn mark(&mut self, last: u64, op: &LogOp) {
+        match op {
+            LogOp::Remove { keys, .. } => {
+                for (_, p) in keys {
+                    self.touch(*p, last);
+                }
+            }
+            LogOp::Set { entries } => {
+                for e in entries {
+                    self.touch(e.partition, last);
+                }
+            }
+            LogOp::KafkaPartition { partition, .. } | LogOp::ForgetAborted { partition, .. } => {
+                self.touch(*partition, last);
+            }
+            LogOp::Group { kind, arg, .. } => self.group(*kind, *arg, last),
+            _ => self.other(last),
+        }
+    }
+
+    /// [`Reach::mark`] for a group record of `kind` and `arg` at `pos`.
+    pub(crate) fn group(&mut self, kind: GroupKind, arg: i64, pos: u64) {
+        match (kind, i32::try_from(arg)) {
+            (GroupKind::TruncatePartition { partition }, _) => self.touch(partition, pos),
+            (GroupKind::RemovePartition, Ok(partition)) => self.touch(partition, pos),
+            _ => self.other(pos),
+        }
+    }
+
+    /// A replayed record at `pos` that takes a position (recovery's
+    /// replay): one partition's append or marker (`one`: its partition
+    /// and offset, as replay reads them), or a record of another kind
+    /// ([`Reach::mark`]).
+    pub(crate) fn note(&mut self, pos: u64, op: &LogOp, one: Option<(i32, i64)>) {
         if pos < self.from {
             return;
         }
         match one {
             Some((partition, offset)) => self.append(partition, offset, pos),
-            None => self.other(pos),
+            None => self.mark(pos, op),
         }
     }
 
@@ -130,12 +200,11 @@ impl Reach {
         if let Some(o) = self.other {
             stop = stop.max(o + 1);
         }
-        if let Some(r) = self
-            .index
-            .get(&partition)
-            .and_then(|&i| self.runs.get(i))
-            .and_then(|runs| runs.iter().rev().find(|r| r.low < offset))
-        {
+        let part = self.index.get(&partition).and_then(|&i| self.parts.get(i));
+        if let Some(t) = part.and_then(|p| p.touched) {
+            stop = stop.max(t + 1);
+        }
+        if let Some(r) = part.and_then(|p| p.runs.iter().rev().find(|r| r.low < offset)) {
             stop = stop.max(r.last + 1);
         }
         stop
@@ -197,6 +266,61 @@ mod tests {
     }
 
     #[test]
+    fn a_record_of_another_kind_reaches_the_partitions_it_touches() {
+        use crate::engine::info::ProducerInfo;
+        use crate::id::ProducerId;
+        use crate::wal::op::RemoveReason;
+        let mut r = Reach::new(0);
+        r.append(0, 5, 10);
+        r.append(1, 5, 11);
+        let id = ProducerId::numeric(9);
+        // A removal of partition 1's key and 2's: not partition 0's.
+        let remove = LogOp::Remove {
+            reason: RemoveReason::Expired,
+            keys: vec![(id.clone(), 1), (id.clone(), 2)],
+        };
+        r.mark(20, &remove);
+        assert_eq!(
+            (r.stop(0, 6, 0), r.stop(1, 6, 0), r.stop(2, 0, 0)),
+            (11, 21, 21)
+        );
+        // A key state of partition 3; a forgotten abort of 4.
+        let info = ProducerInfo {
+            producer_id: id,
+            partition: 3,
+            entry: crate::engine::entry::ProducerEntry::start(0, 0, 0, None),
+            last_activity: 0,
+        };
+        r.mark(
+            30,
+            &LogOp::Set {
+                entries: vec![info],
+            },
+        );
+        r.mark(
+            31,
+            &LogOp::ForgetAborted {
+                partition: 4,
+                offset: 0,
+            },
+        );
+        assert_eq!(
+            (r.stop(3, 0, 0), r.stop(4, 0, 0), r.stop(0, 6, 0)),
+            (31, 32, 11)
+        );
+        // Groups: a partition's truncation or removal, that partition; a
+        // store-wide truncation or an import, every partition.
+        r.group(GroupKind::TruncatePartition { partition: 5 }, 3, 40);
+        r.group(GroupKind::RemovePartition, 6, 41);
+        assert_eq!(
+            (r.stop(5, 0, 0), r.stop(6, 0, 0), r.stop(0, 6, 0)),
+            (41, 42, 11)
+        );
+        r.group(GroupKind::Import, 3, 50);
+        assert_eq!(r.stop(0, 6, 0), 51);
+    }
+
+    #[test]
     fn nothing_before_the_start_is_known() {
         let r = Reach::new(1000);
         assert_eq!(r.stop(0, 5, 0), 1000);
@@ -210,7 +334,7 @@ mod tests {
         for i in 0..appends {
             r.append(0, i as i64, i);
         }
-        let runs = &r.runs[r.index[&0]];
+        let runs = &r.parts[r.index[&0]].runs;
         assert!(runs.len() <= MOST_RUNS, "{}", runs.len());
         assert_eq!(
             runs.iter().map(|r| u64::from(r.count)).sum::<u64>(),

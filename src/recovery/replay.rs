@@ -282,7 +282,7 @@ impl Replayer {
         if op.takes_position()
             && let Some(reach) = &mut self.reach
         {
-            reach.note(pos, op_partition(op).zip(kafka_offset(op, pos)));
+            reach.note(pos, op, op_partition(op).zip(kafka_offset(op, pos)));
         }
         if self.meta.kafka.is_some() {
             return self.kafka(pos, op);

@@ -425,8 +425,9 @@ fn recovery_learns_how_far_a_partitions_truncation_reads() {
 #[test]
 fn replayed_operations_feed_the_reach_from_its_start() {
     use crate::batch::{AppendRequest, Batch};
+    use crate::id::ProducerId;
     use crate::recovery::replay::Replayer;
-    use crate::wal::op::{LogOp, RemoveReason};
+    use crate::wal::op::{GroupKind, LogOp, RemoveReason};
     fn op(r: &mut Replayer, pos: u64, op: LogOp) {
         r.op(pos, 0, 0, &op, |_| Ok(())).unwrap();
     }
@@ -447,10 +448,27 @@ fn replayed_operations_feed_the_reach_from_its_start() {
         LogOp::Append(AppendRequest::single(2u64, 0, 0, 0)),
     );
     assert_eq!(stop(&r, 0, 50), 9);
+    // A removal touches the partitions of its keys, and no other.
     let remove = LogOp::Remove {
         reason: RemoveReason::Expired,
-        keys: vec![],
+        keys: vec![(ProducerId::numeric(3), 2)],
     };
     op(&mut r, 9, remove);
-    assert_eq!(stop(&r, 4, 0), 10);
+    assert_eq!(stop(&r, 2, 0), 10);
+    assert_eq!(stop(&r, 4, 0), 5);
+    // Another partition's truncation group touches that partition; a
+    // store-wide truncation's, every partition.
+    let group = |kind, arg| LogOp::Group {
+        kind,
+        members: 0,
+        arg,
+    };
+    op(
+        &mut r,
+        10,
+        group(GroupKind::TruncatePartition { partition: 2 }, 7),
+    );
+    assert_eq!((stop(&r, 2, 0), stop(&r, 4, 0)), (11, 5));
+    op(&mut r, 11, group(GroupKind::Truncate, 7));
+    assert_eq!((stop(&r, 2, 0), stop(&r, 4, 0)), (12, 12));
 }

@@ -250,14 +250,27 @@ impl<T> LogQueue<T> {
     /// and says how many positions they take. Returns the first of those
     /// positions (the next position if they take none) and what `encode`
     /// returned. Records that take positions may touch any partition
-    /// ([`Reach::other`]); one partition's batch or marker goes through
-    /// [`LogQueue::push_partition_op`].
+    /// ([`Reach::other`]); records whose partitions are known go through
+    /// [`LogQueue::push_marked_op`], one partition's batch or marker
+    /// through [`LogQueue::push_partition_op`].
     pub(super) fn push_op<R>(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> (u64, R)) -> (u64, R) {
+        self.push_marked_op(encode, Reach::other)
+    }
+
+    /// [`LogQueue::push_op`] for records that touch known partitions:
+    /// `mark` notes what they touch, with their last position, as
+    /// [`Reach::mark`]'s rule says (recovery follows the same rule when
+    /// it rebuilds the bookkeeping). Not called if they take no position.
+    pub(super) fn push_marked_op<R>(
+        &mut self,
+        encode: impl FnOnce(&mut Vec<u8>) -> (u64, R),
+        mark: impl FnOnce(&mut Reach, u64),
+    ) -> (u64, R) {
         let (positions, r) = self.buf.push_with(encode);
         let pos = self.next_position;
         self.next_position += positions;
         if positions > 0 {
-            self.reach.other(pos + positions - 1);
+            mark(&mut self.reach, pos + positions - 1);
         }
         (pos, r)
     }

@@ -334,7 +334,8 @@ impl State {
         let encode = |b: &mut Vec<u8>, keys: &[(u64, ProducerId, i32)]| {
             op::encode_removes(b, reason, keys.iter().map(|(_, id, p)| (id, *p)))
         };
-        self.log_chunks(keys, encode, |st, chunk, pos, group| {
+        let of = |(_, _, p): &(u64, ProducerId, i32)| *p;
+        self.log_chunks((keys, of), encode, |st, chunk, pos, group| {
             if st.life.always {
                 for (hash, id, p) in &chunk {
                     let removed_as = (!reason.in_group()).then_some(reason);
@@ -388,15 +389,22 @@ impl State {
     /// position.
     fn log_chunks<T>(
         &mut self,
-        items: Vec<T>,
+        (items, partition_of): (Vec<T>, fn(&T) -> i32),
         encode: impl FnOnce(&mut Vec<u8>, &[T]) -> Vec<usize>,
         mut each: impl FnMut(&mut State, Vec<T>, u64, u64),
     ) -> u64 {
         let before = self.log.buffered();
-        let (first, counts) = self.log.push_op(|b| {
-            let c = encode(b, &items);
-            (c.len() as u64, c)
-        });
+        let (first, counts) = self.log.push_marked_op(
+            |b| {
+                let c = encode(b, &items);
+                (c.len() as u64, c)
+            },
+            |reach, last| {
+                for item in &items {
+                    reach.touch(partition_of(item), last);
+                }
+            },
+        );
         self.counted(before, counts.len() as u64);
         let group = self.log.group();
         let mut items = items.into_iter();
@@ -415,7 +423,8 @@ impl State {
         let encode = |b: &mut Vec<u8>, entries: &[(u64, ProducerInfo)]| {
             op::encode_sets(b, entries.iter().map(|(_, i)| i))
         };
-        self.log_chunks(entries, encode, |st, chunk, pos, group| {
+        let of = |(_, info): &(u64, ProducerInfo)| info.partition;
+        self.log_chunks((entries, of), encode, |st, chunk, pos, group| {
             if st.life.always {
                 for (hash, info) in &chunk {
                     let (was, _) = st.keys.spec(*hash, &info.producer_id, info.partition);
@@ -465,10 +474,13 @@ impl State {
         .len()
             + op::encode_sets(&mut scratch, sets.iter().map(|(_, i)| i)).len();
         let before = self.log.buffered();
-        let (mut last, ()) = self.log.push_op(|b| {
-            op::encode_group(b, kind, members as u32, arg);
-            (1, ())
-        });
+        let (mut last, ()) = self.log.push_marked_op(
+            |b| {
+                op::encode_group(b, kind, members as u32, arg);
+                (1, ())
+            },
+            |reach, last| reach.group(kind, arg, last),
+        );
         self.counted(before, 1);
         if !removed.is_empty() {
             last = self.log_removal(reason, removed);

@@ -267,10 +267,13 @@ impl State {
         if engine.aborted_transactions(partition).len() == had {
             return Ok(Logged::No(KafkaAnswer::Done));
         }
-        let (pos, ()) = self.log.push_op(|b| {
-            txn_op::encode_forget(b, partition, offset);
-            (1, ())
-        });
+        let (pos, ()) = self.log.push_marked_op(
+            |b| {
+                txn_op::encode_forget(b, partition, offset);
+                (1, ())
+            },
+            |reach, last| reach.touch(partition, last),
+        );
         Ok(Logged::Yes {
             answer: KafkaAnswer::Done,
             pos,
@@ -300,14 +303,21 @@ impl State {
             self.keys.meta.filter.insert(hash_key(id, *p));
         }
         self.life_stats.expired += gone.len() as u64;
-        let (first, n) = self.log.push_op(|b| {
-            let c = op::encode_removes(
-                b,
-                RemoveReason::Expired,
-                gone.iter().map(|(id, p)| (id, *p)),
-            );
-            (c.len() as u64, c.len() as u64)
-        });
+        let (first, n) = self.log.push_marked_op(
+            |b| {
+                let c = op::encode_removes(
+                    b,
+                    RemoveReason::Expired,
+                    gone.iter().map(|(id, p)| (id, *p)),
+                );
+                (c.len() as u64, c.len() as u64)
+            },
+            |reach, last| {
+                for (_, p) in &gone {
+                    reach.touch(*p, last);
+                }
+            },
+        );
         Ok(Logged::Yes {
             answer: KafkaAnswer::Removed(gone.len()),
             pos: first + n - 1,
@@ -337,28 +347,32 @@ impl State {
         // when only aborted transactions were left). Replay drops
         // the whole partition at the group record, which the log
         // hands over only once every member is read.
-        let (first, n) = self.log.push_op(|b| {
-            let mut scratch = Vec::new();
-            let members = if ids.is_empty() {
-                0
-            } else {
-                op::encode_removes(
-                    &mut scratch,
-                    RemoveReason::PartitionRemoved,
-                    ids.iter().map(|id| (id, partition)),
-                )
-                .len()
-            };
-            op::encode_group(
-                b,
-                GroupKind::RemovePartition,
-                members as u32,
-                i64::from(partition),
-            );
-            b.extend_from_slice(&scratch);
-            let n = 1 + members as u64;
-            (n, n)
-        });
+        let (first, n) = self.log.push_marked_op(
+            |b| {
+                let mut scratch = Vec::new();
+                let members = if ids.is_empty() {
+                    0
+                } else {
+                    op::encode_removes(
+                        &mut scratch,
+                        RemoveReason::PartitionRemoved,
+                        ids.iter().map(|id| (id, partition)),
+                    )
+                    .len()
+                };
+                op::encode_group(
+                    b,
+                    GroupKind::RemovePartition,
+                    members as u32,
+                    i64::from(partition),
+                );
+                b.extend_from_slice(&scratch);
+                let n = 1 + members as u64;
+                (n, n)
+            },
+            // The group and its members are the partition's alone.
+            |reach, last| reach.touch(partition, last),
+        );
         Ok(Logged::Yes {
             answer: KafkaAnswer::Removed(ids.len()),
             pos: first + n - 1,
@@ -440,11 +454,19 @@ impl State {
             arg,
         };
         let before = self.log.buffered();
-        let (first, ()) = self.log.push_op(|b| {
-            op::encode_group(b, kind, members as u32, arg);
-            b.extend_from_slice(&scratch);
-            (1 + members as u64, ())
-        });
+        let (first, ()) = self.log.push_marked_op(
+            |b| {
+                op::encode_group(b, kind, members as u32, arg);
+                b.extend_from_slice(&scratch);
+                (1 + members as u64, ())
+            },
+            |reach, last| {
+                reach.group(kind, arg, last);
+                for o in ops {
+                    reach.mark(last, o);
+                }
+            },
+        );
         self.counted(before, 1 + members as u64);
         // The live engine takes exactly what replay will.
         let meta = &mut self.keys.meta;
