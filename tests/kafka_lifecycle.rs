@@ -457,6 +457,34 @@ fn a_partition_truncation_reads_through_what_touches_its_partition() {
         assert_eq!(s.kafka_state(3u64, 2).map(|k| k.last_sequence), Some(9));
         assert!(s.kafka_producers(3).is_empty());
     }
+    // A removed partition appended to again at higher offsets, then cut
+    // below them: the replay reads on through the removal (its only
+    // record after the first producer's appends that touches the
+    // partition), so the removal stays as it was. The first producer's
+    // 256 appends fill one run of the bookkeeping, so the second's do
+    // not carry the replay past the removal.
+    for reopen in [false, true] {
+        let fs = SimFs::new();
+        let clock = Arc::new(ManualClock::new(DAY));
+        let s = ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap();
+        for (pid, base, n) in [(1u64, 0, 256), (2, 1_000, 10)] {
+            if pid == 2 {
+                s.remove_partition(5).unwrap();
+            }
+            for seq in 0..n {
+                let b = Batch::new(seq, seq, base + i64::from(seq), DAY);
+                assert!(s.append_batch(pid, 5, 0, b).unwrap().is_accepted());
+            }
+        }
+        let s = if reopen {
+            drop(s);
+            ProducerStateStore::open_with(dir(), opts(&fs, &clock)).unwrap()
+        } else {
+            s
+        };
+        s.truncate_partition_to(5, 500).unwrap();
+        assert!(s.kafka_producers(5).is_empty(), "reopen {reopen}");
+    }
 }
 
 fn view(s: &ProducerStateStore) -> View {

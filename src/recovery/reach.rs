@@ -143,11 +143,11 @@ impl Reach {
     /// The one rule for what a record of another kind than one
     /// partition's append or marker touches (`last`: its last position):
     /// a removal or key-state record, the partitions of its keys; a
-    /// partition-state record or a forgotten abort, its partition; a group
-    /// record of a partition's truncation or removal, that partition (its
-    /// completion changes that partition alone); any other group record (a
-    /// store-wide truncation, an import, whose record does not say its
-    /// partition) and any other record, every partition.
+    /// partition-state record or a forgotten abort, its partition; the
+    /// group record of a partition's truncation or removal, that
+    /// partition; that of a store-wide truncation or an import, none (its
+    /// members carry what it changes: [`Reach::group`]); any other
+    /// record, every partition.
     pub(crate) fn mark(&mut self, last: u64, op: &LogOp) {
         match op {
             LogOp::Remove { keys, .. } => {
@@ -172,8 +172,17 @@ impl Reach {
     pub(crate) fn group(&mut self, kind: GroupKind, arg: i64, pos: u64) {
         match (kind, i32::try_from(arg)) {
             (GroupKind::TruncatePartition { partition }, _) => self.touch(partition, pos),
+            // Replay drops the partition at this record.
             (GroupKind::RemovePartition, Ok(partition)) => self.touch(partition, pos),
-            _ => self.other(pos),
+            // A store-wide truncation's or an import's record changes no
+            // key itself (replay::kafka_op, Replayer::op): its members do,
+            // each marked for its keys' partitions, and a replay that
+            // reads a member has read the group's record before it. Its
+            // completion moves the highest offset and the partitions'
+            // ends, which a partition's truncation does not take from
+            // its replay.
+            (GroupKind::Truncate | GroupKind::Import, _) => {}
+            (GroupKind::RemovePartition, Err(_)) => self.other(pos),
         }
     }
 
@@ -309,7 +318,8 @@ mod tests {
             (31, 32, 11)
         );
         // Groups: a partition's truncation or removal, that partition; a
-        // store-wide truncation or an import, every partition.
+        // store-wide truncation's or an import's record, none (their
+        // members are marked as removals and key states are).
         r.group(GroupKind::TruncatePartition { partition: 5 }, 3, 40);
         r.group(GroupKind::RemovePartition, 6, 41);
         assert_eq!(
@@ -317,7 +327,11 @@ mod tests {
             (41, 42, 11)
         );
         r.group(GroupKind::Import, 3, 50);
-        assert_eq!(r.stop(0, 6, 0), 51);
+        r.group(GroupKind::Truncate, 3, 51);
+        assert_eq!(r.stop(0, 6, 0), 11);
+        // Any other record that takes a position: every partition.
+        r.other(60);
+        assert_eq!(r.stop(0, 6, 0), 61);
     }
 
     #[test]
