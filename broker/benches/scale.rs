@@ -4,7 +4,11 @@
 //! the 1-partition run of the same process), and the time to be ready after
 //! a clean shutdown and after `kill -9`. Then one partition's truncation in
 //! the shared producer state, with the other partitions empty and holding
-//! 100x its data.
+//! 100x its data (its batches, and its keys too); with another partition
+//! removed or moved out and in after the appends; with one of its own
+//! producers expired at the log's end (the worst case: the replay reads
+//! to the end); and ten partitions cut one after the other.
+//! `SCALE_COUNTS=none` runs the truncations alone.
 //!
 //! `cargo bench -p producer-state-broker --bench scale` (the release
 //! build of the broker binary, started with its default options as
@@ -326,42 +330,111 @@ fn one_count(partitions: usize, secs: f64, runs: usize) -> Row {
 /// of `producers` producers each and interleaved with partition 0's
 /// appends. Partition 0 is cut at its middle. Returns the median seconds
 /// of `runs` runs (a fresh store each).
-fn truncation(batches: usize, others_factor: usize, producers: usize, runs: usize) -> f64 {
+/// What the log holds after the appends, when partition 0 is cut.
+#[derive(Clone, Copy, PartialEq)]
+enum Tail {
+    /// Nothing more.
+    Nothing,
+    /// Partition 100 removed: a record that touches another partition
+    /// alone, which partition 0's replay need not read.
+    OtherRemoved,
+    /// Partition 100 moved out and back in (exported, removed, imported):
+    /// records of partition 100 alone, as for the removal.
+    OtherImported,
+    /// Partition 0's first producer expired (its batches are two days
+    /// older than the others', and the store's clock is set between): a
+    /// removal that touches partition 0 at the log's end, so the replay
+    /// reads to the end and passes over every other partition's record
+    /// after the base. The worst case.
+    OwnExpired,
+}
+
+/// The batches' timestamp, and the store's clock in the `OwnExpired` case.
+const T0: i64 = 1_700_000_000_000;
+const DAY_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// A store with the broker's own options (Kafka mode, background fsync)
+/// holding `batches` batches of `producers` producers on partition 0,
+/// each followed by `others_factor` batches of the other 100 partitions
+/// (their producers numbered from 10), then `tail`; synced, and its
+/// automatic snapshots written.
+fn crowded_store(
+    batches: usize,
+    others_factor: usize,
+    producers: usize,
+    tail: Tail,
+) -> (tempfile::TempDir, ProducerStateStore) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut opts = partition::state_options(partition::PRODUCER_ID_EXPIRATION);
+    if tail == Tail::OwnExpired {
+        opts = opts.clock(Arc::new(producer_state::ManualClock::new(T0 + DAY_MS / 24)));
+    }
+    let store = ProducerStateStore::open_with(tmp.path(), opts).unwrap();
+    let mut seq = std::collections::HashMap::<(u64, i32), i32>::new();
+    let mut offsets = vec![0i64; 101];
+    let mut append = |pid: u64, p: i32| {
+        let s = seq.entry((pid, p)).or_default();
+        let o = &mut offsets[p as usize];
+        let old = tail == Tail::OwnExpired && (pid, p) == (0, 0);
+        let b = Batch::new(*s, *s, *o, if old { T0 - 2 * DAY_MS } else { T0 });
+        assert!(
+            store
+                .append_with(pid, p, 0, b, AppendOptions::client())
+                .unwrap()
+                .is_accepted()
+        );
+        *s += 1;
+        *o += 1;
+    };
+    for i in 0..batches {
+        append((i % producers) as u64, 0);
+        for j in 0..others_factor {
+            let k = i * others_factor + j;
+            let producer = ((k / 100) % producers) as u64 + 10;
+            append(producer, 1 + (k % 100) as i32);
+        }
+    }
+    match tail {
+        Tail::Nothing => {}
+        Tail::OtherRemoved | Tail::OtherImported if others_factor > 0 => {
+            let export = store.export_partition(100).unwrap();
+            store.remove_partition(100).unwrap();
+            if tail == Tail::OtherImported {
+                store.import_partition(&export).unwrap();
+            }
+        }
+        Tail::OtherRemoved | Tail::OtherImported => {}
+        Tail::OwnExpired => assert_eq!(store.expire_now().unwrap(), 1),
+    }
+    store.sync().unwrap();
+    settle(&store);
+    (tmp, store)
+}
+
+/// Where partition 0 is cut, in thousandths of its batches. The store's
+/// first automatic snapshot is asked for at position 1,000,000, where the
+/// 100x store holds about 9,900 of its 20,000 batches, and is taken a
+/// little later, as far later as the snapshot thread starts late: 52%
+/// lies just above it, whatever that lag, so the base is that snapshot
+/// and the replay reads about 2% of partition 0's history. 75% lies half
+/// a snapshot interval above it: the replay reads a quarter of it, and
+/// the other partitions' records among it.
+const JUST_ABOVE_A_SNAPSHOT: usize = 520;
+const HALF_AN_INTERVAL_ABOVE: usize = 750;
+
+/// The median time to cut partition 0 of a [`crowded_store`] at
+/// `per_mille` thousandths of its batches.
+fn truncation(
+    (batches, per_mille): (usize, usize),
+    others_factor: usize,
+    producers: usize,
+    runs: usize,
+    tail: Tail,
+) -> f64 {
     let times: Vec<f64> = (0..runs)
         .map(|_| {
-            let tmp = tempfile::tempdir().unwrap();
-            // The broker's own options: Kafka mode, background fsync.
-            let store = ProducerStateStore::open_with(
-                tmp.path(),
-                partition::state_options(partition::PRODUCER_ID_EXPIRATION),
-            )
-            .unwrap();
-            let mut seq = std::collections::HashMap::<(u64, i32), i32>::new();
-            let mut offsets = vec![0i64; 101];
-            let mut append = |pid: u64, p: i32| {
-                let s = seq.entry((pid, p)).or_default();
-                let o = &mut offsets[p as usize];
-                let b = Batch::new(*s, *s, *o, 1_700_000_000_000);
-                assert!(
-                    store
-                        .append_with(pid, p, 0, b, AppendOptions::client())
-                        .unwrap()
-                        .is_accepted()
-                );
-                *s += 1;
-                *o += 1;
-            };
-            for i in 0..batches {
-                append((i % producers) as u64, 0);
-                for j in 0..others_factor {
-                    let k = i * others_factor + j;
-                    let producer = ((k / 100) % producers) as u64 + 10;
-                    append(producer, 1 + (k % 100) as i32);
-                }
-            }
-            let cut = (batches / 2) as i64;
-            store.sync().unwrap();
-            settle(&store);
+            let (_tmp, store) = crowded_store(batches, others_factor, producers, tail);
+            let cut = (batches * per_mille / 1000) as i64;
             let t = Instant::now();
             store.truncate_partition_to(0, cut).unwrap();
             let took = t.elapsed().as_secs_f64();
@@ -369,6 +442,25 @@ fn truncation(batches: usize, others_factor: usize, producers: usize, runs: usiz
             took
         })
         .collect();
+    median(times)
+}
+
+/// The median time of each of ten partitions (1 to 10) of a crowded store
+/// (4 producers a partition, 100x) cut just above the snapshot one after
+/// the other, as a broker whose crash cut many partition logs does at
+/// start.
+fn truncations_in_a_row(batches: usize, runs: usize) -> f64 {
+    let mut times = Vec::new();
+    for _ in 0..runs {
+        let (_tmp, store) = crowded_store(batches, 100, 4, Tail::Nothing);
+        let cut = (batches * JUST_ABOVE_A_SNAPSHOT / 1000) as i64;
+        for p in 1..=10 {
+            let t = Instant::now();
+            store.truncate_partition_to(p, cut).unwrap();
+            times.push(t.elapsed().as_secs_f64());
+            assert_eq!(store.partition_end_offset(p), cut);
+        }
+    }
     median(times)
 }
 
@@ -430,17 +522,59 @@ fn main() {
         );
     }
     let batches: usize = env_or("SCALE_TRUNCATE_BATCHES", 20_000);
-    // 4 producers a partition: the others hold 100x the batches; 400: and
-    // 100x the keys (40,000 against 400).
-    for producers in [4, 400] {
-        let alone = truncation(batches, 0, producers, runs);
-        let crowded = truncation(batches, 100, producers, runs);
+    let near = (batches, JUST_ABOVE_A_SNAPSHOT);
+    let show = |what: &str, alone: f64, crowded: f64| {
         println!(
-            "truncate one partition of {batches} batches of {producers} producers to its middle: \
-             others empty {:.1} ms, others holding 100x {:.1} ms, ratio {:.2}",
+            "truncate partition 0 ({batches} batches), {what}: others empty {:.1} ms, \
+             others holding 100x {:.1} ms, ratio {:.2}",
             alone * 1e3,
             crowded * 1e3,
             crowded / alone
         );
+    };
+    // 4 producers a partition: the others hold 100x the batches; 400: and
+    // 100x the keys (40,000 against 400).
+    let alone = truncation(near, 0, 4, runs, Tail::Nothing);
+    show(
+        "4 producers, cut just above a snapshot",
+        alone,
+        truncation(near, 100, 4, runs, Tail::Nothing),
+    );
+    show(
+        "400 producers, cut just above a snapshot",
+        truncation(near, 0, 400, runs, Tail::Nothing),
+        truncation(near, 100, 400, runs, Tail::Nothing),
+    );
+    show(
+        "4 producers, cut half a snapshot interval above one",
+        truncation((batches, HALF_AN_INTERVAL_ABOVE), 0, 4, runs, Tail::Nothing),
+        truncation(
+            (batches, HALF_AN_INTERVAL_ABOVE),
+            100,
+            4,
+            runs,
+            Tail::Nothing,
+        ),
+    );
+    for (tail, what) in [
+        (Tail::OtherRemoved, "then another partition removed"),
+        (
+            Tail::OtherImported,
+            "then another partition moved out and in",
+        ),
+    ] {
+        show(what, alone, truncation(near, 100, 4, runs, tail));
     }
+    show(
+        "then one of its producers expired (the replay reads to the end)",
+        truncation(near, 0, 4, runs, Tail::OwnExpired),
+        truncation(near, 100, 4, runs, Tail::OwnExpired),
+    );
+    let each = truncations_in_a_row(batches, runs);
+    println!(
+        "ten other partitions of the 100x store cut one after the other: {:.1} ms each, \
+         ratio to partition 0 alone {:.2}",
+        each * 1e3,
+        each / alone
+    );
 }
