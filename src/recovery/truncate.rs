@@ -120,11 +120,10 @@ pub(crate) fn truncated_state(h: &History<'_>, offset: i64, only: Option<i32>) -
     };
     let start = base.position;
     let segs = segments_from(dir, h.segments, start)?;
-    // The bytes of the segments the replay reads (those holding a
-    // position below its end), for the choice of one or two threads.
-    let bytes: u64 = segs
+    // The bytes of the segments the replay reads, for the choice of one
+    // or two threads.
+    let bytes: u64 = read_by(segs, h.end)
         .iter()
-        .take_while(|&&s| s < h.end)
         .map(|&s| {
             let p = dir.join(names::segment_name(s));
             fs.open_read(&p).and_then(|f| f.len()).unwrap_or(0)
@@ -168,6 +167,14 @@ fn segments_from<'a>(dir: &Path, segments: &'a [u64], start: u64) -> Result<&'a 
         Error::corrupt(dir, 0, kind)
     })?;
     Ok(segments.get(first..).unwrap_or_default())
+}
+
+/// Of `segments` (first positions, ascending, the first holding the
+/// replay's start), those a replay that stops at `end` reads: the ones
+/// holding a position below it, and always the first.
+fn read_by(segments: &[u64], end: u64) -> &[u64] {
+    let needed = segments.iter().take_while(|&&s| s < end).count();
+    segments.get(..needed.max(1)).unwrap_or(segments)
 }
 
 /// A Kafka-mode store's state with every batch and marker at or above
@@ -251,10 +258,7 @@ fn replay(
     replayer: &mut Replayer,
     sink: &mut dyn Sink,
 ) -> Result<()> {
-    // The segments that hold a position below `end` (the first one holds
-    // the start); those after it are not read.
-    let needed = log.segments.iter().take_while(|&&s| s < end).count();
-    let segments = log.segments.get(..needed.max(1)).unwrap_or(log.segments);
+    let segments = read_by(log.segments, end);
     let mut expected = segments.first().copied().unwrap_or(start);
     for (i, &named) in segments.iter().enumerate() {
         let path = dir.join(names::segment_name(named));

@@ -460,9 +460,10 @@ impl State {
                 b.extend_from_slice(&scratch);
                 (1 + members as u64, ())
             },
+            // Marked as recovery marks them: the group record, then each
+            // member, by the one rule.
             |reach, last| {
-                reach.group(kind, arg, last);
-                for o in ops {
+                for o in std::iter::once(&group).chain(ops) {
                     reach.mark(last, o);
                 }
             },
