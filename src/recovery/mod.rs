@@ -62,6 +62,7 @@ pub(crate) mod replay;
 pub(crate) mod report;
 pub(crate) mod seek;
 pub(crate) mod semantics;
+pub(crate) mod skim;
 pub(crate) mod truncate;
 
 pub use report::{

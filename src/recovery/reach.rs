@@ -28,6 +28,23 @@
 //! merge halves the resolution of every run, the newest included, so a
 //! replay may read up to a run's length past what it needs, and older runs
 //! coarsen more often.
+//!
+//! It also keeps where the records that can change a partition's result
+//! lie in the log's bytes ([`Unit`]s: the partition's appends and
+//! markers, each with the records that take no position written right
+//! before it; the records of other kinds that touch it, a group's
+//! members as their whole group; and the records that may touch any
+//! partition), so that the replay reads those records alone and seeks
+//! over the rest ([`Reach::units`]). Each costs 16 bytes, kept from the
+//! oldest retained snapshot on ([`Reach::forget_below`]). Where a record
+//! lies is only known once its group is written ([`Reach::written`]):
+//! recovery notes records at their offsets in their segments, the live
+//! store at their offsets in the group being formed, and the writer's
+//! group starts turn those into offsets in the segments. Single-sequence
+//! appends without batch metadata (kind-1 records, which pack the appends
+//! of many partitions, and may follow a clock record that a later append
+//! of any partition depends on) are not placed: a replay whose range
+//! holds one reads the log as before.
 
 use std::collections::HashMap;
 
@@ -37,6 +54,10 @@ use crate::wal::op::{GroupKind, LogOp};
 const RUN: u32 = 256;
 /// Runs a partition keeps before its runs are merged in pairs.
 const MOST_RUNS: usize = 64;
+/// Units kept at most (64 MiB of them): past it, the older half is
+/// dropped, as when retention moves ([`Reach::forget_below`]). A store
+/// that snapshots by its defaults drops them at retention well before.
+const MOST_UNITS: usize = 1 << 22;
 
 /// A run of one partition's appends and markers: the last one's position
 /// and the lowest offset among them.
@@ -47,12 +68,37 @@ struct Run {
     count: u32,
 }
 
-/// One partition's marks: its runs of appends and markers, and the last
-/// position of a record of another kind that touches it.
+/// One partition's marks: its runs of appends and markers, the last
+/// position of a record of another kind that touches it, and where its
+/// records lie.
 #[derive(Debug, Default)]
 struct Part {
     runs: Vec<Run>,
     touched: Option<u64>,
+    units: Vec<Unit>,
+}
+
+/// Records a replay reads together, in the log's order: the position of
+/// the first that takes one, the positions that follow it in the unit
+/// (a group's members, the later records of one write), and the offset
+/// of its first byte (of a record that takes no position written right
+/// before it, if there is one): in the segment holding `pos` for the
+/// records recovery read, and from the start of the group written with
+/// `pos` for the records written since the store opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Unit {
+    pub pos: u64,
+    pub more: u32,
+    pub at: u32,
+}
+
+/// A [`Unit`] placed in its segment: read from byte `at` of the segment
+/// holding `pos`, through position `last`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Placed {
+    pub pos: u64,
+    pub last: u64,
+    pub at: u64,
 }
 
 /// What a partition's truncation must read (see the module docs).
@@ -68,6 +114,30 @@ pub(crate) struct Reach {
     parts: Vec<Part>,
     index: HashMap<i32, usize>,
     last: Option<(i32, usize)>,
+    /// Where the records that may touch any partition lie.
+    others: Vec<Unit>,
+    /// Units are kept from here on (at least `from`).
+    placed_from: u64,
+    /// The last position of a record that is not placed (see the module
+    /// docs).
+    unplaced: Option<u64>,
+    /// Positions from here on were written by the live store: their
+    /// units' offsets count from their group's start.
+    live_from: u64,
+    /// The live store's groups written: first position and byte offset in
+    /// its segment, ascending.
+    starts: Vec<(u64, u64)>,
+    /// The unit of the record being marked.
+    current: Option<Unit>,
+    /// The offset of the first record taking no position since the last
+    /// that takes one, and the position of the record it precedes.
+    lead: Option<(u32, u64)>,
+    /// The group whose members are being marked: its unit and its last
+    /// position.
+    open: Option<(Unit, u64)>,
+    /// Units kept, and the position of the last one.
+    units: usize,
+    last_unit: u64,
 }
 
 impl Reach {
@@ -75,7 +145,182 @@ impl Reach {
     pub(crate) fn new(from: u64) -> Reach {
         Reach {
             from,
+            placed_from: from,
+            live_from: from,
             ..Reach::default()
+        }
+    }
+
+    /// Positions from `next` on are the live store's ([`Reach::written`]).
+    pub(crate) fn live_from(&mut self, next: u64) {
+        self.live_from = next;
+    }
+
+    /// A record that takes no position at offset `at`, before position
+    /// `pos`: read with the record there.
+    #[inline]
+    pub(crate) fn quiet(&mut self, at: u32, pos: u64) {
+        if self.lead.is_none_or(|(_, p)| p != pos) {
+            self.lead = Some((at, pos));
+        }
+    }
+
+    /// Where the records of position `pos` start: at `at`, or at the
+    /// records taking no position written right before.
+    #[inline]
+    fn led(&mut self, at: u32, pos: u64) -> u32 {
+        match self.lead.take() {
+            Some((l, p)) if p == pos => l,
+            _ => at,
+        }
+    }
+
+    /// [`Reach::quiet`] for recovery's replay: a record taking no
+    /// position read at offset `at` of its segment, before position `pos`.
+    pub(crate) fn quiet_read(&mut self, pos: u64, at: u64) {
+        if pos < self.from {
+            return;
+        }
+        match u32::try_from(at) {
+            Ok(at) => self.quiet(at, pos),
+            Err(_) => self.unplaced(pos),
+        }
+    }
+
+    /// The live store wrote the group whose first position is `first` at
+    /// byte `offset` of its segment.
+    pub(crate) fn written(&mut self, first: u64, offset: u64) {
+        // In order of writing, which is the log's (after any of the same
+        // first position: a group of records taking no position).
+        let i = self.starts.partition_point(|s| s.0 <= first);
+        self.starts.insert(i, (first, offset));
+    }
+
+    /// A record that is not placed, at `pos` (see the module docs).
+    #[inline]
+    pub(crate) fn unplaced(&mut self, pos: u64) {
+        self.unplaced = Some(self.unplaced.map_or(pos, |u| u.max(pos)));
+    }
+
+    /// Marks the records from position `pos` on, `more` positions after it,
+    /// written from offset `at` (and any record taking no position just
+    /// before), with `mark` ([`Reach::mark`]'s rule).
+    pub(crate) fn marking(
+        &mut self,
+        (pos, more, at): (u64, u32, u32),
+        mark: impl FnOnce(&mut Reach),
+    ) {
+        let at = self.led(at, pos);
+        if self.open.is_some_and(|(_, end)| pos > end) {
+            self.open = None;
+        }
+        self.current = Some(Unit { pos, more, at });
+        mark(self);
+        self.current = None;
+    }
+
+    /// The unit to read for the record being marked: its group's, if it is
+    /// a member of one.
+    fn unit(&self) -> Option<Unit> {
+        match (self.open, self.current) {
+            (Some((g, end)), Some(c)) if c.pos <= end => Some(g),
+            (_, c) => c,
+        }
+    }
+
+    /// Drops the units before position `pos` (no truncation starts from a
+    /// base before it: the oldest snapshot kept).
+    pub(crate) fn forget_below(&mut self, pos: u64) {
+        if pos <= self.placed_from {
+            return;
+        }
+        self.placed_from = pos;
+        let mut dropped = 0;
+        for p in &mut self.parts {
+            let keep = p.units.partition_point(|u| u.pos < pos);
+            dropped += keep;
+            p.units.drain(..keep);
+        }
+        let keep = self.others.partition_point(|u| u.pos < pos);
+        dropped += keep;
+        self.others.drain(..keep);
+        self.units -= dropped.min(self.units);
+        // The group holding `pos` is still needed.
+        let keep = self
+            .starts
+            .partition_point(|s| s.0 <= pos)
+            .saturating_sub(1);
+        self.starts.drain(..keep);
+    }
+
+    /// Counts a unit kept at `pos`; past [`MOST_UNITS`], drops the older
+    /// half.
+    #[inline]
+    fn counted(&mut self, pos: u64) {
+        self.units += 1;
+        self.last_unit = self.last_unit.max(pos);
+        if self.units > MOST_UNITS {
+            self.halve();
+        }
+    }
+
+    /// Drops the older half of the units (by position).
+    #[cold]
+    fn halve(&mut self) {
+        let span = self.last_unit.saturating_sub(self.placed_from);
+        self.forget_below(self.placed_from + (span / 2).max(1));
+    }
+
+    /// Where a replay of `partition` from position `base` to `stop`
+    /// reads, unit by unit in the log's order; `None` when that is not
+    /// known (a unit before what is kept, a record not placed in the
+    /// range): the replay then reads the log.
+    /// `unplaced`: the last position of a record not placed that the
+    /// caller kept ([`Reach::append_unplaced`]).
+    pub(crate) fn units(
+        &self,
+        partition: i32,
+        (base, stop): (u64, u64),
+        unplaced: Option<u64>,
+    ) -> Option<Vec<Placed>> {
+        let unplaced = self.unplaced.max(unplaced);
+        if base < self.placed_from || unplaced.is_some_and(|u| u >= base) {
+            return None;
+        }
+        let part = self.index.get(&partition).and_then(|&i| self.parts.get(i));
+        let mine = part.map_or(&[][..], |p| &p.units[..]);
+        let in_range = |u: &&Unit| u.pos >= base && u.pos < stop;
+        let mut all: Vec<Unit> = mine.iter().filter(in_range).copied().collect();
+        all.extend(self.others.iter().filter(in_range));
+        all.sort_unstable_by_key(|u| u.pos);
+        all.dedup();
+        all.into_iter()
+            .map(|u| {
+                let start = if u.pos < self.live_from {
+                    0
+                } else {
+                    let i = self
+                        .starts
+                        .partition_point(|s| s.0 <= u.pos)
+                        .checked_sub(1)?;
+                    self.starts.get(i)?.1
+                };
+                Some(Placed {
+                    pos: u.pos,
+                    last: u.pos + u64::from(u.more),
+                    at: start + u64::from(u.at),
+                })
+            })
+            .collect()
+    }
+
+    /// `unit` for `partition` (once: a record touching it through several
+    /// keys is one unit).
+    fn place(&mut self, partition: i32, unit: Unit) {
+        let units = &mut self.part(partition).units;
+        if units.last() != Some(&unit) {
+            units.push(unit);
+            self.counted(unit.pos);
         }
     }
 
@@ -103,26 +348,27 @@ impl Reach {
     }
 
     /// An append or a marker of `partition` at `offset`, at log position
-    /// `pos`.
+    /// `pos`, whose record starts at offset `at` ([`Unit`]); `None` for a
+    /// record that is not placed (see the module docs).
     #[inline]
-    pub(crate) fn append(&mut self, partition: i32, offset: i64, pos: u64) {
-        let runs = &mut self.part(partition).runs;
-        if let Some(r) = runs.last_mut()
-            && r.count < RUN
-        {
-            r.last = r.last.max(pos);
-            r.low = r.low.min(offset);
-            r.count += 1;
+    pub(crate) fn append(&mut self, partition: i32, offset: i64, pos: u64, at: Option<u32>) {
+        let Some(at) = at else {
+            self.unplaced(pos);
+            self.append_unplaced(partition, offset, pos);
             return;
-        }
-        if runs.len() >= MOST_RUNS {
-            merge_pairs(runs);
-        }
-        runs.push(Run {
-            last: pos,
-            low: offset,
-            count: 1,
-        });
+        };
+        let at = self.led(at, pos);
+        self.counted(pos);
+        let part = self.part(partition);
+        part.units.push(Unit { pos, more: 0, at });
+        add_to_runs(&mut part.runs, offset, pos);
+    }
+
+    /// [`Reach::append`] of a record that is not placed, which the caller
+    /// keeps ([`Reach::units`] is told).
+    #[inline]
+    pub(crate) fn append_unplaced(&mut self, partition: i32, offset: i64, pos: u64) {
+        add_to_runs(&mut self.part(partition).runs, offset, pos);
     }
 
     /// A record that may touch any partition, whose last position is
@@ -130,6 +376,12 @@ impl Reach {
     #[inline]
     pub(crate) fn other(&mut self, last: u64) {
         self.other = Some(self.other.map_or(last, |o| o.max(last)));
+        if let Some(u) = self.unit()
+            && self.others.last() != Some(&u)
+        {
+            self.others.push(u);
+            self.counted(u.pos);
+        }
     }
 
     /// A record of another kind than an append or a marker that touches
@@ -138,6 +390,9 @@ impl Reach {
     pub(crate) fn touch(&mut self, partition: i32, last: u64) {
         let t = &mut self.part(partition).touched;
         *t = Some(t.map_or(last, |o| o.max(last)));
+        if let Some(u) = self.unit() {
+            self.place(partition, u);
+        }
     }
 
     /// The one rule for what a record of another kind than one
@@ -163,13 +418,23 @@ impl Reach {
             LogOp::KafkaPartition { partition, .. } | LogOp::ForgetAborted { partition, .. } => {
                 self.touch(*partition, last);
             }
-            LogOp::Group { kind, arg, .. } => self.group(*kind, *arg, last),
+            LogOp::Group { kind, arg, members } => self.group(*kind, *arg, *members, last),
             _ => self.other(last),
         }
     }
 
-    /// [`Reach::mark`] for a group record of `kind` and `arg` at `pos`.
-    pub(crate) fn group(&mut self, kind: GroupKind, arg: i64, pos: u64) {
+    /// [`Reach::mark`] for a group record of `kind` and `arg` at `pos`,
+    /// followed by `members` records: the members marked next are read as
+    /// the whole group.
+    pub(crate) fn group(&mut self, kind: GroupKind, arg: i64, members: u32, pos: u64) {
+        if let Some(c) = self.current {
+            let g = Unit {
+                pos: c.pos,
+                more: members,
+                at: c.at,
+            };
+            self.open = Some((g, c.pos + u64::from(members)));
+        }
         match (kind, i32::try_from(arg)) {
             (GroupKind::TruncatePartition { partition }, _) => self.touch(partition, pos),
             // Replay drops the partition at this record.
@@ -186,17 +451,31 @@ impl Reach {
         }
     }
 
-    /// A replayed record at `pos` that takes a position (recovery's
-    /// replay): one partition's append or marker (`one`: its partition
-    /// and offset, as replay reads them), or a record of another kind
-    /// ([`Reach::mark`]).
-    pub(crate) fn note(&mut self, pos: u64, op: &LogOp, one: Option<(i32, i64)>) {
+    /// A replayed operation at `pos` that takes a position (recovery's
+    /// replay), the `nth` of its record at offset `at` of its segment: one
+    /// partition's append or marker (`one`: its partition and offset, as
+    /// replay reads them), or a record of another kind ([`Reach::mark`]).
+    /// `placed` is false for an append without batch metadata (see the
+    /// module docs); the only records of several operations hold such
+    /// appends.
+    pub(crate) fn note(
+        &mut self,
+        (pos, at, nth): (u64, u64, u32),
+        op: &LogOp,
+        one: Option<(i32, i64)>,
+        placed: bool,
+    ) {
         if pos < self.from {
             return;
         }
-        match one {
-            Some((partition, offset)) => self.append(partition, offset, pos),
-            None => self.mark(pos, op),
+        let at = u32::try_from(at).ok().filter(|_| placed && nth == 0);
+        match (one, at) {
+            (Some((partition, offset)), at) => self.append(partition, offset, pos, at),
+            (None, Some(at)) => self.marking((pos, 0, at), |r| r.mark(pos, op)),
+            (None, None) => {
+                self.unplaced(pos);
+                self.mark(pos, op);
+            }
         }
     }
 
@@ -218,6 +497,27 @@ impl Reach {
         }
         stop
     }
+}
+
+/// Adds an append at `offset` and `pos` to a partition's `runs`.
+#[inline]
+fn add_to_runs(runs: &mut Vec<Run>, offset: i64, pos: u64) {
+    if let Some(r) = runs.last_mut()
+        && r.count < RUN
+    {
+        r.last = r.last.max(pos);
+        r.low = r.low.min(offset);
+        r.count += 1;
+        return;
+    }
+    if runs.len() >= MOST_RUNS {
+        merge_pairs(runs);
+    }
+    runs.push(Run {
+        last: pos,
+        low: offset,
+        count: 1,
+    });
 }
 
 /// Halves `runs` by merging neighbours: each merged run ends where the
@@ -253,8 +553,8 @@ mod tests {
         // Partition 0: offsets 0..1000 at positions 10, 12, ... (interleaved
         // with partition 1 at the odd positions).
         for i in 0..1000u64 {
-            r.append(0, i as i64, 10 + 2 * i);
-            r.append(1, i as i64, 11 + 2 * i);
+            r.append(0, i as i64, 10 + 2 * i, Some(0));
+            r.append(1, i as i64, 11 + 2 * i, Some(0));
         }
         // Cut at 500: the run holding offset 499 ends at offset 511 (runs of
         // 256 appends: 256..=511), whose position is 10 + 2 * 511.
@@ -266,7 +566,7 @@ mod tests {
         assert_eq!(r.stop(7, 50, 10), 10);
         assert_eq!(r.stop(1, 5000, 10), 11 + 2 * 999 + 1);
         // An append below the cut late in the log (offsets need not grow).
-        r.append(0, 3, 5000);
+        r.append(0, 3, 5000, Some(0));
         assert_eq!(r.stop(0, 500, 10), 5001);
         // Any other record reaches every partition.
         r.other(6000);
@@ -280,8 +580,8 @@ mod tests {
         use crate::id::ProducerId;
         use crate::wal::op::RemoveReason;
         let mut r = Reach::new(0);
-        r.append(0, 5, 10);
-        r.append(1, 5, 11);
+        r.append(0, 5, 10, Some(0));
+        r.append(1, 5, 11, Some(0));
         let id = ProducerId::numeric(9);
         // A removal of partition 1's key and 2's: not partition 0's.
         let remove = LogOp::Remove {
@@ -320,14 +620,14 @@ mod tests {
         // Groups: a partition's truncation or removal, that partition; a
         // store-wide truncation's or an import's record, none (their
         // members are marked as removals and key states are).
-        r.group(GroupKind::TruncatePartition { partition: 5 }, 3, 40);
-        r.group(GroupKind::RemovePartition, 6, 41);
+        r.group(GroupKind::TruncatePartition { partition: 5 }, 3, 0, 40);
+        r.group(GroupKind::RemovePartition, 6, 0, 41);
         assert_eq!(
             (r.stop(5, 0, 0), r.stop(6, 0, 0), r.stop(0, 6, 0)),
             (41, 42, 11)
         );
-        r.group(GroupKind::Import, 3, 50);
-        r.group(GroupKind::Truncate, 3, 51);
+        r.group(GroupKind::Import, 3, 0, 50);
+        r.group(GroupKind::Truncate, 3, 0, 51);
         assert_eq!(r.stop(0, 6, 0), 11);
         // Any other record that takes a position: every partition.
         r.other(60);
@@ -346,7 +646,7 @@ mod tests {
         let mut r = Reach::new(0);
         let appends = u64::from(RUN) * (MOST_RUNS as u64) * 3;
         for i in 0..appends {
-            r.append(0, i as i64, i);
+            r.append(0, i as i64, i, Some(0));
         }
         let runs = &r.parts[r.index[&0]].runs;
         assert!(runs.len() <= MOST_RUNS, "{}", runs.len());
@@ -365,9 +665,73 @@ mod tests {
         // A partition with every offset the same: the whole history.
         let mut same = Reach::new(0);
         for i in 0..appends {
-            same.append(3, 7, i);
+            same.append(3, 7, i, Some(0));
         }
         assert_eq!(same.stop(3, 8, 0), appends);
         assert_eq!(same.stop(3, 7, 0), 0);
+    }
+    #[test]
+    fn units_say_where_a_partitions_records_lie() {
+        let place = |pos, last, at| Placed { pos, last, at };
+        // Recovery read positions 0 to 3 (offsets in their segment), the
+        // live store wrote from 4 on, in groups written at 100 and 500.
+        let mut r = Reach::new(0);
+        r.append(0, 0, 0, Some(20));
+        r.append(1, 0, 1, Some(40));
+        // A record taking no position before partition 0's second append.
+        r.quiet(60, 2);
+        r.append(0, 1, 2, Some(70));
+        r.live_from(4);
+        r.written(4, 100);
+        r.append(1, 1, 4, Some(0));
+        r.append(0, 2, 5, Some(30));
+        // A group of partition 1's truncation whose second member removes
+        // a key of partition 0 too: read as the whole group.
+        let remove = LogOp::Remove {
+            reason: crate::wal::op::RemoveReason::Truncated,
+            keys: vec![(crate::id::ProducerId::numeric(1), 0)],
+        };
+        r.marking((6, 0, 60), |r| {
+            r.group(GroupKind::TruncatePartition { partition: 1 }, 0, 2, 6)
+        });
+        r.marking((7, 0, 80), |r| r.touch(1, 7));
+        r.marking((8, 0, 110), |r| r.mark(8, &remove));
+        r.written(9, 500);
+        // A record that may touch any partition.
+        r.marking((9, 1, 8), |r| r.other(10));
+        r.append(0, 3, 11, Some(40));
+        assert_eq!(
+            r.units(0, (0, 12), None),
+            Some(vec![
+                place(0, 0, 20),
+                place(2, 2, 60),
+                place(5, 5, 130),
+                place(6, 8, 160),
+                place(9, 10, 508),
+                place(11, 11, 540),
+            ])
+        );
+        // Partition 1: its own appends and the group it is truncated by.
+        assert_eq!(
+            r.units(1, (0, 12), None),
+            Some(vec![
+                place(1, 1, 40),
+                place(4, 4, 100),
+                place(6, 8, 160),
+                place(9, 10, 508)
+            ])
+        );
+        // From a base, to a stop.
+        assert_eq!(
+            r.units(0, (3, 9), None),
+            Some(vec![place(5, 5, 130), place(6, 8, 160)])
+        );
+        // Nothing is known before what is kept; a record that is not
+        // placed in the range makes the replay read the log.
+        r.forget_below(5);
+        assert_eq!(r.units(0, (2, 12), None), None);
+        assert_eq!(r.units(0, (5, 12), None).map(|u| u.len()), Some(4));
+        r.unplaced(12);
+        assert_eq!(r.units(0, (5, 13), None), None);
     }
 }

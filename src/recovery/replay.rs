@@ -279,10 +279,14 @@ impl Replayer {
         mut push: impl FnMut(Rec) -> Result<()>,
     ) -> Result<()> {
         self.positions += u64::from(op.takes_position());
-        if op.takes_position()
-            && let Some(reach) = &mut self.reach
-        {
-            reach.note(pos, op, op_partition(op).zip(kafka_offset(op, pos)));
+        if let Some(reach) = &mut self.reach {
+            if op.takes_position() {
+                let one = op_partition(op).zip(kafka_offset(op, pos));
+                let placed = !matches!(op, LogOp::Append(r) if r.metadata.is_none());
+                reach.note((pos, at, nth), op, one, placed);
+            } else {
+                reach.quiet_read(pos, at);
+            }
         }
         if self.meta.kafka.is_some() {
             return self.kafka(pos, op);

@@ -32,8 +32,10 @@ use crate::error::{Corruption, Error, Result};
 use crate::fs::FileSystem;
 use crate::recovery::apply::{Parallel, Sequential, Sink};
 use crate::recovery::loader::load_file_of;
+use crate::recovery::reach::Placed;
 use crate::recovery::replay::Replayer;
 use crate::recovery::seek;
+use crate::recovery::skim;
 use crate::snapshot;
 use crate::snapshot::meta::Meta;
 use crate::wal::resume::ScanFrom;
@@ -104,6 +106,22 @@ pub(crate) struct History<'a> {
     pub(crate) segments: &'a [u64],
     pub(crate) last_len: u64,
     pub(crate) end: u64,
+    /// Where the records a partition's replay reads lie, if known
+    /// ([`crate::recovery::reach::Reach::units`]): it reads them alone.
+    pub(crate) units: Option<&'a [Placed]>,
+    /// Set when the replay read the units alone.
+    pub(crate) skimmed: std::cell::Cell<bool>,
+}
+
+impl History<'_> {
+    /// The same history, read from the log (not where the units say).
+    pub(crate) fn reading_the_log(&self) -> History<'_> {
+        History {
+            units: None,
+            skimmed: Default::default(),
+            ..*self
+        }
+    }
 }
 
 /// The state of the history with every append at or above `offset`
@@ -120,6 +138,16 @@ pub(crate) fn truncated_state(h: &History<'_>, offset: i64, only: Option<i32>) -
     };
     let start = base.position;
     let segs = segments_from(dir, h.segments, start)?;
+    let mut replayer = replayer(meta, offset, only);
+    if let Some(units) = h.units.filter(|_| only.is_some()) {
+        // It reads nothing into the state when it returns false.
+        let mut sink = Sequential::dropping(&mut shards);
+        let log = (segs, h.last_len);
+        if skim::replay_units(fs, dir, log, units, h.end, &mut replayer, &mut sink)? {
+            h.skimmed.set(true);
+            return Ok(shards);
+        }
+    }
     // The bytes of the segments the replay reads, for the choice of one
     // or two threads.
     let bytes: u64 = read_by(segs, h.end)
@@ -130,7 +158,6 @@ pub(crate) fn truncated_state(h: &History<'_>, offset: i64, only: Option<i32>) -
         })
         .sum();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut replayer = replayer(meta, offset, only);
     let log = Log {
         segments: segs,
         last_len: h.last_len,
@@ -228,7 +255,17 @@ fn kafka_replayed(
     // Kafka-mode records go to the engine, never to the sink.
     let mut shards = Shards::default();
     let mut sink = Sequential::dropping(&mut shards);
-    replay(fs, dir, log, base.position, h.end, &mut replayer, &mut sink)?;
+    let skimmed = match h.units.filter(|_| only.is_some()) {
+        Some(units) => {
+            let segs = (log.segments, log.last_len);
+            skim::replay_units(fs, dir, segs, units, h.end, &mut replayer, &mut sink)?
+        }
+        None => false,
+    };
+    h.skimmed.set(skimmed);
+    if !skimmed {
+        replay(fs, dir, log, base.position, h.end, &mut replayer, &mut sink)?;
+    }
     replayer
         .meta
         .kafka

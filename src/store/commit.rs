@@ -17,8 +17,6 @@
 //! atomics, so a commit costs the leader one wake-up call whatever the
 //! group's size.
 
-use std::io;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::Thread;
@@ -26,13 +24,15 @@ use std::time::{Duration, Instant};
 
 use crate::batch::AppendRequest;
 use crate::error::{Error, Result};
-use crate::recovery::reach::Reach;
+use crate::recovery::reach::{Placed, Reach};
 use crate::recovery::replay::append_offset;
 use crate::telemetry::{Group, Poison, Telemetry};
 use crate::wal::record::RecordBuf;
 #[cfg(test)]
 use crate::wal::writer::IdSource;
 use crate::wal::writer::LogWriter;
+
+pub(super) use super::failure::Failure;
 
 /// Records buffered before a buffered policy hands them to the flusher.
 pub(super) const FLUSH_BYTES: usize = 64 << 10;
@@ -46,55 +46,6 @@ pub(super) const MAX_BUFFERED: usize = 1 << 20;
 /// one being written and the one forming), so waiters of different groups
 /// rarely share a word.
 const WAIT_SLOTS: usize = 4;
-
-/// Why the store is poisoned.
-#[derive(Clone)]
-pub(super) struct Failure {
-    op: &'static str,
-    path: PathBuf,
-    kind: io::ErrorKind,
-    message: String,
-    /// Positions of the records lost with the failed group (and queued
-    /// behind it).
-    group: (u64, u64),
-}
-
-impl Failure {
-    fn from_error(e: &Error, group: (u64, u64)) -> Failure {
-        match e {
-            Error::Io { op, path, source } => Failure {
-                op,
-                path: path.clone(),
-                kind: source.kind(),
-                message: source.to_string(),
-                group,
-            },
-            other => Failure {
-                op: "write",
-                path: PathBuf::new(),
-                kind: io::ErrorKind::Other,
-                message: other.to_string(),
-                group,
-            },
-        }
-    }
-
-    /// The error an append whose record has position `pos` gets.
-    pub(super) fn error_for(&self, pos: Option<u64>) -> Error {
-        match pos {
-            Some(l) if (self.group.0..self.group.1).contains(&l) => Error::Io {
-                op: self.op,
-                path: self.path.clone(),
-                source: io::Error::new(self.kind, self.message.clone()),
-            },
-            _ => Error::Poisoned {
-                op: self.op,
-                path: self.path.clone(),
-                kind: self.kind,
-            },
-        }
-    }
-}
 
 /// What appenders waiting for a group read without the state lock.
 #[derive(Default)]
@@ -201,6 +152,9 @@ pub(super) struct LogQueue<T> {
     /// What a partition's truncation must read of the log (every record
     /// pushed is noted with its position).
     reach: Reach,
+    /// The last position of an append that is not placed ([`Reach`]),
+    /// kept here, beside the position, for the append path.
+    unplaced: Option<u64>,
 }
 
 impl<T> LogQueue<T> {
@@ -222,12 +176,14 @@ impl<T> LogQueue<T> {
             failed: None,
             stats: LogStats::default(),
             reach: Reach::new(next_position),
+            unplaced: None,
         }
     }
 
     /// The queue with what recovery learnt of the log before
     /// `next_position` ([`Reach`]).
-    pub(super) fn with_reach(self, reach: Reach) -> LogQueue<T> {
+    pub(super) fn with_reach(self, mut reach: Reach) -> LogQueue<T> {
+        reach.live_from(self.next_position);
         LogQueue { reach, ..self }
     }
 
@@ -236,14 +192,40 @@ impl<T> LogQueue<T> {
         &self.reach
     }
 
+    /// [`LogQueue::reach`], to forget what no truncation needs.
+    pub(super) fn reach_mut(&mut self) -> &mut Reach {
+        &mut self.reach
+    }
+
+    /// Where the next record starts in the forming group (the group is
+    /// smaller than a segment, so the offset fits).
+    #[inline]
+    fn here(&self) -> u32 {
+        u32::try_from(self.buf.len()).unwrap_or(u32::MAX)
+    }
+
     /// Encodes `r` into the forming group; returns its position.
     #[inline]
     pub(super) fn push(&mut self, r: &AppendRequest) -> u64 {
+        let at = self.here();
         self.buf.push(r);
         let pos = self.next_position;
         self.next_position += 1;
-        self.reach.append(r.partition, append_offset(r, pos), pos);
+        let offset = append_offset(r, pos);
+        if r.metadata.is_some() {
+            self.reach.append(r.partition, offset, pos, Some(at));
+        } else {
+            // A kind-1 record may pack it with others: not placed.
+            self.unplaced = Some(pos);
+            self.reach.append_unplaced(r.partition, offset, pos);
+        }
         pos
+    }
+
+    /// Where the records a replay of `partition` from `base` to `stop`
+    /// reads lie, if known ([`Reach::units`]).
+    pub(super) fn units(&self, partition: i32, base: u64, stop: u64) -> Option<Vec<Placed>> {
+        self.reach.units(partition, (base, stop), self.unplaced)
     }
 
     /// Encodes records other than packable appends: `encode` appends them
@@ -266,11 +248,17 @@ impl<T> LogQueue<T> {
         encode: impl FnOnce(&mut Vec<u8>) -> (u64, R),
         mark: impl FnOnce(&mut Reach, u64),
     ) -> (u64, R) {
+        let at = self.here();
         let (positions, r) = self.buf.push_with(encode);
         let pos = self.next_position;
         self.next_position += positions;
         if positions > 0 {
-            mark(&mut self.reach, pos + positions - 1);
+            let more = u32::try_from(positions - 1).unwrap_or(u32::MAX);
+            let last = pos + positions - 1;
+            self.reach
+                .marking((pos, more, at), |reach| mark(reach, last));
+        } else {
+            self.reach.quiet(at, pos);
         }
         (pos, r)
     }
@@ -282,10 +270,11 @@ impl<T> LogQueue<T> {
         (partition, offset): (i32, i64),
         encode: impl FnOnce(&mut Vec<u8>),
     ) -> u64 {
+        let at = self.here();
         self.buf.push_with(encode);
         let pos = self.next_position;
         self.next_position += 1;
-        self.reach.append(partition, offset, pos);
+        self.reach.append(partition, offset, pos, Some(at));
         pos
     }
 
@@ -577,9 +566,10 @@ impl<S: Host> GroupCommit<S> {
 
             let bytes = buf.len() as u64;
             let mut fsync = None;
+            let mut start = None;
             let result = (|| {
                 if !buf.is_empty() {
-                    w.write(&mut buf, first, end - first)?;
+                    start = Some(w.write(&mut buf, first, end - first)?);
                 }
                 let mut handle = None;
                 if needs_sync {
@@ -609,6 +599,9 @@ impl<S: Host> GroupCommit<S> {
             let result = result.and_then(|()| {
                 if let Some(f) = &log.failed {
                     return Err(f.error_for(None));
+                }
+                if let Some(start) = start {
+                    log.reach.written(first, start);
                 }
                 if !buf.is_empty() {
                     log.stats.groups_written += 1;

@@ -168,7 +168,7 @@ fn a_failed_fsync_fails_its_group_and_poisons_the_queue() {
     let gc = open(&fs, true);
     append(&gc, 0, || {}).unwrap();
     // The next group's write, then its fsync.
-    fs.set_fault(fs.ops() + 1, Fault::Error(io::ErrorKind::Other));
+    fs.set_fault(fs.ops() + 1, Fault::Error(std::io::ErrorKind::Other));
     assert!(matches!(append(&gc, 1, || {}), Err(Error::Io { .. })));
     assert!(matches!(append(&gc, 2, || {}), Err(Error::Poisoned { .. })));
     let mut st = gc.lock_state();

@@ -57,6 +57,7 @@
 mod append_all;
 mod background;
 mod commit;
+mod failure;
 mod kafka;
 mod keys;
 mod lifecycle;
@@ -543,6 +544,7 @@ impl ProducerStateStore {
             partition_removed: life.partition_removed,
             truncations: life.truncations,
             truncated_keys: life.truncated_keys,
+            skimmed_truncations: life.skimmed_truncations,
             imported: life.imported,
         }
     }

@@ -116,6 +116,7 @@ pub struct StoreOptions {
     pub(super) metric_labels: Vec<(String, String)>,
     pub(super) semantics: Semantics,
     pub(super) transaction_verification: bool,
+    pub(super) skim: bool,
 }
 
 /// Kafka's `producer.id.expiration.ms` default: one day.
@@ -135,6 +136,7 @@ impl Default for StoreOptions {
             background_snapshots: true,
             fs: Arc::new(StdFs),
             ids: IdSource::Random,
+            skim: true,
             preallocate: true,
             expiration: Some(DEFAULT_EXPIRATION),
             expiration_interval: Some(DEFAULT_EXPIRATION_INTERVAL),
@@ -204,6 +206,16 @@ impl StoreOptions {
     #[doc(hidden)]
     pub fn fixed_ids_for_tests(mut self, seed: u64) -> Self {
         self.ids = IdSource::Fixed(seed);
+        self
+    }
+
+    /// Makes a partition's truncation read the log from its base, as it
+    /// does when it does not know where its records lie, instead of
+    /// reading its records alone (docs/lifecycle.md): for the tests that
+    /// compare the two only.
+    #[doc(hidden)]
+    pub fn read_the_log_to_truncate_for_tests(mut self) -> Self {
+        self.skim = false;
         self
     }
 

@@ -17,11 +17,13 @@
 //! produce requests).
 
 use super::ProducerStateStore;
+use super::commit::LogQueue;
 use crate::engine::info::ProducerInfo;
 use crate::engine::map::hash_key;
 use crate::engine::shards::{SHARDS, Shards};
 use crate::error::{Error, Result};
 use crate::id::ProducerId;
+use crate::recovery::reach::Placed;
 use crate::recovery::truncate;
 use crate::wal::op::{GroupKind, RemoveReason};
 
@@ -195,14 +197,9 @@ impl ProducerStateStore {
                 return Err(Error::TruncateBelowHistory { offset, lowest });
             }
         };
-        // A partition's replay stops after the last record that can change
-        // its result: its own appends below `offset`, and records of other
-        // kinds (recovery::reach).
-        let log_end = st.log.next_position();
-        let replay_to = match only {
-            Some(p) => st.log.reach().stop(p, offset, base.position).min(log_end),
-            None => log_end,
-        };
+        let only_skim = only.filter(|_| shared.opts.skim);
+        let (replay_to, units) = reads(&st.log, (only, only_skim), offset, base.position);
+        let replay_to = replay_to.min(st.log.next_position());
         let history = truncate::History {
             fs,
             dir: &shared.dir,
@@ -210,19 +207,24 @@ impl ProducerStateStore {
             segments: &segments,
             last_len: written,
             end: replay_to,
+            units: units.as_deref(),
+            skimmed: Default::default(),
         };
+        let telemetry = shared.log.telemetry();
+        let failed = |e: &Error| telemetry.skim_failed(only.unwrap_or(-1), e);
         if shared.kafka {
-            let cut = truncate::truncated_kafka(&history, offset, only)?;
+            let cut = rebuilt(&history, failed, |h| {
+                truncate::truncated_kafka(h, offset, only)
+            })?;
+            st.life_stats.skimmed_truncations += u64::from(history.skimmed.get());
             let pos = st.log_kafka_truncation(offset, &cut, only)?;
             drop(book);
-            shared.finish_op(st, pos)?;
-            if !shared.is_always() {
-                shared.sync()?;
-            }
-            snapshot_after(shared, only);
-            return Ok(());
+            return finish(shared, st, pos, only);
         }
-        let cut = truncate::truncated_state(&history, offset, only)?;
+        let cut = rebuilt(&history, failed, |h| {
+            truncate::truncated_state(h, offset, only)
+        })?;
+        st.life_stats.skimmed_truncations += u64::from(history.skimmed.get());
 
         let (removed, set) = difference(&st.keys.shards, &cut, only);
         st.life_stats.truncations += 1;
@@ -236,16 +238,62 @@ impl ProducerStateStore {
             (RemoveReason::Truncated, removed),
             set,
         );
-        // Queued under the lock: what follows is ordinary group commit,
-        // which may start a snapshot (it takes the book).
         drop(book);
-        shared.finish_op(st, pos)?;
-        if !shared.is_always() {
-            shared.sync()?;
-        }
-        snapshot_after(shared, only);
-        Ok(())
+        finish(shared, st, pos, only)
     }
+}
+
+/// Commits a truncation's group (last position `pos`), queued under the
+/// lock `st` with the snapshot book let go: what follows is ordinary group
+/// commit, which may start a snapshot (it takes the book).
+fn finish(
+    shared: &super::Shared,
+    st: std::sync::MutexGuard<'_, super::state::State>,
+    pos: u64,
+    only: Option<i32>,
+) -> Result<()> {
+    shared.finish_op(st, pos)?;
+    if !shared.is_always() {
+        shared.sync()?;
+    }
+    snapshot_after(shared, only);
+    Ok(())
+}
+
+/// What `rebuild` makes of `h`; when reading a partition's records where
+/// they were placed fails (`failed` is told why), what it makes of the
+/// log read from the base instead, which finds real damage again.
+fn rebuilt<T>(
+    h: &truncate::History<'_>,
+    failed: impl FnOnce(&Error),
+    rebuild: impl Fn(&truncate::History<'_>) -> Result<T>,
+) -> Result<T> {
+    match rebuild(h) {
+        Err(e) if h.units.is_some() => {
+            failed(&e);
+            rebuild(&h.reading_the_log())
+        }
+        r => r,
+    }
+}
+
+/// Where a replay from `base` for a truncation to `offset` stops (bounded
+/// by the log's end by the caller), and for a partition's (`only`; with
+/// `skim`, where its records are read from) where its records lie, if
+/// known. A partition's replay stops after the last record that can
+/// change its result: its own appends below `offset`, and records of other
+/// kinds (recovery::reach).
+fn reads<T>(
+    log: &LogQueue<T>,
+    (only, skim): (Option<i32>, Option<i32>),
+    offset: i64,
+    base: u64,
+) -> (u64, Option<Vec<Placed>>) {
+    let stop = match only {
+        Some(p) => log.reach().stop(p, offset, base),
+        None => u64::MAX,
+    };
+    (stop, skim.and_then(|p| log.units(p, base, stop)))
 }
 
 /// Keys to remove (hash, id, partition) and keys to set (hash, state).

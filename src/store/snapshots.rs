@@ -206,6 +206,8 @@ impl Snapshots {
                     segments: &segments,
                     last_len,
                     end: position,
+                    units: None,
+                    skimmed: Default::default(),
                 })?;
                 if let Some(side) = k.kafka_side() {
                     w.write_kafka(side)?;
@@ -272,6 +274,9 @@ impl Snapshots {
             book.files.remove(p);
         }
         book.valid.retain(|&p| p >= oldest_kept);
+        // No truncation starts before the oldest snapshot kept now: where
+        // the records before it lie need not be kept (recovery::reach).
+        log.lock_state().log.reach_mut().forget_below(oldest_kept);
         let mut segments = std::mem::take(&mut book.orphans);
         segments.extend(log.writer().detach_before(oldest_kept));
         let mut left = segments.into_iter();

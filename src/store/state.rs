@@ -66,6 +66,7 @@ pub(super) struct LifeStats {
     pub(super) partition_removed: u64,
     pub(super) truncations: u64,
     pub(super) truncated_keys: u64,
+    pub(super) skimmed_truncations: u64,
     pub(super) imported: u64,
 }
 
@@ -479,7 +480,7 @@ impl State {
                 op::encode_group(b, kind, members as u32, arg);
                 (1, ())
             },
-            |reach, last| reach.group(kind, arg, last),
+            |reach, last| reach.group(kind, arg, members as u32, last),
         );
         self.counted(before, 1);
         if !removed.is_empty() {

@@ -46,6 +46,10 @@ pub struct StoreStats {
     pub truncations: u64,
     /// Keys a truncation set back or removed.
     pub truncated_keys: u64,
+    /// Partition truncations (`truncate_partition_to`) that read only the
+    /// log records of their partition, seeking over the others'
+    /// (docs/lifecycle.md, "One partition's truncation").
+    pub skimmed_truncations: u64,
     /// Keys added by `import_partition`.
     pub imported: u64,
 }

@@ -392,6 +392,21 @@ impl Telemetry {
         let _ = (e, automatic);
     }
 
+    /// A partition's truncation failed to read its records where the store
+    /// placed them (`e`) and read the log from its base instead.
+    pub(crate) fn skim_failed(&self, partition: i32, e: &Error) {
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            target: TARGET,
+            dir = %self.dir.display(),
+            partition,
+            error = %e,
+            "a partition's truncation could not read its records where they were placed; it read the log from its base instead"
+        );
+        #[cfg(not(feature = "tracing"))]
+        let _ = (partition, e);
+    }
+
     /// The store's running totals of expired and evicted keys: counts
     /// what is new since the highest totals seen (two leaders may report
     /// out of order; a stale total adds nothing).

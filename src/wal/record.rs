@@ -67,8 +67,13 @@ impl Layout {
         }
     }
 
+    /// Record header bytes.
+    pub(crate) fn header(self) -> usize {
+        self.header
+    }
+
     /// Whether records state their own offset (and close markers exist).
-    fn positioned(self) -> bool {
+    pub(crate) fn positioned(self) -> bool {
         self.header == HEADER
     }
 
@@ -422,6 +427,12 @@ fn one_partition(bytes: &[u8], seed: u32, layout: Layout, at: u64) -> Option<(i3
     }
     let partition = Dec::new(rec.get(HEADER + id_len..)?).i32()?;
     Some((partition, len))
+}
+
+/// The length a record starting at `bytes[0]` states, if its header's
+/// length field is there (not checked: [`decode`] checks it).
+pub(crate) fn stated_len(bytes: &[u8]) -> Option<usize> {
+    u32_at(bytes, AT_LEN).map(|n| n as usize)
 }
 
 /// How many records from `bytes[0]` on (written at `at`, in a segment

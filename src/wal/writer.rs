@@ -458,8 +458,9 @@ impl LogWriter {
 
     /// Writes one group of `count` records encoded by [`record::encode`],
     /// the first of which has position `pos`; rolls first if the active
-    /// segment is full. Does not fsync (see [`LogWriter::sync`]).
-    pub(crate) fn write(&mut self, buf: &mut [u8], pos: u64, count: u64) -> Result<()> {
+    /// segment is full. Does not fsync (see [`LogWriter::sync`]). Returns
+    /// the offset in its segment where the group starts.
+    pub(crate) fn write(&mut self, buf: &mut [u8], pos: u64, count: u64) -> Result<u64> {
         // A group that does not continue the log exactly (an earlier write
         // failed) must not be written: its records would get wrong positions.
         if let Some((op, kind)) = self.broken {
@@ -484,7 +485,7 @@ impl LogWriter {
         result
     }
 
-    fn write_group(&mut self, buf: &mut [u8], pos: u64, count: u64) -> Result<()> {
+    fn write_group(&mut self, buf: &mut [u8], pos: u64, count: u64) -> Result<u64> {
         let end = self.len + buf.len() as u64;
         let must = self.roll_first || end > MAX_SEGMENT_BYTES;
         if self.records > 0
@@ -526,7 +527,7 @@ impl LogWriter {
             self.points.written(buf, layout, segment, positions, bytes);
         }
         self.prepare_next();
-        Ok(())
+        Ok(start)
     }
 
     /// A handle of the active segment to fsync it without holding the
