@@ -25,24 +25,25 @@ use producer_state::{
     AppendOptions, Batch, FsyncPolicy, ManualClock, Marker, Origin, ProducerId, ProducerStateStore,
     Semantics, StoreOptions, UnknownProducer,
 };
+use proptest::prelude::Rng as _;
+use proptest::test_runner::{RngAlgorithm, TestRng};
 
 const DAY: i64 = 86_400_000;
 const PARTITIONS: i32 = 4;
 const PRODUCERS: u64 = 3;
 
-/// A small deterministic generator (xorshift64).
-struct Rng(u64);
+/// proptest's deterministic generator, seeded by a number.
+struct Rng(TestRng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+    fn new(seed: u64) -> Rng {
+        let mut bytes = [0u8; 32];
+        bytes[..8].copy_from_slice(&seed.to_le_bytes());
+        Rng(TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
     }
 
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.next_u64() % n
     }
 }
 
@@ -289,7 +290,7 @@ fn run(kafka: bool, seed: u64, steps: usize) -> (u64, u64) {
         skimmed: (0, 0),
     };
     pair.open();
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = Rng::new(seed);
     let mut history = Vec::new();
     for _ in 0..steps {
         history.push(pair.step(&mut rng));
