@@ -28,4 +28,5 @@ pub(crate) mod record;
 pub(crate) mod resume;
 pub(crate) mod segment;
 pub(crate) mod txn_op;
+mod window;
 pub(crate) mod writer;

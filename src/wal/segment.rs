@@ -11,6 +11,7 @@ use super::op::{GroupKind, LogOp};
 use super::prefix_crc::PrefixCrc;
 use super::record::{self, Bad, Decoded};
 use super::resume::{ROOM_CHECKED, ScanFrom, SeekFallback};
+use super::window::{CHUNK, Window, read_past};
 use crate::codec::{Dec, Put};
 use crate::error::{Corruption, Error, Result};
 use crate::fs::{ReadFile, read_full};
@@ -235,101 +236,6 @@ pub(crate) struct Scan {
     pub kafka: bool,
 }
 
-/// A reader that keeps a window of the file in memory, so a huge segment is
-/// streamed: memory stays at about two maximum-size records.
-struct Window<R> {
-    r: R,
-    buf: Vec<u8>,
-    /// File offset of `buf[0]`.
-    base: u64,
-    eof: bool,
-    /// Once [`Window::track_from`] is called: one past the last byte not
-    /// zero read from there on (where tracking started, if none).
-    written_end: Option<u64>,
-    /// Moves the reader forward without reading (see [`Window::skip_to`]).
-    skip: fn(&mut R, u64) -> std::io::Result<()>,
-}
-
-/// Skips by reading: for a reader that cannot seek.
-fn read_past<R: Read>(r: &mut R, n: u64) -> std::io::Result<()> {
-    std::io::copy(&mut r.by_ref().take(n), &mut std::io::sink()).map(|_| ())
-}
-
-const CHUNK: usize = 1 << 20;
-
-impl<R: Read> Window<R> {
-    /// A window at the start of `r`, which `skip` moves forward.
-    fn new(r: R, skip: fn(&mut R, u64) -> std::io::Result<()>) -> Window<R> {
-        Window {
-            r,
-            buf: Vec::new(),
-            base: 0,
-            eof: false,
-            written_end: None,
-            skip,
-        }
-    }
-
-    /// The bytes from file offset `at` on, with at least `want` of them
-    /// unless the file ends first.
-    fn at(&mut self, at: u64, want: usize) -> std::io::Result<&[u8]> {
-        // The window only moves forward; a read behind it is a bug of the
-        // scan, reported as an error rather than a panic.
-        let Some(rel) = at.checked_sub(self.base) else {
-            return Err(std::io::Error::other(
-                "internal error: a segment scan read behind its window",
-            ));
-        };
-        let rel = rel as usize;
-        if self.buf.len() - rel < want && !self.eof {
-            self.buf.drain(..rel);
-            self.base = at;
-            while self.buf.len() < want.max(CHUNK) && !self.eof {
-                let old = self.buf.len();
-                self.buf.resize(old + CHUNK, 0);
-                let n = read_full(&mut self.r, self.buf.get_mut(old..).unwrap_or_default())?;
-                self.buf.truncate(old + n);
-                self.eof = n == 0;
-                let new = self.buf.get(old..).unwrap_or_default();
-                note_written(&mut self.written_end, self.base + old as u64, new);
-            }
-        }
-        let rel = (at - self.base) as usize;
-        Ok(self.buf.get(rel..).unwrap_or_default())
-    }
-
-    /// Moves the window to file offset `at` (not behind it), skipping the
-    /// bytes between without reading them.
-    fn skip_to(&mut self, at: u64) -> std::io::Result<()> {
-        let held_end = self.base + self.buf.len() as u64;
-        if at > held_end {
-            (self.skip)(&mut self.r, at - held_end)?;
-            self.buf.clear();
-            self.base = at;
-        }
-        Ok(())
-    }
-
-    /// From file offset `at` on, keeps where the bytes that are not zero
-    /// end (what is already in the window, and everything read later).
-    fn track_from(&mut self, at: u64) {
-        self.written_end = Some(at);
-        let rel = at.saturating_sub(self.base) as usize;
-        let held = self.buf.get(rel..).unwrap_or_default();
-        note_written(&mut self.written_end, at, held);
-    }
-}
-
-/// `bytes`, read at file offset `at`: moves the tracked end (if tracking)
-/// past their last byte that is not zero.
-fn note_written(written_end: &mut Option<u64>, at: u64, bytes: &[u8]) {
-    if let Some(end) = written_end
-        && let Some(i) = last_nonzero(bytes)
-    {
-        *end = (*end).max(at + i as u64 + 1);
-    }
-}
-
 /// An atomic group being read: where it starts and what of it was read.
 struct OpenGroup {
     /// The group record's offset and the positions before it.
@@ -446,6 +352,23 @@ pub(crate) fn scan_file(
         Ok(())
     });
     scan_window(path, w, file_len, from, header, each)
+}
+
+/// Reads and parses the header at the start of `file` (the segment at
+/// `path`); returns it and the bytes read, which leave the file's read
+/// position after a full header.
+pub(crate) fn read_header(path: &Path, file: &mut impl Read) -> Result<(Header, usize)> {
+    let mut head = [0u8; HEADER_LEN];
+    let n = read_full(file, &mut head).map_err(|e| Error::io("read", path, e))?;
+    match parse_header(path, head.get(..n).unwrap_or_default()) {
+        Ok(h) => Ok((h, n)),
+        Err(HeaderError::Bad(e)) => Err(e),
+        Err(HeaderError::Short(got)) => Err(Error::corrupt(
+            path,
+            got as u64,
+            crate::codec::truncated(HEADER_LEN, got),
+        )),
+    }
 }
 
 /// Whether a scan of the first `file_len` bytes of the segment `file` (a
@@ -672,17 +595,6 @@ fn scan_window<R: Read>(
             }
         }
     }
-}
-
-/// The index of the last byte that is not zero.
-fn last_nonzero(bytes: &[u8]) -> Option<usize> {
-    // Eight at a time from the end, then the byte.
-    let words = bytes.rchunks_exact(8);
-    let zeros = words.take_while(|w| w.iter().all(|&b| b == 0)).count() * 8;
-    bytes
-        .get(..bytes.len() - zeros)?
-        .iter()
-        .rposition(|&b| b != 0)
 }
 
 /// The index of the first byte that is not zero.

@@ -7,6 +7,7 @@ use super::*;
 use crate::batch::AppendRequest;
 use crate::wal::frame::seal;
 use crate::wal::record::encode;
+use crate::wal::window::last_nonzero;
 use std::io::Cursor;
 
 const IDS: Ids = Ids { store: 1, salt: 2 };

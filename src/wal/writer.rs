@@ -728,19 +728,10 @@ impl Drop for LogWriter {
 /// The header of the segment at `path` (recovery has validated it), and
 /// the file's length.
 fn read_header(fs: &dyn FileSystem, path: &Path) -> Result<(segment::Header, u64)> {
-    let mut head = [0u8; segment::HEADER_LEN];
     let mut f = fs.open_read(path).map_err(|e| Error::io("open", path, e))?;
     let len = f.len().map_err(|e| Error::io("stat", path, e))?;
-    let n = crate::fs::read_full(&mut f, &mut head).map_err(|e| Error::io("read", path, e))?;
-    match segment::parse_header(path, head.get(..n).unwrap_or_default()) {
-        Ok(h) => Ok((h, len)),
-        Err(segment::HeaderError::Bad(e)) => Err(e),
-        Err(segment::HeaderError::Short(got)) => Err(Error::corrupt(
-            path,
-            got as u64,
-            crate::codec::truncated(segment::HEADER_LEN, got),
-        )),
-    }
+    let (h, _) = segment::read_header(path, &mut f)?;
+    Ok((h, len))
 }
 
 /// Why installing a fresh file as a segment failed.
