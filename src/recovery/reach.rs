@@ -48,6 +48,7 @@
 
 use std::collections::HashMap;
 
+use crate::batch::AppendRequest;
 use crate::wal::op::{GroupKind, LogOp};
 
 /// Appends in one run before a new one starts.
@@ -235,15 +236,12 @@ impl Reach {
             return;
         }
         self.placed_from = pos;
-        let mut dropped = 0;
-        for p in &mut self.parts {
-            let keep = p.units.partition_point(|u| u.pos < pos);
-            dropped += keep;
-            p.units.drain(..keep);
-        }
-        let keep = self.others.partition_point(|u| u.pos < pos);
-        dropped += keep;
-        self.others.drain(..keep);
+        let dropped = self
+            .parts
+            .iter_mut()
+            .map(|p| drop_below(&mut p.units, pos))
+            .sum::<usize>()
+            + drop_below(&mut self.others, pos);
         self.units -= dropped.min(self.units);
         // The group holding `pos` is still needed.
         let keep = self
@@ -317,9 +315,7 @@ impl Reach {
     /// `unit` for `partition` (once: a record touching it through several
     /// keys is one unit).
     fn place(&mut self, partition: i32, unit: Unit) {
-        let units = &mut self.part(partition).units;
-        if units.last() != Some(&unit) {
-            units.push(unit);
+        if push_new(&mut self.part(partition).units, unit) {
             self.counted(unit.pos);
         }
     }
@@ -377,9 +373,8 @@ impl Reach {
     pub(crate) fn other(&mut self, last: u64) {
         self.other = Some(self.other.map_or(last, |o| o.max(last)));
         if let Some(u) = self.unit()
-            && self.others.last() != Some(&u)
+            && push_new(&mut self.others, u)
         {
-            self.others.push(u);
             self.counted(u.pos);
         }
     }
@@ -497,6 +492,31 @@ impl Reach {
         }
         stop
     }
+}
+
+/// Pushes `unit` unless it is the last already (a record touching a
+/// partition through several keys is one unit); says whether it did.
+fn push_new(units: &mut Vec<Unit>, unit: Unit) -> bool {
+    let new = units.last() != Some(&unit);
+    if new {
+        units.push(unit);
+    }
+    new
+}
+
+/// Drops the units (ascending) before position `pos`; returns how many.
+fn drop_below(units: &mut Vec<Unit>, pos: u64) -> usize {
+    let n = units.partition_point(|u| u.pos < pos);
+    units.drain(..n);
+    n
+}
+
+/// Whether the record of append `r` is placed: not an append without
+/// batch metadata, which a kind-1 record may pack with other partitions'
+/// (see the module docs). The live store and recovery both ask this.
+#[inline]
+pub(crate) fn placed(r: &AppendRequest) -> bool {
+    r.metadata.is_some()
 }
 
 /// Adds an append at `offset` and `pos` to a partition's `runs`.

@@ -26,7 +26,7 @@ use crate::engine::map::{Activity, Apply, hash_key};
 use crate::engine::rules::UnknownProducer;
 use crate::error::{Error, Result};
 use crate::recovery::apply::{KeyOp, Rec};
-use crate::recovery::reach::Reach;
+use crate::recovery::reach::{self, Reach};
 use crate::semantics::Semantics;
 use crate::snapshot::meta::Meta;
 use crate::wal::op::{GroupKind, LogOp, RemoveReason};
@@ -282,7 +282,7 @@ impl Replayer {
         if let Some(reach) = &mut self.reach {
             if op.takes_position() {
                 let one = op_partition(op).zip(kafka_offset(op, pos));
-                let placed = !matches!(op, LogOp::Append(r) if r.metadata.is_none());
+                let placed = !matches!(op, LogOp::Append(r) if !reach::placed(r));
                 reach.note((pos, at, nth), op, one, placed);
             } else {
                 reach.quiet_read(pos, at);

@@ -12,7 +12,7 @@
 //! retained snapshot; a replay from an older base reads the log instead
 //! (`recovery::truncate`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::directory::names;
 use crate::error::{Corruption, Error, Result};
@@ -21,7 +21,7 @@ use crate::recovery::apply::Sink;
 use crate::recovery::reach::Placed;
 use crate::recovery::replay::Replayer;
 use crate::wal::record::{self, Bad, Layout};
-use crate::wal::segment::{self, HeaderError};
+use crate::wal::segment;
 
 /// The fewest bytes one read takes (most records are far shorter).
 const LEAST_READ: usize = 512;
@@ -32,16 +32,21 @@ const MOST_READ: u64 = 1 << 20;
 /// `pread` of cached data 640 ns, a 64 KiB one 5.6 KiB per 415 ns).
 const GAP: u64 = 8 << 10;
 
-/// One segment open for reading forward.
+/// One segment open for reading: its name and path, and its reader.
 struct Open {
     named: u64,
-    path: std::path::PathBuf,
+    path: PathBuf,
+    seed: u32,
+    layout: Layout,
+    reader: Forward,
+}
+
+/// A segment's bytes, read forward.
+struct Forward {
     file: Box<dyn ReadFile>,
     /// Bytes the replay may read (a live log's last segment: what was
     /// written when the replay began).
     len: u64,
-    seed: u32,
-    layout: Layout,
     /// The bytes last read (the first `held` of `buf`, which keeps its
     /// size between reads: growing it zeroes it, which would cost a
     /// megabyte's read as much again), and the offset of the first (they
@@ -65,17 +70,7 @@ impl Open {
         if let Some(l) = limit {
             len = len.min(l);
         }
-        let mut head = vec![0u8; segment::HEADER_LEN];
-        let n = read_full(&mut file, &mut head).map_err(|e| Error::io("read", &path, e))?;
-        head.truncate(n);
-        let h = match segment::parse_header(&path, &head) {
-            Ok(h) => h,
-            Err(HeaderError::Bad(e)) => return Err(e),
-            Err(HeaderError::Short(n)) => {
-                let kind = crate::codec::truncated(segment::HEADER_LEN, n);
-                return Err(Error::corrupt(&path, 0, kind));
-            }
-        };
+        let (h, n) = segment::read_header(&path, &mut file)?;
         if h.first_position != named {
             let kind = Corruption::NameMismatch {
                 named,
@@ -86,21 +81,30 @@ impl Open {
         Ok(Open {
             named,
             path,
-            file,
-            len,
             seed: h.seed,
             layout: Layout::of(h.version).with_kafka(h.kafka),
-            buf: Vec::new(),
-            held: 0,
-            buf_at: n as u64,
-            read: LEAST_READ,
+            reader: Forward {
+                file,
+                len,
+                buf: Vec::new(),
+                held: 0,
+                buf_at: n as u64,
+                read: LEAST_READ,
+            },
         })
+    }
+}
+
+impl Forward {
+    /// Whether the bytes from `at` on, `want` of them, are held.
+    fn holds(&self, at: u64, want: u64) -> bool {
+        at >= self.buf_at && at + want <= self.buf_at + self.held as u64
     }
 
     /// The bytes from offset `at` on: at least `want` of them unless the
     /// readable bytes end first. Reads only forward: what is held always
     /// ends where the file's read position is.
-    fn at(&mut self, at: u64, want: usize) -> Result<&[u8]> {
+    fn at(&mut self, path: &Path, at: u64, want: usize) -> Result<&[u8]> {
         let end = self.buf_at + self.held as u64;
         if at < self.buf_at {
             return Err(Error::Internal("a partition's replay read behind itself"));
@@ -109,7 +113,7 @@ impl Open {
             let kept = if at >= end {
                 self.file
                     .skip(at - end)
-                    .map_err(|e| Error::io("seek", &self.path, e))?;
+                    .map_err(|e| Error::io("seek", path, e))?;
                 0
             } else {
                 let from = (at - self.buf_at) as usize;
@@ -123,7 +127,7 @@ impl Open {
                 self.buf.resize(kept + n, 0);
             }
             let got = read_full(&mut self.file, &mut self.buf[kept..kept + n])
-                .map_err(|e| Error::io("read", &self.path, e))?;
+                .map_err(|e| Error::io("read", path, e))?;
             self.held = kept + got;
         }
         let rel = usize::try_from(at - self.buf_at).unwrap_or(usize::MAX);
@@ -144,23 +148,6 @@ pub(crate) fn replay_units(
     replayer: &mut Replayer,
     sink: &mut dyn Sink,
 ) -> Result<bool> {
-    // Only records that state their own offset (format version 3 on) are
-    // read where a unit says: the offset they state checks the place.
-    let mut named: Vec<u64> = units
-        .iter()
-        .filter_map(|u| segment_of(segments, u.pos))
-        .collect();
-    named.dedup();
-    for (i, &n) in segments
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| named.contains(n))
-    {
-        let limit = (i + 1 == segments.len()).then_some(last_len);
-        if !Open::new(fs, dir, n, limit)?.layout.positioned() {
-            return Ok(false);
-        }
-    }
     let mut open: Option<Open> = None;
     // Positions below this one were read (a unit inside one read before).
     let mut read_to = 0u64;
@@ -168,7 +155,7 @@ pub(crate) fn replay_units(
         if u.pos < read_to {
             continue;
         }
-        let Some(i) = segments.partition_point(|&s| s <= u.pos).checked_sub(1) else {
+        let Some(i) = segment_of(segments, u.pos) else {
             let kind = Corruption::LogGone {
                 needed: u.pos,
                 oldest: segments.first().copied(),
@@ -181,25 +168,46 @@ pub(crate) fn replay_units(
                 sink.drain(&o.path)?;
             }
             let limit = (i + 1 == segments.len()).then_some(last_len);
-            open = Some(Open::new(fs, dir, named, limit)?);
+            let o = Open::new(fs, dir, named, limit)?;
+            // Only records that state their own offset (format version 3
+            // on) are read where a unit says: the offset they state checks
+            // the place. A segment's version is never below an earlier
+            // one's (the writer rolls to the current version), so only
+            // the first segment opened can be older, before anything is
+            // replayed.
+            if !o.layout.positioned() {
+                return match open {
+                    None => Ok(false),
+                    Some(_) => Err(Error::Internal(
+                        "a log segment of an older format after a newer one",
+                    )),
+                };
+            }
+            open = Some(o);
         }
-        let Some(o) = open.as_mut() else {
+        let Some(Open {
+            path,
+            seed,
+            layout,
+            reader,
+            ..
+        }) = open.as_mut()
+        else {
             return Err(Error::Internal("a partition's replay lost its segment"));
         };
-        let path = &o.path.clone();
+        let path = path.as_path();
         // When the next read starts at this unit: one read for it and
         // those that follow it closely.
-        if u.at + LEAST_READ as u64 > o.buf_at + o.held as u64 {
-            o.read = reach_of(&units[i_unit..], named, segments) as usize;
+        if !reader.holds(u.at, LEAST_READ as u64) {
+            reader.read = reach_of(&units[i_unit..], i, segments) as usize;
         }
         let mut at = u.at;
         let mut pos = u.pos;
         while pos <= u.last {
-            let (seed, layout) = (o.seed, o.layout);
-            let head = o.at(at, layout.header())?;
+            let head = reader.at(path, at, layout.header())?;
             let want = record::stated_len(head).unwrap_or(0).max(layout.header());
-            let bytes = o.at(at, want)?;
-            let decoded = match record::decode(bytes, seed, layout, at) {
+            let bytes = reader.at(path, at, want)?;
+            let decoded = match record::decode(bytes, *seed, *layout, at) {
                 Ok(d) => d,
                 Err(Bad::Incomplete(kind) | Bad::Invalid(kind) | Bad::Misplaced(kind)) => {
                     return Err(Error::corrupt(path, at, kind));
@@ -222,17 +230,18 @@ pub(crate) fn replay_units(
     Ok(true)
 }
 
-/// How many bytes to read from the first of `units` (of segment `named`):
-/// through the last that follows it, unit after unit, in that segment,
-/// each less than [`GAP`] after the one before, and a short read past it.
-fn reach_of(units: &[Placed], named: u64, segments: &[u64]) -> u64 {
+/// How many bytes to read from the first of `units` (of the `i`th
+/// segment): through the last that follows it, unit after unit, in that
+/// segment, each less than [`GAP`] after the one before, and a short read
+/// past it.
+fn reach_of(units: &[Placed], i: usize, segments: &[u64]) -> u64 {
     let Some(first) = units.first() else {
         return LEAST_READ as u64;
     };
     let mut last = first.at;
     for u in units.iter().skip(1) {
         let near = u.at >= last && u.at - last < GAP && u.at - first.at < MOST_READ;
-        if !near || segment_of(segments, u.pos) != Some(named) {
+        if !near || segment_of(segments, u.pos) != Some(i) {
             break;
         }
         last = u.at;
@@ -240,8 +249,8 @@ fn reach_of(units: &[Placed], named: u64, segments: &[u64]) -> u64 {
     last - first.at + LEAST_READ as u64
 }
 
-/// The segment (of `segments`, first positions ascending) holding `pos`.
-fn segment_of(segments: &[u64], pos: u64) -> Option<u64> {
-    let i = segments.partition_point(|&s| s <= pos).checked_sub(1)?;
-    segments.get(i).copied()
+/// The index in `segments` (first positions, ascending) of the segment
+/// holding `pos`.
+fn segment_of(segments: &[u64], pos: u64) -> Option<usize> {
+    segments.partition_point(|&s| s <= pos).checked_sub(1)
 }

@@ -139,14 +139,14 @@ pub(crate) fn truncated_state(h: &History<'_>, offset: i64, only: Option<i32>) -
     let start = base.position;
     let segs = segments_from(dir, h.segments, start)?;
     let mut replayer = replayer(meta, offset, only);
-    if let Some(units) = h.units.filter(|_| only.is_some()) {
-        // It reads nothing into the state when it returns false.
-        let mut sink = Sequential::dropping(&mut shards);
-        let log = (segs, h.last_len);
-        if skim::replay_units(fs, dir, log, units, h.end, &mut replayer, &mut sink)? {
-            h.skimmed.set(true);
-            return Ok(shards);
-        }
+    if skimmed(
+        h,
+        segs,
+        only,
+        &mut replayer,
+        &mut Sequential::dropping(&mut shards),
+    )? {
+        return Ok(shards);
     }
     // The bytes of the segments the replay reads, for the choice of one
     // or two threads.
@@ -194,6 +194,26 @@ fn segments_from<'a>(dir: &Path, segments: &'a [u64], start: u64) -> Result<&'a 
         Error::corrupt(dir, 0, kind)
     })?;
     Ok(segments.get(first..).unwrap_or_default())
+}
+
+/// A partition's replay (`only`) of the records of `h` where its units
+/// say, from `segments` (those from the base on), into `replayer` and
+/// `sink`; false, with nothing replayed, when there are no units or the
+/// records cannot be read by them: the caller then reads the log.
+fn skimmed(
+    h: &History<'_>,
+    segments: &[u64],
+    only: Option<i32>,
+    replayer: &mut Replayer,
+    sink: &mut dyn Sink,
+) -> Result<bool> {
+    let Some(units) = h.units.filter(|_| only.is_some()) else {
+        return Ok(false);
+    };
+    let log = (segments, h.last_len);
+    let done = skim::replay_units(h.fs, h.dir, log, units, h.end, replayer, sink)?;
+    h.skimmed.set(done);
+    Ok(done)
 }
 
 /// Of `segments` (first positions, ascending, the first holding the
@@ -255,15 +275,7 @@ fn kafka_replayed(
     // Kafka-mode records go to the engine, never to the sink.
     let mut shards = Shards::default();
     let mut sink = Sequential::dropping(&mut shards);
-    let skimmed = match h.units.filter(|_| only.is_some()) {
-        Some(units) => {
-            let segs = (log.segments, log.last_len);
-            skim::replay_units(fs, dir, segs, units, h.end, &mut replayer, &mut sink)?
-        }
-        None => false,
-    };
-    h.skimmed.set(skimmed);
-    if !skimmed {
+    if !skimmed(h, log.segments, only, &mut replayer, &mut sink)? {
         replay(fs, dir, log, base.position, h.end, &mut replayer, &mut sink)?;
     }
     replayer

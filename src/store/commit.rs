@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::batch::AppendRequest;
 use crate::error::{Error, Result};
-use crate::recovery::reach::{Placed, Reach};
+use crate::recovery::reach::{self, Placed, Reach};
 use crate::recovery::replay::append_offset;
 use crate::telemetry::{Group, Poison, Telemetry};
 use crate::wal::record::RecordBuf;
@@ -212,10 +212,9 @@ impl<T> LogQueue<T> {
         let pos = self.next_position;
         self.next_position += 1;
         let offset = append_offset(r, pos);
-        if r.metadata.is_some() {
+        if reach::placed(r) {
             self.reach.append(r.partition, offset, pos, Some(at));
         } else {
-            // A kind-1 record may pack it with others: not placed.
             self.unplaced = Some(pos);
             self.reach.append_unplaced(r.partition, offset, pos);
         }

@@ -197,9 +197,7 @@ impl ProducerStateStore {
                 return Err(Error::TruncateBelowHistory { offset, lowest });
             }
         };
-        let only_skim = only.filter(|_| shared.opts.skim);
-        let (replay_to, units) = reads(&st.log, (only, only_skim), offset, base.position);
-        let replay_to = replay_to.min(st.log.next_position());
+        let (replay_to, units) = reads(&st.log, (only, shared.opts.skim), offset, base.position);
         let history = truncate::History {
             fs,
             dir: &shared.dir,
@@ -277,23 +275,26 @@ fn rebuilt<T>(
     }
 }
 
-/// Where a replay from `base` for a truncation to `offset` stops (bounded
-/// by the log's end by the caller), and for a partition's (`only`; with
-/// `skim`, where its records are read from) where its records lie, if
-/// known. A partition's replay stops after the last record that can
-/// change its result: its own appends below `offset`, and records of other
-/// kinds (recovery::reach).
+/// Where a replay from `base` for a truncation to `offset` stops (at
+/// most the log's end), and for a partition's (`only`; with `skim`, where
+/// its records are read from) where its records lie, if known. A
+/// partition's replay stops after the last record that can change its
+/// result: its own appends below `offset`, and records of other kinds
+/// (recovery::reach).
 fn reads<T>(
     log: &LogQueue<T>,
-    (only, skim): (Option<i32>, Option<i32>),
+    (only, skim): (Option<i32>, bool),
     offset: i64,
     base: u64,
 ) -> (u64, Option<Vec<Placed>>) {
-    let stop = match only {
-        Some(p) => log.reach().stop(p, offset, base),
-        None => u64::MAX,
-    };
-    (stop, skim.and_then(|p| log.units(p, base, stop)))
+    let end = log.next_position();
+    match only {
+        Some(p) => {
+            let stop = log.reach().stop(p, offset, base).min(end);
+            (stop, skim.then(|| log.units(p, base, stop)).flatten())
+        }
+        None => (end, None),
+    }
 }
 
 /// Keys to remove (hash, id, partition) and keys to set (hash, state).
