@@ -71,12 +71,14 @@ struct Run {
 
 /// One partition's marks: its runs of appends and markers, the last
 /// position of a record of another kind that touches it, and where its
-/// records lie.
+/// records lie: its appends' and markers' (`units`) and those of the
+/// records of other kinds that touch it (`touches`), each ascending.
 #[derive(Debug, Default)]
 struct Part {
     runs: Vec<Run>,
     touched: Option<u64>,
     units: Vec<Unit>,
+    touches: Vec<Unit>,
 }
 
 /// Records a replay reads together, in the log's order: the position of
@@ -239,7 +241,7 @@ impl Reach {
         let dropped = self
             .parts
             .iter_mut()
-            .map(|p| drop_below(&mut p.units, pos))
+            .map(|p| drop_below(&mut p.units, pos) + drop_below(&mut p.touches, pos))
             .sum::<usize>()
             + drop_below(&mut self.others, pos);
         self.units -= dropped.min(self.units);
@@ -269,27 +271,33 @@ impl Reach {
         self.forget_below(self.placed_from + (span / 2).max(1));
     }
 
-    /// Where a replay of `partition` from position `base` to `stop`
-    /// reads, unit by unit in the log's order; `None` when that is not
-    /// known (a unit before what is kept, a record not placed in the
-    /// range): the replay then reads the log.
-    /// `unplaced`: the last position of a record not placed that the
-    /// caller kept ([`Reach::append_unplaced`]).
+    /// Where a replay of `partition` from position `base` to `stop`,
+    /// keeping what lies below `offset`, reads, unit by unit in the log's
+    /// order (its appends of runs wholly at or above `offset` left out:
+    /// it would pass them over); `None` when that is not known (a unit
+    /// before what is kept, a record not placed in the range): the replay
+    /// then reads the log. `unplaced`: the last position of a record not
+    /// placed that the caller kept ([`Reach::append_unplaced`]).
     pub(crate) fn units(
         &self,
         partition: i32,
-        (base, stop): (u64, u64),
+        (base, stop, offset): (u64, u64, i64),
         unplaced: Option<u64>,
     ) -> Option<Vec<Placed>> {
         let unplaced = self.unplaced.max(unplaced);
         if base < self.placed_from || unplaced.is_some_and(|u| u >= base) {
             return None;
         }
-        let part = self.index.get(&partition).and_then(|&i| self.parts.get(i));
-        let mine = part.map_or(&[][..], |p| &p.units[..]);
-        let in_range = |u: &&Unit| u.pos >= base && u.pos < stop;
-        let mut all: Vec<Unit> = mine.iter().filter(in_range).copied().collect();
-        all.extend(self.others.iter().filter(in_range));
+        let in_range = |units: &[Unit]| {
+            let from = units.partition_point(|u| u.pos < base);
+            let to = units.partition_point(|u| u.pos < stop);
+            units.get(from..to).unwrap_or_default().to_vec()
+        };
+        let mut all = in_range(&self.others);
+        if let Some(part) = self.index.get(&partition).and_then(|&i| self.parts.get(i)) {
+            all.extend(below(&in_range(&part.units), &part.runs, offset));
+            all.extend(in_range(&part.touches));
+        }
         all.sort_unstable_by_key(|u| u.pos);
         all.dedup();
         all.into_iter()
@@ -315,7 +323,7 @@ impl Reach {
     /// `unit` for `partition` (once: a record touching it through several
     /// keys is one unit).
     fn place(&mut self, partition: i32, unit: Unit) {
-        if push_new(&mut self.part(partition).units, unit) {
+        if push_new(&mut self.part(partition).touches, unit) {
             self.counted(unit.pos);
         }
     }
@@ -492,6 +500,20 @@ impl Reach {
         }
         stop
     }
+}
+
+/// Of a partition's append and marker `units` (ascending), those a replay
+/// keeping what lies below `offset` must read: all but those of a run
+/// whose lowest offset is at or above it, which the replay passes over
+/// whole (an append at or above the offset changes nothing, and the
+/// record taking no position read with it only concerns it). A run holds
+/// the positions after the run before it, through its last.
+fn below<'a>(units: &'a [Unit], runs: &'a [Run], offset: i64) -> impl Iterator<Item = Unit> + 'a {
+    let mut run = runs.iter().peekable();
+    units.iter().copied().filter(move |u| {
+        while run.next_if(|r| r.last < u.pos).is_some() {}
+        run.peek().is_none_or(|r| r.low < offset)
+    })
 }
 
 /// Pushes `unit` unless it is the last already (a record touching a
@@ -721,7 +743,7 @@ mod tests {
         r.marking((9, 1, 8), |r| r.other(10));
         r.append(0, 3, 11, Some(40));
         assert_eq!(
-            r.units(0, (0, 12), None),
+            r.units(0, (0, 12, i64::MAX), None),
             Some(vec![
                 place(0, 0, 20),
                 place(2, 2, 60),
@@ -733,7 +755,7 @@ mod tests {
         );
         // Partition 1: its own appends and the group it is truncated by.
         assert_eq!(
-            r.units(1, (0, 12), None),
+            r.units(1, (0, 12, i64::MAX), None),
             Some(vec![
                 place(1, 1, 40),
                 place(4, 4, 100),
@@ -743,15 +765,31 @@ mod tests {
         );
         // From a base, to a stop.
         assert_eq!(
-            r.units(0, (3, 9), None),
+            r.units(0, (3, 9, i64::MAX), None),
             Some(vec![place(5, 5, 130), place(6, 8, 160)])
         );
+        // Cut at offset 2: partition 0's appends at offsets 2 and 3 (one
+        // run, its lowest offset 0) are still read; a run wholly at or
+        // above the cut is not (below).
+        assert_eq!(r.units(0, (0, 12, 2), None), r.units(0, (0, 12, 9), None));
+        let mut runs = Reach::new(0);
+        runs.written(0, 0);
+        for i in 0..u64::from(RUN) * 2 {
+            runs.append(0, i as i64, i, Some(i as u32));
+        }
+        let cut = i64::from(RUN);
+        let read = runs.units(0, (0, u64::from(RUN) * 2, cut), None).unwrap();
+        assert_eq!(read.len(), RUN as usize, "the second run is left out");
+        assert_eq!(read.last().map(|u| u.pos), Some(u64::from(RUN) - 1));
         // Nothing is known before what is kept; a record that is not
         // placed in the range makes the replay read the log.
         r.forget_below(5);
-        assert_eq!(r.units(0, (2, 12), None), None);
-        assert_eq!(r.units(0, (5, 12), None).map(|u| u.len()), Some(4));
+        assert_eq!(r.units(0, (2, 12, i64::MAX), None), None);
+        assert_eq!(
+            r.units(0, (5, 12, i64::MAX), None).map(|u| u.len()),
+            Some(4)
+        );
         r.unplaced(12);
-        assert_eq!(r.units(0, (5, 13), None), None);
+        assert_eq!(r.units(0, (5, 13, i64::MAX), None), None);
     }
 }

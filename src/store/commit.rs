@@ -221,10 +221,11 @@ impl<T> LogQueue<T> {
         pos
     }
 
-    /// Where the records a replay of `partition` from `base` to `stop`
-    /// reads lie, if known ([`Reach::units`]).
-    pub(super) fn units(&self, partition: i32, base: u64, stop: u64) -> Option<Vec<Placed>> {
-        self.reach.units(partition, (base, stop), self.unplaced)
+    /// Where the records a replay of `partition` reads lie, from `base`
+    /// to `stop`, keeping what lies below `offset` (`range`), if known
+    /// ([`Reach::units`]).
+    pub(super) fn units(&self, partition: i32, range: (u64, u64, i64)) -> Option<Vec<Placed>> {
+        self.reach.units(partition, range, self.unplaced)
     }
 
     /// Encodes records other than packable appends: `encode` appends them

@@ -291,7 +291,10 @@ fn reads<T>(
     match only {
         Some(p) => {
             let stop = log.reach().stop(p, offset, base).min(end);
-            (stop, skim.then(|| log.units(p, base, stop)).flatten())
+            (
+                stop,
+                skim.then(|| log.units(p, (base, stop, offset))).flatten(),
+            )
         }
         None => (end, None),
     }
