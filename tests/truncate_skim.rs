@@ -75,8 +75,9 @@ struct Pair {
     /// Each partition's next batch offset.
     offsets: Vec<i64>,
     partition_truncations: u64,
-    /// Batches accepted.
+    /// Batches accepted, and keys expired.
     accepted: u64,
+    expired: u64,
     /// Truncations each store read its records alone in, before its last
     /// reopen (a store counts from its open).
     skimmed: (u64, u64),
@@ -84,7 +85,14 @@ struct Pair {
 
 impl Pair {
     fn opts(&self, fs: &SimFs) -> StoreOptions {
-        let o = sim_opts(fs)
+        let semantics = if self.kafka {
+            Semantics::Kafka
+        } else {
+            Semantics::Strict
+        };
+        // The semantics first: choosing Kafka's turns expiration off.
+        sim_opts(fs)
+            .semantics(semantics)
             .fsync(self.policy)
             .clock(self.clock.clone())
             .producer_expiration(Some(Duration::from_millis(DAY as u64)))
@@ -93,12 +101,7 @@ impl Pair {
                 UnknownProducer::AcceptAny
             } else {
                 UnknownProducer::RequireZero
-            });
-        if self.kafka {
-            o.semantics(Semantics::Kafka)
-        } else {
-            o
-        }
+            })
     }
 
     fn open(&mut self) {
@@ -201,6 +204,7 @@ impl Pair {
             65..=69 => {
                 self.clock.advance(Duration::from_millis(DAY as u64 / 3));
                 let r = self.each("expire", |s| s.expire_now().map_err(|e| e.to_string()));
+                self.expired += r.clone().unwrap_or(0) as u64;
                 format!("expire: {r:?}")
             }
             70..=84 => {
@@ -269,8 +273,9 @@ impl Pair {
 }
 
 /// One history of `steps` steps drawn from `seed`: the truncations of
-/// a partition that read its records alone, and all of them.
-fn run(kafka: bool, seed: u64, steps: usize) -> (u64, u64) {
+/// a partition that read its records alone, all of them, and the keys
+/// expired.
+fn run(kafka: bool, seed: u64, steps: usize) -> (u64, u64, u64) {
     let mut pair = Pair {
         kafka,
         singles: seed.is_multiple_of(4),
@@ -290,6 +295,7 @@ fn run(kafka: bool, seed: u64, steps: usize) -> (u64, u64) {
         offsets: vec![0; PARTITIONS as usize],
         partition_truncations: 0,
         accepted: 0,
+        expired: 0,
         skimmed: (0, 0),
     };
     pair.open();
@@ -301,18 +307,22 @@ fn run(kafka: bool, seed: u64, steps: usize) -> (u64, u64) {
     }
     pair.open();
     assert_eq!(pair.skimmed.1, 0, "the store that reads the log skimmed");
-    (pair.skimmed.0, pair.partition_truncations)
+    (pair.skimmed.0, pair.partition_truncations, pair.expired)
 }
 
 #[test]
 fn reading_a_partitions_records_alone_gets_what_reading_the_log_gets() {
     for kafka in [false, true] {
-        let (mut skimmed, mut truncations) = (0, 0);
+        let (mut skimmed, mut truncations, mut expired) = (0, 0, 0);
         for seed in 1..=12u64 {
-            let (s, t) = run(kafka, seed, 400);
+            let (s, t, e) = run(kafka, seed, 400);
             skimmed += s;
             truncations += t;
+            expired += e;
         }
+        // Expirations log removals that touch partitions among the
+        // others' records, in both semantics.
+        assert!(expired > 0, "kafka {kafka}: no key expired");
         // Most partition truncations read their records alone: those
         // refused (below the history kept), those from a base older than
         // where a reopen began to place records, and those whose range
@@ -321,7 +331,7 @@ fn reading_a_partitions_records_alone_gets_what_reading_the_log_gets() {
             skimmed * 3 >= truncations,
             "kafka {kafka}: {skimmed} of {truncations} partition truncations read their records alone"
         );
-        eprintln!("kafka {kafka}: {skimmed} of {truncations} skimmed");
+        eprintln!("kafka {kafka}: {skimmed} of {truncations} skimmed, {expired} expired");
     }
 }
 
@@ -460,6 +470,7 @@ fn runs_above_the_cut_are_left_out_and_nothing_changes() {
             offsets: vec![0; PARTITIONS as usize],
             partition_truncations: 0,
             accepted: 0,
+            expired: 0,
             skimmed: (0, 0),
         };
         pair.open();
