@@ -84,6 +84,31 @@ struct Pair {
 }
 
 impl Pair {
+    /// Two stores of the semantics `kafka` under `policy`, with
+    /// snapshots every `snapshot_every` records, open; no single appends
+    /// and no accept-any unless set (and the stores opened again) before
+    /// the first step.
+    fn new(kafka: bool, policy: FsyncPolicy, snapshot_every: Option<u64>) -> Pair {
+        let mut pair = Pair {
+            kafka,
+            singles: false,
+            accept_any: false,
+            policy,
+            snapshot_every,
+            clock: Arc::new(ManualClock::new(DAY)),
+            fs: (SimFs::new(), SimFs::new()),
+            skim: None,
+            walk: None,
+            offsets: vec![0; PARTITIONS as usize],
+            partition_truncations: 0,
+            accepted: 0,
+            expired: 0,
+            skimmed: (0, 0),
+        };
+        pair.open();
+        pair
+    }
+
     fn opts(&self, fs: &SimFs) -> StoreOptions {
         let semantics = if self.kafka {
             Semantics::Kafka
@@ -276,28 +301,17 @@ impl Pair {
 /// a partition that read its records alone, all of them, and the keys
 /// expired.
 fn run(kafka: bool, seed: u64, steps: usize) -> (u64, u64, u64) {
-    let mut pair = Pair {
-        kafka,
-        singles: seed.is_multiple_of(4),
-        // Group commits of one record or two (every append waits for its
-        // fsync), or of 64 KiB.
-        accept_any: seed.is_multiple_of(3),
-        snapshot_every: Some(97),
-        policy: if seed.is_multiple_of(2) {
-            FsyncPolicy::Always
-        } else {
-            FsyncPolicy::Never
-        },
-        clock: Arc::new(ManualClock::new(DAY)),
-        fs: (SimFs::new(), SimFs::new()),
-        skim: None,
-        walk: None,
-        offsets: vec![0; PARTITIONS as usize],
-        partition_truncations: 0,
-        accepted: 0,
-        expired: 0,
-        skimmed: (0, 0),
+    // Group commits of one record or two (every append waits for its
+    // fsync), or of 64 KiB.
+    let policy = if seed.is_multiple_of(2) {
+        FsyncPolicy::Always
+    } else {
+        FsyncPolicy::Never
     };
+    let mut pair = Pair::new(kafka, policy, Some(97));
+    pair.singles = seed.is_multiple_of(4);
+    pair.accept_any = seed.is_multiple_of(3);
+    // The unknown-producer policy is the stores' option: open them again.
     pair.open();
     let mut rng = Rng::new(seed);
     let mut history = Vec::new();
@@ -456,24 +470,8 @@ fn a_failed_read_of_the_placed_records_reads_the_log_instead() {
 #[test]
 fn runs_above_the_cut_are_left_out_and_nothing_changes() {
     for (kafka, reopen) in [(false, false), (false, true), (true, false), (true, true)] {
-        let mut pair = Pair {
-            kafka,
-            singles: false,
-            accept_any: false,
-            policy: FsyncPolicy::Never,
-            // No snapshot: every cut's base is the log's start.
-            snapshot_every: None,
-            clock: Arc::new(ManualClock::new(DAY)),
-            fs: (SimFs::new(), SimFs::new()),
-            skim: None,
-            walk: None,
-            offsets: vec![0; PARTITIONS as usize],
-            partition_truncations: 0,
-            accepted: 0,
-            expired: 0,
-            skimmed: (0, 0),
-        };
-        pair.open();
+        // No snapshot: every cut's base is the log's start.
+        let mut pair = Pair::new(kafka, FsyncPolicy::Never, None);
         // Partitions 0 and 1 interleave, 1,500 batches each.
         for seq in 0..1_500 {
             for p in 0..2 {
